@@ -1,0 +1,237 @@
+"""The small contract every backend implements.
+
+A backend stores leases and nothing else: it does not retry, wait, time, heartbeat or log.
+:class:`~lease_lock.Locker` and :class:`~lease_lock.Lock` own all of that and call the atomic
+primitives below. Each primitive is one atomic operation on the server, and expiry is judged on
+the server's clock (SQLite, which has no server, documents the one host clock it uses).
+
+A primitive answers ``False`` (or ``None``) when another holder, or nobody, has the key, and
+raises only what its driver raises. It never raises :class:`~lease_lock.errors.LockHeldError`
+or :class:`~lease_lock.errors.LockLostError`: turning answers into outcomes is the core's job.
+
+Optional capabilities are declared in :class:`Capabilities`, so the core and callers can fail
+fast when they ask for something a backend lacks.
+"""
+
+from __future__ import annotations
+
+import abc
+import secrets
+import urllib.parse
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional, Sequence
+
+from ..errors import ValidationError
+
+__all__ = [
+    "Backend",
+    "Capabilities",
+    "ExtendRequest",
+    "LockState",
+    "ReleaseWatcher",
+    "parse_url_options",
+]
+
+
+@dataclass(frozen=True)
+class LockState:
+    """What a backend knows about a key, without needing its token.
+
+    ``expires_at`` is a UTC-aware datetime on the backend's clock and ``None`` when the key is
+    not held. ``fence`` is the current holder's fencing token, ``None`` when not held or when the
+    grant was not fenced. ``owner`` is the holder's label. ``expires_in`` is the holder's
+    remaining lease in seconds as the backend measured it (not derived from the local clock).
+    """
+
+    key: str
+    held: bool
+    expires_at: Optional[datetime] = None
+    fence: Optional[int] = None
+    owner: Optional[str] = None
+    expires_in: Optional[float] = field(default=None, compare=False)
+
+    @classmethod
+    def free(cls, key: str) -> "LockState":
+        """The state of a key nobody holds."""
+        return cls(key=key, held=False)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do beyond the required primitives.
+
+    - ``server_clock``: expiry is judged on a server's clock (not this process's).
+    - ``fencing``: ``acquire_fenced`` returns fences (SPEC 8).
+    - ``release_notify``: ``watch_releases`` delivers release notifications.
+    - ``replica_wait``: writes can wait for replicas (Redis ``wait_for_replicas``).
+    - ``scan``: ``scan(prefix)`` lists held keys.
+    - ``batch_extend``: ``extend_many`` extends several leases in one round trip.
+    - ``min_ttl``: the shortest lease the backend grants; the contract suite scales to it.
+    - ``clock``: a short description of the clock that judges expiry, for the docs.
+    """
+
+    server_clock: bool = True
+    fencing: bool = True
+    release_notify: bool = False
+    replica_wait: bool = False
+    scan: bool = False
+    batch_extend: bool = False
+    min_ttl: float = 0.0
+    clock: str = "the server's clock"
+
+
+@dataclass(frozen=True)
+class ExtendRequest:
+    """One item of a batched extension: set ``key``'s lease to ``ttl`` if ``token`` holds it."""
+
+    key: str
+    token: str
+    ttl: float
+
+
+class ReleaseWatcher(abc.ABC):
+    """A running subscription to release notifications of one backend.
+
+    Created by :meth:`Backend.watch_releases`. It calls its callback with the full key of every
+    released or force-released key it hears about, from a thread of its own; the callback must
+    return quickly and must not raise.
+    """
+
+    @property
+    @abc.abstractmethod
+    def active(self) -> bool:
+        """``True`` while notifications are flowing (subscribed and connected)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop listening and free the connection. Idempotent."""
+
+
+class Backend(abc.ABC):
+    """Base class of every backend. Subclasses implement the abstract primitives.
+
+    Keys arrive with the locker's prefix already applied; tokens are opaque strings; TTLs are
+    positive float seconds. A backend must be safe to call from several threads at once (the
+    heartbeat thread and the caller's threads share it).
+    """
+
+    #: What this backend offers beyond the required primitives.
+    capabilities: ClassVar[Capabilities] = Capabilities()
+    #: Backend options a URL query string may set, each with the parser of its text form.
+    url_options: ClassVar[Mapping[str, Callable[[str], Any]]] = {}
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> "Backend":
+        """Build the backend from a URL; keyword ``options`` override the query string.
+
+        Backends that can be named by URL override this. Unknown options are a
+        ``ValidationError``.
+        """
+        raise ValidationError(f"{cls.__name__} cannot be built from a URL")
+
+    # -- required primitives ------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def acquire(self, key: str, token: str, ttl: float, owner: str) -> bool:
+        """Grant ``key`` to ``token`` for ``ttl`` seconds if it is free or already ours.
+
+        Returns ``True`` on a grant. A repeated acquire by the token holding the key resets its
+        lease to ``ttl`` (an absolute new lease, never added) and returns ``True``.
+        """
+
+    @abc.abstractmethod
+    def acquire_fenced(self, key: str, token: str, ttl: float, owner: str) -> Optional[int]:
+        """Like :meth:`acquire` but returns the grant's fence, or ``None`` on contention.
+
+        Fences of one key are positive ints below 2**53, larger for every later grant, kept
+        across extensions and same-token re-acquires (which return the same fence).
+        """
+
+    @abc.abstractmethod
+    def release(self, key: str, token: str) -> bool:
+        """Delete ``key`` if ``token`` holds it; ``True`` when it did."""
+
+    @abc.abstractmethod
+    def extend(self, key: str, token: str, ttl: float) -> bool:
+        """Replace the lease of ``key`` with ``ttl`` seconds from now if ``token`` holds it."""
+
+    @abc.abstractmethod
+    def is_held(self, key: str, token: str) -> bool:
+        """``True`` if ``token`` holds a live lease on ``key``."""
+
+    @abc.abstractmethod
+    def inspect(self, key: str) -> LockState:
+        """The state of ``key`` without a token."""
+
+    @abc.abstractmethod
+    def force_release(self, key: str) -> bool:
+        """Delete ``key`` whoever holds it; ``True`` when a live lease was dropped."""
+
+    def close(self) -> None:
+        """Free what the backend opened itself. A client passed in by the caller stays open."""
+
+    # -- optional capabilities -----------------------------------------------------------------
+
+    def scan(self, prefix: str) -> Iterator[LockState]:
+        """Held keys starting with ``prefix`` (``capabilities.scan``)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot list keys")
+
+    def extend_many(self, requests: Sequence[ExtendRequest]) -> list[bool]:
+        """Extend several leases; one answer per request, in order (``batch_extend``).
+
+        The default calls :meth:`extend` once per request; backends that can do it in one
+        round trip override it and set ``capabilities.batch_extend``.
+        """
+        return [self.extend(item.key, item.token, item.ttl) for item in requests]
+
+    def watch_releases(self, callback: Callable[[str], None]) -> ReleaseWatcher:
+        """Start delivering release notifications to ``callback`` (``release_notify``)."""
+        raise NotImplementedError(f"{type(self).__name__} delivers no release notifications")
+
+    # -- validation hooks ----------------------------------------------------------------------
+
+    def check_key(self, key: str) -> None:
+        """Raise ``ValidationError`` if ``key`` breaks a rule stricter than SPEC 1."""
+
+    def check_token(self, token: str) -> None:
+        """Raise ``ValidationError`` if ``token`` is not a form this backend accepts."""
+
+    def new_token(self) -> str:
+        """A fresh random token in the form this backend prefers (16 random bytes as hex)."""
+        return secrets.token_hex(16)
+
+
+def parse_url_options(
+    url: str,
+    table: Mapping[str, Callable[[str], Any]],
+    overrides: Mapping[str, Any],
+    *,
+    backend: str,
+) -> dict[str, Any]:
+    """Merge a URL's query-string options with keyword overrides through one parser table.
+
+    Every name must be in ``table``; query values are parsed with its parser (a parser error
+    becomes a ``ValidationError`` naming the option); keyword values override the query and are
+    taken as they are.
+    """
+    query = urllib.parse.urlsplit(url).query
+    options: dict[str, Any] = {}
+    for name, text in urllib.parse.parse_qsl(query, keep_blank_values=True):
+        if name not in table:
+            raise ValidationError(
+                f"unknown {backend} URL option {name!r}; known: {', '.join(sorted(table)) or 'none'}"
+            )
+        try:
+            options[name] = table[name](text)
+        except ValidationError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise ValidationError(f"{backend} URL option {name}={text!r}: {exc}") from exc
+    for name, value in overrides.items():
+        if name not in table:
+            raise ValidationError(
+                f"unknown {backend} option {name!r}; known: {', '.join(sorted(table)) or 'none'}"
+            )
+        options[name] = value
+    return options

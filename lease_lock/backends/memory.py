@@ -1,0 +1,201 @@
+"""An in-process backend: real leases for threads of one process, and the fastest test double.
+
+Expiry is judged on a monotonic clock (``time.monotonic`` unless one is injected), so a wall
+clock step cannot move a lease. The store is private to the backend object: share one
+``MemoryBackend`` between several ``Locker`` objects to make them contend.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable, ClassVar, Iterator, Optional
+
+from .base import Backend, Capabilities, LockState, ReleaseWatcher, parse_url_options
+
+__all__ = ["MemoryBackend"]
+
+
+@dataclass
+class _Lease:
+    token: str
+    expires_at: float
+    fence: Optional[int]
+    owner: str
+
+
+class _MemoryWatcher(ReleaseWatcher):
+    def __init__(self, backend: "MemoryBackend", callback: Callable[[str], None]) -> None:
+        self._backend = backend
+        self.callback = callback
+        self._closed = False
+
+    @property
+    def active(self) -> bool:
+        return not self._closed
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._backend._drop_watcher(self)
+
+
+class MemoryBackend(Backend):
+    """Leases in a dict guarded by one lock; one process only.
+
+    ``clear()`` drops every lease but keeps the fence counters, so fences keep rising just as
+    they must on a server that lost its data. Release notifications are delivered on the thread
+    that released the key.
+    """
+
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        server_clock=False,
+        fencing=True,
+        release_notify=True,
+        scan=True,
+        batch_extend=True,
+        clock="this process's monotonic clock",
+    )
+
+    def __init__(self, *, clock: Optional[Callable[[], float]] = None) -> None:
+        self._clock = clock or time.monotonic
+        self._mutex = threading.Lock()
+        self._leases: dict[str, _Lease] = {}
+        self._fences: dict[str, int] = {}
+        self._watchers: list[_MemoryWatcher] = []
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> "MemoryBackend":
+        """``memory://``: a new private store for every call."""
+        parse_url_options(url, {}, options, backend="memory")
+        return cls()
+
+    def _live(self, key: str, now: float) -> Optional[_Lease]:
+        lease = self._leases.get(key)
+        if lease is not None and lease.expires_at <= now:
+            del self._leases[key]
+            return None
+        return lease
+
+    def _grant(self, key: str, token: str, ttl: float, owner: str, fenced: bool) -> Optional[_Lease]:
+        with self._mutex:
+            now = self._clock()
+            lease = self._live(key, now)
+            if lease is not None:
+                if lease.token != token:
+                    return None
+                lease.expires_at = now + ttl
+                lease.owner = owner
+                if fenced and lease.fence is None:
+                    lease.fence = self._next_fence(key)
+                return lease
+            fence = self._next_fence(key) if fenced else None
+            lease = self._leases[key] = _Lease(token, now + ttl, fence, owner)
+            return lease
+
+    def _next_fence(self, key: str) -> int:
+        fence = self._fences.get(key, 0) + 1
+        self._fences[key] = fence
+        return fence
+
+    def acquire(self, key: str, token: str, ttl: float, owner: str) -> bool:
+        """Grant or renew ``key`` for ``token``."""
+        return self._grant(key, token, ttl, owner, fenced=False) is not None
+
+    def acquire_fenced(self, key: str, token: str, ttl: float, owner: str) -> Optional[int]:
+        """Grant or renew ``key`` for ``token`` and return its fence."""
+        lease = self._grant(key, token, ttl, owner, fenced=True)
+        return None if lease is None else lease.fence
+
+    def release(self, key: str, token: str) -> bool:
+        """Delete ``key`` if ``token`` holds it."""
+        with self._mutex:
+            lease = self._live(key, self._clock())
+            if lease is None or lease.token != token:
+                return False
+            del self._leases[key]
+        self._notify(key)
+        return True
+
+    def extend(self, key: str, token: str, ttl: float) -> bool:
+        """Set ``key``'s lease to ``ttl`` from now if ``token`` holds it."""
+        with self._mutex:
+            now = self._clock()
+            lease = self._live(key, now)
+            if lease is None or lease.token != token:
+                return False
+            lease.expires_at = now + ttl
+            return True
+
+    def is_held(self, key: str, token: str) -> bool:
+        """``True`` if ``token`` holds a live lease on ``key``."""
+        with self._mutex:
+            lease = self._live(key, self._clock())
+            return lease is not None and lease.token == token
+
+    def _state(self, key: str, lease: Optional[_Lease], now: float) -> LockState:
+        if lease is None:
+            return LockState.free(key)
+        remaining = lease.expires_at - now
+        return LockState(
+            key=key,
+            held=True,
+            expires_at=datetime.now(timezone.utc) + timedelta(seconds=remaining),
+            fence=lease.fence,
+            owner=lease.owner,
+            expires_in=remaining,
+        )
+
+    def inspect(self, key: str) -> LockState:
+        """The state of ``key``."""
+        with self._mutex:
+            now = self._clock()
+            return self._state(key, self._live(key, now), now)
+
+    def force_release(self, key: str) -> bool:
+        """Drop ``key`` whoever holds it."""
+        with self._mutex:
+            dropped = self._live(key, self._clock()) is not None
+            self._leases.pop(key, None)
+        if dropped:
+            self._notify(key)
+        return dropped
+
+    def scan(self, prefix: str) -> Iterator[LockState]:
+        """Held keys under ``prefix``, sorted."""
+        with self._mutex:
+            now = self._clock()
+            states = [
+                self._state(key, lease, now)
+                for key in sorted(self._leases)
+                if key.startswith(prefix) and (lease := self._live(key, now)) is not None
+            ]
+        return iter(states)
+
+    def clear(self) -> None:
+        """Drop every lease, keeping the fence counters (as a server that lost its data)."""
+        with self._mutex:
+            keys = list(self._leases)
+            self._leases.clear()
+        for key in keys:
+            self._notify(key)
+
+    def watch_releases(self, callback: Callable[[str], None]) -> ReleaseWatcher:
+        """Call ``callback(key)`` on every release and force release."""
+        watcher = _MemoryWatcher(self, callback)
+        with self._mutex:
+            self._watchers.append(watcher)
+        return watcher
+
+    def _drop_watcher(self, watcher: _MemoryWatcher) -> None:
+        with self._mutex:
+            if watcher in self._watchers:
+                self._watchers.remove(watcher)
+
+    def _notify(self, key: str) -> None:
+        with self._mutex:
+            watchers = list(self._watchers)
+        for watcher in watchers:
+            watcher.callback(key)

@@ -1,0 +1,172 @@
+"""Errors raised by lease_lock.
+
+Every error the library raises derives from :class:`LeaseLockError` and carries a stable
+``code`` that does not change between releases, so callers can match on it instead of on
+message text. Driver errors (redis-py, psycopg2, requests, ...) are never wrapped: they reach
+the caller exactly as the driver raised them.
+
+The tree::
+
+    LeaseLockError
+    ├── LockHeldError          LOCK_HELD          another holder has the key
+    ├── LockLostError          LOCK_LOST          our lease ended before we were done
+    ├── LockStateError         LOCK_STATE         the API was used in the wrong order
+    ├── ValidationError        LOCK_VALIDATION    bad argument or misconfiguration (a ValueError)
+    ├── RateLimitedError       LOCK_RATE_LIMITED  the HTTP lock service asked us to slow down
+    ├── ReplicationError       LOCK_REPLICATION   too few Redis replicas acknowledged a write
+    └── AccessDeniedError      LOCK_ACCESS_DENIED the HTTP lock service refused the credential
+
+All errors pickle and unpickle with their attributes, so they survive multiprocessing and
+task queues.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "AccessDeniedError",
+    "LeaseLockError",
+    "LockHeldError",
+    "LockLostError",
+    "LockStateError",
+    "RateLimitedError",
+    "ReplicationError",
+    "ValidationError",
+]
+
+
+class LeaseLockError(Exception):
+    """Root of every error lease_lock raises itself.
+
+    ``code`` is stable across releases; ``str(error)`` is meant for people, not for matching.
+    """
+
+    code = "LEASE_LOCK"
+
+    def __init__(self, message: str = "", **attributes: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self._attributes = attributes
+        for name, value in attributes.items():
+            setattr(self, name, value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword attributes are not part of ``args``; rebuild through a helper so that
+        # pickling keeps them (the default reduce would call ``cls(message)`` only).
+        return (_rebuild, (type(self), self.message, self._attributes, self.__dict__))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _rebuild(
+    cls: type[LeaseLockError], message: str, attributes: dict[str, Any], state: dict[str, Any]
+) -> LeaseLockError:
+    error = cls.__new__(cls)
+    LeaseLockError.__init__(error, message, **attributes)
+    error.__dict__.update(state)
+    return error
+
+
+class LockHeldError(LeaseLockError):
+    """The key could not be acquired.
+
+    ``reason`` says why: ``"held"`` (another holder has it), ``"timeout"`` (the time budget
+    ran out), ``"cancelled"`` (the cancel event was set) or ``"late-acquire"`` (the last grant
+    came back after its local lease had already ended, and was given back).
+    """
+
+    code = "LOCK_HELD"
+    key: str
+    attempts: int
+    elapsed: float
+    reason: str
+
+    def __init__(self, key: str, *, attempts: int, elapsed: float, reason: str = "held") -> None:
+        super().__init__(
+            f"lock {key!r} is held elsewhere ({reason}; {attempts} attempt(s) in {elapsed:.3f}s)",
+            key=key,
+            attempts=attempts,
+            elapsed=elapsed,
+            reason=reason,
+        )
+
+
+class LockLostError(LeaseLockError):
+    """Our lease on ``key`` ended while we still relied on it.
+
+    ``reason`` is one of the lost reasons of SPEC 5. ``completed`` is ``True`` when the
+    protected block (or decorated function) ran to its end before the loss was noticed; then
+    ``result`` holds what it returned. The error that caused the loss, if any, is
+    ``__cause__``.
+    """
+
+    code = "LOCK_LOST"
+    key: str
+    reason: str
+    completed: bool
+    result: Any
+
+    def __init__(
+        self, key: str, reason: str, *, completed: bool = False, result: Any = None
+    ) -> None:
+        state = "after the block completed" if completed else "while held"
+        super().__init__(
+            f"lock {key!r} was lost {state} (reason: {reason})",
+            key=key,
+            reason=reason,
+            completed=completed,
+            result=result,
+        )
+
+
+class LockStateError(LeaseLockError):
+    """A lock or locker was used in an order the API does not allow.
+
+    Examples: extending a released lock, acquiring a lock object a second time, using a
+    closed locker.
+    """
+
+    code = "LOCK_STATE"
+
+
+class ValidationError(LeaseLockError, ValueError):
+    """An argument broke a rule, or a backend is misconfigured.
+
+    Raised before anything is written. The message names the argument and the rule.
+    """
+
+    code = "LOCK_VALIDATION"
+
+
+class RateLimitedError(LeaseLockError):
+    """The HTTP lock service answered 429; ``retry_after`` is in seconds."""
+
+    code = "LOCK_RATE_LIMITED"
+    retry_after: float
+    status: int
+
+    def __init__(self, message: str, *, retry_after: float, status: int = 429) -> None:
+        super().__init__(message, retry_after=retry_after, status=status)
+
+
+class ReplicationError(LeaseLockError):
+    """Fewer Redis replicas than asked for acknowledged a lock write in time."""
+
+    code = "LOCK_REPLICATION"
+    replicas: int
+    acknowledged: int
+
+    def __init__(self, message: str, *, replicas: int, acknowledged: int) -> None:
+        super().__init__(message, replicas=replicas, acknowledged=acknowledged)
+
+
+class AccessDeniedError(LeaseLockError):
+    """The HTTP lock service refused the credential (401) or its scope (403)."""
+
+    code = "LOCK_ACCESS_DENIED"
+    status: int
+
+    def __init__(self, message: str, *, status: int) -> None:
+        super().__init__(message, status=status)

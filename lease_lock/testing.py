@@ -1,0 +1,360 @@
+"""The backend contract as a pytest suite, for built-in and third-party backends.
+
+Subclass :class:`BackendContract` in a test module and provide a ``backend`` fixture that yields
+a fresh, working backend; pytest then runs every contract test against it::
+
+    import pytest
+    from lease_lock.testing import BackendContract
+
+    class TestMyBackend(BackendContract):
+        @pytest.fixture
+        def backend(self):
+            backend = MyBackend(...)
+            yield backend
+            backend.close()
+
+Nothing is registered as a pytest plugin: importing this module is the opt-in. Timings scale to
+``backend.capabilities.min_ttl``, so a backend whose shortest lease is several seconds (the HTTP
+service's is five) still passes, only more slowly. The suite waits on the backend's own answers
+with generous deadlines and never asserts on how fast something happened.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from datetime import datetime, timezone
+from typing import Callable, Iterator, Optional
+
+import pytest
+
+from .backends.base import Backend, ExtendRequest
+
+__all__ = ["BackendContract", "wait_until"]
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``predicate`` until it is true or ``timeout`` seconds pass; return its last answer."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return predicate()
+        time.sleep(interval)
+
+
+class BackendContract:
+    """Every behaviour a backend must have (SPEC 11). Subclasses supply ``backend``."""
+
+    #: Extra seconds a backend may need beyond a lease's end before the key is free again
+    #: (the HTTP service keeps a lapsed lease one more second).
+    expiry_grace: float = 1.5
+    owner = "contract-test:1"
+
+    @pytest.fixture
+    def backend(self) -> Iterator[Backend]:
+        """Override in the subclass: yield the backend under test."""
+        raise NotImplementedError("subclass BackendContract and define a 'backend' fixture")
+
+    @pytest.fixture
+    def key(self) -> str:
+        """A key no other test uses, valid on every backend (the HTTP service's rule included)."""
+        return f"contract:{uuid.uuid4().hex}"
+
+    @staticmethod
+    def token(backend: Backend) -> str:
+        """A fresh token in the backend's preferred form."""
+        return backend.new_token()
+
+    @staticmethod
+    def short_ttl(backend: Backend) -> float:
+        """A lease short enough to wait out in a test."""
+        return max(0.5, backend.capabilities.min_ttl)
+
+    @staticmethod
+    def long_ttl(backend: Backend) -> float:
+        """A lease that cannot run out during a test."""
+        return max(60.0, backend.capabilities.min_ttl * 12)
+
+    def wait_for_expiry(self, backend: Backend, key: str, ttl: float) -> bool:
+        """Wait until nobody holds ``key`` any more, on the backend's own clock."""
+        return wait_until(lambda: not backend.inspect(key).held, ttl + self.expiry_grace + 10)
+
+    # -- acquire and contention ----------------------------------------------------------------
+
+    def test_acquire_free_key(self, backend: Backend, key: str) -> None:
+        token = self.token(backend)
+        assert backend.acquire(key, token, self.long_ttl(backend), self.owner) is True
+        assert backend.is_held(key, token) is True
+
+    def test_contention_answers_false(self, backend: Backend, key: str) -> None:
+        first, second = self.token(backend), self.token(backend)
+        ttl = self.long_ttl(backend)
+        assert backend.acquire(key, first, ttl, self.owner)
+        assert backend.acquire(key, second, ttl, self.owner) is False
+        assert backend.acquire_fenced(key, second, ttl, self.owner) is None
+        assert backend.is_held(key, first) and not backend.is_held(key, second)
+
+    def test_same_token_reacquire_resets_lease(self, backend: Backend, key: str) -> None:
+        token = self.token(backend)
+        long_ttl = self.long_ttl(backend)
+        assert backend.acquire(key, token, long_ttl, self.owner)
+        shorter = long_ttl / 2
+        assert backend.acquire(key, token, shorter, self.owner) is True
+        state = backend.inspect(key)
+        assert state.held and state.expires_in is not None
+        # An absolute new lease: it may shorten the old one, never adds to it.
+        assert state.expires_in <= shorter + 1.0
+
+    def test_racing_acquires_grant_once(self, backend: Backend, key: str) -> None:
+        tokens = [self.token(backend) for _ in range(8)]
+        ttl = self.long_ttl(backend)
+        start = threading.Barrier(len(tokens))
+        winners: list[str] = []
+
+        def contend(token: str) -> None:
+            start.wait()
+            if backend.acquire_fenced(key, token, ttl, self.owner) is not None:
+                winners.append(token)
+
+        threads = [threading.Thread(target=contend, args=(token,)) for token in tokens]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert len(winners) == 1
+        assert backend.is_held(key, winners[0])
+
+    # -- release -------------------------------------------------------------------------------
+
+    def test_release_needs_the_token(self, backend: Backend, key: str) -> None:
+        owner_token, other = self.token(backend), self.token(backend)
+        assert backend.acquire(key, owner_token, self.long_ttl(backend), self.owner)
+        assert backend.release(key, other) is False
+        assert backend.is_held(key, owner_token)
+        assert backend.release(key, owner_token) is True
+        assert backend.release(key, owner_token) is False
+        assert not backend.inspect(key).held
+
+    def test_release_of_free_key(self, backend: Backend, key: str) -> None:
+        assert backend.release(key, self.token(backend)) is False
+
+    def test_released_key_is_free_for_others(self, backend: Backend, key: str) -> None:
+        first, second = self.token(backend), self.token(backend)
+        ttl = self.long_ttl(backend)
+        assert backend.acquire(key, first, ttl, self.owner)
+        assert backend.release(key, first)
+        assert backend.acquire(key, second, ttl, self.owner)
+
+    # -- extend --------------------------------------------------------------------------------
+
+    def test_extend_replaces_expiry(self, backend: Backend, key: str) -> None:
+        token = self.token(backend)
+        long_ttl = self.long_ttl(backend)
+        assert backend.acquire(key, token, long_ttl, self.owner)
+        shorter = long_ttl / 3
+        assert backend.extend(key, token, shorter) is True
+        state = backend.inspect(key)
+        assert state.held and state.expires_in is not None
+        assert state.expires_in <= shorter + 1.0
+        assert backend.extend(key, token, long_ttl) is True
+        longer = backend.inspect(key).expires_in
+        assert longer is not None and longer > shorter + 1.0
+
+    def test_extend_needs_the_token(self, backend: Backend, key: str) -> None:
+        token, other = self.token(backend), self.token(backend)
+        assert backend.acquire(key, token, self.long_ttl(backend), self.owner)
+        assert backend.extend(key, other, self.long_ttl(backend)) is False
+        assert backend.extend(f"{key}:absent", token, self.long_ttl(backend)) is False
+
+    def test_extend_many_answers_in_order(self, backend: Backend, key: str) -> None:
+        token = self.token(backend)
+        ttl = self.long_ttl(backend)
+        held = [f"{key}:{index}" for index in range(3)]
+        for name in held:
+            assert backend.acquire(name, token, ttl, self.owner)
+        requests = [ExtendRequest(name, token, ttl) for name in held]
+        requests.insert(1, ExtendRequest(f"{key}:absent", token, ttl))
+        assert backend.extend_many(requests) == [True, False, True, True]
+        assert backend.extend_many([]) == []
+
+    # -- is_held, inspect, force_release -------------------------------------------------------
+
+    def test_is_held_after_release(self, backend: Backend, key: str) -> None:
+        token = self.token(backend)
+        assert not backend.is_held(key, token)
+        assert backend.acquire(key, token, self.long_ttl(backend), self.owner)
+        assert backend.is_held(key, token)
+        assert backend.release(key, token)
+        assert not backend.is_held(key, token)
+
+    def test_inspect_held_key(self, backend: Backend, key: str) -> None:
+        token = self.token(backend)
+        ttl = self.long_ttl(backend)
+        before = datetime.now(timezone.utc)
+        fence = backend.acquire_fenced(key, token, ttl, self.owner)
+        state = backend.inspect(key)
+        assert state.key == key and state.held
+        assert state.owner == self.owner
+        assert state.fence == fence
+        assert state.expires_at is not None and state.expires_at.tzinfo is not None
+        assert state.expires_at.utcoffset() == timezone.utc.utcoffset(None)
+        # Generous bounds: the backend's clock may differ a little from ours.
+        assert before.timestamp() + ttl - 60 < state.expires_at.timestamp() < before.timestamp() + ttl + 60
+        assert state.expires_in is not None and 0 < state.expires_in <= ttl + 1.0
+        assert token not in repr(state)
+
+    def test_inspect_free_key(self, backend: Backend, key: str) -> None:
+        state = backend.inspect(key)
+        assert state.key == key and not state.held
+        assert state.expires_at is None and state.fence is None
+
+    def test_force_release(self, backend: Backend, key: str) -> None:
+        token = self.token(backend)
+        assert backend.force_release(key) is False
+        assert backend.acquire(key, token, self.long_ttl(backend), self.owner)
+        assert backend.force_release(key) is True
+        assert not backend.is_held(key, token)
+        assert backend.release(key, token) is False
+        assert backend.extend(key, token, self.long_ttl(backend)) is False
+        assert backend.force_release(key) is False
+
+    # -- expiry --------------------------------------------------------------------------------
+
+    def test_expiry_on_backend_clock(self, backend: Backend, key: str) -> None:
+        token, other = self.token(backend), self.token(backend)
+        ttl = self.short_ttl(backend)
+        assert backend.acquire(key, token, ttl, self.owner)
+        assert self.wait_for_expiry(backend, key, ttl)
+        assert wait_until(
+            lambda: backend.acquire(key, other, self.long_ttl(backend), self.owner),
+            self.expiry_grace + 10,
+        )
+        assert not backend.is_held(key, token)
+        assert backend.extend(key, token, ttl) is False
+        assert backend.release(key, token) is False
+        assert backend.is_held(key, other)
+
+    # -- fencing -------------------------------------------------------------------------------
+
+    def test_fences_rise_with_every_grant(self, backend: Backend, key: str) -> None:
+        ttl = self.long_ttl(backend)
+        fences = []
+        for _ in range(5):
+            token = self.token(backend)
+            fence = backend.acquire_fenced(key, token, ttl, self.owner)
+            assert isinstance(fence, int) and not isinstance(fence, bool)
+            assert 0 < fence < 2**53
+            fences.append(fence)
+            assert backend.release(key, token)
+        assert fences == sorted(fences) and len(set(fences)) == len(fences)
+
+    def test_fence_kept_by_extend_and_reacquire(self, backend: Backend, key: str) -> None:
+        token = self.token(backend)
+        ttl = self.long_ttl(backend)
+        fence = backend.acquire_fenced(key, token, ttl, self.owner)
+        assert fence is not None
+        assert backend.extend(key, token, ttl)
+        assert backend.inspect(key).fence == fence
+        assert backend.acquire_fenced(key, token, ttl, self.owner) == fence
+        assert backend.inspect(key).fence == fence
+
+    def test_fence_rises_after_expiry_and_force_release(self, backend: Backend, key: str) -> None:
+        first = self.token(backend)
+        short = self.short_ttl(backend)
+        fence1 = backend.acquire_fenced(key, first, short, self.owner)
+        assert fence1 is not None
+        assert self.wait_for_expiry(backend, key, short)
+        second = self.token(backend)
+        fence2: Optional[int] = None
+
+        def grant() -> bool:
+            nonlocal fence2
+            fence2 = backend.acquire_fenced(key, second, self.long_ttl(backend), self.owner)
+            return fence2 is not None
+
+        assert wait_until(grant, self.expiry_grace + 10)
+        assert fence2 is not None and fence2 > fence1
+        assert backend.force_release(key)
+        fence3 = backend.acquire_fenced(key, self.token(backend), self.long_ttl(backend), self.owner)
+        assert fence3 is not None and fence3 > fence2
+
+    def test_fences_of_different_keys_are_independent(self, backend: Backend, key: str) -> None:
+        ttl = self.long_ttl(backend)
+        a = backend.acquire_fenced(f"{key}:a", self.token(backend), ttl, self.owner)
+        b = backend.acquire_fenced(f"{key}:b", self.token(backend), ttl, self.owner)
+        assert a is not None and b is not None
+
+    # -- keys ----------------------------------------------------------------------------------
+
+    def test_keys_are_exact(self, backend: Backend, key: str) -> None:
+        token = self.token(backend)
+        ttl = self.long_ttl(backend)
+        assert backend.acquire(key, token, ttl, self.owner)
+        # A key that only shares a prefix, or differs in case, is another key.
+        assert backend.acquire(f"{key}x", self.token(backend), ttl, self.owner)
+        assert backend.acquire(key.upper(), self.token(backend), ttl, self.owner)
+
+    def test_unusual_keys(self, backend: Backend, key: str) -> None:
+        ttl = self.long_ttl(backend)
+        candidates = [f"{key}:ünïcødé/{{tag}} *?[x]", key + ":" + "k" * 900]
+        for name in candidates:
+            try:
+                backend.check_key(name)
+            except ValueError:
+                continue  # stricter backends (the HTTP service) refuse these up front
+            token = self.token(backend)
+            assert backend.acquire(name, token, ttl, self.owner)
+            assert backend.inspect(name).held
+            assert backend.release(name, token)
+
+    # -- optional capabilities -----------------------------------------------------------------
+
+    def test_scan_lists_held_keys(self, backend: Backend, key: str) -> None:
+        if not backend.capabilities.scan:
+            with pytest.raises(NotImplementedError):
+                list(backend.scan(key))
+            return
+        ttl = self.long_ttl(backend)
+        names = [f"{key}:{index}" for index in range(3)]
+        tokens = {name: self.token(backend) for name in names}
+        for name in names:
+            assert backend.acquire(name, tokens[name], ttl, self.owner)
+        assert backend.release(names[1], tokens[names[1]])
+        assert backend.acquire(f"other:{key}", self.token(backend), ttl, self.owner)
+        listed = {state.key for state in backend.scan(f"{key}:")}
+        assert listed == {names[0], names[2]}
+        assert all(state.held for state in backend.scan(f"{key}:"))
+
+    def test_release_notifications(self, backend: Backend, key: str) -> None:
+        if not backend.capabilities.release_notify:
+            with pytest.raises(NotImplementedError):
+                backend.watch_releases(lambda _key: None)
+            return
+        heard: list[str] = []
+        released = threading.Event()
+        forced = threading.Event()
+
+        def on_release(name: str) -> None:
+            heard.append(name)
+            if name == key:
+                released.set()
+            elif name == f"{key}:forced":
+                forced.set()
+
+        watcher = backend.watch_releases(on_release)
+        try:
+            assert wait_until(lambda: watcher.active, 30)
+            token = self.token(backend)
+            ttl = self.long_ttl(backend)
+            assert backend.acquire(key, token, ttl, self.owner)
+            assert backend.release(key, token)
+            assert released.wait(30)
+            assert backend.acquire(f"{key}:forced", token, ttl, self.owner)
+            assert backend.force_release(f"{key}:forced")
+            assert forced.wait(30)
+        finally:
+            watcher.close()
+        assert not watcher.active

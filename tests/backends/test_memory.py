@@ -1,0 +1,38 @@
+"""The backend contract on the in-process memory backend."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+from lease_lock.backends.memory import MemoryBackend
+from lease_lock.testing import BackendContract
+
+
+class TestMemoryBackend(BackendContract):
+    @pytest.fixture
+    def backend(self) -> Iterator[MemoryBackend]:
+        backend = MemoryBackend()
+        yield backend
+        backend.close()
+
+
+def test_clear_keeps_fence_counter() -> None:
+    backend = MemoryBackend()
+    first = backend.acquire_fenced("k", "a" * 32, 30, "o")
+    backend.clear()
+    assert not backend.inspect("k").held
+    second = backend.acquire_fenced("k", "b" * 32, 30, "o")
+    assert first is not None and second is not None and second > first
+
+
+def test_injected_clock_judges_expiry() -> None:
+    now = [100.0]
+    backend = MemoryBackend(clock=lambda: now[0])
+    assert backend.acquire("k", "a" * 32, 5, "o")
+    now[0] += 4.9
+    assert backend.is_held("k", "a" * 32)
+    now[0] += 0.2
+    assert not backend.is_held("k", "a" * 32)
+    assert backend.acquire("k", "b" * 32, 5, "o")

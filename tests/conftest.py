@@ -1,0 +1,7 @@
+"""Shared test configuration.
+
+Fixtures that start private servers live in ``tests/support`` and are loaded here as plugins, so
+every test directory can ask for them by name.
+"""
+
+pytest_plugins: list[str] = []
