@@ -67,6 +67,8 @@ class Capabilities:
     - ``replica_wait``: writes can wait for replicas (Redis ``wait_for_replicas``).
     - ``scan``: ``scan(prefix)`` lists held keys.
     - ``batch_extend``: ``extend_many`` extends several leases in one round trip.
+    - ``counters``: ``count_in_window`` keeps fixed-window counters shared by every client of
+      the store (the HTTP lock service's rate limit uses it across server processes).
     - ``min_ttl``: the shortest lease the backend grants; the contract suite scales to it.
     - ``clock``: a short description of the clock that judges expiry, for the docs.
     """
@@ -77,6 +79,7 @@ class Capabilities:
     replica_wait: bool = False
     scan: bool = False
     batch_extend: bool = False
+    counters: bool = False
     min_ttl: float = 0.0
     clock: str = "the server's clock"
 
@@ -188,6 +191,14 @@ class Backend(abc.ABC):
     def watch_releases(self, callback: Callable[[str], None]) -> ReleaseWatcher:
         """Start delivering release notifications to ``callback`` (``release_notify``)."""
         raise NotImplementedError(f"{type(self).__name__} delivers no release notifications")
+
+    def count_in_window(self, name: str, window: float) -> tuple[int, float]:
+        """Add one to counter ``name`` in the current fixed window of ``window`` seconds.
+
+        Windows are aligned to multiples of ``window`` on the backend's clock. Returns the
+        counter's new value and the seconds left in the window (``counters``).
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no shared counters")
 
     # -- validation hooks ----------------------------------------------------------------------
 

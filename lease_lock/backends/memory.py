@@ -56,6 +56,7 @@ class MemoryBackend(Backend):
         release_notify=True,
         scan=True,
         batch_extend=True,
+        counters=True,
         clock="this process's monotonic clock",
     )
 
@@ -65,6 +66,7 @@ class MemoryBackend(Backend):
         self._leases: dict[str, _Lease] = {}
         self._fences: dict[str, int] = {}
         self._watchers: list[_MemoryWatcher] = []
+        self._counters: dict[str, tuple[int, int]] = {}
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> "MemoryBackend":
@@ -173,6 +175,16 @@ class MemoryBackend(Backend):
                 if key.startswith(prefix) and (lease := self._live(key, now)) is not None
             ]
         return iter(states)
+
+    def count_in_window(self, name: str, window: float) -> tuple[int, float]:
+        """Count one event in the current fixed window of ``window`` seconds."""
+        with self._mutex:
+            now = self._clock()
+            window_index = int(now // window)
+            index, count = self._counters.get(name, (window_index, 0))
+            count = count + 1 if index == window_index else 1
+            self._counters[name] = (window_index, count)
+            return count, (window_index + 1) * window - now
 
     def clear(self) -> None:
         """Drop every lease, keeping the fence counters (as a server that lost its data)."""

@@ -36,3 +36,14 @@ def test_injected_clock_judges_expiry() -> None:
     now[0] += 0.2
     assert not backend.is_held("k", "a" * 32)
     assert backend.acquire("k", "b" * 32, 5, "o")
+
+
+def test_count_in_window_resets_each_window() -> None:
+    now = [120.0]
+    backend = MemoryBackend(clock=lambda: now[0])
+    assert backend.count_in_window("p", 60) == (1, 60.0)
+    now[0] += 30
+    assert backend.count_in_window("p", 60) == (2, 30.0)
+    assert backend.count_in_window("q", 60)[0] == 1
+    now[0] += 30
+    assert backend.count_in_window("p", 60) == (1, 60.0)
