@@ -16,11 +16,12 @@ fast when they ask for something a backend lacks.
 from __future__ import annotations
 
 import abc
+import contextlib
 import secrets
 import urllib.parse
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, ClassVar, ContextManager, Iterator, Mapping, Optional, Sequence
 
 from ..errors import ValidationError
 
@@ -207,6 +208,14 @@ class Backend(abc.ABC):
 
     def check_token(self, token: str) -> None:
         """Raise ``ValidationError`` if ``token`` is not a form this backend accepts."""
+
+    def request_id_scope(self, request_id: Optional[str]) -> ContextManager[None]:
+        """Attach ``request_id`` to the acquisitions this thread makes inside the block.
+
+        The core wraps an acquisition attempt in this when the caller passed ``request_id=``.
+        Only the HTTP backend sends it (and reuses it on its one retry); others ignore it.
+        """
+        return contextlib.nullcontext()
 
     def new_token(self) -> str:
         """A fresh random token in the form this backend prefers (16 random bytes as hex)."""
