@@ -1,0 +1,425 @@
+"""The SQLite backend: real leases shared by every process and thread of one host.
+
+It needs nothing beyond the standard library's :mod:`sqlite3`, and it is the embedded default of
+:func:`lease_lock.connect` (see :func:`default_url`).
+
+How it stays safe with many processes on one file:
+
+- The database runs in WAL mode with a busy timeout, so readers never block writers and a
+  writer waits its turn instead of failing at once.
+- Every write is one ``BEGIN IMMEDIATE`` transaction: it takes the write lock before it reads,
+  so two processes can never both see a key free and both take it. The fencing counter is
+  bumped inside the same transaction as the grant. Reads (``is_held``, ``inspect``, ``scan``)
+  are single statements, each its own consistent WAL snapshot.
+
+The clock. SQLite has no server, so expiry is judged on one clock that every process of the
+host shares: ``CLOCK_BOOTTIME`` (seconds since boot, counting through suspend, unmoved by wall
+clock steps) tagged with the kernel's boot id (``/proc/sys/kernel/random/boot_id``). A row
+written during an earlier boot reads as expired, because every process that held it died with
+that boot. Where the OS lacks either (not Linux), the wall clock is used instead, and a wall
+clock step then moves every lease by the same amount. A process in its own Linux time namespace
+sees another ``CLOCK_BOOTTIME``; do not share one file across time namespaces.
+
+``expires_at`` in a :class:`~lease_lock.backends.base.LockState` is the wall-clock time now plus
+the remaining lease, computed when the row is read; ``expires_in`` is the remaining lease on the
+host clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sqlite3
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Optional, Union
+
+from ..errors import ValidationError
+from ..validation import check_duration, parse_duration
+from .base import Backend, Capabilities, ExtendRequest, LockState, parse_url_options
+
+__all__ = ["DEFAULT_BUSY_TIMEOUT", "HostClock", "SqliteBackend", "default_path", "default_url"]
+
+#: Seconds a write waits for another process's write transaction before SQLite gives up.
+DEFAULT_BUSY_TIMEOUT = 10.0
+
+_BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
+
+# Inputs: none. Creates the three tables if missing; safe to run from several processes at once.
+# leases: one row per held (or lapsed, not yet overwritten) key. `boot` and `expires` are the
+#   host clock's epoch and reading at which the lease ends.
+# fences: the last fence handed out per key; kept when the lease row goes, so fences only rise.
+# counters: fixed-window counters of count_in_window.
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS lease_lock_leases (
+        key TEXT PRIMARY KEY NOT NULL,
+        token TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        fence INTEGER,
+        boot TEXT NOT NULL,
+        expires REAL NOT NULL
+    ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS lease_lock_fences (
+        key TEXT PRIMARY KEY NOT NULL,
+        fence INTEGER NOT NULL
+    ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS lease_lock_counters (
+        name TEXT PRIMARY KEY NOT NULL,
+        boot TEXT NOT NULL,
+        window INTEGER NOT NULL,
+        count INTEGER NOT NULL
+    ) WITHOUT ROWID""",
+)
+
+# Inputs: key. Result: the lease row (token, owner, fence, boot, expires) or nothing.
+_SELECT_LEASE = "SELECT token, owner, fence, boot, expires FROM lease_lock_leases WHERE key = ?"
+# Inputs: key, token, owner, fence, boot, expires. Result: the key's row is this lease.
+_PUT_LEASE = "INSERT OR REPLACE INTO lease_lock_leases VALUES (?, ?, ?, ?, ?, ?)"
+# Inputs: boot, new expires, key, token, boot, now. Result: rowcount 1 when the token's live
+# lease was replaced.
+_SET_EXPIRY = (
+    "UPDATE lease_lock_leases SET boot = ?, expires = ? WHERE key = ? AND token = ?"
+    " AND boot = ? AND expires > ?"
+)
+# Inputs: key, token, boot, now. Result: rowcount 1 when the token's live lease was deleted.
+_DELETE_OWN = (
+    "DELETE FROM lease_lock_leases WHERE key = ? AND token = ? AND boot = ? AND expires > ?"
+)
+# Inputs: key, token, boot, now. Result: one row when the token holds a live lease.
+_IS_HELD = (
+    "SELECT 1 FROM lease_lock_leases WHERE key = ? AND token = ? AND boot = ? AND expires > ?"
+)
+# Inputs: prefix, prefix, boot, now. Result: live leases whose key starts with the prefix.
+_SCAN = (
+    "SELECT key, owner, fence, boot, expires FROM lease_lock_leases"
+    " WHERE substr(key, 1, length(?)) = ? AND boot = ? AND expires > ? ORDER BY key"
+)
+
+
+class HostClock:
+    """The one clock all processes of this host agree on, as ``(epoch, seconds)`` readings.
+
+    ``epoch`` names the span in which ``seconds`` are comparable: the boot id with
+    ``CLOCK_BOOTTIME``, or ``"wall"`` with the wall-clock fallback. Readings of different epochs
+    are never compared; a lease written under another epoch is over.
+    """
+
+    def __init__(self) -> None:
+        boottime = getattr(time, "CLOCK_BOOTTIME", None)
+        boot_id = _read_boot_id()
+        if boottime is not None and boot_id is not None:
+            self.epoch = f"boot:{boot_id}"
+            self._read: Callable[[], float] = lambda: time.clock_gettime(boottime)
+            self.description = "CLOCK_BOOTTIME of this host, tagged with its boot id"
+        else:  # pragma: no cover - not Linux
+            self.epoch = "wall"
+            self._read = time.time
+            self.description = "the wall clock of this host"
+
+    def __call__(self) -> float:
+        """Seconds on this host's clock, comparable within :attr:`epoch`."""
+        return self._read()
+
+
+def _read_boot_id() -> Optional[str]:
+    try:
+        with open(_BOOT_ID_FILE, encoding="ascii") as handle:
+            text = handle.read().strip()
+    except OSError:
+        return None
+    return text or None
+
+
+def default_path() -> Path:
+    """The embedded default database file of this user (not created by this call).
+
+    ``$XDG_STATE_HOME/lease-lock/locks.db`` when ``XDG_STATE_HOME`` is an absolute path (the
+    XDG rule: a relative value is ignored), else ``~/.local/state/lease-lock/locks.db``.
+    """
+    state_home = os.environ.get("XDG_STATE_HOME", "")
+    base = Path(state_home) if os.path.isabs(state_home) else Path.home() / ".local" / "state"
+    return base / "lease-lock" / "locks.db"
+
+
+def default_url() -> str:
+    """The ``sqlite:`` URL of :func:`default_path`, creating its directory (mode 0700) if needed.
+
+    This is what :func:`lease_lock.connect` uses when given no URL and no ``LEASE_LOCK_URL``. The
+    database file itself is created by the first connection.
+    """
+    path = default_path()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return "sqlite:///" + urllib.parse.quote(str(path))
+
+
+def _parse_busy_timeout(text: str) -> float:
+    return parse_duration(text, "busy_timeout")
+
+
+def _path_from_url(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    if parts.netloc:
+        raise ValidationError(
+            f"sqlite URL {url!r} names a host; use sqlite:///relative.db or sqlite:////abs.db"
+        )
+    # SQLAlchemy's rule: after "sqlite://" comes "/" and then the path, so "sqlite:///x.db" is
+    # relative and "sqlite:////x.db" absolute.
+    path = urllib.parse.unquote(parts.path[1:])
+    if not path or path == ":memory:":
+        raise ValidationError(
+            f"sqlite URL {url!r} names no file; an in-memory database is private to one "
+            "connection (use memory:// for one process)"
+        )
+    return path
+
+
+class SqliteBackend(Backend):
+    """Leases in a SQLite file, shared by every process and thread of one host.
+
+    ``path`` is the database file (created if missing; its directory must exist). A relative
+    path is resolved against the working directory once, here. ``busy_timeout`` is how long one
+    operation waits for another process's write before SQLite raises
+    ``sqlite3.OperationalError`` ("database is locked"); SQLite errors are never wrapped.
+
+    One connection per process, guarded by a lock, serves every thread; a child made by
+    ``os.fork()`` opens its own on first use and never touches the parent's.
+    """
+
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        server_clock=False,
+        fencing=True,
+        release_notify=False,
+        scan=True,
+        batch_extend=True,
+        counters=True,
+        clock="CLOCK_BOOTTIME of the host with its boot id (the wall clock where unavailable)",
+    )
+    url_options: ClassVar[Mapping[str, Callable[[str], Any]]] = {
+        "busy_timeout": _parse_busy_timeout,
+    }
+
+    def __init__(
+        self, path: Union[str, os.PathLike[str]], *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT
+    ) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise ValidationError(f"path must be a str or os.PathLike, not {type(path).__name__}")
+        text = os.fspath(path)
+        if not text or text == ":memory:":
+            raise ValidationError("path must name a database file (':memory:' is not shared)")
+        self.path = os.path.abspath(text)
+        self.busy_timeout = check_duration(busy_timeout, "busy_timeout")
+        self._clock = HostClock()
+        self._mutex = threading.Lock()
+        self._connection: Optional[sqlite3.Connection] = None
+        self._pid = 0
+        # Connections inherited through fork: closing one in the child could checkpoint or
+        # delete the WAL under the parent, so they are kept open and never used again.
+        self._inherited: list[sqlite3.Connection] = []
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> SqliteBackend:
+        """``sqlite:///relative.db`` or ``sqlite:////absolute.db``; option ``busy_timeout``."""
+        path = _path_from_url(url)
+        parsed = parse_url_options(url, cls.url_options, options, backend="sqlite")
+        return cls(path, **parsed)
+
+    def __repr__(self) -> str:
+        return f"SqliteBackend({self.path!r})"
+
+    # -- connection and transactions -----------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        connection = sqlite3.connect(
+            self.path,
+            timeout=self.busy_timeout,
+            isolation_level=None,  # transactions are begun explicitly below
+            check_same_thread=False,  # guarded by self._mutex instead
+        )
+        try:
+            connection.execute("PRAGMA journal_mode=WAL")
+            # NORMAL in WAL mode cannot corrupt the file; it may lose the last commits on power
+            # loss, when every holder died anyway (the boot id changes). Fences stay above the
+            # lost ones because they never fall below the wall clock in milliseconds.
+            connection.execute("PRAGMA synchronous=NORMAL")
+            connection.execute("BEGIN IMMEDIATE")
+            for statement in _SCHEMA:
+                connection.execute(statement)
+            connection.execute("COMMIT")
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    def _current(self) -> sqlite3.Connection:
+        pid = os.getpid()
+        if self._connection is not None and self._pid != pid:
+            self._inherited.append(self._connection)
+            self._connection = None
+        if self._connection is None:
+            self._connection = self._connect()
+            self._pid = pid
+        return self._connection
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[tuple[sqlite3.Connection, float]]:
+        """One ``BEGIN IMMEDIATE`` transaction; yields the connection and the clock reading.
+
+        The clock is read after the write lock is taken, so time spent waiting for another
+        process cannot make ``now`` stale.
+        """
+        with self._mutex:
+            connection = self._current()
+            connection.execute("BEGIN IMMEDIATE")
+            try:
+                yield connection, self._clock()
+                connection.execute("COMMIT")
+            except BaseException:
+                # A failed COMMIT leaves the transaction open; the next BEGIN would fail.
+                if connection.in_transaction:
+                    connection.execute("ROLLBACK")
+                raise
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[tuple[sqlite3.Connection, float]]:
+        with self._mutex:
+            yield self._current(), self._clock()
+
+    def _live(self, row: Optional[tuple[Any, ...]], now: float) -> bool:
+        """Whether a row of ``_SELECT_LEASE`` is a lease still running on this epoch."""
+        return row is not None and row[3] == self._clock.epoch and row[4] > now
+
+    # -- primitives ----------------------------------------------------------------------------
+
+    def _grant(
+        self, key: str, token: str, ttl: float, owner: str, fenced: bool
+    ) -> tuple[bool, Optional[int]]:
+        with self._write() as (connection, now):
+            row = connection.execute(_SELECT_LEASE, (key,)).fetchone()
+            if self._live(row, now):
+                if row[0] != token:
+                    return False, None
+                fence: Optional[int] = row[2]
+            else:
+                fence = None
+            if fenced and fence is None:
+                fence = self._next_fence(connection, key)
+            connection.execute(
+                _PUT_LEASE, (key, token, owner, fence, self._clock.epoch, now + ttl)
+            )
+            return True, fence
+
+    @staticmethod
+    def _next_fence(connection: sqlite3.Connection, key: str) -> int:
+        row = connection.execute(
+            "SELECT fence FROM lease_lock_fences WHERE key = ?", (key,)
+        ).fetchone()
+        # Never below the wall clock in milliseconds: if the file is deleted or loses its last
+        # commits, new fences still exceed the old ones unless the wall clock stepped back.
+        fence = max((row[0] if row else 0) + 1, math.floor(time.time() * 1000))
+        connection.execute("INSERT OR REPLACE INTO lease_lock_fences VALUES (?, ?)", (key, fence))
+        return fence
+
+    def acquire(self, key: str, token: str, ttl: float, owner: str) -> bool:
+        """Grant or renew ``key`` for ``token`` in one write transaction."""
+        return self._grant(key, token, ttl, owner, fenced=False)[0]
+
+    def acquire_fenced(self, key: str, token: str, ttl: float, owner: str) -> Optional[int]:
+        """Grant or renew ``key`` for ``token``; return its fence (bumped in the same write)."""
+        granted, fence = self._grant(key, token, ttl, owner, fenced=True)
+        return fence if granted else None
+
+    def release(self, key: str, token: str) -> bool:
+        """Delete ``key`` if ``token`` holds a live lease on it."""
+        with self._write() as (connection, now):
+            cursor = connection.execute(_DELETE_OWN, (key, token, self._clock.epoch, now))
+            return cursor.rowcount == 1
+
+    def extend(self, key: str, token: str, ttl: float) -> bool:
+        """Set ``key``'s lease to ``ttl`` from now if ``token`` holds it."""
+        return self.extend_many([ExtendRequest(key, token, ttl)])[0]
+
+    def extend_many(self, requests: Sequence[ExtendRequest]) -> list[bool]:
+        """Extend several leases in one write transaction; one answer per request, in order."""
+        if not requests:
+            return []
+        epoch = self._clock.epoch
+        with self._write() as (connection, now):
+            return [
+                connection.execute(
+                    _SET_EXPIRY, (epoch, now + item.ttl, item.key, item.token, epoch, now)
+                ).rowcount
+                == 1
+                for item in requests
+            ]
+
+    def is_held(self, key: str, token: str) -> bool:
+        """``True`` if ``token`` holds a live lease on ``key``."""
+        with self._read() as (connection, now):
+            row = connection.execute(_IS_HELD, (key, token, self._clock.epoch, now)).fetchone()
+        return row is not None
+
+    def _state(
+        self, key: str, owner: str, fence: Optional[int], expires: float, now: float
+    ) -> LockState:
+        remaining = expires - now
+        return LockState(
+            key=key,
+            held=True,
+            expires_at=datetime.now(timezone.utc) + timedelta(seconds=remaining),
+            fence=fence,
+            owner=owner,
+            expires_in=remaining,
+        )
+
+    def inspect(self, key: str) -> LockState:
+        """The state of ``key``; ``expires_in`` is measured on the host clock."""
+        with self._read() as (connection, now):
+            row = connection.execute(_SELECT_LEASE, (key,)).fetchone()
+        if not self._live(row, now):
+            return LockState.free(key)
+        return self._state(key, row[1], row[2], row[4], now)
+
+    def force_release(self, key: str) -> bool:
+        """Delete ``key`` whoever holds it; ``True`` when a live lease was dropped."""
+        with self._write() as (connection, now):
+            row = connection.execute(_SELECT_LEASE, (key,)).fetchone()
+            connection.execute("DELETE FROM lease_lock_leases WHERE key = ?", (key,))
+            return self._live(row, now)
+
+    def scan(self, prefix: str) -> Iterator[LockState]:
+        """Held keys starting with ``prefix``, sorted by key (read in one snapshot)."""
+        with self._read() as (connection, now):
+            rows = connection.execute(_SCAN, (prefix, prefix, self._clock.epoch, now)).fetchall()
+        return iter(
+            [self._state(key, owner, fence, expires, now) for key, owner, fence, _, expires in rows]
+        )
+
+    def count_in_window(self, name: str, window: float) -> tuple[int, float]:
+        """Count one event in the current fixed window of ``window`` seconds on the host clock.
+
+        A new boot starts every counter afresh.
+        """
+        epoch = self._clock.epoch
+        with self._write() as (connection, now):
+            index = math.floor(now / window)
+            row = connection.execute(
+                "SELECT boot, window, count FROM lease_lock_counters WHERE name = ?", (name,)
+            ).fetchone()
+            count = row[2] + 1 if row is not None and row[0] == epoch and row[1] == index else 1
+            connection.execute(
+                "INSERT OR REPLACE INTO lease_lock_counters VALUES (?, ?, ?, ?)",
+                (name, epoch, index, count),
+            )
+            return count, (index + 1) * window - now
+
+    def close(self) -> None:
+        """Close this process's connection; a later call opens a new one."""
+        with self._mutex:
+            connection, self._connection = self._connection, None
+            if connection is not None and self._pid == os.getpid():
+                connection.close()
