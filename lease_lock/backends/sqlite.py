@@ -244,7 +244,7 @@ class SqliteBackend(Backend):
             connection.execute("PRAGMA journal_mode=WAL")
             # NORMAL in WAL mode cannot corrupt the file; it may lose the last commits on power
             # loss, when every holder died anyway (the boot id changes). Fences stay above the
-            # lost ones because they never fall below the wall clock in milliseconds.
+            # lost ones because they never fall below the wall clock (see _next_fence).
             connection.execute("PRAGMA synchronous=NORMAL")
             connection.execute("BEGIN IMMEDIATE")
             for statement in _SCHEMA:
@@ -318,9 +318,11 @@ class SqliteBackend(Backend):
         row = connection.execute(
             "SELECT fence FROM lease_lock_fences WHERE key = ?", (key,)
         ).fetchone()
-        # Never below the wall clock in milliseconds: if the file is deleted or loses its last
-        # commits, new fences still exceed the old ones unless the wall clock stepped back.
-        fence = max((row[0] if row else 0) + 1, math.floor(time.time() * 1000))
+        # Never below the wall clock in microseconds (below 2**53 until the year 2255). No
+        # transaction takes less than a microsecond, so the counter never runs ahead of the
+        # clock, and if the file is deleted or loses its last commits, new fences still exceed
+        # the old ones unless the wall clock stepped back.
+        fence = max((row[0] if row else 0) + 1, time.time_ns() // 1000)
         connection.execute("INSERT OR REPLACE INTO lease_lock_fences VALUES (?, ?)", (key, fence))
         return fence
 
