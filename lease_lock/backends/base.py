@@ -53,7 +53,7 @@ class LockState:
     expires_in: Optional[float] = field(default=None, compare=False)
 
     @classmethod
-    def free(cls, key: str) -> "LockState":
+    def free(cls, key: str) -> LockState:
         """The state of a key nobody holds."""
         return cls(key=key, held=False)
 
@@ -126,7 +126,7 @@ class Backend(abc.ABC):
     url_options: ClassVar[Mapping[str, Callable[[str], Any]]] = {}
 
     @classmethod
-    def from_url(cls, url: str, **options: Any) -> "Backend":
+    def from_url(cls, url: str, **options: Any) -> Backend:
         """Build the backend from a URL; keyword ``options`` override the query string.
 
         Backends that can be named by URL override this. Unknown options are a

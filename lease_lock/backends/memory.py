@@ -27,7 +27,7 @@ class _Lease:
 
 
 class _MemoryWatcher(ReleaseWatcher):
-    def __init__(self, backend: "MemoryBackend", callback: Callable[[str], None]) -> None:
+    def __init__(self, backend: MemoryBackend, callback: Callable[[str], None]) -> None:
         self._backend = backend
         self.callback = callback
         self._closed = False
@@ -69,7 +69,7 @@ class MemoryBackend(Backend):
         self._counters: dict[str, tuple[int, int]] = {}
 
     @classmethod
-    def from_url(cls, url: str, **options: Any) -> "MemoryBackend":
+    def from_url(cls, url: str, **options: Any) -> MemoryBackend:
         """``memory://``: a new private store for every call."""
         parse_url_options(url, {}, options, backend="memory")
         return cls()

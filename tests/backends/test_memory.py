@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Iterator
 
 import pytest
-
 from lease_lock.backends.memory import MemoryBackend
 from lease_lock.testing import BackendContract
 

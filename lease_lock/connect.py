@@ -1,0 +1,52 @@
+"""``lease_lock.connect()``: a :class:`~lease_lock.Locker` from a URL (SPEC 2)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from .backends import backend_from_url
+from .errors import ValidationError
+from .locker import Locker
+
+__all__ = ["LOCKER_OPTIONS", "connect", "default_url"]
+
+#: Options of ``connect()`` that go to the ``Locker``; all others go to the backend.
+LOCKER_OPTIONS = frozenset(
+    {"ttl", "max_hold", "retry", "key_prefix", "fencing", "owner", "on_event", "clock", "token_factory"}
+)
+
+
+def default_url() -> str:
+    """The URL ``connect()`` uses with no argument: ``LEASE_LOCK_URL``, else the embedded
+    SQLite file in the user's state directory."""
+    url = os.environ.get("LEASE_LOCK_URL")
+    if url:
+        return url
+    from .backends.sqlite import default_url as embedded_url
+
+    return embedded_url()
+
+
+def connect(url: Optional[str] = None, **options: Any) -> Locker:
+    """A ``Locker`` on the backend that ``url`` names.
+
+    Options named like ``Locker`` parameters go to the ``Locker``; the rest go to the backend
+    (for example ``table=``, ``api_key=``, ``wait_for_replicas=``); an unknown option is a
+    ``ValidationError``. With no ``url``: ``LEASE_LOCK_URL``, else the embedded SQLite default.
+    The locker owns the backend it built: ``locker.close()`` closes it.
+    """
+    if url is not None and not isinstance(url, str):
+        raise ValidationError(f"url must be a str, not {type(url).__name__}")
+    locker_options = {name: options.pop(name) for name in list(options) if name in LOCKER_OPTIONS}
+    # Check the Locker's settings first: a bad one must fail before the backend connects or
+    # creates anything.
+    Locker.check_settings(**locker_options)
+    backend = backend_from_url(url or default_url(), **options)
+    try:
+        locker = Locker(backend, **locker_options)
+    except BaseException:
+        backend.close()
+        raise
+    locker._owns_backend = True
+    return locker

@@ -1,0 +1,498 @@
+"""The :class:`Lock` object: one lease on one key, its local timing and its loss signal.
+
+A ``Lock`` moves through ``"unlocked" -> "held" -> ("released" | "lost")``. Its local lease
+starts when the acquire or extend request *left* and ends 1% of the TTL early (SPEC 6), so the
+holder believes it holds the key for a little less than the backend does. Reading ``state``,
+``lost_reason``, ``held_for``, ``expires_in`` or ``lost`` consults the clock: a lease that ran
+out reads lost at once, whether or not the heartbeat thread has run.
+
+A ``Lock`` is thread-safe and not tied to the thread that acquired it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+
+from .errors import LockLostError, LockStateError
+from .events import LockEvent, emit, logger
+from .options import LockOptions, check_extend_interval
+from .validation import check_ttl, describe_token
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from .locker import Locker
+
+__all__ = ["LEASE_MARGIN", "Lock", "LossSignal"]
+
+#: The local lease ends this fraction of the TTL early, to absorb clock rate differences.
+LEASE_MARGIN = 0.01
+#: The longest real-time wait before the clock is read again (waits are sliced so that an
+#: injected or pause-adjusted clock is honoured).
+WAIT_SLICE = 1.0
+
+_Result = TypeVar("_Result")
+
+
+class LossSignal(threading.Event):
+    """``lock.lost``: a ``threading.Event`` set when the lease is lost.
+
+    ``is_set()`` and ``wait()`` consult the lock's clock first, so a lease that ran out reads
+    lost immediately, and ``wait(timeout)`` returns when the lease ends even if nothing else
+    happens. ``set()`` and ``clear()`` belong to the library; calling them is a
+    ``LockStateError``.
+    """
+
+    def __init__(self, lock: Lock) -> None:
+        super().__init__()
+        # A weak reference, so that the event (often kept by callers) does not keep the lock
+        # alive: a garbage-collected lock must stop being extended.
+        self._lock_ref = weakref.ref(lock)
+
+    def set(self) -> None:
+        """Not for callers: the library sets the signal."""
+        raise LockStateError("lock.lost is set by the library; use lock.release()")
+
+    def clear(self) -> None:
+        """Not for callers: a lost lease cannot be found again."""
+        raise LockStateError("lock.lost cannot be cleared; acquire a new lock")
+
+    def _fire(self) -> None:
+        super().set()
+
+    def is_set(self) -> bool:
+        """``True`` once the lease is lost (read against the clock now)."""
+        lock = self._lock_ref()
+        if lock is not None:
+            lock._refresh()
+        return super().is_set()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until the lease is lost or ``timeout`` real seconds pass; ``True`` if lost."""
+        give_up = None if timeout is None else time.monotonic() + timeout
+        while True:
+            lock = self._lock_ref()
+            until_lapse = math.inf
+            if lock is not None:
+                lock._refresh()
+                until_lapse = lock._time_to_lapse()
+            del lock
+            if super().is_set():
+                return True
+            step = min(WAIT_SLICE, until_lapse)
+            if give_up is not None:
+                left = give_up - time.monotonic()
+                if left <= 0:
+                    return False
+                step = min(step, left)
+            super().wait(max(step, 0.001))
+
+
+class Lock:
+    """A lease on one key. Created unacquired by ``Locker.lock()``; ``with`` acquires it.
+
+    Attributes: ``key`` (prefix included), ``token``, ``ttl`` (latest), ``fence`` (``int`` or
+    ``None``), ``state``, ``lost_reason``, ``held_for``, ``expires_in``, ``lost``.
+    """
+
+    def __init__(self, locker: Locker, key: str, ttl: float, options: LockOptions, token: str) -> None:
+        self._locker = locker
+        self.key = key
+        self.token = token
+        self._ttl = ttl
+        self._options = options
+        self.fence: Optional[int] = None
+        self.lost = LossSignal(self)
+        self._mutex = threading.RLock()
+        self._state = "unlocked"
+        self._busy_acquiring = False
+        self._lost_reason: Optional[str] = None
+        self._lost_cause: Optional[BaseException] = None
+        self._acquired_at: Optional[float] = None
+        self._ended_at: Optional[float] = None
+        self._lease_end = -math.inf
+        self._deadline = math.inf
+        self._clamped = False
+        self._next_beat = math.inf
+        self._in_flight = 0
+        self._extend_error: Optional[BaseException] = None
+        self._beat_generation = 0
+        self._pid = os.getpid()
+        self._given_back = False
+
+    # -- reading -------------------------------------------------------------------------------
+
+    @property
+    def ttl(self) -> float:
+        """The latest TTL asked for, in seconds."""
+        return self._ttl
+
+    @property
+    def state(self) -> str:
+        """``"unlocked"``, ``"held"``, ``"lost"`` or ``"released"``, as of now."""
+        self._refresh()
+        return self._state
+
+    @property
+    def lost_reason(self) -> Optional[str]:
+        """Why the lease was lost (SPEC 5), or ``None``."""
+        self._refresh()
+        return self._lost_reason
+
+    @property
+    def held_for(self) -> float:
+        """Seconds since the acquisition; stops counting at loss or release."""
+        self._refresh()
+        if self._acquired_at is None:
+            return 0.0
+        end = self._ended_at if self._ended_at is not None else self._locker._clock()
+        return max(0.0, end - self._acquired_at)
+
+    @property
+    def expires_in(self) -> float:
+        """Seconds left of the local lease (0 when not held)."""
+        self._refresh()
+        if self._state != "held":
+            return 0.0
+        return max(0.0, self._lease_end - self._locker._clock())
+
+    def __repr__(self) -> str:
+        return f"<Lock key={self.key!r} state={self._state} token={describe_token(self.token)}>"
+
+    # -- internal timing -----------------------------------------------------------------------
+
+    def _time_to_lapse(self) -> float:
+        if self._state != "held":
+            return math.inf
+        return max(0.0, self._lease_end - self._locker._clock())
+
+    def _lapse_reason(self) -> tuple[str, Optional[BaseException]]:
+        if self._in_flight:
+            return "late-extend", None
+        if self._extend_error is not None:
+            return "extend-failed", self._extend_error
+        if self._clamped:
+            return "max-hold", None
+        return "expired", None
+
+    def _refresh(self) -> None:
+        """Mark the lock lost if its local lease has run out."""
+        if self._state != "held":
+            return
+        if os.getpid() != self._pid:
+            self._mark_lost("forked", notify=False)
+            return
+        if self._locker._clock() >= self._lease_end:
+            reason, cause = self._lapse_reason()
+            self._mark_lost(reason, cause, at=self._lease_end)
+
+    def _mark_lost(
+        self, reason: str, cause: Optional[BaseException] = None, *, at: Optional[float] = None, notify: bool = True
+    ) -> bool:
+        with self._mutex:
+            if self._state != "held":
+                return False
+            self._state = "lost"
+            self._lost_reason = reason
+            self._lost_cause = cause
+            self._ended_at = at if at is not None else self._locker._clock()
+            self._beat_generation += 1
+        self.lost._fire()
+        if notify:
+            self._emit("lost", reason=reason, held_for=self.held_for, error=cause)
+        return True
+
+    def _emit(self, event_type: str, **fields: Any) -> None:
+        emit(self._locker._on_event, LockEvent(type=event_type, key=self.key, ttl=self._ttl, **fields))
+
+    def _interval(self) -> float:
+        return self._options.extend_interval or self._ttl / 3
+
+    def _request_ttl(self, now: float) -> float:
+        """SPEC 5: ask for the TTL, clamped to the time left before the max-hold deadline."""
+        return min(self._ttl, self._deadline - now)
+
+    # -- acquisition (driven by the Locker) ----------------------------------------------------
+
+    def _start_acquiring(self) -> None:
+        with self._mutex:
+            if self._state != "unlocked":
+                raise LockStateError(f"lock {self.key!r} was already acquired once ({self._state}); create a new lock")
+            if self._busy_acquiring:
+                raise LockStateError(f"lock {self.key!r} is being acquired by another thread")
+            self._busy_acquiring = True
+
+    def _stop_acquiring(self) -> None:
+        with self._mutex:
+            self._busy_acquiring = False
+
+    def _grant(self, sent: float, requested: float, fence: Optional[int], max_hold: Optional[float]) -> None:
+        """Record a grant whose request left at ``sent`` (the Locker checked it was not late)."""
+        with self._mutex:
+            self._state = "held"
+            self._busy_acquiring = False
+            self._acquired_at = sent
+            self._deadline = sent + max_hold if max_hold is not None else math.inf
+            self._lease_end = sent + requested * (1 - LEASE_MARGIN)
+            self._clamped = requested < self._ttl
+            self.fence = fence
+            self._next_beat = sent + self._interval() if self._options.auto_extend else math.inf
+        self._schedule()
+
+    def _schedule(self) -> None:
+        with self._mutex:
+            if self._state != "held":
+                return
+            self._beat_generation += 1
+            when = min(self._next_beat, self._lease_end)
+            generation = self._beat_generation
+        self._locker._heartbeat.schedule(self, when, generation)
+
+    # -- heartbeat side ------------------------------------------------------------------------
+
+    def _beat_due(self, now: float, generation: int) -> Optional[float]:
+        """Called by the heartbeat when this lock's timer fires; returns the TTL to ask for,
+        or ``None`` when no extension is due (the lock lapsed, or the timer was only a check)."""
+        with self._mutex:
+            if generation != self._beat_generation or self._state != "held":
+                return None
+        self._refresh()
+        with self._mutex:
+            if self._state != "held":
+                return None
+            if now < self._next_beat:
+                self._schedule()
+                return None
+            requested = self._request_ttl(now)
+            if requested <= 0:
+                self._mark_lost("max-hold")
+                return None
+            self._in_flight += 1
+            return requested
+
+    def _extension_answered(self, sent: float, requested: float, granted: bool) -> bool:
+        """Apply an extension's answer; returns ``True`` if the lock is still held after it."""
+        received = self._locker._clock()
+        with self._mutex:
+            self._in_flight -= 1
+            if self._state != "held":
+                # Lapsed (or closed) while the request was in flight: a grant came too late.
+                outcome = "late" if granted else "ended"
+            elif received >= self._lease_end or received >= sent + requested * (1 - LEASE_MARGIN):
+                outcome = "late"
+            elif not granted:
+                outcome = "not-ours"
+            else:
+                outcome = "extended"
+                self._lease_end = sent + requested * (1 - LEASE_MARGIN)
+                self._clamped = requested < self._ttl
+                self._extend_error = None
+                # A clamped lease already ends at the deadline: extending again cannot help.
+                extend_again = self._options.auto_extend and not self._clamped
+                self._next_beat = sent + self._interval() if extend_again else math.inf
+        if outcome == "extended":
+            self._emit("extended", held_for=self.held_for)
+            self._schedule()
+            return True
+        if outcome == "late":
+            self._mark_lost("late-extend")
+            if granted:
+                self._give_back()
+        elif outcome == "not-ours":
+            self._mark_lost("extend")
+        return False
+
+    def _extension_failed(self, error: BaseException) -> None:
+        """An extension raised: keep the lock (its confirmed lease still runs) and retry soon."""
+        with self._mutex:
+            self._in_flight -= 1
+            if self._state != "held":
+                return
+            self._extend_error = error
+            self._next_beat = self._locker._clock() + self._interval() / 3
+        self._emit("extend_failed", held_for=self.held_for, error=error)
+        self._schedule()
+
+    def _give_back(self) -> None:
+        """Return a lease we can no longer rely on (a late answer); best effort."""
+        try:
+            self._locker._backend.release(self.key, self.token)
+        except Exception:  # noqa: BLE001 - the lease runs out on its own; nothing to report to
+            logger.debug("giving back late lease of %r failed", self.key, exc_info=True)
+
+    # -- public API ----------------------------------------------------------------------------
+
+    def acquire(self, blocking: Optional[bool] = None, timeout: Optional[float] = None) -> bool:
+        """Acquire like ``threading.Lock.acquire``: ``False`` on contention, never raises for it.
+
+        Explicit arguments override the options given to ``lock()``. After a failed acquire the
+        lock stays ``"unlocked"`` and may be tried again; a lock that has been held cannot be
+        acquired again (``LockStateError``).
+        """
+        options = self._options.with_attempt_budget(blocking, timeout)
+        return self._locker._acquire_lock(self, options, raise_on_contention=False)
+
+    def release(self) -> bool:
+        """Give the key back. ``True`` when it deleted our key.
+
+        ``False`` when the key was gone or another's, on a lost lock (which still gives the key
+        back if our token holds it), and on every call after a successful one. A driver error
+        propagates and leaves the lock as it was (the heartbeat keeps it alive).
+        """
+        self._refresh()
+        with self._mutex:
+            state = self._state
+            if state == "unlocked":
+                raise LockStateError(f"lock {self.key!r} was never acquired")
+            if state == "released" or self._given_back or self._lost_reason == "forked":
+                return False
+        backend = self._locker._backend
+        if state == "lost":
+            backend.release(self.key, self.token)
+            self._given_back = True
+            return False
+        deleted = backend.release(self.key, self.token)
+        if not deleted:
+            self._given_back = True
+            self._mark_lost("release")
+            return False
+        with self._mutex:
+            if self._state != "held":
+                # Lost (a lapse) while the release was in flight: the end was reported already.
+                self._given_back = True
+                return False
+            self._state = "released"
+            self._ended_at = self._locker._clock()
+            self._beat_generation += 1
+        self._locker._forget(self)
+        self._emit("released", held_for=self.held_for)
+        return True
+
+    def extend(self, ttl: Optional[float] = None) -> None:
+        """Replace the lease with ``ttl`` seconds from now (default: the latest TTL).
+
+        Clamped to the max-hold deadline. Raises ``LockStateError`` if unlocked or released,
+        ``LockLostError`` if lost, not ours (``"extend"``) or answered late (``"late-extend"``;
+        the late lease is given back). A driver error propagates; the lock stays held until its
+        current lease runs out.
+        """
+        new_ttl = self._ttl if ttl is None else check_ttl(ttl)
+        check_extend_interval(self._options.extend_interval, new_ttl)
+        self.check()
+        with self._mutex:
+            self._ttl = new_ttl
+            now = self._locker._clock()
+            requested = self._request_ttl(now)
+            if requested <= 0:
+                self._mark_lost("max-hold")
+                raise LockLostError(self.key, "max-hold")
+            self._in_flight += 1
+        sent = self._locker._clock()
+        try:
+            granted = self._locker._backend.extend(self.key, self.token, requested)
+        except Exception as error:
+            self._extension_failed(error)
+            raise
+        if not self._extension_answered(sent, requested, granted):
+            raise LockLostError(self.key, self._lost_reason or "extend") from self._lost_cause
+
+    def is_held(self) -> bool:
+        """Ask the backend whether we still hold the key (one round trip when held).
+
+        ``False`` marks the lock lost with reason ``"observed"``.
+        """
+        self._refresh()
+        if self._state != "held":
+            return False
+        if self._locker._backend.is_held(self.key, self.token):
+            self._refresh()
+            return self._state == "held"
+        self._mark_lost("observed")
+        return False
+
+    def check(self) -> None:
+        """Raise ``LockLostError`` if lost, ``LockStateError`` if unlocked or released. Local."""
+        self._refresh()
+        if self._state == "lost":
+            raise LockLostError(self.key, self._lost_reason or "expired") from self._lost_cause
+        if self._state != "held":
+            raise LockStateError(f"lock {self.key!r} is {self._state}, not held")
+
+    # -- context manager and outcome order -----------------------------------------------------
+
+    def __enter__(self) -> Lock:
+        state = self.state
+        if state == "unlocked":
+            self._locker._acquire_lock(self, self._options, raise_on_contention=True)
+        elif state != "held":
+            raise LockStateError(f"cannot enter lock {self.key!r}: it is {state}")
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        traceback: Optional[TracebackType],
+    ) -> None:
+        self._finish(block_raised=exc is not None, result=None)
+
+    def _run(self, function: Callable[..., _Result], *args: Any, **kwargs: Any) -> _Result:
+        """Run ``function`` under this (held) lock with the ``with`` outcome order."""
+        try:
+            result = function(*args, **kwargs)
+        except BaseException:
+            self._finish(block_raised=True, result=None)
+            raise
+        self._finish(block_raised=False, result=result)
+        return result
+
+    def _release_on_exit(self) -> Optional[bool]:
+        """Release when leaving a protected block; a driver error becomes a ``release_failed``
+        event, the heartbeat stops and the key runs out on its own (``None`` is returned)."""
+        try:
+            return self.release()
+        except Exception as error:  # noqa: BLE001 - SPEC 4: reported as an event, not raised
+            self._stop_heartbeat()
+            self._emit("release_failed", held_for=self.held_for, error=error)
+            return None
+
+    def _finish(self, *, block_raised: bool, result: Any) -> None:
+        """SPEC 4's outcome order on leaving a protected block."""
+        released = self._release_on_exit()
+        if block_raised:
+            return
+        if self._state == "lost" or released is False:
+            raise LockLostError(
+                self.key, self._lost_reason or "release", completed=True, result=result
+            ) from self._lost_cause
+
+    def _stop_heartbeat(self) -> None:
+        with self._mutex:
+            self._beat_generation += 1
+            self._next_beat = math.inf
+
+    # -- lifecycle hooks -----------------------------------------------------------------------
+
+    def _forked(self) -> None:
+        """In a forked child: this copy must never extend or release the parent's lease."""
+        self._mutex = threading.RLock()
+        if self._state == "held":
+            self._mark_lost("forked", notify=False)
+
+    def _close(self) -> None:
+        """The locker is closing: give the key back and read lost (``"closed"``)."""
+        self._refresh()
+        if self._state != "held":
+            return
+        try:
+            self._locker._backend.release(self.key, self.token)
+        except Exception:  # noqa: BLE001 - closing must reach every lock; the lease runs out
+            logger.warning("releasing %r while closing failed", self.key, exc_info=True)
+        self._given_back = True
+        self._mark_lost("closed")
+

@@ -1,0 +1,485 @@
+"""The :class:`Locker`: configuration, acquisition with retry and waiting, and lifecycle.
+
+A Locker owns everything a backend does not: validation, retry and timeouts, the clock, the
+heartbeat thread, release notifications, events and logging. Backends only answer atomic
+primitives (see :mod:`lease_lock.backends.base`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import socket
+import threading
+import time
+import weakref
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar, Union, cast
+
+from .backends.base import Backend, LockState
+from .clock import LeaseClock
+from .errors import LockHeldError, LockStateError, ValidationError
+from .events import EventHook, LockEvent, emit
+from .heartbeat import Heartbeat
+from .lock import LEASE_MARGIN, Lock
+from .lockset import LockSet
+from .options import LOCK_OPTIONS, LockOptions, check_extend_interval
+from .retry import DEFAULT_RETRY, Retry, RetryState
+from .validation import (
+    check_bool,
+    check_duration,
+    check_key,
+    check_owner,
+    check_token,
+    check_ttl,
+)
+from .waiting import ReleaseDispatcher
+
+__all__ = ["Locker"]
+
+_Function = TypeVar("_Function", bound=Callable[..., Any])
+#: The longest a waiter sleeps between looks at a key while release notifications flow: the
+#: holder's remaining lease or this, whichever is shorter (SPEC 7).
+NOTIFIED_WAIT_CAP = 1.0
+#: How often a wait re-checks a cancel event.
+_CANCEL_SLICE = 0.05
+
+_LOCKERS: weakref.WeakSet[Locker] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for locker in list(_LOCKERS):
+        locker._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class Locker:
+    """Hands out leases on one backend.
+
+    ``ttl`` and ``max_hold`` are the default lease length and hold deadline in seconds;
+    ``retry`` merges over the built-in policy (wait up to ten seconds); ``key_prefix`` is put in
+    front of every key; ``fencing=True`` gives every grant a fence; ``owner`` is the label stored
+    beside each lease (default ``"<hostname>:<pid>"``); ``on_event`` receives every
+    :class:`~lease_lock.LockEvent`; ``clock`` replaces the lease clock (tests);
+    ``token_factory`` makes tokens (default: the backend's preferred form).
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        ttl: Union[float, timedelta] = 30.0,
+        max_hold: Union[float, timedelta] = 3600.0,
+        retry: Optional[Retry] = None,
+        key_prefix: str = "",
+        fencing: bool = False,
+        owner: Optional[str] = None,
+        on_event: Optional[EventHook] = None,
+        clock: Optional[Callable[[], float]] = None,
+        token_factory: Optional[Callable[[], str]] = None,
+    ) -> None:
+        settings = self.check_settings(
+            ttl=ttl, max_hold=max_hold, retry=retry, key_prefix=key_prefix, fencing=fencing,
+            owner=owner, on_event=on_event, clock=clock, token_factory=token_factory,
+        )
+        if not isinstance(backend, Backend):
+            raise ValidationError(f"backend must be a lease_lock Backend, not {type(backend).__name__}")
+        if settings["fencing"] and not backend.capabilities.fencing:
+            raise ValidationError(f"fencing=True needs a backend with fencing; {type(backend).__name__} has none")
+        self._backend = backend
+        self.ttl: float = settings["ttl"]
+        self.max_hold: float = settings["max_hold"]
+        self.retry: Retry = DEFAULT_RETRY.merged(retry)
+        self.key_prefix: str = key_prefix
+        self.fencing: bool = fencing
+        self.owner: str = owner if owner is not None else f"{socket.gethostname()}:{os.getpid()}"
+        self._default_owner = owner is None
+        self._on_event = on_event
+        self._clock: Callable[[], float] = clock or LeaseClock()
+        self._token_factory = token_factory
+        self._heartbeat = Heartbeat(backend, self._clock)
+        self._dispatcher = ReleaseDispatcher(backend)
+        self._held: weakref.WeakSet[Lock] = weakref.WeakSet()
+        self._held_mutex = threading.Lock()
+        self._closed = False
+        self._owns_backend = False
+        _LOCKERS.add(self)
+
+    @staticmethod
+    def check_settings(**settings: Any) -> dict[str, Any]:
+        """Validate ``Locker`` keyword settings without building anything (``connect()`` uses
+        this so that bad settings fail before a backend is created)."""
+        known = {"ttl", "max_hold", "retry", "key_prefix", "fencing", "owner", "on_event", "clock", "token_factory"}
+        unknown = set(settings) - known
+        if unknown:
+            raise ValidationError(f"unknown Locker option(s): {', '.join(sorted(unknown))}")
+        checked = dict(settings)
+        checked["ttl"] = check_ttl(settings.get("ttl", 30.0))
+        checked["max_hold"] = check_duration(settings.get("max_hold", 3600.0), "max_hold", allow_inf=True)
+        retry = settings.get("retry")
+        if retry is not None and not isinstance(retry, Retry):
+            raise ValidationError(f"retry must be a lease_lock.Retry, not {type(retry).__name__}")
+        prefix = settings.get("key_prefix", "")
+        if not isinstance(prefix, str):
+            raise ValidationError(f"key_prefix must be a str, not {type(prefix).__name__}")
+        if prefix:
+            check_key(prefix, "key_prefix")
+        checked["fencing"] = check_bool(settings.get("fencing", False), "fencing")
+        if settings.get("owner") is not None:
+            check_owner(settings["owner"])
+        for name in ("on_event", "clock", "token_factory"):
+            value = settings.get(name)
+            if value is not None and not callable(value):
+                raise ValidationError(f"{name} must be callable")
+        return checked
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    @property
+    def backend(self) -> Backend:
+        """The backend this locker uses."""
+        return self._backend
+
+    @property
+    def heartbeat(self) -> Heartbeat:
+        """The heartbeat serving this locker's locks (``run_due()`` is handy in tests)."""
+        return self._heartbeat
+
+    @property
+    def closed(self) -> bool:
+        """``True`` after :meth:`close`."""
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LockStateError("this Locker is closed")
+
+    def _full_key(self, key: object, name: str = "key") -> str:
+        check_key(key, name)
+        full = check_key(self.key_prefix + cast(str, key), name)
+        self._backend.check_key(full)
+        return full
+
+    def _new_token(self) -> str:
+        if self._token_factory is None:
+            return self._backend.new_token()
+        token = check_token(self._token_factory(), "token_factory()")
+        self._backend.check_token(token)
+        return token
+
+    def _forget(self, lock: Lock) -> None:
+        with self._held_mutex:
+            self._held.discard(lock)
+
+    def _after_fork(self) -> None:
+        self._held_mutex = threading.Lock()
+        for lock in list(self._held):
+            lock._forked()
+        self._held = weakref.WeakSet()
+        self._heartbeat.after_fork()
+        self._dispatcher.after_fork()
+        if self._default_owner:
+            self.owner = f"{socket.gethostname()}:{os.getpid()}"
+
+    # -- making locks --------------------------------------------------------------------------
+
+    def lock(self, key: str, ttl: Optional[float] = None, **opts: Any) -> Lock:
+        """An unacquired :class:`Lock` on ``key``; ``with`` acquires and releases it."""
+        return self._make_lock(key, ttl, LockOptions.from_kwargs(opts))
+
+    def _make_lock(self, key: str, ttl: Optional[float], options: LockOptions) -> Lock:
+        self._check_open()
+        full_key = self._full_key(key)
+        lease = self.ttl if ttl is None else check_ttl(ttl)
+        check_extend_interval(options.extend_interval, lease)
+        if options.token is not None:
+            self._backend.check_token(options.token)
+            token = options.token
+        else:
+            token = self._new_token()
+        return Lock(self, full_key, lease, options, token)
+
+    def acquire(self, key: str, ttl: Optional[float] = None, **opts: Any) -> Lock:
+        """A held :class:`Lock`; raises ``LockHeldError`` when the retry budget is spent."""
+        lock = self.lock(key, ttl, **opts)
+        self._acquire_lock(lock, lock._options, raise_on_contention=True)
+        return lock
+
+    def try_acquire(self, key: str, ttl: Optional[float] = None, **opts: Any) -> Optional[Lock]:
+        """Exactly one attempt: a held :class:`Lock`, or ``None`` when another holder has it.
+
+        A grant that came back after its local lease ended raises
+        ``LockHeldError(reason="late-acquire")`` instead, since then nobody holds the key.
+        """
+        options = LockOptions.from_kwargs(opts, allowed=LOCK_OPTIONS - {"retry", "timeout", "blocking"})
+        lock = self._make_lock(key, ttl, replace(options, blocking=False))
+        try:
+            self._acquire_lock(lock, lock._options, raise_on_contention=True)
+        except LockHeldError as error:
+            if error.reason == "late-acquire":
+                raise
+            return None
+        return lock
+
+    def locked(
+        self, key: Union[str, Callable[..., str]], ttl: Optional[float] = None, *, skip: bool = False, **opts: Any
+    ) -> Callable[[_Function], _Function]:
+        """A decorator running the function under a fresh lock per call.
+
+        ``key`` may be a callable receiving the call's arguments. With ``skip=True`` the lock
+        makes one attempt (unless ``blocking`` or ``timeout`` is given) and a busy key returns
+        ``None`` without running; otherwise contention raises ``LockHeldError``. The ``with``
+        outcome order applies; ``LockLostError.result`` carries the return value.
+        """
+        check_bool(skip, "skip")
+        if skip and "blocking" not in opts and "timeout" not in opts:
+            opts = {**opts, "blocking": False}
+        options = LockOptions.from_kwargs(opts)
+        lease = None if ttl is None else check_ttl(ttl)
+        check_extend_interval(options.extend_interval, self.ttl if lease is None else lease)
+        if not callable(key):
+            self._full_key(key)
+
+        def decorator(function: _Function) -> _Function:
+            @functools.wraps(function)
+            def guarded(*args: Any, **kwargs: Any) -> Any:
+                name = key(*args, **kwargs) if callable(key) else key
+                lock = self._make_lock(name, lease, options)
+                try:
+                    self._acquire_lock(lock, options, raise_on_contention=True)
+                except LockHeldError as error:
+                    if skip and error.reason != "late-acquire":
+                        return None
+                    raise
+                return lock._run(function, *args, **kwargs)
+
+            return cast(_Function, guarded)
+
+        return decorator
+
+    def acquire_many(self, keys: Iterable[str], ttl: Optional[float] = None, **opts: Any) -> LockSet:
+        """Hold every key or none: deduplicated, sorted, acquired in order.
+
+        ``timeout`` covers the whole set and ``retry.retries`` applies to each key. On failure
+        the locks already taken are released and ``LockHeldError`` is raised. After the last
+        grant the earlier leases are extended so that all of them overlap.
+        """
+        if "token" in opts:
+            raise ValidationError("token cannot be given to acquire_many: each lock needs its own")
+        if isinstance(keys, str) or not isinstance(keys, Iterable):
+            raise ValidationError("keys must be an iterable of str (not a single str)")
+        options = LockOptions.from_kwargs(opts)
+        names = sorted(set(keys))
+        for name in names:
+            self._full_key(name, "keys[]")
+        if not names:
+            raise ValidationError("keys must not be empty")
+        locks = [self._make_lock(name, ttl, options) for name in names]
+        policy = self.retry.merged(options.retry)
+        budget = policy.timeout if policy.timeout is not None else math.inf
+        start = self._clock()
+        taken: list[Lock] = []
+        try:
+            for lock in locks:
+                left = max(0.0, budget - (self._clock() - start))
+                step = options.with_attempt_budget(None, left if math.isfinite(left) else math.inf)
+                self._acquire_lock(lock, step, raise_on_contention=True)
+                taken.append(lock)
+            for lock in taken[:-1]:
+                lock.extend()
+        except BaseException:
+            for lock in taken:
+                # The original failure is what the caller must see; a failed give-back here
+                # becomes a release_failed event and the lease runs out on its own.
+                lock._release_on_exit()
+            raise
+        return LockSet(tuple(taken))
+
+    # -- acquisition ---------------------------------------------------------------------------
+
+    def _acquire_lock(self, lock: Lock, options: LockOptions, *, raise_on_contention: bool) -> bool:
+        self._check_open()
+        lock._start_acquiring()
+        try:
+            self._attempt(lock, options)
+        except LockHeldError:
+            if raise_on_contention:
+                raise
+            return False
+        finally:
+            lock._stop_acquiring()
+        return True
+
+    def _max_hold_for(self, options: LockOptions) -> Optional[float]:
+        if options.max_hold is not None:
+            return options.max_hold if math.isfinite(options.max_hold) else None
+        if options.auto_extend and math.isfinite(self.max_hold):
+            return self.max_hold
+        return None
+
+    def _attempt(self, lock: Lock, options: LockOptions) -> None:
+        """The retry loop of SPEC 7; returns on a grant, raises ``LockHeldError`` otherwise."""
+        policy = self.retry.merged(options.retry)
+        retries = policy.retries if options.blocking else 0
+        assert retries is not None and policy.timeout is not None
+        timeout = policy.timeout if options.blocking else math.inf
+        max_hold = self._max_hold_for(options)
+        requested = min(lock.ttl, max_hold) if max_hold is not None else lock.ttl
+        notify = self._dispatcher.available and options.blocking and retries > 0
+        cancel = options.cancel
+        wake: Optional[threading.Event] = None
+        start = self._clock()
+        attempts = 0
+        previous_delay: Optional[float] = None
+        reason = "held"
+        try:
+            while True:
+                if cancel is not None and cancel.is_set():
+                    reason = "cancelled"
+                    break
+                if notify:
+                    if wake is None:
+                        wake = self._dispatcher.register(lock.key)
+                    wake.clear()
+                attempts += 1
+                sent = self._clock()
+                with self._backend.request_id_scope(options.request_id):
+                    if self.fencing:
+                        fence = self._backend.acquire_fenced(lock.key, lock.token, requested, self.owner)
+                        granted = fence is not None
+                    else:
+                        fence = None
+                        granted = self._backend.acquire(lock.key, lock.token, requested, self.owner)
+                received = self._clock()
+                if granted and received >= sent + requested * (1 - LEASE_MARGIN):
+                    lock._give_back()
+                    reason = "late-acquire"
+                    self._emit_contended(lock, attempts, received - start, "late")
+                elif granted and cancel is not None and cancel.is_set():
+                    # SPEC 3: a winning attempt in flight when the wait was cancelled goes back.
+                    lock._give_back()
+                    reason = "cancelled"
+                    break
+                elif granted:
+                    lock._grant(sent, requested, fence, max_hold)
+                    with self._held_mutex:
+                        self._held.add(lock)
+                    emit(self._on_event, LockEvent(
+                        type="acquired", key=lock.key, ttl=lock.ttl, waited=received - start, attempts=attempts
+                    ))
+                    return
+                else:
+                    reason = "held"
+                    self._emit_contended(lock, attempts, received - start, "held")
+                if attempts > retries:
+                    break
+                elapsed = self._clock() - start
+                left = timeout - elapsed
+                if left <= 0:
+                    reason = "timeout"
+                    break
+                if wake is not None and self._dispatcher.active:
+                    pause = self._holder_wait(lock.key) if reason == "held" else 0.0
+                else:
+                    pause = policy.delay_for(RetryState(attempts, elapsed, previous_delay))
+                    previous_delay = pause
+                notified = self._pause(min(pause, left), wake, cancel)
+                if not notified and self._clock() - start >= timeout:
+                    # SPEC 7: the last wait is cut to the time left; no attempt starts after it.
+                    reason = "timeout"
+                    break
+        finally:
+            if wake is not None:
+                self._dispatcher.unregister(lock.key, wake)
+        raise LockHeldError(lock.key, attempts=attempts, elapsed=self._clock() - start, reason=reason)
+
+    def _emit_contended(self, lock: Lock, attempt: int, elapsed: float, reason: str) -> None:
+        emit(self._on_event, LockEvent(
+            type="contended", key=lock.key, ttl=lock.ttl, attempt=attempt, elapsed=elapsed, reason=reason
+        ))
+
+    def _holder_wait(self, key: str) -> float:
+        """How long to sleep while notifications flow: the holder's remaining lease, at most a
+        second, and never sooner (a release notification cuts it short)."""
+        remaining = self._backend.inspect(key).expires_in
+        if remaining is None:
+            return 0.0
+        return min(NOTIFIED_WAIT_CAP, max(remaining, 0.0))
+
+    def _pause(self, seconds: float, wake: Optional[threading.Event], cancel: Optional[threading.Event]) -> bool:
+        """Wait ``seconds`` on the lease clock (bounded in real time too); ``True`` if a release
+        notification ended the wait early."""
+        target = self._clock() + seconds
+        real_deadline = time.monotonic() + seconds
+        while True:
+            left = min(target - self._clock(), real_deadline - time.monotonic())
+            if left <= 0:
+                return False
+            if cancel is not None:
+                if cancel.is_set():
+                    return False
+                left = min(left, _CANCEL_SLICE)
+            if wake is not None:
+                if wake.wait(left):
+                    return True
+            else:
+                time.sleep(left)
+
+    # -- inspection and administration ---------------------------------------------------------
+
+    def _visible(self, state: LockState) -> LockState:
+        if not self.fencing and state.fence is not None:
+            return replace(state, fence=None)
+        return state
+
+    def get(self, key: str) -> LockState:
+        """The state of ``key`` (prefix applied); no token needed."""
+        self._check_open()
+        return self._visible(self._backend.inspect(self._full_key(key)))
+
+    def list(self, prefix: str = "") -> Iterator[LockState]:
+        """Held keys under ``key_prefix + prefix``, for backends that can scan."""
+        self._check_open()
+        if not isinstance(prefix, str):
+            raise ValidationError(f"prefix must be a str, not {type(prefix).__name__}")
+        if not self._backend.capabilities.scan:
+            raise ValidationError(f"{type(self._backend).__name__} cannot list keys")
+        return (self._visible(state) for state in self._backend.scan(self.key_prefix + prefix))
+
+    def force_release(self, key: str) -> bool:
+        """Drop whatever token holds ``key``; ``True`` when a live lease was dropped."""
+        self._check_open()
+        return self._backend.force_release(self._full_key(key))
+
+    def close(self) -> None:
+        """Stop the heartbeat, give back every lock still held (each reads lost, reason
+        ``"closed"``) and close what the locker opened. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._heartbeat.stop()
+        self._dispatcher.close()
+        with self._held_mutex:
+            held = list(self._held)
+            self._held = weakref.WeakSet()
+        for lock in held:
+            lock._close()
+        if self._owns_backend:
+            self._backend.close()
+        _LOCKERS.discard(self)
+
+    def __enter__(self) -> Locker:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<Locker {type(self._backend).__name__} prefix={self.key_prefix!r} {state}>"
+

@@ -1,0 +1,144 @@
+""":class:`LockSet`: several locks held together, from ``Locker.acquire_many``."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from .errors import LockLostError, LockStateError
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from .lock import Lock
+
+__all__ = ["LockSet", "SetLossSignal"]
+
+
+class SetLossSignal(threading.Event):
+    """``lockset.lost``: set as soon as any lock of the set is lost (read against the clock)."""
+
+    def __init__(self, locks: tuple[Lock, ...]) -> None:
+        super().__init__()
+        self._locks = locks
+
+    def is_set(self) -> bool:
+        """``True`` once any lock of the set is lost."""
+        return any(lock.lost.is_set() for lock in self._locks)
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until any lock is lost or ``timeout`` real seconds pass."""
+        give_up = None if timeout is None else time.monotonic() + timeout
+        while not self.is_set():
+            step = min(lock._time_to_lapse() for lock in self._locks)
+            step = min(step, 1.0)
+            if give_up is not None:
+                left = give_up - time.monotonic()
+                if left <= 0:
+                    return False
+                step = min(step, left)
+            # Any member's signal fires when it is lost; wait on the first in slices.
+            self._locks[0].lost.wait(max(step, 0.001))
+        return True
+
+    def set(self) -> None:
+        """Not for callers."""
+        raise LockStateError("lockset.lost is set by the library")
+
+    def clear(self) -> None:
+        """Not for callers."""
+        raise LockStateError("lockset.lost cannot be cleared")
+
+
+class LockSet:
+    """Locks on several keys, held together; sorted by key.
+
+    Behaves like one :class:`~lease_lock.Lock` in ``with`` (same outcome order), ``check()``,
+    ``extend()`` and ``release()``.
+    """
+
+    def __init__(self, locks: tuple[Lock, ...]) -> None:
+        self.locks = locks
+        self.lost = SetLossSignal(locks)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The keys, prefix included, sorted."""
+        return tuple(lock.key for lock in self.locks)
+
+    @property
+    def state(self) -> str:
+        """``"lost"`` if any lock is lost, else the common state of the locks."""
+        states = [lock.state for lock in self.locks]
+        if "lost" in states:
+            return "lost"
+        if "held" in states:
+            return "held"
+        return states[0]
+
+    def check(self) -> None:
+        """Raise ``LockLostError`` if any lock is lost, ``LockStateError`` if any is not held."""
+        for lock in self.locks:
+            lock.check()
+
+    def extend(self, ttl: Optional[float] = None) -> None:
+        """Extend every lease (see ``Lock.extend``)."""
+        for lock in self.locks:
+            lock.extend(ttl)
+
+    def release(self) -> bool:
+        """Release every lock; ``True`` only if every release deleted our key.
+
+        Every lock is tried even when one release raises; the first error is raised at the end.
+        """
+        deleted = True
+        first_error: Optional[Exception] = None
+        for lock in self.locks:
+            try:
+                deleted = lock.release() and deleted
+            except Exception as error:  # noqa: BLE001 - re-raised below after the others ran
+                deleted = False
+                first_error = first_error or error
+        if first_error is not None:
+            raise first_error
+        return deleted
+
+    def __enter__(self) -> LockSet:
+        state = self.state
+        if state != "held":
+            raise LockStateError(f"cannot enter a lock set that is {state}")
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        traceback: Optional[TracebackType],
+    ) -> None:
+        self._finish(block_raised=exc is not None, result=None)
+
+    def run(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``function`` under the set with the ``with`` outcome order; returns its result."""
+        try:
+            result = function(*args, **kwargs)
+        except BaseException:
+            self._finish(block_raised=True, result=None)
+            raise
+        self._finish(block_raised=False, result=result)
+        return result
+
+    def _finish(self, *, block_raised: bool, result: Any) -> None:
+        lost: Optional[Lock] = None
+        for lock in self.locks:
+            released = lock._release_on_exit()
+            if (lock.state == "lost" or released is False) and lost is None:
+                lost = lock
+        if block_raised or lost is None:
+            return
+        raise LockLostError(
+            lost.key, lost.lost_reason or "release", completed=True, result=result
+        ) from lost._lost_cause
+
+    def __repr__(self) -> str:
+        return f"<LockSet keys={list(self.keys)!r} state={self.state}>"

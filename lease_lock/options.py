@@ -1,0 +1,86 @@
+"""Validated per-lock options (the ``**opts`` of SPEC 3).
+
+Options are checked once, when a lock is created or a decorator is applied, so that a bad
+option raises :class:`~lease_lock.errors.ValidationError` before anything reaches the backend.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Optional
+
+from .errors import ValidationError
+from .retry import Retry
+from .validation import check_bool, check_cancel, check_duration, check_optional_duration, check_token
+
+__all__ = ["LOCK_OPTIONS", "LockOptions", "check_extend_interval"]
+
+#: Every option name ``lock()``, ``acquire()`` and friends accept.
+LOCK_OPTIONS = frozenset(
+    {"retry", "timeout", "blocking", "cancel", "auto_extend", "max_hold", "extend_interval", "token", "request_id"}
+)
+
+
+@dataclass(frozen=True)
+class LockOptions:
+    """The options of one lock, validated. ``None`` means "the locker's default"."""
+
+    retry: Optional[Retry] = None
+    blocking: bool = True
+    cancel: Optional[threading.Event] = None
+    auto_extend: bool = True
+    max_hold: Optional[float] = None
+    extend_interval: Optional[float] = None
+    token: Optional[str] = None
+    request_id: Optional[str] = None
+
+    @classmethod
+    def from_kwargs(cls, options: Mapping[str, Any], *, allowed: frozenset[str] = LOCK_OPTIONS) -> LockOptions:
+        """Validate keyword options; unknown names and bad values raise ``ValidationError``."""
+        unknown = set(options) - allowed
+        if unknown:
+            raise ValidationError(
+                f"unknown option(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(allowed))}"
+            )
+        retry = options.get("retry")
+        if retry is not None and not isinstance(retry, Retry):
+            raise ValidationError(f"retry must be a lease_lock.Retry, not {type(retry).__name__}")
+        timeout = check_optional_duration(options.get("timeout"), "timeout", allow_zero=True, allow_inf=True)
+        if timeout is not None:
+            retry = (retry or Retry()).merged(Retry(timeout=timeout))
+        request_id = options.get("request_id")
+        if request_id is not None and (not isinstance(request_id, str) or not request_id or len(request_id) > 128):
+            raise ValidationError("request_id must be a non-empty str of at most 128 characters")
+        token = options.get("token")
+        return cls(
+            retry=retry,
+            blocking=check_bool(options.get("blocking", True), "blocking"),
+            cancel=check_cancel(options.get("cancel")),
+            auto_extend=check_bool(options.get("auto_extend", True), "auto_extend"),
+            max_hold=check_optional_duration(options.get("max_hold"), "max_hold", allow_inf=True),
+            extend_interval=check_optional_duration(options.get("extend_interval"), "extend_interval"),
+            token=None if token is None else check_token(token),
+            request_id=request_id,
+        )
+
+    def with_attempt_budget(self, blocking: Optional[bool], timeout: Optional[float]) -> LockOptions:
+        """These options with ``Lock.acquire(blocking, timeout)``'s explicit arguments applied."""
+        updated = self
+        if blocking is not None:
+            updated = replace(updated, blocking=check_bool(blocking, "blocking"))
+        if timeout is not None:
+            # threading.Lock.acquire spells "wait for ever" as timeout=-1; accept it too.
+            seconds = math.inf if timeout == -1 else check_duration(timeout, "timeout", allow_zero=True, allow_inf=True)
+            updated = replace(updated, retry=(updated.retry or Retry()).merged(Retry(timeout=seconds)))
+        return updated
+
+
+def check_extend_interval(interval: Optional[float], ttl: float) -> None:
+    """SPEC 3: an explicit heartbeat interval may not exceed half the lease."""
+    if interval is not None and interval > ttl / 2:
+        raise ValidationError(
+            f"extend_interval ({interval:g}s) must be at most half the ttl ({ttl:g}s) so that a "
+            "failed extension can be retried before the lease runs out"
+        )
