@@ -4,4 +4,4 @@ Fixtures that start private servers live in ``tests/support`` and are loaded her
 every test directory can ask for them by name.
 """
 
-pytest_plugins: list[str] = []
+pytest_plugins: list[str] = ["tests.support.postgres_server", "tests.support.redis_server"]
