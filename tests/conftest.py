@@ -4,4 +4,8 @@ Fixtures that start private servers live in ``tests/support`` and are loaded her
 every test directory can ask for them by name.
 """
 
-pytest_plugins: list[str] = ["tests.support.postgres_server", "tests.support.redis_server"]
+pytest_plugins: list[str] = [
+    "tests.support.postgres_server",
+    "tests.support.redis_server",
+    "tests.support.http_server",
+]

@@ -1,0 +1,445 @@
+"""The Redis backend (redis-py): standalone, Sentinel and Cluster.
+
+Each lease is one string key named exactly like the lock (prefix included), so ``PTTL <key>``
+shows the lease and Redis's own clock ends it. Every primitive is one round trip: a Lua script
+run with EVALSHA (EVAL when the server has lost its script cache), or a plain ``GET`` for
+``is_held``. The fence counter of a key lives next to it in the same hash slot.
+
+What Redis cannot promise: a primary that fails over before its replicas have a lease can give
+the key to a second holder (``wait_for_replicas`` narrows that window, it does not close it);
+an instance under memory pressure can evict a lease unless it runs with
+``maxmemory-policy noeviction``. Fences keep rising through both, as long as the server clock
+does not step back past the last fence.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any, Callable, ClassVar, Optional
+
+from ...errors import ReplicationError, ValidationError
+from ...validation import check_duration
+from ..base import (
+    Backend,
+    Capabilities,
+    ExtendRequest,
+    LockState,
+    ReleaseWatcher,
+    parse_url_options,
+)
+from . import _scripts
+from ._scripts import Script
+from ._url import URL_OPTIONS, build_client
+from ._watch import RedisReleaseWatcher, release_channel
+
+__all__ = ["RedisBackend", "fence_key", "hash_tag"]
+
+#: A fence counter outlives the last grant of its key by a day (or by the lease, if longer).
+_COUNTER_LIFETIME_MS = 86_400_000
+#: Batched reads and extensions go out in pipelines of at most this many commands.
+_BATCH = 1000
+_COUNTER_PREFIX = "lease_lock:window:"
+
+
+def hash_tag(key: str) -> Optional[str]:
+    """The part of ``key`` Redis Cluster hashes when it has a hash tag (``{...}``), else None."""
+    start = key.find("{")
+    if start >= 0:
+        end = key.find("}", start + 1)
+        if end > start + 1:
+            return key[start + 1 : end]
+    return None
+
+
+def fence_key(key: str) -> str:
+    """The name of ``key``'s fence counter, in the same hash slot as ``key``.
+
+    A key with a hash tag keeps it (``key:fence``); any other key becomes the tag
+    (``{key}:fence``). The second form lands in another slot when ``key`` contains ``}``, which
+    only matters on a Cluster (see :meth:`RedisBackend.check_key`).
+    """
+    return f"{key}:fence" if hash_tag(key) is not None else f"{{{key}}}:fence"
+
+
+def _millis(seconds: float) -> int:
+    # PX and PEXPIRE take whole milliseconds and refuse 0.
+    return max(1, round(seconds * 1000))
+
+
+def _parse_value(value: Any) -> Optional[tuple[str, Optional[int], str]]:
+    """``<token>|<fence>|<owner>`` -> (token, fence, owner); None for anything else."""
+    if not isinstance(value, bytes):
+        return None
+    try:
+        token, fence, owner = value.decode("utf-8").split("|", 2)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not token or (fence and not fence.isdigit()):
+        return None
+    return token, int(fence) if fence else None, owner
+
+
+def _escape_glob(text: str) -> str:
+    return "".join(f"\\{char}" if char in "\\*?[]" else char for char in text)
+
+
+def _is_cluster(client: Any) -> bool:
+    from redis.cluster import RedisCluster
+
+    return isinstance(client, RedisCluster)
+
+
+def _check_client(client: Any) -> None:
+    from redis.client import Pipeline
+    from redis.cluster import ClusterPipeline
+
+    if isinstance(client, (Pipeline, ClusterPipeline)):
+        raise ValidationError(
+            "client must be a redis.Redis or redis.cluster.RedisCluster, not a pipeline: "
+            "pass the client the pipeline was made from"
+        )
+    if not callable(getattr(client, "execute_command", None)) or not callable(
+        getattr(client, "pipeline", None)
+    ):
+        raise ValidationError(
+            f"client must be a redis.Redis, a Sentinel master client or a "
+            f"redis.cluster.RedisCluster, not {type(client).__name__}"
+        )
+    encoder = client.get_encoder() if callable(getattr(client, "get_encoder", None)) else None
+    if getattr(encoder, "decode_responses", False):
+        raise ValidationError(
+            "client must be made with decode_responses=False (the default): the backend "
+            "reads raw replies; create a second client for lease_lock or drop that option"
+        )
+
+
+def _check_replicas(value: object, cluster: bool) -> Optional[tuple[int, float]]:
+    if value is None:
+        return None
+    if cluster:
+        raise ValidationError(
+            "wait_for_replicas cannot be used with a RedisCluster client: WAIT must run on the "
+            "connection that wrote the lease, which a cluster client does not guarantee; "
+            "drop wait_for_replicas or use a standalone or Sentinel client"
+        )
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise ValidationError(
+            "wait_for_replicas must be a (replicas, timeout) pair such as (1, 0.5)"
+        )
+    replicas, timeout = value
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+        raise ValidationError("wait_for_replicas replicas must be an int >= 1")
+    return replicas, check_duration(timeout, "wait_for_replicas timeout")
+
+
+class RedisBackend(Backend):
+    """Leases in Redis through a redis-py client.
+
+    ``client`` is a ``redis.Redis``, a Sentinel master client (``Sentinel.master_for``) or a
+    ``redis.cluster.RedisCluster``, made with ``decode_responses=False``. The backend registers
+    nothing on it, so several backends (and the application) may share one client; ``close()``
+    leaves a client passed in open.
+
+    ``wait_for_replicas=(replicas, timeout)`` runs ``WAIT`` after every acquisition and
+    extension, on the connection that wrote it. When fewer replicas acknowledge in time,
+    :class:`~lease_lock.errors.ReplicationError` is raised: an acquisition first gives the key
+    back; an extension keeps the lease it wrote (the heartbeat retries). A cluster client
+    refuses it.
+    """
+
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        server_clock=True,
+        fencing=True,
+        release_notify=True,
+        replica_wait=True,
+        scan=True,
+        batch_extend=True,
+        counters=True,
+        min_ttl=0.0,
+        clock="the Redis server's clock (key expiry and TIME)",
+    )
+    url_options: ClassVar[Mapping[str, Callable[[str], Any]]] = URL_OPTIONS
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        wait_for_replicas: Optional[tuple[int, float]] = None,
+        close_client: bool = False,
+    ) -> None:
+        _check_client(client)
+        self._cluster = _is_cluster(client)
+        self.wait_for_replicas = _check_replicas(wait_for_replicas, self._cluster)
+        #: The redis-py client the backend talks through.
+        self.client = client
+        self._close_client = close_client
+        db = 0 if self._cluster else int(client.get_connection_kwargs().get("db") or 0)
+        #: The database whose keys this backend locks (always 0 on a Cluster).
+        self.db = db
+        self._channel = release_channel(db)
+        self._watchers: list[RedisReleaseWatcher] = []
+        self._watchers_lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RedisBackend:
+        """``redis://[user:password@]host:port/db``, ``rediss://...`` (TLS) or
+        ``redis+sentinel://[:password@]host:26379[,host:26379]/SERVICE[/DB]``.
+
+        Options (query string or keyword): ``wait_for_replicas=REPLICAS,TIMEOUT``,
+        ``cluster=true`` (a RedisCluster from any node's URL), ``socket_timeout``,
+        ``socket_connect_timeout``, ``health_check_interval``, ``client_name``, ``username``,
+        ``password``, ``ssl_cert_reqs``, ``ssl_ca_certs``, ``sentinel_password``. The backend
+        owns the client it builds and closes it in :meth:`close`.
+        """
+        parsed = parse_url_options(url, URL_OPTIONS, options, backend="redis")
+        replicas = parsed.pop("wait_for_replicas", None)
+        client_options = {name: value for name, value in parsed.items() if name != "cluster"}
+        if parsed.get("cluster"):
+            client_options["cluster"] = True
+        _check_replicas(replicas, bool(parsed.get("cluster")))
+        client = build_client(url, client_options)
+        try:
+            return cls(client, wait_for_replicas=replicas, close_client=True)
+        except BaseException:
+            client.close()
+            raise
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _fence_key(self, key: str) -> str:
+        counter = fence_key(key)
+        if self._cluster and hash_tag(key) is None and "}" in key:
+            raise ValidationError(
+                f"key {key!r} contains '}}' but no hash tag, so its fence counter cannot share "
+                "its Redis Cluster hash slot; put the part to hash in braces, e.g. "
+                "'{orders}:42', or remove the '}'"
+            )
+        return counter
+
+    def _batch(
+        self, calls: Sequence[tuple[Script, Sequence[str], Sequence[Any]]], *, wait: bool
+    ) -> list[Any]:
+        """Run scripts in pipelines (one round trip per ``_BATCH``); raise the first error.
+
+        With ``wait`` (and ``wait_for_replicas`` set) every pipeline ends with ``WAIT``, which
+        covers the writes of its own connection; the smallest acknowledgement count is
+        appended to the replies.
+        """
+        wait = wait and self.wait_for_replicas is not None
+        replies: list[Any] = []
+        acknowledged: Optional[int] = None
+        for start in range(0, len(calls), _BATCH):
+            chunk = calls[start : start + _BATCH]
+            answers, acks = self._pipeline(chunk, by_hash=True, wait=wait)
+            missing = [index for index, answer in enumerate(answers) if self._is_noscript(answer)]
+            if missing:
+                retried, retried_acks = self._pipeline(
+                    [chunk[i] for i in missing], by_hash=False, wait=wait
+                )
+                for index, answer in zip(missing, retried):
+                    answers[index] = answer
+                if acks is not None and retried_acks is not None:
+                    acks = min(acks, retried_acks)
+            for answer in answers:
+                if isinstance(answer, Exception):
+                    raise answer
+            replies.extend(answers)
+            if acks is not None:
+                acknowledged = acks if acknowledged is None else min(acknowledged, acks)
+        if acknowledged is not None:
+            replies.append(acknowledged)
+        return replies
+
+    def _pipeline(
+        self,
+        calls: Sequence[tuple[Script, Sequence[str], Sequence[Any]]],
+        *,
+        by_hash: bool,
+        wait: bool,
+    ) -> tuple[list[Any], Optional[int]]:
+        pipe = self.client.pipeline(transaction=False)
+        for script, keys, argv in calls:
+            if by_hash:
+                pipe.execute_command("EVALSHA", script.sha, *script.args(keys, argv))
+            else:
+                pipe.execute_command("EVAL", script.lua, *script.args(keys, argv))
+        if wait and self.wait_for_replicas is not None:
+            replicas, timeout = self.wait_for_replicas
+            pipe.execute_command("WAIT", replicas, _millis(timeout))
+        answers = list(pipe.execute(raise_on_error=False))
+        if not wait:
+            return answers, None
+        acks = answers.pop()
+        if isinstance(acks, Exception):
+            raise acks
+        return answers, int(acks)
+
+    @staticmethod
+    def _is_noscript(answer: Any) -> bool:
+        from redis.exceptions import NoScriptError
+
+        return isinstance(answer, NoScriptError)
+
+    def _replication_error(self, acknowledged: int, what: str) -> ReplicationError:
+        assert self.wait_for_replicas is not None
+        replicas, timeout = self.wait_for_replicas
+        return ReplicationError(
+            f"{what}: {acknowledged} of {replicas} replica(s) acknowledged within {timeout}s",
+            replicas=replicas,
+            acknowledged=acknowledged,
+        )
+
+    # -- primitives ----------------------------------------------------------------------------
+
+    def _grant(self, key: str, token: str, ttl: float, owner: str, fenced: bool) -> Optional[str]:
+        ms = _millis(ttl)
+        argv = [f"{token}|", ms, owner, "1" if fenced else "0", max(_COUNTER_LIFETIME_MS, ms)]
+        keys = [key, self._fence_key(key)] if fenced else [key]
+        if self.wait_for_replicas is None:
+            reply = _scripts.ACQUIRE(self.client, keys, argv)
+            return None if reply is None else reply.decode("ascii")
+        reply, acknowledged = self._batch([(_scripts.ACQUIRE, keys, argv)], wait=True)
+        if reply is None:
+            return None
+        if acknowledged < self.wait_for_replicas[0]:
+            # A grant the replicas may not have could vanish in a failover: give it back.
+            self.release(key, token)
+            raise self._replication_error(acknowledged, f"acquiring {key!r}")
+        return str(reply.decode("ascii"))
+
+    def acquire(self, key: str, token: str, ttl: float, owner: str) -> bool:
+        """Grant ``key`` to ``token`` (or renew it for the same token) in one script."""
+        return self._grant(key, token, ttl, owner, fenced=False) is not None
+
+    def acquire_fenced(self, key: str, token: str, ttl: float, owner: str) -> Optional[int]:
+        """Grant ``key`` with a fence of at least the server time in microseconds.
+
+        The fence is larger than the key's counter and than the server clock, and is taken in
+        the same script as the grant; a same-token re-acquire returns the fence it has.
+        """
+        fence = self._grant(key, token, ttl, owner, fenced=True)
+        return None if fence is None else int(fence)
+
+    def release(self, key: str, token: str) -> bool:
+        """Delete ``key`` if ``token`` holds it and announce the release to watchers."""
+        reply = _scripts.RELEASE(self.client, [key], [f"{token}|", self._channel, key])
+        return bool(reply)
+
+    def extend(self, key: str, token: str, ttl: float) -> bool:
+        """Replace the lease of ``key`` with ``ttl`` seconds from now if ``token`` holds it."""
+        return self.extend_many([ExtendRequest(key, token, ttl)])[0]
+
+    def extend_many(self, requests: Sequence[ExtendRequest]) -> list[bool]:
+        """Extend several leases in pipelined round trips; one answer per request, in order.
+
+        With ``wait_for_replicas`` one ``WAIT`` covers the whole batch, and too few
+        acknowledgements raise :class:`~lease_lock.errors.ReplicationError` for all of it.
+        """
+        if not requests:
+            return []
+        calls = [
+            (_scripts.EXTEND, [item.key], [f"{item.token}|", _millis(item.ttl)])
+            for item in requests
+        ]
+        if self.wait_for_replicas is None and len(calls) == 1:
+            script, keys, argv = calls[0]
+            return [bool(script(self.client, keys, argv))]
+        replies = self._batch(calls, wait=True)
+        if self.wait_for_replicas is not None:
+            acknowledged = replies.pop()
+            if acknowledged < self.wait_for_replicas[0]:
+                raise self._replication_error(acknowledged, f"extending {len(requests)} lease(s)")
+        return [bool(reply) for reply in replies]
+
+    def is_held(self, key: str, token: str) -> bool:
+        """``True`` if ``token`` holds a live lease on ``key`` (one ``GET``)."""
+        parsed = _parse_value(self.client.execute_command("GET", key))
+        return parsed is not None and parsed[0] == token
+
+    def _state(self, key: str, reply: Sequence[Any]) -> LockState:
+        value, pttl, seconds, micros = reply
+        parsed = _parse_value(value)
+        # PTTL is -2 for a missing key; -1 (no expiry) is never written by this backend.
+        if parsed is None or int(pttl) == -2:
+            return LockState.free(key)
+        _token, fence, owner = parsed
+        if int(pttl) < 0:
+            return LockState(key=key, held=True, fence=fence, owner=owner)
+        now = int(seconds) + int(micros) / 1_000_000
+        return LockState(
+            key=key,
+            held=True,
+            expires_at=datetime.fromtimestamp(now + int(pttl) / 1000, tz=timezone.utc),
+            fence=fence,
+            owner=owner,
+            expires_in=int(pttl) / 1000,
+        )
+
+    def inspect(self, key: str) -> LockState:
+        """The holder's fence, owner and remaining lease (PTTL), read in one script."""
+        return self._state(key, _scripts.INSPECT(self.client, [key], []))
+
+    def force_release(self, key: str) -> bool:
+        """Delete ``key`` whoever holds it and announce the release to watchers."""
+        return bool(_scripts.FORCE_RELEASE(self.client, [key], [self._channel, key]))
+
+    def close(self) -> None:
+        """Stop the watchers this backend started; close the client if it built it."""
+        with self._watchers_lock:
+            watchers, self._watchers = self._watchers, []
+        for watcher in watchers:
+            watcher.close()
+        if self._close_client:
+            self.client.close()
+
+    # -- optional capabilities -----------------------------------------------------------------
+
+    def scan(self, prefix: str) -> Iterator[LockState]:
+        """Held keys starting with ``prefix``, sorted; SCAN on every primary, then pipelined reads.
+
+        Not a snapshot: a key granted or released during the scan may or may not be listed.
+        """
+        pattern = _escape_glob(prefix) + "*"
+        names = sorted(
+            {
+                name.decode("utf-8", "replace")
+                for name in self.client.scan_iter(match=pattern, count=1000, _type="string")
+            }
+        )
+        names = [name for name in names if name.startswith(prefix)]
+        replies = self._batch([(_scripts.INSPECT, [name], []) for name in names], wait=False)
+        states = [self._state(name, reply) for name, reply in zip(names, replies)]
+        return iter([state for state in states if state.held])
+
+    def watch_releases(self, callback: Callable[[str], None]) -> ReleaseWatcher:
+        """Call ``callback(key)`` for every release and force release in this database.
+
+        Each watcher holds one pub/sub connection on a thread of its own and reconnects when it
+        drops (``active`` is ``False`` meanwhile).
+        """
+        watcher = RedisReleaseWatcher(self.client, self._channel, callback)
+        with self._watchers_lock:
+            self._watchers = [item for item in self._watchers if not item.closed] + [watcher]
+        return watcher
+
+    def count_in_window(self, name: str, window: float) -> tuple[int, float]:
+        """Count one event for ``name`` in the current window, atomically on the server clock.
+
+        The counter is the hash ``lease_lock:window:<name>``; it expires a second after its
+        window ends.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValidationError("name must be a non-empty str")
+        micros = round(check_duration(window, "window") * 1_000_000)
+        if micros < 1000:
+            raise ValidationError("window must be at least 0.001 seconds")
+        count, left = _scripts.COUNT_IN_WINDOW(self.client, [_COUNTER_PREFIX + name], [micros])
+        return int(count), int(left) / 1_000_000
+
+    # -- validation hooks ----------------------------------------------------------------------
+
+    def check_key(self, key: str) -> None:
+        """On a Cluster, refuse keys whose fence counter could not share their hash slot."""
+        self._fence_key(key)

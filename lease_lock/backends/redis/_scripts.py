@@ -1,0 +1,168 @@
+"""The Lua scripts of the Redis backend and the EVALSHA-first way they are run.
+
+A lease is one string key holding ``<token>|<fence>|<owner>`` with a Redis expiry (``PX``), so
+``PTTL <key>`` shows the lease and Redis's own clock ends it. ``<fence>`` is empty for an
+unfenced grant. Tokens never contain ``|`` (SPEC 1), so ``<token>|`` is an unambiguous prefix;
+the owner label is last and may contain anything.
+
+Lua numbers are doubles and ``tostring`` prints them with 14 significant digits, which loses
+the low digits of a microsecond timestamp (about 1.8e15). Every integer a script writes or
+returns as text is therefore formatted with ``%.0f``, which prints a double's exact integer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.exceptions import NoScriptError
+
+__all__ = [
+    "ACQUIRE",
+    "COUNT_IN_WINDOW",
+    "EXTEND",
+    "FORCE_RELEASE",
+    "INSPECT",
+    "RELEASE",
+    "Script",
+]
+
+
+@dataclass(frozen=True)
+class Script:
+    """A Lua script and its SHA1; run by hash first, by text when the server lacks it."""
+
+    lua: str
+    sha: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        # Redis names a cached script by the SHA1 of its text; computing it here means the first
+        # call needs no SCRIPT LOAD round trip.
+        object.__setattr__(self, "sha", hashlib.sha1(self.lua.encode()).hexdigest())  # noqa: S324
+
+    def args(self, keys: Sequence[str], argv: Sequence[Any]) -> tuple[Any, ...]:
+        """The arguments after ``EVALSHA <sha>`` / ``EVAL <lua>``: numkeys, keys, argv."""
+        return (len(keys), *keys, *argv)
+
+    def __call__(self, client: Any, keys: Sequence[str], argv: Sequence[Any]) -> Any:
+        """Run on ``client`` (a redis.Redis or RedisCluster) and return the raw reply."""
+        args = self.args(keys, argv)
+        try:
+            return client.execute_command("EVALSHA", self.sha, *args)
+        except NoScriptError:
+            # After a restart, a failover or SCRIPT FLUSH the cache is empty; EVAL runs the
+            # script and caches it again, so later calls go back to EVALSHA.
+            return client.execute_command("EVAL", self.lua, *args)
+
+
+# Every script that writes after reading TIME asks for effects replication first; Redis 5 and
+# later do that anyway, Redis 3.2 and 4 need it or they refuse the write.
+_EFFECTS = "if redis.replicate_commands then redis.replicate_commands() end\n"
+
+#: KEYS[1] lease key, KEYS[2] fence counter (same hash slot; only when fenced).
+#: ARGV[1] "<token>|", ARGV[2] lease in ms, ARGV[3] owner, ARGV[4] "1" to fence,
+#: ARGV[5] counter lifetime in ms.
+#: Returns nil when another token holds the key, else the fence as text ("" when unfenced).
+#: A repeated acquire by the holding token keeps its fence and sets a new lease.
+ACQUIRE = Script(
+    _EFFECTS
+    + """
+local current = redis.call('GET', KEYS[1])
+local mine = ARGV[1]
+local fence = ''
+if current then
+  if string.sub(current, 1, #mine) ~= mine then
+    return false
+  end
+  local rest = string.sub(current, #mine + 1)
+  local bar = string.find(rest, '|', 1, true)
+  if not bar then
+    return false
+  end
+  fence = string.sub(rest, 1, bar - 1)
+end
+if fence == '' and ARGV[4] == '1' then
+  local now = redis.call('TIME')
+  local micros = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  local last = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+  -- At least the server time: the fence keeps rising after the counter is lost.
+  fence = string.format('%.0f', math.max(micros, last + 1))
+  redis.call('SET', KEYS[2], fence, 'PX', ARGV[5])
+end
+redis.call('SET', KEYS[1], mine .. fence .. '|' .. ARGV[3], 'PX', ARGV[2])
+return fence
+"""
+)
+
+#: KEYS[1] lease key. ARGV[1] "<token>|", ARGV[2] lease in ms.
+#: Returns 1 when the token held the key and its lease was replaced, else 0.
+EXTEND = Script(
+    """
+local current = redis.call('GET', KEYS[1])
+if current and string.sub(current, 1, #ARGV[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+)
+
+#: KEYS[1] lease key. ARGV[1] "<token>|", ARGV[2] channel, ARGV[3] message (the key).
+#: Returns 1 when the token held the key and it was deleted (and announced), else 0.
+RELEASE = Script(
+    """
+local current = redis.call('GET', KEYS[1])
+if current and string.sub(current, 1, #ARGV[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
+  return 1
+end
+return 0
+"""
+)
+
+#: KEYS[1] lease key. ARGV[1] channel, ARGV[2] message (the key).
+#: Returns 1 when a live lease was deleted (and announced), else 0.
+FORCE_RELEASE = Script(
+    """
+if redis.call('DEL', KEYS[1]) == 1 then
+  redis.call('PUBLISH', ARGV[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+)
+
+#: KEYS[1] lease key. No ARGV.
+#: Returns {value or nil, PTTL in ms, server seconds, server microseconds}, read atomically.
+INSPECT = Script(
+    """
+local now = redis.call('TIME')
+return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), now[1], now[2]}
+"""
+)
+
+#: KEYS[1] counter hash {w = window index, n = count}. ARGV[1] window length in microseconds.
+#: Returns {count in the current window, microseconds left in it (text)}. Windows are aligned
+#: to multiples of their length on the server's clock.
+COUNT_IN_WINDOW = Script(
+    _EFFECTS
+    + """
+local now = redis.call('TIME')
+local micros = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local width = tonumber(ARGV[1])
+local index = math.floor(micros / width)
+local label = string.format('%.0f', index)
+local count = 1
+if redis.call('HGET', KEYS[1], 'w') == label then
+  count = redis.call('HINCRBY', KEYS[1], 'n', 1)
+else
+  redis.call('HSET', KEYS[1], 'w', label, 'n', 1)
+end
+local left = (index + 1) * width - micros
+redis.call('PEXPIRE', KEYS[1], string.format('%.0f', math.ceil(left / 1000) + 1000))
+return {count, string.format('%.0f', left)}
+"""
+)

@@ -1,0 +1,131 @@
+"""Turning ``redis://``, ``rediss://`` and ``redis+sentinel://`` URLs into redis-py clients.
+
+Query-string options go through one parser table (``URL_OPTIONS``); keyword options override
+them. The backend takes ``wait_for_replicas`` and ``cluster``
+for itself; the rest configure the redis-py client.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any, Callable
+
+from ...errors import ValidationError
+from ...validation import parse_duration
+
+__all__ = ["URL_OPTIONS", "build_client", "parse_replicas"]
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError("expected true or false")
+
+
+def parse_replicas(text: str) -> tuple[int, float]:
+    """``"1,500ms"`` or ``"2,1.5"`` -> ``(replicas, timeout seconds)``."""
+    count, sep, timeout = text.partition(",")
+    if not sep:
+        raise ValueError("expected REPLICAS,TIMEOUT such as 1,500ms")
+    return int(count), parse_duration(timeout, "wait_for_replicas timeout")
+
+
+def _parse_seconds(text: str) -> float:
+    return parse_duration(text, "timeout")
+
+
+#: Every option a Redis URL's query string may carry, with its text parser.
+URL_OPTIONS: Mapping[str, Callable[[str], Any]] = {
+    "wait_for_replicas": parse_replicas,
+    "cluster": _parse_bool,
+    "socket_timeout": _parse_seconds,
+    "socket_connect_timeout": _parse_seconds,
+    "health_check_interval": lambda text: int(parse_duration(text, "health_check_interval")),
+    "client_name": str,
+    "username": str,
+    "password": str,
+    "ssl_cert_reqs": str,
+    "ssl_ca_certs": str,
+    "sentinel_password": str,
+}
+
+
+def _without_query(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+
+
+def _sentinel_hosts(netloc: str) -> list[tuple[str, int]]:
+    hosts = []
+    for item in netloc.rpartition("@")[2].split(","):
+        host, _, port = item.strip().rpartition(":")
+        if not host:
+            host, port = port, ""
+        try:
+            hosts.append((host.strip("[]"), int(port) if port else 26379))
+        except ValueError as exc:
+            raise ValidationError(f"sentinel address {item!r} has a bad port") from exc
+    return hosts
+
+
+def _sentinel_client(url: str, options: dict[str, Any]) -> Any:
+    from redis.sentinel import Sentinel
+
+    parts = urllib.parse.urlsplit(url)
+    path = [segment for segment in parts.path.split("/") if segment]
+    if not path or len(path) > 2:
+        raise ValidationError(
+            "redis+sentinel URL must look like "
+            "redis+sentinel://[:password@]host:26379[,host2:26379]/SERVICE[/DB]"
+        )
+    try:
+        db = int(path[1]) if len(path) == 2 else 0
+    except ValueError as exc:
+        raise ValidationError(f"redis+sentinel URL database {path[1]!r} is not a number") from exc
+    if parts.password is not None:
+        options.setdefault("password", urllib.parse.unquote(parts.password))
+    if parts.username:
+        options.setdefault("username", urllib.parse.unquote(parts.username))
+    sentinel_kwargs: dict[str, Any] = {
+        name: options[name]
+        for name in ("socket_timeout", "socket_connect_timeout")
+        if name in options
+    }
+    if "sentinel_password" in options:
+        sentinel_kwargs["password"] = options.pop("sentinel_password")
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        _sentinel_hosts(parts.netloc), sentinel_kwargs=sentinel_kwargs
+    )
+    return sentinel.master_for(  # type: ignore[no-untyped-call]
+        urllib.parse.unquote(path[0]), db=db, **options
+    )
+
+
+def build_client(url: str, options: dict[str, Any]) -> Any:
+    """A redis-py client for ``url``; ``options`` are the client options already parsed.
+
+    ``cluster=True`` builds a ``RedisCluster`` from a ``redis://`` or ``rediss://`` URL of any
+    one node.
+    """
+    scheme = urllib.parse.urlsplit(url).scheme.lower()
+    cluster = bool(options.pop("cluster", False))
+    if scheme == "redis+sentinel":
+        if cluster:
+            raise ValidationError("cluster=true cannot be combined with a redis+sentinel URL")
+        return _sentinel_client(url, options)
+    if "sentinel_password" in options:
+        raise ValidationError("sentinel_password only applies to redis+sentinel:// URLs")
+    if cluster:
+        from redis.cluster import RedisCluster
+
+        return RedisCluster.from_url(_without_query(url), **options)
+    import redis
+
+    return redis.Redis.from_url(_without_query(url), **options)
