@@ -269,11 +269,13 @@ class Lock:
                 self._schedule()
                 return None
             requested = self._request_ttl(now)
-            if requested <= 0:
-                self._mark_lost("max-hold")
-                return None
-            self._in_flight += 1
-            return requested
+            if requested > 0:
+                self._in_flight += 1
+                return requested
+        # Hooks run outside the mutex so that an on_event hook reading the lock cannot stall
+        # other threads.
+        self._mark_lost("max-hold")
+        return None
 
     def _extension_answered(self, sent: float, requested: float, granted: bool) -> bool:
         """Apply an extension's answer; returns ``True`` if the lock is still held after it."""
@@ -386,12 +388,12 @@ class Lock:
         self.check()
         with self._mutex:
             self._ttl = new_ttl
-            now = self._locker._clock()
-            requested = self._request_ttl(now)
-            if requested <= 0:
-                self._mark_lost("max-hold")
-                raise LockLostError(self.key, "max-hold")
-            self._in_flight += 1
+            requested = self._request_ttl(self._locker._clock())
+            if requested > 0:
+                self._in_flight += 1
+        if requested <= 0:
+            self._mark_lost("max-hold")
+            raise LockLostError(self.key, "max-hold")
         sent = self._locker._clock()
         try:
             granted = self._locker._backend.extend(self.key, self.token, requested)
