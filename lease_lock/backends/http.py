@@ -1,0 +1,369 @@
+"""HTTP backend: a client of the "project locks" API (our ``lease-lock serve`` or the hosted one).
+
+Built on a pooled ``requests.Session``. The wire rules apply before anything is sent: keys are
+``[A-Za-z0-9._:-]{1,128}``, tokens and request ids are UUIDs, and TTLs travel as whole seconds,
+rounded up, at least 5 and at most 90 days. The local lease of the core still follows the TTL the
+caller asked for.
+
+Answers: 409 is a plain "no" (``None``/``False``); 429 raises
+:class:`~lease_lock.errors.RateLimitedError`; 400 raises
+:class:`~lease_lock.errors.ValidationError`; 401/403 raise
+:class:`~lease_lock.errors.AccessDeniedError`. Anything else unexpected raises ``requests``'
+``HTTPError``, and transport failures are ``requests``' own exceptions, never wrapped.
+An acquisition is retried exactly once, with the same token, TTL, request id and credential,
+after a transport failure or a 503: the token makes the repeat safe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Iterator, Mapping
+from datetime import datetime, timezone
+from typing import Any, Callable, ClassVar, ContextManager, Optional
+
+import requests
+
+from ..errors import AccessDeniedError, RateLimitedError, ValidationError
+from ..server.wire import (
+    HEADER_EXPIRES_IN,
+    HEADER_OWNER,
+    HEADER_RELEASED,
+    HEADER_REQUEST_ID,
+    HEADER_TOKEN,
+    KEY_PATTERN,
+    MAX_TTL,
+    MIN_TTL,
+    TAKEOVER_GRACE,
+)
+from .base import Backend, Capabilities, LockState, parse_url_options
+
+__all__ = ["HttpBackend"]
+
+_API_KEY_ENV = "LEASE_LOCK_API_KEY"
+# Owner labels travel percent-encoded so that any printable text survives an HTTP header.
+_OWNER_SAFE = " !#$&'()*+,/:;=?@[]^_`{|}~"
+
+
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError("must be a finite number of seconds > 0")
+    return value
+
+
+def _parse_time(text: Any) -> datetime:
+    if not isinstance(text, str):
+        raise requests.exceptions.InvalidJSONError(f"expires_at must be a string, got {text!r}")
+    # ``fromisoformat`` reads a trailing ``Z`` only from Python 3.11 on.
+    moment = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
+    return moment.astimezone(timezone.utc)
+
+
+def _forget_after(now: float, ttl: float) -> float:
+    # The grace second plus a wide margin for a slow reply: only then is the grant surely over.
+    return now + ttl + TAKEOVER_GRACE + 60.0
+
+
+class HttpBackend(Backend):
+    """Leases kept by a lock service speaking the project-locks API.
+
+    ``base_url`` is the service root (``/locks`` is appended); ``api_key`` a service key with
+    scope ``locks.manage`` or ``full``; ``session`` a ``requests.Session`` to use (it stays the
+    caller's to close); ``timeout`` seconds per request (connect and read).
+
+    ``is_held`` compares the fence of a read with the fence the grant returned (the wire has no
+    token check for reads), so it only knows tokens granted through this backend object.
+    """
+
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        server_clock=True,
+        fencing=True,
+        scan=True,
+        min_ttl=float(MIN_TTL),
+        clock="the lock service's clock (its store's clock for a lease_lock server)",
+    )
+    url_options: ClassVar[Mapping[str, Callable[[str], Any]]] = {
+        "api_key": str,
+        "timeout": _positive_seconds,
+    }
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        session: Optional[requests.Session] = None,
+        timeout: float = 10.0,
+    ) -> None:
+        parts = urllib.parse.urlsplit(base_url) if isinstance(base_url, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValidationError(
+                f"base_url must be an http:// or https:// URL with a host, got {base_url!r}"
+            )
+        if not isinstance(api_key, str) or not api_key or not api_key.isprintable():
+            raise ValidationError("api_key must be a non-empty printable str (a service key)")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ValidationError("timeout must be > 0 seconds")
+        self.base_url = urllib.parse.urlunsplit(
+            (parts.scheme, parts.netloc, parts.path.rstrip("/"), "", "")
+        )
+        self.timeout = float(timeout)
+        self._own_session = session is None
+        self._session = session if session is not None else requests.Session()
+        self._authorization = f"Bearer {api_key}"
+        self._mutex = threading.Lock()
+        self._scope = threading.local()
+        # (key, token) -> (fence, monotonic time after which the grant surely ended)
+        self._fences: dict[tuple[str, str], tuple[int, float]] = {}
+
+    def __repr__(self) -> str:
+        return f"HttpBackend({self.base_url!r})"
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> HttpBackend:
+        """``http(s)://host[:port][/base]?timeout=10``; ``api_key`` from options or the env."""
+        parsed = parse_url_options(url, cls.url_options, options, backend="http")
+        api_key = parsed.pop("api_key", None) or os.environ.get(_API_KEY_ENV)
+        if not api_key:
+            raise ValidationError(
+                f"the http backend needs api_key=... or the {_API_KEY_ENV} environment variable"
+            )
+        return cls(url, api_key, **parsed)
+
+    # -- wire rules ------------------------------------------------------------------------------
+
+    def check_key(self, key: str) -> None:
+        """The service's key rule: 1 to 128 of ``A-Z a-z 0-9 . _ : -``."""
+        if not isinstance(key, str) or not KEY_PATTERN.fullmatch(key):
+            raise ValidationError(
+                "key must be 1 to 128 characters of letters, digits, '.', '_', ':' or '-' "
+                "for the HTTP lock service (key_prefix included)"
+            )
+
+    def check_token(self, token: str) -> None:
+        """The service compares tokens as UUIDs, so a token must be one."""
+        try:
+            uuid.UUID(token)
+        except (TypeError, ValueError, AttributeError):
+            raise ValidationError("token must be a UUID for the HTTP lock service") from None
+
+    def new_token(self) -> str:
+        """A random UUID."""
+        return str(uuid.uuid4())
+
+    @staticmethod
+    def wire_ttl(ttl: float) -> int:
+        """``ttl`` as the service takes it: whole seconds rounded up, at least 5."""
+        if not ttl <= MAX_TTL:
+            raise ValidationError(f"ttl must be at most {MAX_TTL} seconds (90 days) over HTTP")
+        return max(MIN_TTL, math.ceil(ttl))
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def _url(self, key: Optional[str], lease: bool = False) -> str:
+        if key is None:
+            return f"{self.base_url}/locks"
+        path = f"{self.base_url}/locks/{urllib.parse.quote(key, safe='')}"
+        return path + "/lease" if lease else path
+
+    def _send(self, method: str, url: str, **kwargs: Any) -> requests.Response:
+        headers = kwargs.pop("headers", {})
+        headers["Authorization"] = self._authorization
+        headers.setdefault(HEADER_REQUEST_ID, str(uuid.uuid4()))
+        return self._session.request(method, url, headers=headers, timeout=self.timeout, **kwargs)
+
+    @staticmethod
+    def _raise_for(response: requests.Response, expected: int) -> None:
+        """Turn a status other than ``expected`` (and 409, the caller's) into its exception."""
+        status = response.status_code
+        if status == expected:
+            return
+        try:
+            body = response.json()
+        except ValueError:
+            body = {}
+        message = body.get("error") if isinstance(body, dict) else None
+        code = body.get("code") if isinstance(body, dict) else None
+        detail = f"lock service: {message or response.reason} ({code or status})"
+        if status == 429:
+            try:
+                retry_after = float(response.headers.get("Retry-After", "1"))
+            except ValueError:
+                retry_after = 1.0
+            raise RateLimitedError(detail, retry_after=retry_after, status=429)
+        if status == 400:
+            raise ValidationError(detail)
+        if status in (401, 403):
+            raise AccessDeniedError(detail, status=status)
+        response.raise_for_status()
+        raise requests.HTTPError(f"unexpected status {status} ({detail})", response=response)
+
+    # -- primitives ------------------------------------------------------------------------------
+
+    def acquire(self, key: str, token: str, ttl: float, owner: str) -> bool:
+        """Grant or renew ``key`` for ``token`` (``POST /locks/{key}/lease``)."""
+        return self.acquire_fenced(key, token, ttl, owner) is not None
+
+    def request_id_scope(self, request_id: Optional[str]) -> ContextManager[None]:
+        """Send ``request_id`` (a UUID) with this thread's acquisitions inside the block."""
+        if request_id is not None:
+            try:
+                request_id = str(uuid.UUID(request_id))
+            except (TypeError, ValueError, AttributeError):
+                raise ValidationError("request_id must be a UUID for the HTTP lock service") from None
+        return self._request_id_block(request_id)
+
+    @contextlib.contextmanager
+    def _request_id_block(self, request_id: Optional[str]) -> Iterator[None]:
+        previous = getattr(self._scope, "request_id", None)
+        self._scope.request_id = request_id
+        try:
+            yield
+        finally:
+            self._scope.request_id = previous
+
+    def acquire_fenced(self, key: str, token: str, ttl: float, owner: str) -> Optional[int]:
+        """Grant or renew ``key``; the fence, or ``None`` when another holder has it.
+
+        The request id (from :meth:`request_id_scope`, else a fresh UUID) is reused on the one
+        retry, as are the token, TTL and credential.
+        """
+        self.check_key(key)
+        self.check_token(token)
+        wire_ttl = self.wire_ttl(ttl)
+        request_id = getattr(self._scope, "request_id", None) or str(uuid.uuid4())
+        headers = {HEADER_TOKEN: token, HEADER_REQUEST_ID: request_id}
+        if owner:
+            headers[HEADER_OWNER] = urllib.parse.quote(owner, safe=_OWNER_SAFE)
+        url = self._url(key, lease=True)
+        body = {"ttl_seconds": wire_ttl}
+        try:
+            response = self._send("POST", url, headers=dict(headers), json=body)
+        except (requests.ConnectionError, requests.Timeout):
+            response = self._send("POST", url, headers=dict(headers), json=body)
+        else:
+            if response.status_code == 503:
+                response = self._send("POST", url, headers=dict(headers), json=body)
+        if response.status_code == 409:
+            return None
+        self._raise_for(response, 201)
+        fence = response.json()["fencing_token"]
+        if isinstance(fence, bool) or not isinstance(fence, int):
+            raise requests.exceptions.InvalidJSONError(f"fencing_token is not an int: {fence!r}")
+        self._remember(key, token, fence, wire_ttl)
+        return fence
+
+    def _remember(self, key: str, token: str, fence: int, ttl: float) -> None:
+        now = time.monotonic()
+        with self._mutex:
+            # A grant is over after its lease and the grace at the latest; forget older ones
+            # so that a long-lived backend does not collect the fences of expired leases.
+            for stale in [item for item, (_f, end) in self._fences.items() if end < now]:
+                del self._fences[stale]
+            self._fences[(key, token)] = (fence, _forget_after(now, ttl))
+
+    def _prolong(self, key: str, token: str, ttl: float) -> None:
+        with self._mutex:
+            known = self._fences.get((key, token))
+            if known is not None:
+                self._fences[(key, token)] = (known[0], _forget_after(time.monotonic(), ttl))
+
+    def _forget(self, key: str, token: Optional[str] = None) -> None:
+        with self._mutex:
+            for item in [item for item in self._fences if item[0] == key]:
+                if token is None or item[1] == token:
+                    del self._fences[item]
+
+    def release(self, key: str, token: str) -> bool:
+        """Drop our lease (``DELETE /locks/{key}/lease``); ``True`` when one was dropped."""
+        self.check_key(key)
+        self.check_token(token)
+        response = self._send("DELETE", self._url(key, lease=True), headers={HEADER_TOKEN: token})
+        if response.status_code == 409:
+            return False
+        self._raise_for(response, 204)
+        self._forget(key, token)
+        # Against a server without the extension header a 204 can only be read as a drop.
+        return response.headers.get(HEADER_RELEASED, "true").lower() == "true"
+
+    def extend(self, key: str, token: str, ttl: float) -> bool:
+        """Renew our lease to ``ttl`` from now (``PATCH /locks/{key}/lease``)."""
+        self.check_key(key)
+        self.check_token(token)
+        wire_ttl = self.wire_ttl(ttl)
+        response = self._send(
+            "PATCH", self._url(key, lease=True), headers={HEADER_TOKEN: token},
+            json={"ttl_seconds": wire_ttl},
+        )
+        if response.status_code == 409:
+            return False
+        self._raise_for(response, 200)
+        self._prolong(key, token, wire_ttl)
+        return True
+
+    def is_held(self, key: str, token: str) -> bool:
+        """``True`` if the key is held with the fence this backend's grant to ``token`` got."""
+        self.check_token(token)
+        with self._mutex:
+            known = self._fences.get((key, token))
+        state = self.inspect(key)
+        return known is not None and state.held and state.fence == known[0]
+
+    def _state(self, key: str, body: dict[str, Any], expires_in: Optional[str]) -> LockState:
+        if not body.get("held"):
+            return LockState.free(key)
+        expires_at = _parse_time(body.get("expires_at"))
+        if expires_in is not None:
+            remaining = float(expires_in)
+        else:
+            # The hosted service reports no remaining time: estimate it on our wall clock,
+            # counting the grace second during which nobody else may take the key.
+            now = datetime.now(timezone.utc)
+            remaining = (expires_at - now).total_seconds() + TAKEOVER_GRACE
+        fence = body.get("fencing_token")
+        return LockState(
+            key=key,
+            held=True,
+            expires_at=expires_at,
+            fence=fence if isinstance(fence, int) and not isinstance(fence, bool) else None,
+            owner=body.get("owner"),
+            expires_in=max(0.0, remaining),
+        )
+
+    def inspect(self, key: str) -> LockState:
+        """The state of ``key`` (``GET /locks/{key}``)."""
+        self.check_key(key)
+        response = self._send("GET", self._url(key))
+        self._raise_for(response, 200)
+        return self._state(key, response.json(), response.headers.get(HEADER_EXPIRES_IN))
+
+    def force_release(self, key: str) -> bool:
+        """Drop whatever lease holds ``key`` (``DELETE /locks/{key}``)."""
+        self.check_key(key)
+        response = self._send("DELETE", self._url(key))
+        self._raise_for(response, 204)
+        self._forget(key)
+        return response.headers.get(HEADER_RELEASED, "true").lower() == "true"
+
+    def scan(self, prefix: str) -> Iterator[LockState]:
+        """Held keys under ``prefix`` (``GET /locks?prefix=``, a lease_lock server extension)."""
+        if prefix:
+            self.check_key(prefix)
+        response = self._send("GET", self._url(None), params={"prefix": prefix})
+        self._raise_for(response, 200)
+        states = [
+            self._state(item["key"], item, str(item.get("expires_in", 0.0)))
+            for item in response.json()["locks"]
+        ]
+        return iter(states)
+
+    def close(self) -> None:
+        """Close the session if this backend created it."""
+        if self._own_session:
+            self._session.close()

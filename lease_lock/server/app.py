@@ -1,0 +1,378 @@
+"""The WSGI application of the lock service: routing, authentication, budgets and the wire format.
+
+No web framework: one callable that parses the request, checks the credential, counts the
+request against its project's budget, validates every input, and asks :class:`LockService`.
+Every answer is JSON (``{"error", "code"}`` for errors) except the bodiless 204s. A failing
+store gives 503 ``unavailable`` (fail closed); no input can produce a 5xx.
+
+Order of checks: credential (401, counts for no project) -> budget (429; every authenticated
+request counts, rejected ones included) -> route (404/405) -> scope (403) -> inputs (400/413)
+-> the lock operation (201/200/204/409/503).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+import urllib.parse
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable, Iterable, Optional, Union
+
+from ..backends import backend_from_url
+from ..backends.base import Backend
+from ..validation import check_owner
+from .keys import KeyFile, KeyRecord, PathLike
+from .ratelimit import RateLimiter
+from .service import Conflict, Grant, Holder, LockService
+from .wire import (
+    HEADER_EXPIRES_IN,
+    HEADER_OWNER,
+    HEADER_RELEASED,
+    HEADER_REQUEST_ID,
+    HEADER_TOKEN,
+    KEY_PATTERN,
+    MAX_TTL,
+    MIN_TTL,
+)
+
+__all__ = ["LockServiceApp", "create_app", "format_time"]
+
+_log = logging.getLogger("lease_lock.server")
+_MAX_OWNER = 200
+_REASONS = {
+    200: "OK",
+    201: "Created",
+    204: "No Content",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    409: "Conflict",
+    413: "Payload Too Large",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    501: "Not Implemented",
+    503: "Service Unavailable",
+}
+
+StartResponse = Callable[..., Any]
+
+
+@dataclass
+class _Response:
+    status: int
+    body: Optional[dict[str, Any]] = None
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+class _Reject(Exception):
+    """A request refused with an error status; becomes the JSON error body."""
+
+    def __init__(
+        self, status: int, code: str, message: str, headers: Iterable[tuple[str, str]] = ()
+    ) -> None:
+        super().__init__(message)
+        self.response = _Response(status, {"error": message, "code": code}, list(headers))
+
+
+def format_time(epoch: float) -> str:
+    """RFC 3339 UTC with a ``Z``, to the millisecond, rounded down (never later than the truth)."""
+    millis = math.floor(epoch * 1000)
+    moment = datetime.fromtimestamp(millis // 1000, timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{millis % 1000:03d}Z"
+
+
+def _header(environ: dict[str, Any], name: str) -> Optional[str]:
+    value = environ.get("HTTP_" + name.upper().replace("-", "_"))
+    return value if isinstance(value, str) else None
+
+
+def _raw_path(environ: dict[str, Any]) -> str:
+    """The request path still percent-encoded, so an encoded ``/`` stays inside its segment."""
+    raw = environ.get("RAW_URI") or environ.get("REQUEST_URI")
+    if not isinstance(raw, str) or not raw:
+        return urllib.parse.quote(environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", ""))
+    path = raw.split("?", 1)[0]
+    if "://" in path:  # absolute-form request target
+        path = "/" + path.split("://", 1)[1].partition("/")[2]
+    script = urllib.parse.quote(environ.get("SCRIPT_NAME", ""))
+    return path[len(script) :] if script and path.startswith(script) else path
+
+
+def _uuid(value: Optional[str], what: str, code: str) -> Optional[str]:
+    if value is None:
+        return None
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise _Reject(400, code, f"{what} must be a UUID") from None
+
+
+def _lease_body(grant: Grant) -> dict[str, Any]:
+    return {"expires_at": format_time(grant.expires_at), "fencing_token": grant.fence}
+
+
+def _holder_body(holder: Holder, *, with_key: bool = False) -> dict[str, Any]:
+    body: dict[str, Any] = {"key": holder.key} if with_key else {}
+    body["held"] = holder.held
+    if holder.held and holder.expires_at is not None:
+        body["expires_at"] = format_time(holder.expires_at)
+        body["fencing_token"] = holder.fence
+        if holder.owner:
+            body["owner"] = holder.owner
+    return body
+
+
+class LockServiceApp:
+    """The WSGI callable. Build it with :func:`create_app`; it is safe across threads."""
+
+    def __init__(
+        self,
+        service: LockService,
+        keys: KeyFile,
+        limiter: RateLimiter,
+        *,
+        max_body: int = 16 * 1024,
+    ) -> None:
+        self.service = service
+        self.keys = keys
+        self.limiter = limiter
+        self.max_body = max_body
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        """Serve one request."""
+        started = time.monotonic()
+        context: dict[str, str] = {"project": "-"}
+        try:
+            response = self._handle(environ, context)
+        except _Reject as reject:
+            response = reject.response
+        except Exception:  # noqa: BLE001 - the last line of defence of a server thread
+            # A bug of ours, never a bad input: those are all rejected above with a 4xx.
+            _log.exception("internal error on %s", environ.get("REQUEST_METHOD"))
+            response = _Response(500, {"error": "internal server error", "code": "internal"})
+        _log.info(
+            "%s %s -> %d project=%s request_id=%s %.1fms",
+            environ.get("REQUEST_METHOD"),
+            _raw_path(environ),
+            response.status,
+            context["project"],
+            context.get("request_id", "-"),
+            (time.monotonic() - started) * 1000,
+        )
+        payload = b"" if response.body is None else json.dumps(response.body).encode()
+        headers = list(response.headers)
+        if response.body is not None:
+            headers.append(("Content-Type", "application/json"))
+        if response.status != 204:
+            # RFC 9110: a 204 carries no Content-Length.
+            headers.append(("Content-Length", str(len(payload))))
+        headers.append(("Cache-Control", "no-store"))
+        start_response(f"{response.status} {_REASONS[response.status]}", headers)
+        return [payload]
+
+    # -- the steps of one request --------------------------------------------------------------
+
+    def _handle(self, environ: dict[str, Any], context: dict[str, str]) -> _Response:
+        record = self._authenticate(environ)
+        context["project"] = record.project
+        budget = self._store(lambda: self.limiter.hit(record.project))
+        if not budget.allowed:
+            raise _Reject(
+                429,
+                "lock_rate_limited",
+                f"project budget of {self.limiter.limit} requests per window is spent",
+                [("Retry-After", str(budget.retry_after))],
+            )
+        method = environ.get("REQUEST_METHOD", "")
+        segments = _raw_path(environ).split("/")
+        request_id = _uuid(
+            _header(environ, HEADER_REQUEST_ID), HEADER_REQUEST_ID, "invalid_request"
+        )
+        if request_id is not None:
+            context["request_id"] = request_id
+        if segments == ["", "locks"]:
+            self._allow(method, ("GET",))
+            self._scope(record, write=False)
+            return self._list(environ, record.project)
+        if len(segments) not in (3, 4) or segments[:2] != ["", "locks"]:
+            raise _Reject(404, "not_found", "no such resource")
+        if len(segments) == 4 and segments[3] != "lease":
+            raise _Reject(404, "not_found", "no such resource")
+        lease = len(segments) == 4
+        self._allow(method, ("POST", "PATCH", "DELETE") if lease else ("GET", "DELETE"))
+        self._scope(record, write=method != "GET")
+        key = self._key(segments[2])
+        project = record.project
+        if not lease:
+            if method == "GET":
+                return self._read(project, key)
+            return self._released(self._store(lambda: self.service.force_release(project, key)))
+        token = _uuid(_header(environ, HEADER_TOKEN), HEADER_TOKEN, "invalid_token")
+        if token is None:
+            raise _Reject(400, "invalid_token", f"{HEADER_TOKEN} header is required")
+        if method == "DELETE":
+            return self._released(self._store(lambda: self.service.release(project, key, token)))
+        ttl = self._ttl(environ)
+        if method == "POST":
+            owner = self._owner(environ)
+            grant = self._store(lambda: self.service.acquire(project, key, token, ttl, owner))
+            return _Response(201, _lease_body(grant))
+        grant = self._store(lambda: self.service.renew(project, key, token, ttl))
+        return _Response(200, _lease_body(grant))
+
+    def _authenticate(self, environ: dict[str, Any]) -> KeyRecord:
+        # Only ``Authorization: Bearer``; an ``apikey`` header never authenticates.
+        scheme, _, credential = (_header(environ, "Authorization") or "").strip().partition(" ")
+        record = None
+        if scheme.lower() == "bearer" and credential.strip():
+            record = self.keys.authenticate(credential.strip())
+        if record is None:
+            raise _Reject(
+                401, "unauthorized", "a valid service key is required (Authorization: Bearer)"
+            )
+        return record
+
+    @staticmethod
+    def _allow(method: str, allowed: tuple[str, ...]) -> None:
+        if method not in allowed:
+            raise _Reject(
+                405,
+                "method_not_allowed",
+                f"method {method or '?'} not allowed here",
+                [("Allow", ", ".join(allowed))],
+            )
+
+    @staticmethod
+    def _scope(record: KeyRecord, *, write: bool) -> None:
+        if not record.allows(write):
+            raise _Reject(403, "forbidden", f"scope {record.scope} does not allow this operation")
+
+    @staticmethod
+    def _key(segment: str) -> str:
+        try:
+            key = urllib.parse.unquote(segment, errors="strict")
+        except UnicodeDecodeError:
+            key = ""
+        if not KEY_PATTERN.fullmatch(key):
+            raise _Reject(400, "invalid_key", "key must be 1 to 128 of A-Z a-z 0-9 . _ : -")
+        return key
+
+    def _body(self, environ: dict[str, Any]) -> Any:
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            raise _Reject(400, "invalid_request", "Content-Length is not a number") from None
+        if length > self.max_body:
+            raise _Reject(413, "payload_too_large", f"request body over {self.max_body} bytes")
+        data = environ["wsgi.input"].read(length) if length > 0 else b""
+        try:
+            return json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            raise _Reject(400, "invalid_request", "body must be a JSON object") from None
+
+    def _ttl(self, environ: dict[str, Any]) -> int:
+        body = self._body(environ)
+        if not isinstance(body, dict):
+            raise _Reject(400, "invalid_request", "body must be a JSON object")
+        ttl = body.get("ttl_seconds")
+        if isinstance(ttl, bool) or not isinstance(ttl, int) or not MIN_TTL <= ttl <= MAX_TTL:
+            raise _Reject(
+                400, "invalid_ttl", f"ttl_seconds must be an integer from {MIN_TTL} to {MAX_TTL}"
+            )
+        return ttl
+
+    @staticmethod
+    def _owner(environ: dict[str, Any]) -> str:
+        raw = _header(environ, HEADER_OWNER)
+        if raw is None:
+            return ""
+        try:
+            owner = check_owner(urllib.parse.unquote(raw, errors="strict"), HEADER_OWNER)
+        except (UnicodeDecodeError, ValueError):
+            owner = None
+        if owner is None or len(owner) > _MAX_OWNER:
+            raise _Reject(
+                400,
+                "invalid_request",
+                f"{HEADER_OWNER} must be percent-encoded printable text of at most {_MAX_OWNER} "
+                "characters",
+            )
+        return owner
+
+    @staticmethod
+    def _store(operation: Callable[[], Any]) -> Any:
+        try:
+            return operation()
+        except Conflict as conflict:
+            raise _Reject(409, conflict.code, conflict.message) from None
+        except NotImplementedError as exc:
+            raise _Reject(501, "not_implemented", str(exc)) from None
+        except Exception:  # noqa: BLE001 - every driver's errors, whatever the backend
+            # Whatever the store's driver raised: fail closed, and keep the cause in the log.
+            _log.exception("lock store unavailable")
+            raise _Reject(503, "unavailable", "the lock store is unavailable") from None
+
+    @staticmethod
+    def _released(dropped: bool) -> _Response:
+        return _Response(204, None, [(HEADER_RELEASED, "true" if dropped else "false")])
+
+    def _read(self, project: str, key: str) -> _Response:
+        holder: Holder = self._store(lambda: self.service.read(project, key))
+        headers = []
+        if holder.held and holder.takeover_in is not None:
+            headers.append((HEADER_EXPIRES_IN, f"{holder.takeover_in:.3f}"))
+        return _Response(200, _holder_body(holder), headers)
+
+    def _list(self, environ: dict[str, Any], project: str) -> _Response:
+        query = urllib.parse.parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+        prefix = query.get("prefix", [""])[-1]
+        if prefix and not KEY_PATTERN.fullmatch(prefix):
+            raise _Reject(400, "invalid_key", "prefix must be up to 128 of A-Z a-z 0-9 . _ : -")
+        holders = self._store(lambda: list(self.service.list(project, prefix)))
+        locks = []
+        for holder in holders:
+            item = _holder_body(holder, with_key=True)
+            item["expires_in"] = round(holder.takeover_in or 0.0, 3)
+            locks.append(item)
+        return _Response(200, {"locks": locks})
+
+
+def create_app(
+    backend_url: Union[str, Backend],
+    keys_file: PathLike,
+    *,
+    rate_limit: int = 600,
+    rate_window: float = 60.0,
+    max_body: int = 16 * 1024,
+    key_prefix: str = "locks/",
+) -> LockServiceApp:
+    """The WSGI application serving the locks of ``backend_url`` to the keys of ``keys_file``.
+
+    ``backend_url`` is any lease_lock backend URL (or a backend object, which stays the
+    caller's to close). ``rate_limit`` requests per project per fixed ``rate_window`` seconds;
+    ``max_body`` bytes per request body; ``key_prefix`` namespaces the service's keys in the
+    store (followed by ``<project>/``).
+    """
+    from ..errors import ValidationError
+
+    if isinstance(rate_limit, bool) or not isinstance(rate_limit, int) or rate_limit < 1:
+        raise ValidationError("rate_limit must be a positive int (requests per window)")
+    if (
+        isinstance(rate_window, bool)
+        or not isinstance(rate_window, (int, float))
+        or not rate_window > 0
+    ):
+        raise ValidationError("rate_window must be > 0 seconds")
+    keys = KeyFile(keys_file)
+    backend = backend_from_url(backend_url) if isinstance(backend_url, str) else backend_url
+    if not backend.capabilities.fencing:
+        raise ValidationError(f"{type(backend).__name__} cannot fence; the service needs fences")
+    service = LockService(backend, key_prefix=key_prefix)
+    limiter = RateLimiter(backend, limit=rate_limit, window=float(rate_window))
+    return LockServiceApp(service, keys, limiter, max_body=max_body)

@@ -1,0 +1,164 @@
+"""The ``lease-lock serve`` and ``lease-lock keys`` subcommands.
+
+``lease_lock.cli`` attaches them with :func:`add_serve_parser` and :func:`add_keys_parser`; each
+parser stores its implementation as ``handler`` (``args.handler(args) -> int`` exit status).
+``python -m lease_lock.server`` runs the same commands on their own through :func:`main`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any, Optional, Sequence
+
+from ..errors import ValidationError
+
+__all__ = ["add_keys_parser", "add_serve_parser", "main", "parse_bind"]
+
+_USAGE_EXIT = 2
+_MAX_BODY_ON_THE_SOCKET = 1024 * 1024
+
+
+def parse_bind(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) into its parts; port 0 picks a free port."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValidationError(f"--bind must look like 127.0.0.1:8080, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import waitress
+
+    from .app import create_app
+
+    host, port = parse_bind(args.bind)
+    app = create_app(args.url, args.keys, rate_limit=args.rate_limit)
+    # waitress refuses bodies above this with its own plain-text 413; the app's JSON 413
+    # covers everything between its own (smaller) limit and this one.
+    server = waitress.create_server(
+        app,
+        host=host,
+        port=port,
+        threads=args.threads,
+        ident="lease-lock",
+        max_request_body_size=_MAX_BODY_ON_THE_SOCKET,
+    )
+    shown_host = f"[{host}]" if ":" in host else host
+    print(
+        f"lease-lock: serving on http://{shown_host}:{server.effective_port}",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+        app.service.backend.close()
+    return 0
+
+
+def _keys_create(args: argparse.Namespace) -> int:
+    from .keys import create_key
+
+    _record, key = create_key(args.keys, args.project, args.scope)
+    # The key is shown this once and never stored: stdout carries nothing else.
+    print(key)
+    return 0
+
+
+def _keys_list(args: argparse.Namespace) -> int:
+    from .keys import list_keys
+
+    records = list_keys(args.keys)
+    if args.json:
+        rows: list[dict[str, Any]] = [
+            {"id": r.id, "project": r.project, "scope": r.scope, "created": r.created.isoformat()}
+            for r in records
+        ]
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'ID':<12}  {'PROJECT':<20}  {'SCOPE':<12}  CREATED")
+    for r in records:
+        print(f"{r.id:<12}  {r.project:<20}  {r.scope:<12}  {r.created.isoformat()}")
+    return 0
+
+
+def _keys_revoke(args: argparse.Namespace) -> int:
+    from .keys import revoke_key
+
+    if not revoke_key(args.keys, args.id):
+        print(f"lease-lock: no key with id {args.id} in {args.keys}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``serve`` to an ``argparse`` subparsers object; returns the new parser."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "serve",
+        help="serve the HTTP lock service (needs the 'server' extra)",
+        description="Serve the project-locks HTTP API over a lease_lock backend with waitress.",
+    )
+    parser.add_argument("--url", required=True, help="backend URL, e.g. redis://localhost:6379/0")
+    parser.add_argument("--bind", default="127.0.0.1:8080", help="HOST:PORT (default %(default)s)")
+    parser.add_argument(
+        "--keys", required=True, help="keys file (TOML) made by `lease-lock keys create`"
+    )
+    parser.add_argument(
+        "--rate-limit",
+        type=int,
+        default=600,
+        help="requests per project per minute (default %(default)s)",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=8, help="worker threads (default %(default)s)"
+    )
+    parser.set_defaults(handler=_serve)
+    return parser
+
+
+def add_keys_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``keys create|list|revoke`` to an ``argparse`` subparsers object."""
+    from .keys import SCOPES
+
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "keys",
+        help="manage the lock service's keys",
+        description="Create, list and revoke service keys; only hashes are stored.",
+    )
+    commands = parser.add_subparsers(dest="keys_command", required=True)
+    create = commands.add_parser("create", help="create a key and print it once")
+    create.add_argument("--keys", required=True, help="keys file (created if missing)")
+    create.add_argument("--project", required=True, help="project the key's locks belong to")
+    create.add_argument("--scope", required=True, choices=SCOPES, help="what the key may do")
+    create.set_defaults(handler=_keys_create)
+    listing = commands.add_parser("list", help="show id, project, scope and creation time")
+    listing.add_argument("--keys", required=True, help="keys file")
+    listing.add_argument("--json", action="store_true", help="print a JSON array")
+    listing.set_defaults(handler=_keys_list)
+    revoke = commands.add_parser("revoke", help="delete a key by id")
+    revoke.add_argument("--keys", required=True, help="keys file")
+    revoke.add_argument("id", help="the key id shown by `keys list`")
+    revoke.set_defaults(handler=_keys_revoke)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run ``serve`` or ``keys`` from ``argv``; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m lease_lock.server")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    add_serve_parser(subparsers)
+    add_keys_parser(subparsers)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        status: int = args.handler(args)
+    except ValidationError as exc:
+        print(f"lease-lock: {exc}", file=sys.stderr)
+        return _USAGE_EXIT
+    return status

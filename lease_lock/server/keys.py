@@ -1,0 +1,251 @@
+"""Service keys: a TOML file of hashed keys, each bound to one project and one scope.
+
+A key looks like ``llk_<id>.<secret>``: the id (12 hex digits) finds the record without
+revealing anything, and only the SHA-256 of the whole key is stored, compared in constant time.
+The secret is 32 random bytes, so a plain (unsalted, fast) hash is enough: there is nothing to
+guess. The file is rewritten atomically (temporary file + rename, mode 0600) under an advisory
+lock, and a running server notices a new version by its ``stat`` signature, without a restart.
+
+The file::
+
+    [keys.0f3a9c61b2d4]
+    project = "billing"
+    scope = "locks.manage"
+    sha256 = "<64 hex digits>"
+    created = 2026-11-30T12:00:00Z
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import logging
+import os
+import re
+import secrets
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator, Optional, Union
+
+from ..errors import ValidationError
+
+__all__ = [
+    "SCOPES",
+    "KeyFile",
+    "KeyRecord",
+    "create_key",
+    "list_keys",
+    "revoke_key",
+]
+
+#: Scopes a key may carry. ``locks.read`` may only read; the others may do everything.
+SCOPES = ("locks.read", "locks.manage", "full")
+_PROJECT_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_KEY_PATTERN = re.compile(r"llk_(?P<id>[0-9a-f]{12})\.[A-Za-z0-9_-]{43}")
+_ID_PATTERN = re.compile(r"[0-9a-f]{12}")
+_log = logging.getLogger("lease_lock.server")
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    """One stored key: never the key itself, only its hash."""
+
+    id: str
+    project: str
+    scope: str
+    created: datetime
+    sha256: str = ""
+
+    def allows(self, write: bool) -> bool:
+        """``True`` if this key's scope permits a read (``write=False``) or a write."""
+        return self.scope in ("locks.manage", "full") or (not write and self.scope == "locks.read")
+
+
+def _hash(key: str) -> str:
+    return hashlib.sha256(key.encode("ascii")).hexdigest()
+
+
+def _load_toml(path: Path) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on Python < 3.11 only
+        import tomli as tomllib
+    with path.open("rb") as handle:
+        return tomllib.load(handle)
+
+
+def _records(data: dict[str, Any], path: Path) -> dict[str, KeyRecord]:
+    table = data.get("keys", {})
+    if not isinstance(table, dict):
+        raise ValidationError(f"keys file {path}: [keys] must be a table")
+    records: dict[str, KeyRecord] = {}
+    for key_id, entry in table.items():
+        try:
+            created = entry["created"]
+            if not isinstance(created, datetime):
+                created = datetime.fromisoformat(str(created))
+            record = KeyRecord(
+                id=key_id,
+                project=str(entry["project"]),
+                scope=str(entry["scope"]),
+                created=created,
+                sha256=str(entry["sha256"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValidationError(
+                f"keys file {path}: entry {key_id!r} is malformed ({exc})"
+            ) from exc
+        if record.scope not in SCOPES:
+            raise ValidationError(f"keys file {path}: entry {key_id!r} has unknown scope")
+        records[key_id] = record
+    return records
+
+
+def _read(path: Path) -> dict[str, KeyRecord]:
+    if not path.exists():
+        return {}
+    return _records(_load_toml(path), path)
+
+
+def _write(path: Path, records: dict[str, KeyRecord]) -> None:
+    import tomli_w
+
+    document = {
+        "keys": {
+            record.id: {
+                "project": record.project,
+                "scope": record.scope,
+                "sha256": record.sha256,
+                "created": record.created,
+            }
+            for record in records.values()
+        }
+    }
+    text = "# lease-lock service keys: hashes only; manage with `lease-lock keys`.\n"
+    text += tomli_w.dumps(document)
+    directory = path.parent if str(path.parent) else Path(".")
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(temporary, 0o600)
+        # The rename is atomic, so a server reloading at any moment sees the old or the new file.
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """Serialise read-modify-write cycles of ``keys create`` / ``revoke`` on one file."""
+    import fcntl
+
+    with open(f"{path}.lock", "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(guard, fcntl.LOCK_UN)
+
+
+def create_key(path: PathLike, project: str, scope: str) -> tuple[KeyRecord, str]:
+    """Add a key for ``project`` with ``scope``; return its record and the key (shown once)."""
+    if not isinstance(project, str) or not _PROJECT_PATTERN.fullmatch(project):
+        raise ValidationError(
+            "project must be 1 to 64 characters of letters, digits, '.', '_', '-'"
+        )
+    if scope not in SCOPES:
+        raise ValidationError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
+    file = Path(path)
+    with _exclusive(file):
+        records = _read(file)
+        key_id = secrets.token_hex(6)
+        while key_id in records:
+            key_id = secrets.token_hex(6)
+        key = f"llk_{key_id}.{secrets.token_urlsafe(32)}"
+        record = KeyRecord(
+            id=key_id,
+            project=project,
+            scope=scope,
+            created=datetime.now(timezone.utc).replace(microsecond=0),
+            sha256=_hash(key),
+        )
+        records[key_id] = record
+        _write(file, records)
+    return record, key
+
+
+def list_keys(path: PathLike) -> list[KeyRecord]:
+    """The stored keys, oldest first."""
+    return sorted(_read(Path(path)).values(), key=lambda record: (record.created, record.id))
+
+
+def revoke_key(path: PathLike, key_id: str) -> bool:
+    """Delete key ``key_id``; ``False`` when there was no such key."""
+    if not isinstance(key_id, str) or not _ID_PATTERN.fullmatch(key_id):
+        raise ValidationError("key id must be the 12 hex digits `keys list` shows")
+    file = Path(path)
+    with _exclusive(file):
+        records = _read(file)
+        if records.pop(key_id, None) is None:
+            return False
+        _write(file, records)
+    return True
+
+
+class KeyFile:
+    """The keys file as a running server sees it, re-read whenever it changes on disk.
+
+    A file that disappears means no key is valid (fail closed). A file that cannot be parsed
+    keeps the last good version in force and is logged, so an operator's typo does not lock
+    every client out.
+    """
+
+    def __init__(self, path: PathLike) -> None:
+        self.path = Path(path)
+        if not self.path.exists():
+            raise ValidationError(f"keys file {self.path} does not exist (create a key first)")
+        self._mutex = threading.Lock()
+        self._signature: Optional[tuple[int, int, int]] = None
+        self._records: dict[str, KeyRecord] = {}
+        self._refresh()
+
+    def _refresh(self) -> dict[str, KeyRecord]:
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            signature = None
+        else:
+            signature = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+        with self._mutex:
+            if signature == self._signature and (signature is not None or not self._records):
+                return self._records
+            try:
+                self._records = _read(self.path) if signature is not None else {}
+            except (OSError, ValueError) as exc:
+                _log.error(
+                    "keys file %s not reloaded, keeping the previous keys: %s", self.path, exc
+                )
+            self._signature = signature
+            return self._records
+
+    def authenticate(self, key: str) -> Optional[KeyRecord]:
+        """The record of ``key``, or ``None`` when it is malformed, unknown or revoked."""
+        match = _KEY_PATTERN.fullmatch(key)
+        if match is None:
+            return None
+        record = self._refresh().get(match["id"])
+        if record is None or not hmac.compare_digest(record.sha256, _hash(key)):
+            return None
+        return record

@@ -1,0 +1,240 @@
+"""The lock service's rules, kept on top of any lease_lock backend.
+
+The hosted "project locks" API promises more than a bare lease: a takeover grace of one second
+after expiry, an absolute 90-day deadline per acquisition, renewals that must arrive more than a
+second before expiry, and fences that rise on every change of hands. :class:`LockService`
+implements those promises with nothing but the :class:`~lease_lock.backends.base.Backend`
+primitives, so that every server process sharing one store agrees without talking to the others.
+
+How the extra data is stored
+----------------------------
+- **Grace.** The backend lease is always one second longer than the service lease. The key is
+  therefore unavailable to others exactly until expiry + grace, judged on the store's clock by
+  the store itself, and the service expiry is the backend's remaining lease minus the grace.
+- **Deadline and holder.** The backend's owner label carries ``svc1|<deadline>|<digest>|<owner>``:
+  the acquisition's absolute deadline (Unix seconds on the granting server's wall clock), a
+  short SHA-256 digest of the holder's token, and the operator-visible owner label. The label is
+  written only by an acquisition; ``extend`` leaves it alone, so renewals cannot move the
+  deadline, and a same-token re-acquire writes back the deadline it read.
+- **Fences** are the backend's own fences, which already rise on every grant and survive
+  release, expiry and force release.
+
+Every decision is taken from a fresh read of the store followed by a token-checked atomic write,
+so when two server processes race, the store's atomic primitive decides and the loser gets a
+conflict, never a second holder. The remaining windows are documented where they are handled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Callable, Iterator, Optional
+
+from ..backends.base import Backend, LockState
+from .wire import MAX_LIFETIME, RENEW_MARGIN, TAKEOVER_GRACE
+
+__all__ = ["Conflict", "Grant", "Holder", "LockService"]
+
+_LABEL_TAG = "svc1"
+
+
+class Conflict(Exception):
+    """The request lost to the lock's state; ``code`` is the wire error code (409)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _held_conflict() -> Conflict:
+    return Conflict("lock_held", "the lock is held by another owner")
+
+
+def _lost_conflict(message: str) -> Conflict:
+    return Conflict("lock_ownership_lost", message)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A granted or renewed lease: its expiry (Unix seconds) and fence."""
+
+    expires_at: float
+    fence: int
+
+
+@dataclass(frozen=True)
+class Holder:
+    """What a read reports about one key.
+
+    ``expires_at`` is the service expiry in Unix seconds; ``takeover_in`` is the seconds until
+    another token could take the key (the remaining lease plus the grace).
+    """
+
+    key: str
+    held: bool
+    expires_at: Optional[float] = None
+    fence: Optional[int] = None
+    owner: Optional[str] = None
+    takeover_in: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class _Label:
+    deadline: float
+    digest: str
+    owner: str
+
+    def encode(self) -> str:
+        return f"{_LABEL_TAG}|{self.deadline:.3f}|{self.digest}|{self.owner}"
+
+    @classmethod
+    def parse(cls, text: Optional[str]) -> Optional[_Label]:
+        """The label a server wrote, or ``None`` for a lease someone else wrote."""
+        parts = (text or "").split("|", 3)
+        if len(parts) != 4 or parts[0] != _LABEL_TAG:
+            return None
+        try:
+            deadline = float(parts[1])
+        except ValueError:
+            return None
+        return cls(deadline, parts[2], parts[3])
+
+
+def _digest(token: str) -> str:
+    # Enough bits to tell holders apart; the token itself never reaches the store's labels.
+    return hashlib.sha256(token.encode("ascii")).hexdigest()[:24]
+
+
+class LockService:
+    """Project-scoped locks with the service's rules, over one backend.
+
+    ``clock`` returns Unix seconds; it dates grants and deadlines, while expiry itself is always
+    judged by the backend. Backend errors propagate untouched: the WSGI layer turns them into
+    503 (fail closed).
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        key_prefix: str = "locks/",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.backend = backend
+        self._prefix = key_prefix
+        self._clock = clock
+
+    def store_key(self, project: str, key: str) -> str:
+        """The backend key of ``key`` in ``project`` (the ``/`` cannot occur in either)."""
+        return f"{self._prefix}{project}/{key}"
+
+    def _takeover_in(self, state: LockState) -> float:
+        """Seconds until the backend lease (service lease + grace) ends, on the store's clock."""
+        if state.expires_in is not None:
+            return state.expires_in
+        if state.expires_at is None:
+            return 0.0
+        return (state.expires_at - datetime.now(timezone.utc)).total_seconds()
+
+    def acquire(self, project: str, key: str, token: str, ttl: int, owner: str) -> Grant:
+        """Grant ``key`` to ``token`` or repeat a live grant (resetting it to ``ttl``).
+
+        Raises :class:`Conflict` ``lock_held`` when another token holds the key (its grace
+        second included) and ``lock_ownership_lost`` when this token's own lease lapsed and the
+        grace second has not passed yet.
+        """
+        store_key = self.store_key(project, key)
+        digest = _digest(token)
+        state = self.backend.inspect(store_key)
+        now = self._clock()
+        if state.held:
+            label = _Label.parse(state.owner)
+            if label is None or label.digest != digest:
+                raise _held_conflict()
+            if self._takeover_in(state) - TAKEOVER_GRACE <= 0:
+                raise _lost_conflict("the lease of this token lapsed; retry after the grace second")
+            deadline = label.deadline
+        else:
+            deadline = now + MAX_LIFETIME
+        granted = min(float(ttl), deadline - now)
+        if granted <= 0:
+            raise _lost_conflict("the acquisition reached its 90-day deadline")
+        # If this token's lease ran out completely between the read and this write, the store
+        # grants a fresh lease carrying the old, earlier deadline: the safe direction.
+        fence = self.backend.acquire_fenced(
+            store_key, token, granted + TAKEOVER_GRACE, _Label(deadline, digest, owner).encode()
+        )
+        if fence is None:
+            raise _held_conflict()
+        return Grant(now + granted, fence)
+
+    def renew(self, project: str, key: str, token: str, ttl: int) -> Grant:
+        """Set the lease of ``token`` to ``ttl`` seconds from now, capped by its deadline.
+
+        Raises :class:`Conflict` ``lock_ownership_lost`` unless ``token`` holds the key and the
+        request arrived more than one second before the lease's expiry.
+        """
+        store_key = self.store_key(project, key)
+        state = self.backend.inspect(store_key)
+        now = self._clock()
+        label = _Label.parse(state.owner) if state.held else None
+        if label is None or label.digest != _digest(token) or state.fence is None:
+            raise _lost_conflict("this token does not hold the lock")
+        if self._takeover_in(state) - TAKEOVER_GRACE <= RENEW_MARGIN:
+            raise _lost_conflict("renewal arrived less than one second before expiry")
+        granted = min(float(ttl), label.deadline - now)
+        # ``extend`` is token-checked and atomic; it leaves the label (and so the deadline) as
+        # the acquisition wrote it.
+        if granted <= 0 or not self.backend.extend(store_key, token, granted + TAKEOVER_GRACE):
+            raise _lost_conflict("this token does not hold the lock")
+        return Grant(now + granted, state.fence)
+
+    def release(self, project: str, key: str, token: str) -> bool:
+        """Drop the lease of ``token``; ``True`` when one was dropped, ``False`` when absent.
+
+        Raises :class:`Conflict` ``lock_ownership_lost`` when another token holds the key, which
+        is left as it is.
+        """
+        store_key = self.store_key(project, key)
+        if self.backend.release(store_key, token):
+            return True
+        state = self.backend.inspect(store_key)
+        if state.held:
+            label = _Label.parse(state.owner)
+            if label is None or label.digest != _digest(token):
+                raise _lost_conflict("another token holds the lock")
+        return False
+
+    def force_release(self, project: str, key: str) -> bool:
+        """Drop whatever lease holds ``key``; ``True`` when one was dropped."""
+        return self.backend.force_release(self.store_key(project, key))
+
+    def read(self, project: str, key: str) -> Holder:
+        """The state of ``key``; held during the grace second as well (``takeover_in`` > 0)."""
+        return self._holder(key, self.backend.inspect(self.store_key(project, key)))
+
+    def list(self, project: str, prefix: str) -> Iterator[Holder]:
+        """Held keys of ``project`` starting with ``prefix`` (needs ``capabilities.scan``)."""
+        project_prefix = self.store_key(project, "")
+        for state in self.backend.scan(project_prefix + prefix):
+            if state.held:
+                yield self._holder(state.key[len(project_prefix) :], state)
+
+    def _holder(self, key: str, state: LockState) -> Holder:
+        if not state.held:
+            return Holder(key=key, held=False)
+        takeover_in = max(0.0, self._takeover_in(state))
+        label = _Label.parse(state.owner)
+        return Holder(
+            key=key,
+            held=True,
+            expires_at=self._clock() + takeover_in - TAKEOVER_GRACE,
+            # A lease written around the service (no fence) still reads as held; 0 is below
+            # every real fence, so a fencing check never trusts it.
+            fence=state.fence if state.fence is not None else 0,
+            owner=label.owner if label is not None else state.owner,
+            takeover_in=takeover_in,
+        )

@@ -1,0 +1,125 @@
+"""Real lock-service servers for the tests: in a thread (waitress) or a ``serve`` subprocess.
+
+``lock_service`` (session scope) is a ``python -m lease_lock.server serve`` child on a free
+loopback port over ``memory://``, with keys for two projects and every scope; tests that need
+their own limits or backend start a :class:`ThreadedServer` instead. Server logs are printed
+when a test using them fails, since pytest shows captured output then.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import pytest
+
+from lease_lock.server import create_key
+
+__all__ = ["ServiceInfo", "ThreadedServer", "lock_service", "make_keys"]
+
+_READY = re.compile(r"serving on (http://\S+)")
+
+
+@dataclass
+class ServiceInfo:
+    """Where a test server listens and the keys it accepts (name -> key)."""
+
+    url: str
+    keys_file: Path
+    keys: dict[str, str] = field(default_factory=dict)
+    log: Optional[Path] = None
+
+
+def make_keys(keys_file: Path) -> dict[str, str]:
+    """Keys for projects ``alpha`` (every scope) and ``beta`` (manage), by name."""
+    wanted = {
+        "alpha": ("alpha", "locks.manage"),
+        "alpha_full": ("alpha", "full"),
+        "alpha_read": ("alpha", "locks.read"),
+        "beta": ("beta", "locks.manage"),
+    }
+    return {name: create_key(keys_file, *spec)[1] for name, spec in wanted.items()}
+
+
+class ThreadedServer:
+    """A WSGI app served by waitress on a free loopback port, in a daemon thread."""
+
+    def __init__(self, app: Any, threads: int = 8) -> None:
+        import waitress
+
+        self.server = waitress.create_server(
+            app, host="127.0.0.1", port=0, threads=threads, ident="lease-lock-test"
+        )
+        self.url = f"http://127.0.0.1:{self.server.effective_port}"
+        self._thread = threading.Thread(target=self._run, name="test-waitress", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.server.run()
+        except (OSError, ValueError):
+            pass  # the socket map is torn down under the loop by ``stop``
+
+    def __enter__(self) -> "ThreadedServer":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Close the listening socket and the worker threads."""
+        self.server.task_dispatcher.shutdown()
+        self.server.close()
+        self._thread.join(10)
+
+
+def start_serve(tmp: Path, backend_url: str, keys_file: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str, Path]:
+    """Start ``python -m lease_lock.server serve`` and wait until it says where it listens."""
+    log = tmp / f"serve-{time.monotonic_ns()}.log"
+    handle = log.open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "lease_lock.server", "serve", "--url", backend_url,
+         "--bind", "127.0.0.1:0", "--keys", str(keys_file), *extra],
+        stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    handle.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        match = _READY.search(log.read_text(errors="replace"))
+        if match:
+            return process, match.group(1), log
+        if process.poll() is not None:
+            break
+        time.sleep(0.05)
+    process.kill()
+    raise RuntimeError(f"lease-lock serve did not start:\n{log.read_text(errors='replace')}")
+
+
+def stop_serve(process: subprocess.Popen[bytes]) -> None:
+    """Stop a server child by its PID, killing it if it lingers."""
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
+
+
+@pytest.fixture(scope="session")
+def lock_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceInfo]:
+    """A ``serve`` child over ``memory://`` with a budget no test run can spend."""
+    tmp = tmp_path_factory.mktemp("lock-service")
+    keys_file = tmp / "keys.toml"
+    keys = make_keys(keys_file)
+    process, url, log = start_serve(tmp, "memory://", keys_file, "--rate-limit", "1000000")
+    try:
+        yield ServiceInfo(url=url, keys_file=keys_file, keys=keys, log=log)
+    finally:
+        stop_serve(process)
