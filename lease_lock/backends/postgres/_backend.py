@@ -1,0 +1,493 @@
+"""The PostgreSQL backend: one row per held key, judged on the server's ``clock_timestamp()``."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import urllib.parse
+from datetime import timezone
+from typing import Any, Callable, ClassVar, Iterator, Optional, Sequence
+
+import psycopg2.pool
+
+from ...errors import ValidationError
+from ...validation import check_bool
+from ..base import (
+    Backend,
+    Capabilities,
+    ExtendRequest,
+    LockState,
+    ReleaseWatcher,
+    parse_url_options,
+)
+from ._connections import ConnectionSource, check_dsn
+from ._sql import Names, ddl, resolve_names
+from ._watch import PostgresReleaseWatcher
+
+__all__ = ["PostgresBackend"]
+
+_LOCK_COLUMNS = ("key", "token", "expires_at", "fence", "owner")
+_LOCK_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
+_COUNTER_COLUMNS = ("name", "window_index", "count")
+_COUNTER_PRIVILEGES = ("SELECT", "INSERT", "UPDATE")
+
+# Inputs: the table's regclass text, the column that must be unique on its own, the
+# privileges needed. Result: one row (exists, column names, has a usable unique index on the
+# column, the privileges the current role lacks). The index must be usable by ON CONFLICT:
+# unique, valid, not deferrable, not partial, on that one column.
+_TABLE_CHECK = """
+WITH target AS (SELECT to_regclass(%(table)s) AS oid)
+SELECT
+  target.oid IS NOT NULL,
+  ARRAY(SELECT attname::text FROM pg_attribute
+        WHERE attrelid = target.oid AND attnum > 0 AND NOT attisdropped),
+  EXISTS (SELECT 1 FROM pg_index AS i
+          JOIN pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+          WHERE i.indrelid = target.oid AND i.indisunique AND i.indisvalid AND i.indimmediate
+            AND i.indnkeyatts = 1 AND i.indpred IS NULL AND i.indexprs IS NULL
+            AND a.attname = %(column)s),
+  ARRAY(SELECT privilege FROM unnest(%(privileges)s::text[]) AS privilege
+        WHERE target.oid IS NOT NULL AND NOT has_table_privilege(target.oid, privilege))
+FROM target
+"""
+
+# Inputs: the sequence's regclass text. Result: (is a sequence, current role may nextval).
+_SEQUENCE_CHECK = """
+WITH target AS (SELECT to_regclass(%(sequence)s) AS oid)
+SELECT
+  COALESCE((SELECT relkind = 'S' FROM pg_class WHERE oid = target.oid), false),
+  target.oid IS NOT NULL AND has_sequence_privilege(target.oid, 'USAGE')
+FROM target
+"""
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _parse_positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be at least 1")
+    return value
+
+
+class PostgresBackend(Backend):
+    """Leases in a PostgreSQL table, shared by every process that can reach the database.
+
+    ``conn_or_pool`` is a psycopg2 connection or a ``psycopg2.pool`` pool. Statements run in
+    autocommit mode: the backend switches a borrowed connection to autocommit for each
+    statement and restores the caller's setting afterwards, and refuses a connection that is
+    inside a transaction (``ValidationError``), because a lock taken inside a transaction would
+    vanish with its rollback. With a single connection, threads take turns on it; with a pool,
+    up to ``maxconn`` statements run at once and a broken connection is replaced on the next
+    call, which a single connection cannot do.
+
+    The table (default ``lease_lock``; ``schema.table`` or ``schema=`` to qualify it) holds one
+    row per key: ``key`` (stored as given, prefix included), ``token``, ``expires_at``,
+    ``fence`` and ``owner``. Fences come from the sequence ``<table>_fence``; counters live in
+    ``<table>_count``; releases are announced on the NOTIFY channel ``<table>_freed`` with the
+    key as payload. With ``create_table=True`` the first call creates what is missing; with
+    ``False`` it only checks, and a failed check is repeated on the next call.
+    ``synchronous_commit=False`` commits each write without waiting for its WAL flush (see the
+    docs for what a server crash then loses). ``pool`` and ``connection`` are what the backend
+    uses (one of them is ``None``); ``names`` has the quoted names of every object.
+    """
+
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        server_clock=True,
+        fencing=True,
+        release_notify=True,
+        scan=True,
+        batch_extend=True,
+        counters=True,
+        clock="the PostgreSQL server's clock_timestamp()",
+    )
+    url_options: ClassVar[dict[str, Callable[[str], Any]]] = {
+        "table": str,
+        "schema": str,
+        "create_table": _parse_bool,
+        "synchronous_commit": _parse_bool,
+        "max_connections": _parse_positive_int,
+    }
+
+    def __init__(
+        self,
+        conn_or_pool: Any,
+        *,
+        table: str = "lease_lock",
+        create_table: bool = True,
+        schema: Optional[str] = None,
+        synchronous_commit: bool = True,
+    ) -> None:
+        self.names: Names = resolve_names(table, schema)
+        self.create_table = check_bool(create_table, "create_table")
+        check_bool(synchronous_commit, "synchronous_commit")
+        self._source = ConnectionSource(conn_or_pool)
+        self.pool: Any = self._source.pool
+        self.connection: Any = self._source.connection
+        self._owns_pool = False
+        self._listen_dsn: Optional[str] = None
+        self._ready_lock = threading.Lock()
+        self._tables_ready = False
+        self._counters_ready = False
+        self._watchers: list[PostgresReleaseWatcher] = []
+        self._sql = _statements(self.names, "" if synchronous_commit else _ASYNC_COMMIT)
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> PostgresBackend:
+        """``postgresql://user:password@host:port/dbname?table=...``: a pool this backend owns.
+
+        The query string may carry this backend's options (``table``, ``schema``,
+        ``create_table``, ``synchronous_commit``, ``max_connections``, default 10) next to
+        libpq's own parameters (``sslmode``, ``application_name``, ...), which go to libpq.
+        """
+        parts = urllib.parse.urlsplit(url)
+        pairs = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+        ours = [(name, value) for name, value in pairs if name in cls.url_options]
+        libpq = [(name, value) for name, value in pairs if name not in cls.url_options]
+        settings = parse_url_options(
+            "?" + urllib.parse.urlencode(ours), cls.url_options, options, backend="postgresql"
+        )
+        dsn = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(libpq)))
+        max_connections = settings.pop("max_connections", 10)
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
+            raise ValidationError("max_connections must be an int of at least 1")
+        # Every argument is checked before the first connection is opened.
+        resolve_names(settings.get("table", "lease_lock"), settings.get("schema"))
+        for flag in ("create_table", "synchronous_commit"):
+            if flag in settings:
+                check_bool(settings[flag], flag)
+        check_dsn(dsn)
+        try:
+            parts.port  # noqa: B018 -- libpq parses ports only when connecting
+        except ValueError as exc:
+            raise ValidationError(f"invalid PostgreSQL DSN: {exc}") from exc
+        pool = psycopg2.pool.ThreadedConnectionPool(1, max_connections, dsn)
+        try:
+            backend = cls(pool, **settings)
+        except BaseException:
+            pool.closeall()
+            raise
+        backend._owns_pool = True
+        backend._listen_dsn = dsn
+        return backend
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _run(self, statement: str, parameters: dict[str, Any], *, counters: bool = False) -> Any:
+        """Run one statement on a borrowed connection and return its cursor's results.
+
+        Returns ``(rowcount, rows)``; rows are fetched only when the statement returns any.
+        """
+        with self._source.borrow() as conn:
+            self._ensure_ready(conn, counters=counters)
+            with conn.cursor() as cursor:
+                cursor.execute(statement, parameters)
+                rows = cursor.fetchall() if cursor.description is not None else []
+                return cursor.rowcount, rows
+
+    def _ensure_ready(self, conn: Any, *, counters: bool) -> None:
+        if self._tables_ready and (self._counters_ready or not counters):
+            return
+        with self._ready_lock, conn.cursor() as cursor:
+            if self.create_table and not self._tables_ready:
+                # One implicit transaction under an advisory lock: processes starting together
+                # would otherwise race on CREATE ... IF NOT EXISTS and fail on the catalog.
+                statements = [f"SELECT pg_advisory_xact_lock({self.names.gate}, 0)"]
+                cursor.execute(";\n".join(statements + _ddl_for(self.names)))
+            if not self._tables_ready:
+                problems = _table_problems(
+                    cursor, self.names.table, "key", _LOCK_COLUMNS, _LOCK_PRIVILEGES
+                ) + _sequence_problems(cursor, self.names)
+                _raise_problems(self.names, problems)
+                self._tables_ready = True
+            if counters and not self._counters_ready:
+                problems = _table_problems(
+                    cursor, self.names.counters, "name", _COUNTER_COLUMNS, _COUNTER_PRIVILEGES
+                )
+                _raise_problems(self.names, problems)
+                self._counters_ready = True
+
+    # -- primitives ----------------------------------------------------------------------------
+
+    def acquire(self, key: str, token: str, ttl: float, owner: str) -> bool:
+        """Grant ``key`` to ``token`` for ``ttl`` seconds if free, expired or already ours."""
+        count, _ = self._run(self._sql["acquire"], _grant_parameters(key, token, ttl, owner))
+        return bool(count)
+
+    def acquire_fenced(self, key: str, token: str, ttl: float, owner: str) -> Optional[int]:
+        """Like :meth:`acquire` and return the grant's fence (``None`` on contention)."""
+        parameters = _grant_parameters(key, token, ttl, owner)
+        parameters.update(gate=self.names.gate, slot=_key_slot(key))
+        _, rows = self._run(self._sql["acquire_fenced"], parameters)
+        return int(rows[0][0]) if rows else None
+
+    def release(self, key: str, token: str) -> bool:
+        """Delete ``key`` if ``token`` holds it and announce the release to listeners."""
+        _, rows = self._run(
+            self._sql["release"], {"key": key, "token": token, "channel": self.names.channel}
+        )
+        return bool(rows) and bool(rows[0][0])
+
+    def extend(self, key: str, token: str, ttl: float) -> bool:
+        """Set ``key``'s lease to ``ttl`` seconds from now if ``token`` holds a live lease."""
+        count, _ = self._run(self._sql["extend"], {"key": key, "token": token, "ttl": ttl})
+        return bool(count)
+
+    def extend_many(self, requests: Sequence[ExtendRequest]) -> list[bool]:
+        """Extend every request's lease in one statement; one answer per request, in order."""
+        if not requests:
+            return []
+        _, rows = self._run(
+            self._sql["extend_many"],
+            {
+                "keys": [item.key for item in requests],
+                "tokens": [item.token for item in requests],
+                "ttls": [float(item.ttl) for item in requests],
+            },
+        )
+        extended = {(key, token) for key, token in rows}
+        return [(item.key, item.token) in extended for item in requests]
+
+    def is_held(self, key: str, token: str) -> bool:
+        """``True`` if ``token`` holds a live lease on ``key``."""
+        _, rows = self._run(self._sql["is_held"], {"key": key, "token": token})
+        return bool(rows)
+
+    def inspect(self, key: str) -> LockState:
+        """The state of ``key``; ``expires_in`` is measured on the server."""
+        _, rows = self._run(self._sql["inspect"], {"key": key})
+        return _state(rows[0]) if rows else LockState.free(key)
+
+    def force_release(self, key: str) -> bool:
+        """Delete ``key`` whoever holds it; ``True`` when a live lease was dropped."""
+        _, rows = self._run(self._sql["force_release"], {"key": key, "channel": self.names.channel})
+        return bool(rows) and bool(rows[0][0])
+
+    def scan(self, prefix: str) -> Iterator[LockState]:
+        """Live leases whose key starts with ``prefix``, in key order."""
+        _, rows = self._run(self._sql["scan"], {"prefix": prefix})
+        return iter([_state(row) for row in rows])
+
+    def sweep_expired(self) -> int:
+        """Delete the rows of leases that ran out and return how many there were.
+
+        Expired rows never block a grant; sweeping only keeps the table small.
+        """
+        count, _ = self._run(self._sql["sweep"], {})
+        return int(count)
+
+    def count_in_window(self, name: str, window: float) -> tuple[int, float]:
+        """Count one event for ``name`` in the current ``window``-second window (server clock)."""
+        _, rows = self._run(
+            self._sql["count"], {"name": name, "window": float(window)}, counters=True
+        )
+        count, remaining = rows[0]
+        return int(count), max(0.0, float(remaining))
+
+    def watch_releases(self, callback: Callable[[str], None]) -> ReleaseWatcher:
+        """Listen for releases on a dedicated connection; ``callback(key)`` runs on its thread."""
+        # The table must exist before anyone waits on it; this also fails fast on a bad setup.
+        with self._source.borrow() as conn:
+            self._ensure_ready(conn, counters=False)
+        parameters = (
+            {"dsn": self._listen_dsn} if self._listen_dsn is not None else self._source.parameters()
+        )
+        watcher = PostgresReleaseWatcher(parameters, self.names.channel, callback)
+        self._watchers.append(watcher)
+        return watcher
+
+    def close(self) -> None:
+        """Stop the watchers this backend started and close the pool it opened itself."""
+        watchers, self._watchers = self._watchers, []
+        for watcher in watchers:
+            watcher.close()
+        if self._owns_pool and not self.pool.closed:
+            self.pool.closeall()
+
+    def __repr__(self) -> str:
+        source = "pool" if self.pool is not None else "connection"
+        return f"<PostgresBackend table={self.names.label!r} via {source}>"
+
+
+def _ddl_for(names: Names) -> list[str]:
+    """The DDL of already-resolved names (the backend creates with plain logged tables)."""
+    schema, _, table = names.label.rpartition(".")
+    return ddl(table, schema=schema or None)
+
+
+def _grant_parameters(key: str, token: str, ttl: float, owner: str) -> dict[str, Any]:
+    return {"key": key, "token": token, "ttl": float(ttl), "owner": owner}
+
+
+def _key_slot(key: str) -> int:
+    """The second half of a key's advisory lock: a stable 32-bit signed hash of the key."""
+    digest = hashlib.blake2b(key.encode("utf-8"), digest_size=4).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def _state(row: Sequence[Any]) -> LockState:
+    key, expires_at, fence, owner, expires_in = row
+    return LockState(
+        key=key,
+        held=True,
+        expires_at=expires_at.astimezone(timezone.utc),
+        fence=None if fence is None else int(fence),
+        owner=owner,
+        expires_in=float(expires_in),
+    )
+
+
+def _table_problems(
+    cursor: Any, table: str, column: str, columns: Sequence[str], privileges: Sequence[str]
+) -> list[str]:
+    cursor.execute(
+        _TABLE_CHECK, {"table": table, "column": column, "privileges": list(privileges)}
+    )
+    exists, present, unique, missing_privileges = cursor.fetchone()
+    if not exists:
+        return [f"table {table} does not exist"]
+    problems = []
+    missing = [name for name in columns if name not in present]
+    if missing:
+        problems.append(f"table {table} lacks the column(s) {', '.join(missing)}")
+    elif not unique:
+        problems.append(
+            f"table {table} has no primary key or unique index on {column} alone "
+            "(INSERT ... ON CONFLICT needs one)"
+        )
+    if missing_privileges:
+        problems.append(
+            f"the current role lacks {', '.join(missing_privileges)} on table {table}"
+        )
+    return problems
+
+
+def _sequence_problems(cursor: Any, names: Names) -> list[str]:
+    cursor.execute(_SEQUENCE_CHECK, {"sequence": names.sequence})
+    is_sequence, usable = cursor.fetchone()
+    if not is_sequence:
+        return [f"the fence sequence {names.sequence} does not exist"]
+    if not usable:
+        return [f"the current role lacks USAGE on the fence sequence {names.sequence}"]
+    return []
+
+
+def _raise_problems(names: Names, problems: list[str]) -> None:
+    if problems:
+        raise ValidationError(
+            f"PostgreSQL lock table {names.label!r} is not usable: {'; '.join(problems)}. "
+            "Create it with lease_lock.backends.postgres.ddl() (or create_table=True) and "
+            "grant the role SELECT, INSERT, UPDATE, DELETE on the tables and USAGE on the "
+            "sequence"
+        )
+
+
+#: Prefixed to every write when ``synchronous_commit=False``: the statement and the SET run in
+#: one implicit transaction, so the setting covers exactly that statement.
+_ASYNC_COMMIT = "SET LOCAL synchronous_commit TO off;\n"
+
+
+def _statements(names: Names, write_prefix: str) -> dict[str, str]:
+    """Every statement of the backend, for one table. Each is headed by inputs and result."""
+    t, seq, counters = names.table, names.sequence_literal, names.counters
+    lease = "clock_timestamp() + %(ttl)s * interval '1 second'"
+    take_over = (
+        "ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token,"
+        " expires_at = EXCLUDED.expires_at, owner = EXCLUDED.owner, fence = {fence}"
+        " WHERE held.expires_at <= clock_timestamp() OR held.token = EXCLUDED.token"
+    )
+    state_columns = (
+        "key, expires_at, fence, owner, extract(epoch FROM expires_at - now.at)::float8"
+    )
+    statements = {
+        # Inputs: key, token, ttl, owner. Result: one row affected on a grant, none on
+        # contention. A same-token re-acquire keeps the fence an earlier fenced grant set.
+        "acquire": (
+            f"INSERT INTO {t} AS held (key, token, expires_at, fence, owner)"
+            f" VALUES (%(key)s, %(token)s, {lease}, NULL, %(owner)s) "
+            + take_over.format(fence="CASE WHEN held.token = EXCLUDED.token THEN held.fence END")
+        ),
+        # Inputs: key, token, ttl, owner, gate, slot. Result: the fence, or no row.
+        # nextval() in INSERT ... ON CONFLICT is drawn before the conflict check and the row
+        # lock, so a grant that stalled after drawing could land after a later, larger one.
+        # The transaction-scoped advisory lock (gate, slot) is taken first, in the same
+        # statement, so the grants of one key draw their fences one after the other.
+        "acquire_fenced": (
+            "WITH gate AS MATERIALIZED (SELECT pg_advisory_xact_lock(%(gate)s, %(slot)s))"
+            f" INSERT INTO {t} AS held (key, token, expires_at, fence, owner)"
+            f" SELECT %(key)s, %(token)s, {lease}, nextval({seq}::regclass), %(owner)s FROM gate "
+            + take_over.format(
+                fence="CASE WHEN held.token = EXCLUDED.token"
+                " THEN COALESCE(held.fence, EXCLUDED.fence) ELSE EXCLUDED.fence END"
+            )
+            + " RETURNING fence"
+        ),
+        # Inputs: key, token, channel. Result: one row (was the lease live?) if the token
+        # held the row; the NOTIFY is delivered when the statement commits.
+        "release": (
+            f"DELETE FROM {t} WHERE key = %(key)s AND token = %(token)s"
+            " RETURNING expires_at > clock_timestamp(), pg_notify(%(channel)s, key)"
+        ),
+        # Inputs: key, token, ttl. Result: one row affected if the live lease was ours.
+        "extend": (
+            f"UPDATE {t} SET expires_at = {lease}"
+            " WHERE key = %(key)s AND token = %(token)s AND expires_at > clock_timestamp()"
+        ),
+        # Inputs: parallel arrays keys, tokens, ttls. Result: (key, token) of each lease
+        # extended; the caller maps them back to the requests.
+        "extend_many": (
+            f"UPDATE {t} AS held SET expires_at = clock_timestamp() + item.ttl * interval '1 second'"
+            " FROM unnest(%(keys)s::text[], %(tokens)s::text[], %(ttls)s::float8[])"
+            " AS item(key, token, ttl)"
+            " WHERE held.key = item.key AND held.token = item.token"
+            " AND held.expires_at > clock_timestamp() RETURNING held.key, held.token"
+        ),
+        # Inputs: key, channel. Result: one row (was the lease live?) if a row was deleted.
+        "force_release": (
+            f"DELETE FROM {t} WHERE key = %(key)s"
+            " RETURNING expires_at > clock_timestamp(), pg_notify(%(channel)s, key)"
+        ),
+        # Inputs: none. Result: the number of rows deleted.
+        "sweep": f"DELETE FROM {t} WHERE expires_at <= clock_timestamp()",
+        # Inputs: name, window (seconds). Result: (count, seconds left in the window). A
+        # statement that read the clock just before another moved the counter to the next
+        # window counts in that newer window instead of resetting it.
+        "count": (
+            "WITH now AS (SELECT extract(epoch FROM clock_timestamp())::float8 AS at)"
+            f" INSERT INTO {counters} AS counter (name, window_index, count)"
+            " SELECT %(name)s, floor(now.at / %(window)s)::bigint, 1 FROM now"
+            " ON CONFLICT (name) DO UPDATE SET"
+            " count = CASE WHEN EXCLUDED.window_index <= counter.window_index"
+            " THEN counter.count + 1 ELSE 1 END,"
+            " window_index = GREATEST(counter.window_index, EXCLUDED.window_index)"
+            " RETURNING count, (window_index + 1) * %(window)s - (SELECT at FROM now)"
+        ),
+    }
+    statements = {name: write_prefix + sql for name, sql in statements.items()}
+    statements.update(
+        {
+            # Inputs: key, token. Result: a row if the token holds a live lease.
+            "is_held": (
+                f"SELECT 1 FROM {t} WHERE key = %(key)s AND token = %(token)s"
+                " AND expires_at > clock_timestamp()"
+            ),
+            # Inputs: key. Result: the live lease's state, remaining time measured here.
+            "inspect": (
+                f"SELECT {state_columns} FROM {t}, (SELECT clock_timestamp() AS at) AS now"
+                " WHERE key = %(key)s AND expires_at > now.at"
+            ),
+            # Inputs: prefix. Result: the state of every live lease under it, by key.
+            "scan": (
+                f"SELECT {state_columns} FROM {t}, (SELECT clock_timestamp() AS at) AS now"
+                " WHERE starts_with(key, %(prefix)s) AND expires_at > now.at ORDER BY key"
+            ),
+        }
+    )
+    return statements

@@ -1,0 +1,108 @@
+"""Borrowing autocommit connections from a caller's connection or a psycopg2 pool."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator
+
+import psycopg2
+import psycopg2.extensions
+import psycopg2.pool
+
+from ...errors import ValidationError
+
+__all__ = ["ConnectionSource", "check_dsn", "connect_parameters"]
+
+_IDLE = psycopg2.extensions.TRANSACTION_STATUS_IDLE
+
+
+def _refuse_busy(conn: Any, origin: str) -> None:
+    if conn.closed:
+        # A closed connection is the driver's business: let psycopg2 raise its own error.
+        return
+    if conn.info.transaction_status != _IDLE:
+        raise ValidationError(
+            f"{origin} is inside a transaction; lease_lock needs an idle connection it can "
+            "use in autocommit mode (commit or roll back first, or give it its own connection)"
+        )
+
+
+class ConnectionSource:
+    """Lends one connection at a time in autocommit mode and takes it back.
+
+    A single connection is guarded by a lock (psycopg2 would serialise its queries anyway,
+    but the lock also keeps our autocommit switch atomic). A pool is guarded by a semaphore of
+    its ``maxconn`` so that threads wait for a free connection instead of getting
+    ``PoolError``; a connection that broke is handed back with ``close=True``, so the next
+    borrower gets a fresh one. The caller's autocommit setting is restored on return.
+    """
+
+    def __init__(self, conn_or_pool: Any) -> None:
+        if isinstance(conn_or_pool, psycopg2.pool.AbstractConnectionPool):
+            self.pool: Any = conn_or_pool
+            self.connection: Any = None
+            self._slots = threading.BoundedSemaphore(max(1, int(conn_or_pool.maxconn)))
+        elif isinstance(conn_or_pool, psycopg2.extensions.connection):
+            _refuse_busy(conn_or_pool, "the connection")
+            self.pool = None
+            self.connection = conn_or_pool
+            self._slots = threading.BoundedSemaphore(1)
+        else:
+            raise ValidationError(
+                "conn_or_pool must be a psycopg2 connection or a psycopg2.pool pool, not "
+                f"{type(conn_or_pool).__name__} (use lease_lock.connect('postgresql://...') "
+                "for a DSN)"
+            )
+        # SimpleConnectionPool is not thread-safe; a lock of our own makes every pool safe.
+        self._pool_lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def borrow(self) -> Iterator[Any]:
+        """Yield an idle connection in autocommit mode for one statement."""
+        with self._slots:
+            conn = self._take()
+            previous = None
+            try:
+                _refuse_busy(conn, "the connection" if self.pool is None else "a pooled connection")
+                previous = conn.autocommit
+                if not previous and not conn.closed:
+                    conn.autocommit = True
+                yield conn
+            finally:
+                if previous is False and not conn.closed:
+                    conn.autocommit = False
+                self._give_back(conn)
+
+    def _take(self) -> Any:
+        if self.pool is None:
+            return self.connection
+        with self._pool_lock:
+            return self.pool.getconn()
+
+    def _give_back(self, conn: Any) -> None:
+        if self.pool is None:
+            return
+        with self._pool_lock:
+            self.pool.putconn(conn, close=bool(conn.closed))
+
+    def parameters(self) -> dict[str, str]:
+        """Connection parameters (password included) to open a dedicated connection alike."""
+        with self.borrow() as conn:
+            return connect_parameters(conn)
+
+
+def connect_parameters(conn: Any) -> dict[str, str]:
+    """The libpq parameters of an open connection, password included, empty ones left out."""
+    parameters = {name: value for name, value in conn.info.dsn_parameters.items() if value}
+    if conn.info.password:
+        parameters["password"] = conn.info.password
+    return parameters
+
+
+def check_dsn(dsn: str) -> None:
+    """Raise ``ValidationError`` if libpq cannot parse ``dsn`` (nothing is contacted)."""
+    try:
+        psycopg2.extensions.parse_dsn(dsn)
+    except psycopg2.ProgrammingError as exc:
+        raise ValidationError(f"invalid PostgreSQL DSN: {exc}".strip()) from exc

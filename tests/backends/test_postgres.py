@@ -1,0 +1,353 @@
+"""The PostgreSQL backend against a real server (see tests/support/postgres_server.py)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any, Iterator
+
+import freezegun
+import psycopg2
+import psycopg2.pool
+import pytest
+from lease_lock.backends import backend_from_url
+from lease_lock.backends.postgres import PostgresBackend, ddl
+from lease_lock.errors import ValidationError
+from lease_lock.testing import BackendContract, wait_until
+
+from tests.support.postgres_server import PostgresServer
+
+TOKEN = "t" * 32
+OTHER = "o" * 32
+
+
+def _table() -> str:
+    return f"ll_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def admin(postgres_server: PostgresServer) -> Iterator[Any]:
+    conn = psycopg2.connect(postgres_server.dsn)
+    conn.autocommit = True
+    yield conn
+    conn.close()
+
+
+def _sql(conn: Any, statement: str, *parameters: Any) -> list[Any]:
+    with conn.cursor() as cursor:
+        cursor.execute(statement, parameters)
+        return cursor.fetchall() if cursor.description else []
+
+
+@pytest.fixture
+def table(admin: Any) -> Iterator[str]:
+    """A table name of this test's own; every object derived from it is dropped afterwards."""
+    name = _table()
+    yield name
+    _sql(admin, f'DROP TABLE IF EXISTS "{name}", "{name}_count"')
+    _sql(admin, f'DROP SEQUENCE IF EXISTS "{name}_fence"')
+
+
+class TestPostgresPool(BackendContract):
+    """The contract through ``connect("postgresql://...")``, which builds a pool."""
+
+    @pytest.fixture
+    def backend(self, postgres_server: PostgresServer) -> Iterator[PostgresBackend]:
+        backend = backend_from_url(postgres_server.url)
+        assert isinstance(backend, PostgresBackend)
+        yield backend
+        backend.close()
+
+
+class TestPostgresConnection(BackendContract):
+    """The contract on one caller-owned connection that several threads share."""
+
+    @pytest.fixture
+    def backend(self, postgres_server: PostgresServer) -> Iterator[PostgresBackend]:
+        conn = psycopg2.connect(postgres_server.dsn)
+        backend = PostgresBackend(conn)
+        yield backend
+        backend.close()
+        assert not conn.closed, "a caller's connection stays open"
+        conn.close()
+
+
+# -- storage an operator can read ----------------------------------------------------------------
+
+
+def test_row_is_readable_by_operators(postgres_server: PostgresServer, admin: Any, table: str) -> None:
+    backend = PostgresBackend.from_url(postgres_server.url, table=table)
+    key = "app:orders/42 ünï"
+    fence = backend.acquire_fenced(key, TOKEN, 60, "host:1")
+    rows = _sql(
+        admin,
+        f'SELECT key, token, fence, owner, expires_at > clock_timestamp() FROM "{table}"',
+    )
+    assert rows == [(key, TOKEN, fence, "host:1", True)]
+    backend.close()
+
+
+def test_postgres_scheme_alias_and_query_options(postgres_server: PostgresServer, table: str) -> None:
+    url = postgres_server.url.replace("postgresql://", "postgres://", 1)
+    backend = backend_from_url(f"{url}?table={table}&application_name=ll-test&max_connections=2")
+    assert isinstance(backend, PostgresBackend)
+    assert backend.names.label == table and backend.pool.maxconn == 2
+    assert backend.acquire("k", TOKEN, 30, "o")
+    with backend.pool.getconn() as conn, conn.cursor() as cursor:
+        cursor.execute("SELECT current_setting('application_name')")
+        assert cursor.fetchone() == ("ll-test",)
+    backend.close()
+    assert backend.pool.closed
+
+
+def test_caller_connection_keeps_its_autocommit_setting(
+    postgres_server: PostgresServer, admin: Any, table: str
+) -> None:
+    conn = psycopg2.connect(postgres_server.dsn)
+    assert conn.autocommit is False
+    backend = PostgresBackend(conn, table=table)
+    assert backend.connection is conn and backend.pool is None
+    assert backend.acquire("k", TOKEN, 30, "o")
+    assert conn.autocommit is False
+    # Committed by the statement itself: another session sees the lease at once.
+    assert _sql(admin, f'SELECT token FROM "{table}" WHERE key = %s', "k") == [(TOKEN,)]
+    conn.close()
+
+
+def test_simple_pool_is_made_thread_safe(postgres_server: PostgresServer, table: str) -> None:
+    pool = psycopg2.pool.SimpleConnectionPool(1, 3, postgres_server.dsn)
+    backend = PostgresBackend(pool, table=table)
+    wins: list[int] = []
+
+    def worker(index: int) -> None:
+        for round_ in range(20):
+            if backend.acquire(f"k{round_}", f"{index:02d}" + "x" * 30, 30, "o"):
+                wins.append(round_)
+
+    threads = [threading.Thread(target=worker, args=(index,)) for index in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(wins) == list(range(20)), "every key granted exactly once"
+    backend.close()
+    assert not pool.closed, "a caller's pool stays open"
+    pool.closeall()
+
+
+# -- server clock ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("frozen_at", ["2001-01-01 00:00:00", "2150-06-01 12:00:00"])
+def test_expiry_ignores_the_client_wall_clock(postgres_server: PostgresServer, table: str, frozen_at: str) -> None:
+    backend = PostgresBackend.from_url(postgres_server.url, table=table)
+    with freezegun.freeze_time(frozen_at):
+        assert backend.acquire("k", TOKEN, 0.4, "o")
+        state = backend.inspect("k")
+        assert state.expires_at is not None and state.expires_at.year >= 2024
+        assert state.expires_in is not None and 0 < state.expires_in <= 0.4
+        # Event.wait sleeps on the real monotonic clock, which freezegun does not stop.
+        assert wait_until(lambda: not backend.is_held("k", TOKEN), 10, 0.05)
+        assert backend.acquire("k", OTHER, 30, "o")
+        assert not backend.extend("k", TOKEN, 30)
+    backend.close()
+
+
+# -- counters and sweeping ------------------------------------------------------------------------
+
+
+def test_count_in_window_is_shared_and_resets(postgres_server: PostgresServer, table: str) -> None:
+    first = PostgresBackend.from_url(postgres_server.url, table=table)
+    second = PostgresBackend.from_url(postgres_server.url, table=table)
+    window = 3600.0
+    count, left = first.count_in_window("api", window)
+    assert count == 1 and 0 < left <= window
+    assert second.count_in_window("api", window)[0] == 2
+    assert first.count_in_window("other", window)[0] == 1
+    short_count, short_left = first.count_in_window("burst", 0.5)
+    assert short_count == 1 and 0 < short_left <= 0.5
+    # After the window ends the counter starts again at one.
+    assert wait_until(lambda: first.count_in_window("burst", 0.5)[0] == 1, 10, 0.6)
+    first.close()
+    second.close()
+
+
+def test_sweep_expired_deletes_only_expired_rows(postgres_server: PostgresServer, admin: Any, table: str) -> None:
+    backend = PostgresBackend.from_url(postgres_server.url, table=table)
+    assert backend.acquire("short", TOKEN, 0.2, "o")
+    assert backend.acquire("long", TOKEN, 60, "o")
+    assert wait_until(lambda: not backend.inspect("short").held, 10)
+    assert backend.sweep_expired() == 1
+    assert _sql(admin, f'SELECT key FROM "{table}"') == [("long",)]
+    assert backend.sweep_expired() == 0
+    backend.close()
+
+
+# -- DDL and the table check ----------------------------------------------------------------------
+
+
+def test_ddl_is_idempotent_sql_for_migrations(admin: Any, postgres_server: PostgresServer, table: str) -> None:
+    statements = ddl(table)
+    assert isinstance(statements, list) and all(isinstance(sql, str) for sql in statements)
+    for _ in range(2):
+        for statement in statements:
+            _sql(admin, statement)
+    backend = PostgresBackend.from_url(postgres_server.url, table=table, create_table=False)
+    first = backend.acquire_fenced("k", TOKEN, 30, "o")
+    # The fence sequence starts at the server clock in microseconds (SPEC 8: fences keep
+    # rising even if the sequence is ever recreated).
+    assert first is not None and 10**15 < first < 2**53
+    backend.close()
+
+
+def test_unlogged_ddl(admin: Any, table: str) -> None:
+    for statement in ddl(table, unlogged=True):
+        _sql(admin, statement)
+    assert _sql(admin, "SELECT relpersistence FROM pg_class WHERE relname = %s", table) == [("u",)]
+
+
+def test_schema_qualified_table(postgres_server: PostgresServer, admin: Any) -> None:
+    schema = f"s_{uuid.uuid4().hex[:8]}"
+    _sql(admin, f'CREATE SCHEMA "{schema}"')
+    try:
+        backend = PostgresBackend.from_url(postgres_server.url, table=f"{schema}.locks")
+        assert backend.acquire_fenced("k", TOKEN, 30, "o") is not None
+        assert _sql(admin, f'SELECT key FROM "{schema}"."locks"') == [("k",)]
+        backend.close()
+        again = PostgresBackend.from_url(postgres_server.url, table="locks", schema=schema)
+        assert again.inspect("k").held
+        again.close()
+    finally:
+        _sql(admin, f'DROP SCHEMA "{schema}" CASCADE')
+
+
+def _misconfigured(postgres_server: PostgresServer, table: str) -> PostgresBackend:
+    return PostgresBackend.from_url(postgres_server.url, table=table, create_table=False)
+
+
+def test_missing_table_is_reported_then_rechecked(postgres_server: PostgresServer, admin: Any, table: str) -> None:
+    backend = _misconfigured(postgres_server, table)
+    with pytest.raises(ValidationError, match=f'table "{table}" does not exist'):
+        backend.acquire("k", TOKEN, 30, "o")
+    for statement in ddl(table):
+        _sql(admin, statement)
+    # The failed check runs again on the next call, which now succeeds.
+    assert backend.acquire("k", TOKEN, 30, "o")
+    backend.close()
+
+
+def test_missing_unique_index(postgres_server: PostgresServer, admin: Any, table: str) -> None:
+    for statement in ddl(table):
+        _sql(admin, statement.replace(' COLLATE "C" PRIMARY KEY', ""))
+    backend = _misconfigured(postgres_server, table)
+    with pytest.raises(ValidationError, match="no primary key or unique index on key alone"):
+        backend.inspect("k")
+    _sql(admin, f'CREATE UNIQUE INDEX ON "{table}" (key, token)')
+    with pytest.raises(ValidationError, match="no primary key or unique index on key alone"):
+        backend.inspect("k")
+    _sql(admin, f'CREATE UNIQUE INDEX ON "{table}" (key)')
+    assert backend.acquire("k", TOKEN, 30, "o")
+    backend.close()
+
+
+def test_missing_sequence(postgres_server: PostgresServer, admin: Any, table: str) -> None:
+    for statement in ddl(table):
+        _sql(admin, statement)
+    _sql(admin, f'DROP SEQUENCE "{table}_fence"')
+    backend = _misconfigured(postgres_server, table)
+    with pytest.raises(ValidationError, match=r"fence sequence .* does not exist"):
+        backend.acquire_fenced("k", TOKEN, 30, "o")
+    assert _sql(admin, f'SELECT count(*) FROM "{table}"') == [(0,)], "nothing written"
+    backend.close()
+
+
+def test_role_with_only_select(postgres_server: PostgresServer, admin: Any, table: str) -> None:
+    for statement in ddl(table):
+        _sql(admin, statement)
+    role = f"r_{uuid.uuid4().hex[:8]}"
+    _sql(admin, f"CREATE ROLE {role} LOGIN PASSWORD 'secret-pw'")
+    try:
+        _sql(admin, f'GRANT SELECT ON "{table}" TO {role}')
+        dsn = f"{postgres_server.dsn} user={role} password=secret-pw"
+        conn = psycopg2.connect(dsn)
+        backend = PostgresBackend(conn, table=table, create_table=False)
+        with pytest.raises(ValidationError, match="lacks INSERT, UPDATE, DELETE on table") as caught:
+            backend.acquire("k", TOKEN, 30, "o")
+        assert "USAGE" not in str(caught.value) or "sequence" in str(caught.value)
+        _sql(admin, f'GRANT INSERT, UPDATE, DELETE ON "{table}" TO {role}')
+        with pytest.raises(ValidationError, match="lacks USAGE on the fence sequence"):
+            backend.acquire("k", TOKEN, 30, "o")
+        _sql(admin, f'GRANT USAGE ON SEQUENCE "{table}_fence" TO {role}')
+        assert backend.acquire_fenced("k", TOKEN, 30, "o") is not None
+        with pytest.raises(ValidationError, match="lacks SELECT, INSERT, UPDATE on table"):
+            backend.count_in_window("n", 60)
+        conn.close()
+    finally:
+        _sql(admin, f'DROP OWNED BY {role}; DROP ROLE {role}')
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"table": "bad-name"}, "table 'bad-name' must be letters"),
+        ({"table": "1abc"}, "must be letters"),
+        ({"table": 'x"; DROP TABLE y; --'}, "must be letters"),
+        ({"table": "t" * 58}, "longer than 57 characters"),
+        ({"table": "a.b", "schema": "c"}, "already schema-qualified"),
+        ({"schema": "bad schema"}, "schema 'bad schema' must be letters"),
+        ({"create_table": "yes"}, "create_table must be True or False"),
+        ({"synchronous_commit": 1}, "synchronous_commit must be True or False"),
+    ],
+)
+def test_bad_options_refused_before_connecting(options: dict[str, Any], message: str) -> None:
+    # Port 1 has no server: reaching the driver would raise OperationalError instead.
+    with pytest.raises(ValidationError, match=message):
+        PostgresBackend.from_url("postgresql://nobody@127.0.0.1:1/none", **options)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("postgresql://127.0.0.1:1/db?colour=blue", "invalid PostgreSQL DSN"),
+        ("postgresql://127.0.0.1:notaport/db", "invalid PostgreSQL DSN"),
+        ("postgresql://127.0.0.1:1/db?create_table=maybe", "create_table='maybe'"),
+        ("postgresql://127.0.0.1:1/db?max_connections=0", "max_connections='0'"),
+    ],
+)
+def test_bad_urls(url: str, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        PostgresBackend.from_url(url)
+
+
+def test_unknown_keyword_option() -> None:
+    with pytest.raises(ValidationError, match="unknown postgresql option 'tabel'"):
+        PostgresBackend.from_url("postgresql://127.0.0.1:1/db", tabel="x")
+
+
+def test_unreachable_server_raises_the_driver_error() -> None:
+    with pytest.raises(psycopg2.OperationalError):
+        PostgresBackend.from_url("postgresql://nobody@127.0.0.1:1/none?connect_timeout=5")
+
+
+def test_refuses_what_is_not_a_connection() -> None:
+    with pytest.raises(ValidationError, match=r"psycopg2 connection or a psycopg2\.pool pool"):
+        PostgresBackend("postgresql://127.0.0.1/db")
+
+
+def test_refuses_a_connection_inside_a_transaction(postgres_server: PostgresServer, admin: Any, table: str) -> None:
+    conn = psycopg2.connect(postgres_server.dsn)
+    _sql(conn, "SELECT 1")  # psycopg2 opened a transaction for this query
+    with pytest.raises(ValidationError, match="inside a transaction"):
+        PostgresBackend(conn, table=table)
+    conn.rollback()
+    backend = PostgresBackend(conn, table=table)
+    _sql(conn, "SELECT 1")
+    with pytest.raises(ValidationError, match="inside a transaction"):
+        backend.acquire("k", TOKEN, 30, "o")
+    conn.rollback()
+    assert _sql(admin, "SELECT to_regclass(%s)", table) == [(None,)], "nothing written"
+    assert backend.acquire("k", TOKEN, 30, "o")
+    conn.close()
