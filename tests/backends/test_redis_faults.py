@@ -1,0 +1,198 @@
+"""The Redis backend under the Locker, on private servers a test may restart or cut off."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import lease_lock
+import pytest
+from lease_lock.backends.redis import RedisBackend
+from lease_lock.events import LockEvent
+from lease_lock.locker import Locker
+from lease_lock.testing import wait_until
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from tests.support.redis_server import RedisFactory, RedisServer, TcpProxy
+
+
+@pytest.fixture
+def key() -> str:
+    return f"fault:{uuid.uuid4().hex}"
+
+
+@pytest.fixture
+def private_server(redis_factory: RedisFactory) -> Iterator[RedisServer]:
+    server = redis_factory.server()
+    yield server
+    server.stop()
+
+
+class Recorder:
+    """Collects events and lets a test wait for one of a type."""
+
+    def __init__(self) -> None:
+        self.events: list[LockEvent] = []
+        self._condition = threading.Condition()
+
+    def __call__(self, event: LockEvent) -> None:
+        with self._condition:
+            self.events.append(event)
+            self._condition.notify_all()
+
+    def wait_for(self, kind: str, count: int = 1, timeout: float = 30) -> bool:
+        with self._condition:
+            return self._condition.wait_for(
+                lambda: sum(event.type == kind for event in self.events) >= count, timeout
+            )
+
+    def types(self) -> list[str]:
+        with self._condition:
+            return [event.type for event in self.events]
+
+
+def quick_client(port: int) -> Any:
+    """A client that fails within a second instead of retrying for seconds (redis-py >= 6)."""
+    import redis
+
+    return redis.Redis(
+        host="127.0.0.1",
+        port=port,
+        socket_timeout=1.0,
+        socket_connect_timeout=1.0,
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
+def test_handoff_wakes_the_waiter_within_milliseconds(redis_server: RedisServer, key: str) -> None:
+    holder = lease_lock.connect(redis_server.url, ttl=30)
+    events = Recorder()
+    waiter = lease_lock.connect(redis_server.url, ttl=30, on_event=events)
+    try:
+        lock = holder.acquire(key)
+        acquired_at: list[float] = []
+
+        def wait_for_it() -> None:
+            with waiter.acquire(key, timeout=20):
+                acquired_at.append(time.monotonic())
+
+        thread = threading.Thread(target=wait_for_it)
+        thread.start()
+        # Release only once the waiter has tried and is sleeping on the holder's 30 s lease.
+        assert events.wait_for("contended")
+        time.sleep(0.05)
+        released_at = time.monotonic()
+        assert lock.release()
+        thread.join(30)
+        assert acquired_at, f"the waiter never acquired: {events.types()}"
+        # Without a notification the waiter would sleep a whole second (SPEC 7).
+        assert acquired_at[0] - released_at < 0.1
+    finally:
+        holder.close()
+        waiter.close()
+
+
+def test_expiry_without_release_wakes_the_waiter_by_the_lease_end(
+    redis_server: RedisServer, key: str
+) -> None:
+    holder = lease_lock.connect(redis_server.url)
+    waiter = lease_lock.connect(redis_server.url)
+    try:
+        holder.acquire(key, ttl=0.6, auto_extend=False)
+        start = time.monotonic()
+        with waiter.acquire(key, timeout=20) as lock:
+            assert lock.state == "held"
+        assert time.monotonic() - start < 5
+    finally:
+        holder.close()
+        waiter.close()
+
+
+def test_restart_without_persistence(private_server: RedisServer, key: str) -> None:
+    events = Recorder()
+    holder = Locker(RedisBackend(quick_client(private_server.port)), fencing=True, on_event=events)
+    other = Locker(RedisBackend(quick_client(private_server.port)), fencing=True)
+    try:
+        lock = holder.acquire(key, ttl=3)
+        first = lock.fence
+        private_server.restart()
+        # The next heartbeat finds the key gone: the holder reads lost within its lease.
+        assert lock.lost.wait(3)
+        assert lock.lost_reason in {"extend", "extend-failed", "late-extend"}
+        second = other.acquire(key, ttl=30)
+        assert first is not None and second.fence is not None and second.fence > first
+        second.release()
+    finally:
+        holder.close()
+        other.close()
+
+
+def test_connection_cut_mid_extension_then_recovery(
+    private_server: RedisServer, key: str
+) -> None:
+    proxy = TcpProxy(private_server.port)
+    events = Recorder()
+    locker = Locker(RedisBackend(quick_client(proxy.port)), on_event=events)
+    try:
+        lock = locker.acquire(key, ttl=6, extend_interval=1)
+        proxy.cut()
+        assert events.wait_for("extend_failed", timeout=10), events.types()
+        assert lock.state == "held"
+        proxy.restore()
+        extended = sum(kind == "extended" for kind in events.types())
+        assert events.wait_for("extended", count=extended + 1, timeout=10), events.types()
+        assert lock.state == "held"
+        assert RedisBackend(private_server.client()).is_held(key, lock.token)
+        assert lock.release()
+    finally:
+        locker.close()
+        proxy.close()
+
+
+def test_watcher_reconnects_after_a_restart(private_server: RedisServer, key: str) -> None:
+    backend = RedisBackend(quick_client(private_server.port))
+    heard: list[str] = []
+    watcher = backend.watch_releases(heard.append)
+    try:
+        assert wait_until(lambda: watcher.active, 30)
+        private_server.stop()
+        assert wait_until(lambda: not watcher.active, 30)
+        private_server.start()
+        assert wait_until(lambda: watcher.active, 30)
+        assert backend.acquire(key, "t" * 32, 30, "o")
+        assert backend.force_release(key)
+        assert wait_until(lambda: heard == [key], 30)
+    finally:
+        backend.close()
+
+
+class BatchRecorder(RedisBackend):
+    """Records the size of every batch the heartbeat sends."""
+
+    def __init__(self, client: Any) -> None:
+        super().__init__(client)
+        self.batches: list[int] = []
+
+    def extend_many(self, requests: Any) -> list[bool]:
+        self.batches.append(len(requests))
+        return super().extend_many(requests)
+
+
+def test_heartbeat_batches_extensions(redis_server: RedisServer, key: str) -> None:
+    backend = BatchRecorder(redis_server.client())
+    locker = Locker(backend)
+    try:
+        locks = [locker.acquire(f"{key}:{index}", ttl=1.5) for index in range(200)]
+        # Outlive the lease twice over: only extensions keep the locks.
+        time.sleep(3)
+        assert all(lock.state == "held" for lock in locks)
+        assert all(backend.is_held(lock.key, lock.token) for lock in locks)
+        assert backend.batches and max(backend.batches) > 1
+        assert sum(backend.batches) >= 400
+    finally:
+        locker.close()
+        backend.client.close()
