@@ -1,0 +1,643 @@
+"""The ``lease-lock`` command: guard a shell command with a lease, inspect and drop leases.
+
+``lease-lock run KEY [options] -- COMMAND [ARGS...]`` takes the key (with a fencing token), runs
+the command as a child with the heartbeat keeping the lease alive, and gives the key back when
+the child exits. The child runs in a process group of its own, so that when the lease is lost
+the whole job (a shell script's children included) is stopped, not only its first process.
+
+Exit status (SPEC 12): the child's own; 128+N when the child died of signal N; ``--busy-exit``
+(75) when the key is busy or ``--wait --timeout`` ran out; ``--lost-exit`` (70) when the lease was
+lost while the child ran; 2 for usage errors; 69 when the backend cannot be reached. Every error
+is one line on stderr, never a traceback.
+
+Other modules add subcommands with :func:`register_command`; the modules listed in
+:data:`COMMAND_MODULES` are imported (and so register theirs) when the parser is built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import timezone
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional
+
+from . import __version__
+from .errors import LeaseLockError, LockHeldError, ValidationError
+from .validation import check_key, parse_duration
+
+if TYPE_CHECKING:
+    from .backends.base import LockState
+    from .lock import Lock
+    from .locker import Locker
+
+__all__ = [
+    "COMMANDS",
+    "COMMAND_MODULES",
+    "EXIT_BUSY",
+    "EXIT_LOST",
+    "EXIT_UNAVAILABLE",
+    "EXIT_USAGE",
+    "Command",
+    "CommandError",
+    "add_url_argument",
+    "backend_errors",
+    "build_parser",
+    "duration",
+    "main",
+    "register_command",
+]
+
+#: Bad option, duration, key or URL.
+EXIT_USAGE = 2
+#: The backend cannot be reached (EX_UNAVAILABLE).
+EXIT_UNAVAILABLE = 69
+#: The lease was lost while the command ran (the default of ``--lost-exit``).
+EXIT_LOST = 70
+#: The key was busy (EX_TEMPFAIL; the default of ``--busy-exit``).
+EXIT_BUSY = 75
+
+_PROG = "lease-lock"
+_EXIT_TABLE = """\
+exit status:
+  the command's own  it ran with the lock held and the lock was never lost
+  128+N              the command died of signal N
+  75                 the key was busy (or --wait --timeout ran out); see --busy-exit
+  70                 the lock was lost while the command ran; see --lost-exit
+  69                 the backend cannot be reached
+  2                  usage error: bad option, duration, key or URL
+  126, 127           the command could not be started / was not found
+"""
+
+
+class CommandError(Exception):
+    """An expected failure: ``main`` prints ``message`` on one line and exits with ``status``."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: ``add_arguments`` fills its parser, ``run`` carries it out.
+
+    ``run`` returns the exit status; it may raise :class:`CommandError` (or a
+    :class:`~lease_lock.errors.ValidationError`, which exits 2) for expected failures.
+    """
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+#: Subcommands by name, in the order ``--help`` lists them.
+COMMANDS: dict[str, Command] = {}
+
+#: Modules imported when the parser is built; importing one calls :func:`register_command`.
+#: They must import heavy dependencies (servers, drivers) inside their ``run`` functions only.
+COMMAND_MODULES: list[str] = []
+
+
+def register_command(
+    name: str,
+    *,
+    help: str,
+    add_arguments: Callable[[argparse.ArgumentParser], None],
+    run: Callable[[argparse.Namespace], int],
+) -> None:
+    """Add (or replace) the subcommand ``name`` of ``lease-lock``."""
+    if not isinstance(name, str) or not name or name.startswith("-"):
+        raise ValidationError("command name must be a non-empty str not starting with '-'")
+    COMMANDS[name] = Command(name, help, add_arguments, run)
+
+
+# -- argument helpers shared by subcommands ----------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line (status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def duration(name: str) -> Callable[[str], float]:
+    """An argparse ``type`` for durations such as ``30``, ``30s``, ``5m``, ``1h``, ``2d``."""
+
+    def parse(text: str) -> float:
+        try:
+            return parse_duration(text, name)
+        except ValidationError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return parse
+
+
+def _exit_code(name: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = -1
+        if not 0 <= value <= 255:
+            raise argparse.ArgumentTypeError(f"{name} must be an exit status from 0 to 255")
+        return value
+
+    return parse
+
+
+def _key(text: str) -> str:
+    try:
+        return check_key(text)
+    except ValidationError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def add_url_argument(parser: argparse.ArgumentParser) -> None:
+    """``--url``: the backend, defaulting to ``LEASE_LOCK_URL`` and then the embedded SQLite file."""
+    parser.add_argument(
+        "--url",
+        help="backend URL (default: $LEASE_LOCK_URL, else the embedded SQLite file "
+        "$XDG_STATE_HOME/lease-lock/locks.db)",
+    )
+
+
+@contextlib.contextmanager
+def backend_errors() -> Iterator[None]:
+    """Turn a driver's error into exit status 69 with one line naming it.
+
+    Anything but lease_lock's own errors raised while talking to a backend is the driver's
+    (connection refused, unknown host, database locked for too long, ...).
+    """
+    try:
+        yield
+    except (LeaseLockError, CommandError):
+        raise
+    except Exception as error:
+        raise CommandError(
+            f"backend unavailable: {type(error).__name__}: {_one_line(error)}", EXIT_UNAVAILABLE
+        ) from error
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def _connect(url: Optional[str], **options: Any) -> Locker:
+    from .connect import connect
+
+    with backend_errors():
+        return connect(url, **options)
+
+
+# -- run ---------------------------------------------------------------------------------------
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("key", metavar="KEY", type=_key, help="the lock key")
+    add_url_argument(parser)
+    parser.add_argument(
+        "--ttl", type=duration("--ttl"), default=30.0,
+        help="lease length; the heartbeat renews it every third of it (default 30s)",
+    )
+    parser.add_argument(
+        "--max-hold", type=duration("--max-hold"), default=86400.0,
+        help="stop the command when it has held the lock this long (default 24h)",
+    )
+    parser.add_argument(
+        "--wait", action="store_true",
+        help="wait for a busy key (for ever, or until --timeout) instead of one attempt",
+    )
+    parser.add_argument(
+        "--timeout", type=duration("--timeout"), help="with --wait: give up after this long"
+    )
+    parser.add_argument(
+        "--busy-exit", type=_exit_code("--busy-exit"), default=EXIT_BUSY, metavar="CODE",
+        help=f"exit status when the key is busy (default {EXIT_BUSY})",
+    )
+    parser.add_argument(
+        "--lost-exit", type=_exit_code("--lost-exit"), default=EXIT_LOST, metavar="CODE",
+        help=f"exit status when the lock is lost while the command runs (default {EXIT_LOST})",
+    )
+    parser.add_argument(
+        "--grace", type=duration("--grace"), default=10.0,
+        help="after a loss, SIGKILL the command this long after SIGTERM (default 10s)",
+    )
+    # Words before "--" that are not options: caught to explain where the command goes.
+    parser.add_argument("stray", nargs="*", help=argparse.SUPPRESS)
+
+
+class _Signals:
+    """SIGINT, SIGTERM and SIGHUP handling for the life of one ``run``.
+
+    Before the child exists a signal cancels the wait for the key; once it exists the signal is
+    forwarded to the child's process group.
+    """
+
+    FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.cancel = threading.Event()
+        self._group: Optional[int] = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        for signum in self.FORWARDED:
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
+        self.received.append(signum)
+        self.cancel.set()
+        if self._group is not None:
+            _signal_group(self._group, signum)
+
+    def attach(self, group: int) -> None:
+        """Forward from now on to ``group``, including what arrived while the child started."""
+        self._group = group
+        for signum in list(self.received):
+            _signal_group(group, signum)
+
+
+def _signal_group(group: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signum)
+
+
+class _Terminal:
+    """Hands the controlling terminal to the child's process group while it runs.
+
+    Only when stdin is a terminal whose foreground group is ours: the child can then read from
+    it and receive the keys' signals (Ctrl-C) directly, as if started by the shell.
+    """
+
+    def __init__(self) -> None:
+        self._fd: Optional[int] = None
+        try:
+            fd = sys.stdin.fileno()
+            if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp():
+                self._fd = fd
+        except (AttributeError, OSError, ValueError):
+            self._fd = None
+
+    def give(self, group: int) -> None:
+        """Make ``group`` the terminal's foreground process group."""
+        if self._fd is not None:
+            self._set(group)
+
+    def take_back(self) -> None:
+        """Make our own process group the foreground group again."""
+        if self._fd is not None:
+            self._set(os.getpgrp())
+
+    def _set(self, group: int) -> None:
+        # A background process changing the foreground group is sent SIGTTOU unless it ignores
+        # it; after handing the terminal over we are that background process.
+        previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+        try:
+            with contextlib.suppress(OSError):
+                os.tcsetpgrp(self._fd, group)  # type: ignore[arg-type]
+        finally:
+            signal.signal(signal.SIGTTOU, previous)
+
+
+def _owner(command: Sequence[str]) -> str:
+    label = f"{socket.gethostname()}:{os.getpid()} {os.path.basename(command[0])}"[:256]
+    return label if label.isprintable() else f"{socket.gethostname()}:{os.getpid()}"[:256]
+
+
+def _describe_holder(locker: Locker, key: str) -> str:
+    try:
+        state = locker.get(key)
+    except Exception:  # noqa: BLE001 - it only decorates the message; the answer is known
+        return ""
+    if not state.held:
+        return ""
+    parts = [f"held by {state.owner}" if state.owner else "held"]
+    if state.expires_in is not None:
+        parts.append(f"expires in {state.expires_in:.1f}s")
+    return f" ({', '.join(parts)})"
+
+
+def _take(locker: Locker, args: argparse.Namespace, signals: _Signals) -> Optional[Lock]:
+    """The held lock, or ``None`` when the key is busy."""
+    with backend_errors():
+        try:
+            if not args.wait:
+                return locker.try_acquire(args.key)
+            timeout = math.inf if args.timeout is None else args.timeout
+            return locker.acquire(args.key, timeout=timeout, cancel=signals.cancel)
+        except LockHeldError as error:
+            if error.reason == "cancelled" and signals.received:
+                raise CommandError(
+                    f"interrupted while waiting for {args.key!r}", 128 + signals.received[0]
+                ) from None
+            return None
+
+
+def _start(command: Sequence[str], lock: Lock) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, LEASE_LOCK_KEY=lock.key, LEASE_LOCK_FENCE=str(lock.fence))
+    group: dict[str, Any] = (
+        {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
+    )
+    try:
+        return subprocess.Popen(list(command), env=env, **group)
+    except FileNotFoundError:
+        raise CommandError(f"command not found: {command[0]}", 127) from None
+    except OSError as error:
+        raise CommandError(f"cannot run {command[0]}: {error.strerror or error}", 126) from None
+
+
+def _status_of(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _supervise(
+    lock: Lock, command: Sequence[str], args: argparse.Namespace, signals: _Signals
+) -> tuple[int, bool]:
+    """Run the command under the lock; return its exit status and whether the lease was lost.
+
+    A loss while the command runs stops it (and reports it); the caller gives the key back.
+    """
+    terminal = _Terminal()
+    child = _start(command, lock)
+    terminal.give(child.pid)
+    signals.attach(child.pid)
+    wake = threading.Event()
+
+    def watch_child() -> None:
+        child.wait()
+        wake.set()
+
+    def watch_lease() -> None:
+        while not wake.is_set():
+            if lock.lost.wait(0.5):
+                wake.set()
+
+    for target in (watch_child, watch_lease):
+        threading.Thread(target=target, name=f"lease-lock-{target.__name__}", daemon=True).start()
+    try:
+        wake.wait()
+        if child.poll() is None:
+            _stop(child, args.grace, lock)
+            return _status_of(child.returncode), True
+    finally:
+        terminal.take_back()
+    status = _status_of(child.returncode)
+    if lock.lost.is_set():
+        _report_loss(lock, "the command finished after the loss")
+        return status, True
+    return status, False
+
+
+def _stop(child: subprocess.Popen[bytes], grace: float, lock: Lock) -> None:
+    _report_loss(lock, f"stopping the command (SIGTERM, SIGKILL after {grace:g}s)")
+    _signal_group(child.pid, signal.SIGTERM)
+    try:
+        child.wait(grace)
+    except subprocess.TimeoutExpired:
+        _signal_group(child.pid, signal.SIGKILL)
+        child.wait()
+
+
+def _report_loss(lock: Lock, what: str) -> None:
+    _error(f"lost the lock on {lock.key!r} (reason: {lock.lost_reason}); {what}")
+
+
+def _release(lock: Lock) -> bool:
+    """Give the key back; ``False`` when the release found it no longer ours."""
+    try:
+        return lock.release() or lock.state != "lost"
+    except LeaseLockError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any driver error: the key will run out
+        # The command is done; the key runs out on its own at the end of its lease.
+        _error(f"could not release {lock.key!r} ({type(error).__name__}: {_one_line(error)})")
+        return True
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.stray:
+        raise CommandError(
+            f"put the command after --: {_PROG} run KEY [options] -- COMMAND [ARGS...]", EXIT_USAGE
+        )
+    if not args.command:
+        raise CommandError(f"no command after --: {_PROG} run KEY [options] -- COMMAND", EXIT_USAGE)
+    if args.timeout is not None and not args.wait:
+        raise CommandError("--timeout needs --wait (without it there is one attempt)", EXIT_USAGE)
+    with _Signals() as signals:
+        locker = _connect(
+            args.url, ttl=args.ttl, max_hold=args.max_hold, fencing=True, owner=_owner(args.command)
+        )
+        try:
+            lock = _take(locker, args, signals)
+            if lock is None:
+                holder = _describe_holder(locker, args.key)
+                _error(f"{args.key!r} is busy{holder}; not running the command")
+                return int(args.busy_exit)
+            if signals.received:
+                _release(lock)
+                return 128 + signals.received[0]
+            try:
+                status, lost = _supervise(lock, args.command, args, signals)
+            finally:
+                released = _release(lock)
+            if not (lost or released):
+                _report_loss(lock, "found when giving the key back")
+            return int(args.lost_exit) if lost or not released else status
+        finally:
+            locker.close()
+
+
+# -- status and force-release -------------------------------------------------------------------
+
+
+def _add_status_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("keys", metavar="KEY", nargs="+", type=_key, help="keys to show")
+    add_url_argument(parser)
+    parser.add_argument("--json", action="store_true", help="print a JSON array, one object per key")
+
+
+def _state_json(state: LockState) -> dict[str, Any]:
+    expires_at = state.expires_at
+    return {
+        "key": state.key,
+        "held": state.held,
+        "expires_at": (
+            None if expires_at is None
+            else expires_at.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+        ),
+        "expires_in": None if state.expires_in is None else round(state.expires_in, 3),
+        "fence": state.fence,
+        "owner": state.owner,
+    }
+
+
+def _state_line(state: LockState) -> str:
+    if not state.held:
+        return f"{state.key}: free"
+    fields = _state_json(state)
+    parts = [f"held by {state.owner}" if state.owner else "held"]
+    if fields["expires_in"] is not None:
+        parts.append(f"expires in {fields['expires_in']:.1f}s ({fields['expires_at']})")
+    if state.fence is not None:
+        parts.append(f"fence {state.fence}")
+    return f"{state.key}: {', '.join(parts)}"
+
+
+def _status(args: argparse.Namespace) -> int:
+    locker = _connect(args.url, fencing=True)
+    try:
+        with backend_errors():
+            states = [locker.get(key) for key in args.keys]
+    finally:
+        locker.close()
+    if args.json:
+        print(json.dumps([_state_json(state) for state in states]))
+    else:
+        for state in states:
+            print(_state_line(state))
+    return 0
+
+
+def _add_force_release_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("key", metavar="KEY", type=_key, help="the key to drop")
+    add_url_argument(parser)
+    parser.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+
+
+def _confirm(question: str) -> bool:
+    sys.stderr.write(f"{question} [y/N] ")
+    sys.stderr.flush()
+    answer = sys.stdin.readline()
+    if not answer.endswith("\n"):
+        sys.stderr.write("\n")
+    return answer.strip().lower() in ("y", "yes")
+
+
+def _force_release(args: argparse.Namespace) -> int:
+    locker = _connect(args.url, fencing=True)
+    try:
+        with backend_errors():
+            state = locker.get(args.key)
+            if not state.held:
+                print(f"{args.key}: free, nothing to release")
+                return 0
+            question = f"force-release {_state_line(state)}?"
+            if not args.yes and not _confirm(question):
+                raise CommandError("aborted; nothing released", 1)
+            dropped = locker.force_release(args.key)
+    finally:
+        locker.close()
+    print(f"{args.key}: released" if dropped else f"{args.key}: free, nothing to release")
+    return 0
+
+
+register_command(
+    "run",
+    help="run a command while holding KEY",
+    add_arguments=_add_run_arguments,
+    run=_run,
+)
+register_command(
+    "status",
+    help="show who holds the keys and until when",
+    add_arguments=_add_status_arguments,
+    run=_status,
+)
+register_command(
+    "force-release",
+    help="drop KEY whoever holds it",
+    add_arguments=_add_force_release_arguments,
+    run=_force_release,
+)
+
+
+# -- entry point ---------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``lease-lock`` parser with every registered subcommand."""
+    for module in COMMAND_MODULES:
+        importlib.import_module(module)
+    parser = _Parser(
+        prog=_PROG,
+        description="Distributed lease locks from the shell: guard cron jobs and deploy scripts.",
+        epilog=_EXIT_TABLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"{_PROG} {__version__}")
+    commands = parser.add_subparsers(dest="command_name", metavar="COMMAND", parser_class=_Parser)
+    commands.required = True
+    for command in COMMANDS.values():
+        sub = commands.add_parser(
+            command.name,
+            help=command.help,
+            description=command.help,
+            epilog=_EXIT_TABLE if command.name == "run" else None,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        command.add_arguments(sub)
+        sub.set_defaults(handler=command.run)
+    return parser
+
+
+def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
+    """For ``run``, everything after the first ``--`` is the command, kept out of argparse."""
+    words = [word for word in argv if not word.startswith("-")]
+    if words[:1] == ["run"] and "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1 :]
+    return argv, []
+
+
+def _error(message: str) -> None:
+    sys.stderr.write(f"{_PROG}: {message}\n")
+    sys.stderr.flush()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run ``lease-lock`` with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    head, command = _split_command(arguments)
+    args = build_parser().parse_args(head)
+    args.command = command
+    try:
+        return int(args.handler(args))
+    except CommandError as error:
+        _error(str(error))
+        return error.status
+    except ValidationError as error:
+        _error(str(error))
+        return EXIT_USAGE
+    except LeaseLockError as error:
+        _error(f"{error.code}: {error}")
+        return 1
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
+    except Exception as error:
+        if os.environ.get("LEASE_LOCK_DEBUG"):
+            raise
+        _error(
+            f"unexpected {type(error).__name__}: {_one_line(error)} "
+            "(set LEASE_LOCK_DEBUG=1 for the traceback)"
+        )
+        return 1
