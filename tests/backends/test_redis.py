@@ -168,7 +168,10 @@ def test_extend_many_is_pipelined(backend: RedisBackend, client: Any, key: str) 
 
 
 def test_driver_errors_pass_through(client: Any, key: str) -> None:
-    broken = RedisBackend(redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5))
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    broken = RedisBackend(redis.Redis(host="127.0.0.1", port=1, retry=Retry(NoBackoff(), 0)))
     with pytest.raises(redis.ConnectionError):
         broken.acquire(key, TOKEN_A, 30, "o")
     client.set(key, "x")
