@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import pytest
-
 from lease_lock.server import create_key
 
 __all__ = ["ServiceInfo", "ThreadedServer", "lock_service", "make_keys"]
@@ -55,18 +54,16 @@ class ThreadedServer:
         import waitress
 
         self.server = waitress.create_server(
-            app, host="127.0.0.1", port=0, threads=threads, ident="lease-lock-test"
+            app, host="127.0.0.1", port=0, threads=threads, ident="lease-lock-test",
+            asyncore_loop_timeout=0.1,
         )
         self.url = f"http://127.0.0.1:{self.server.effective_port}"
         self._thread = threading.Thread(target=self._run, name="test-waitress", daemon=True)
 
     def _run(self) -> None:
-        try:
-            self.server.run()
-        except (OSError, ValueError):
-            pass  # the socket map is torn down under the loop by ``stop``
+        self.server.run()
 
-    def __enter__(self) -> "ThreadedServer":
+    def __enter__(self) -> ThreadedServer:
         self._thread.start()
         return self
 
@@ -75,9 +72,15 @@ class ThreadedServer:
 
     def stop(self) -> None:
         """Close the listening socket and the worker threads."""
-        self.server.task_dispatcher.shutdown()
-        self.server.close()
+        # The loop runs while its socket map has channels; closing them all, on the loop's own
+        # thread (through its trigger), ends it without racing its select().
+        self.server.trigger.pull_trigger(self._close_channels)
         self._thread.join(10)
+        self.server.task_dispatcher.shutdown()
+
+    def _close_channels(self) -> None:
+        for channel in list(self.server._map.values()):
+            channel.close()
 
 
 def start_serve(tmp: Path, backend_url: str, keys_file: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str, Path]:

@@ -1,0 +1,178 @@
+"""The HTTP client backend: the whole contract through a real ``serve`` child, and the client's
+own rules (wire TTLs, UUIDs, error mapping, the fence kept from the grant)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import lease_lock
+import pytest
+import requests
+from lease_lock.backends import backend_from_url
+from lease_lock.backends.http import HttpBackend
+from lease_lock.errors import AccessDeniedError, ValidationError
+from lease_lock.testing import BackendContract
+
+from tests.support.http_server import ServiceInfo
+
+
+class TestHttpBackend(BackendContract):
+    @pytest.fixture
+    def backend(self, lock_service: ServiceInfo) -> Iterator[HttpBackend]:
+        backend = HttpBackend(lock_service.url, lock_service.keys["alpha"])
+        yield backend
+        backend.close()
+
+
+@pytest.fixture
+def client(lock_service: ServiceInfo) -> Iterator[HttpBackend]:
+    backend = HttpBackend(lock_service.url, lock_service.keys["alpha"])
+    yield backend
+    backend.close()
+
+
+def _key() -> str:
+    return f"http:{uuid.uuid4().hex}"
+
+
+def test_wire_ttl_rounds_up_to_whole_seconds_of_at_least_five() -> None:
+    assert HttpBackend.wire_ttl(0.2) == 5
+    assert HttpBackend.wire_ttl(5.0) == 5
+    assert HttpBackend.wire_ttl(5.01) == 6
+    assert HttpBackend.wire_ttl(7_776_000) == 7_776_000
+    with pytest.raises(ValidationError, match="90 days"):
+        HttpBackend.wire_ttl(7_776_000.5)
+
+
+def test_short_ttl_gets_the_service_minimum(client: HttpBackend) -> None:
+    key = _key()
+    token = client.new_token()
+    assert client.acquire(key, token, 0.5, "o")
+    remaining = client.inspect(key).expires_in
+    # Five seconds plus the grace second, measured by the server.
+    assert remaining is not None and 4.0 < remaining <= 6.0
+
+
+def test_tokens_and_keys_follow_the_wire_rules(client: HttpBackend) -> None:
+    assert uuid.UUID(client.new_token())
+    client.check_token(str(uuid.uuid4()).upper())
+    with pytest.raises(ValidationError, match="UUID"):
+        client.check_token("a" * 32 + "zz")
+    with pytest.raises(ValidationError, match="128"):
+        client.check_key("k" * 129)
+    with pytest.raises(ValidationError):
+        client.check_key("a/b")
+    with pytest.raises(ValidationError, match="UUID"):
+        client.request_id_scope("not-a-uuid")
+
+
+def test_connect_builds_a_locker_with_the_key_from_options_or_env(
+    lock_service: ServiceInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("LEASE_LOCK_API_KEY", raising=False)
+    with pytest.raises(ValidationError, match="api_key"):
+        backend_from_url(lock_service.url)
+    monkeypatch.setenv("LEASE_LOCK_API_KEY", lock_service.keys["alpha"])
+    backend = backend_from_url(f"{lock_service.url}?timeout=5")
+    assert isinstance(backend, HttpBackend) and backend.timeout == 5.0
+    backend.close()
+    with pytest.raises(ValidationError, match="unknown http"):
+        backend_from_url(lock_service.url, table="x")
+    locker = lease_lock.connect(lock_service.url, api_key=lock_service.keys["alpha"], fencing=True)
+    try:
+        key = _key()
+        with locker.lock(key, ttl=6) as lock:
+            assert lock.fence is not None and lock.fence >= 1
+            state = locker.get(key)
+            assert state.held and state.fence == lock.fence
+            assert lock.is_held()
+        assert not locker.get(key).held
+    finally:
+        locker.close()
+
+
+def test_bad_base_url_or_key_is_a_validation_error() -> None:
+    with pytest.raises(ValidationError, match="base_url"):
+        HttpBackend("ftp://example.com", "k")
+    with pytest.raises(ValidationError, match="api_key"):
+        HttpBackend("http://127.0.0.1:1", "")
+    with pytest.raises(ValidationError, match="api_key"):
+        HttpBackend("http://127.0.0.1:1", "key\r\nX-Evil: 1")
+
+
+def test_is_held_compares_the_grant_fence(lock_service: ServiceInfo, client: HttpBackend) -> None:
+    key = _key()
+    token = client.new_token()
+    assert client.acquire_fenced(key, token, 30, "o") is not None
+    # Another client object never saw the grant: it cannot vouch for the token.
+    other = HttpBackend(lock_service.url, lock_service.keys["alpha"])
+    try:
+        assert other.is_held(key, token) is False
+        assert client.is_held(key, token) is True
+        assert other.force_release(key) is True
+        replacement = other.new_token()
+        assert other.acquire_fenced(key, replacement, 30, "o") is not None
+        # Held again, but with a later fence: not the grant this client got.
+        assert client.is_held(key, token) is False
+    finally:
+        other.close()
+
+
+def test_owner_label_survives_any_printable_text(client: HttpBackend) -> None:
+    key = _key()
+    owner = "wörker 7 | host:1 %41/é"
+    assert client.acquire(key, client.new_token(), 30, owner)
+    assert client.inspect(key).owner == owner
+    assert [state.owner for state in client.scan(key)] == [owner]
+
+
+def test_access_errors_map_to_access_denied(lock_service: ServiceInfo) -> None:
+    unknown = HttpBackend(lock_service.url, "llk_000000000000." + "A" * 43)
+    reader = HttpBackend(lock_service.url, lock_service.keys["alpha_read"])
+    try:
+        with pytest.raises(AccessDeniedError) as denied:
+            unknown.inspect(_key())
+        assert denied.value.status == 401
+        assert reader.inspect(_key()).held is False
+        with pytest.raises(AccessDeniedError) as forbidden:
+            reader.acquire(_key(), reader.new_token(), 10, "o")
+        assert forbidden.value.status == 403
+    finally:
+        unknown.close()
+        reader.close()
+
+
+def test_unexpected_status_raises_requests_http_error(lock_service: ServiceInfo) -> None:
+    # A base URL below the service root: every path is unknown there (404).
+    backend = HttpBackend(lock_service.url + "/nowhere", lock_service.keys["alpha"])
+    try:
+        with pytest.raises(requests.HTTPError):
+            backend.inspect(_key())
+    finally:
+        backend.close()
+
+
+def test_transport_failure_is_the_drivers_own(lock_service: ServiceInfo) -> None:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    backend = HttpBackend(f"http://127.0.0.1:{port}", lock_service.keys["alpha"], timeout=2)
+    try:
+        with pytest.raises(requests.ConnectionError):
+            backend.inspect(_key())
+    finally:
+        backend.close()
+
+
+def test_caller_session_stays_open(lock_service: ServiceInfo) -> None:
+    session = requests.Session()
+    backend = HttpBackend(lock_service.url, lock_service.keys["alpha"], session=session)
+    assert backend.inspect(_key()).held is False
+    backend.close()
+    # Still usable: the session is the caller's.
+    response = session.get(lock_service.url + "/locks/x", timeout=5)
+    assert response.status_code == 401
+    session.close()

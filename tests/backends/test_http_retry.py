@@ -1,0 +1,196 @@
+"""The retry-once rule of acquisition, over real sockets: a proxy that swallows the first reply,
+a store that fails once (503), and the errors that must get exactly one attempt."""
+
+from __future__ import annotations
+
+import io
+import socket
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import requests
+from lease_lock.backends.http import HttpBackend
+from lease_lock.backends.memory import MemoryBackend
+from lease_lock.errors import RateLimitedError
+from lease_lock.server import create_app
+
+from tests.support.http_server import ThreadedServer, make_keys
+
+
+class Recorder:
+    """WSGI middleware remembering what reached the app: method, path, headers, body."""
+
+    def __init__(self, app: Callable[..., Any]) -> None:
+        self.app = app
+        self.seen: list[dict[str, Any]] = []
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        environ["wsgi.input"] = io.BytesIO(body)
+        self.seen.append({
+            "method": environ["REQUEST_METHOD"],
+            "path": environ["PATH_INFO"],
+            "token": environ.get("HTTP_X_VOLCANO_LOCK_TOKEN"),
+            "request_id": environ.get("HTTP_X_VOLCANO_REQUEST_ID"),
+            "authorization": environ.get("HTTP_AUTHORIZATION"),
+            "body": body,
+        })
+        return self.app(environ, start_response)
+
+
+class DroppingProxy:
+    """Forwards each HTTP request upstream, but closes the first ``drop`` client connections
+    after the upstream answered, without passing the answer on."""
+
+    def __init__(self, upstream_port: int, drop: int = 1) -> None:
+        self.upstream_port = upstream_port
+        self.drop = drop
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _read_request(conn: socket.socket) -> bytes:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return b""
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = 0
+        lines = [line for line in head.split(b"\r\n") if not line.lower().startswith(b"connection:")]
+        for line in lines:
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":", 1)[1])
+        while len(body) < length:
+            body += conn.recv(65536)
+        return b"\r\n".join([*lines, b"Connection: close"]) + b"\r\n\r\n" + body
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            request = self._read_request(conn)
+            if not request:
+                return
+            with socket.create_connection(("127.0.0.1", self.upstream_port)) as upstream:
+                upstream.sendall(request)
+                reply = b""
+                while chunk := upstream.recv(65536):
+                    reply += chunk
+            if self.drop > 0:
+                self.drop -= 1
+                return  # the upstream acted on it; the client never hears back
+            conn.sendall(reply)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+class FlakyStore(MemoryBackend):
+    """A memory store whose next ``failures`` reads raise like an unreachable server."""
+
+    failures = 0
+
+    def inspect(self, key: str) -> Any:
+        if self.failures > 0:
+            self.failures -= 1
+            raise ConnectionError("store unreachable (test)")
+        return super().inspect(key)
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[tuple[Recorder, FlakyStore, ThreadedServer, dict[str, str]]]:
+    keys_file = tmp_path / "keys.toml"
+    keys = make_keys(keys_file)
+    store = FlakyStore()
+    recorder = Recorder(create_app(store, keys_file, rate_limit=6, rate_window=3600))
+    with ThreadedServer(recorder) as server:
+        yield recorder, store, server, keys
+
+
+def _posts(recorder: Recorder) -> list[dict[str, Any]]:
+    return [seen for seen in recorder.seen if seen["method"] == "POST"]
+
+
+def test_lost_reply_is_retried_once_with_the_same_request(rig: Any) -> None:
+    recorder, store, server, keys = rig
+    proxy = DroppingProxy(int(server.url.rsplit(":", 1)[1]), drop=1)
+    backend = HttpBackend(proxy.url, keys["alpha"])
+    try:
+        token = backend.new_token()
+        request_id = str(uuid.uuid4())
+        with backend.request_id_scope(request_id):
+            fence = backend.acquire_fenced("job", token, 30, "o")
+        posts = _posts(recorder)
+        assert len(posts) == 2
+        first, second = posts
+        for field in ("path", "token", "request_id", "authorization", "body"):
+            assert first[field] == second[field]
+        assert first["request_id"] == request_id and first["token"] == token
+        # The first attempt's grant and the retry's are the same lease: one fence.
+        assert fence == store.inspect("locks/alpha/job").fence
+    finally:
+        backend.close()
+        proxy.close()
+
+
+def test_two_lost_replies_raise_the_transport_error(rig: Any) -> None:
+    recorder, _store, server, keys = rig
+    proxy = DroppingProxy(int(server.url.rsplit(":", 1)[1]), drop=2)
+    backend = HttpBackend(proxy.url, keys["alpha"])
+    try:
+        with pytest.raises(requests.ConnectionError):
+            backend.acquire("job", backend.new_token(), 30, "o")
+        assert len(_posts(recorder)) == 2
+    finally:
+        backend.close()
+        proxy.close()
+
+
+def test_503_is_retried_once(rig: Any) -> None:
+    recorder, store, server, keys = rig
+    backend = HttpBackend(server.url, keys["alpha"])
+    try:
+        store.failures = 1
+        assert backend.acquire_fenced("job", backend.new_token(), 30, "o") is not None
+        posts = _posts(recorder)
+        assert len(posts) == 2 and posts[0]["request_id"] == posts[1]["request_id"]
+        store.failures = 2
+        with pytest.raises(requests.HTTPError) as failed:
+            backend.acquire("other", backend.new_token(), 30, "o")
+        assert failed.value.response is not None and failed.value.response.status_code == 503
+        assert len(_posts(recorder)) == 4
+    finally:
+        backend.close()
+
+
+def test_other_operations_and_errors_get_one_attempt(rig: Any) -> None:
+    recorder, store, server, keys = rig
+    backend = HttpBackend(server.url, keys["alpha"])
+    try:
+        store.failures = 1
+        with pytest.raises(requests.HTTPError):
+            backend.inspect("job")
+        assert len(recorder.seen) == 1
+        for _ in range(5):
+            backend.inspect("job")  # spend the rest of the budget (6 per window)
+        # 429 is not retried.
+        with pytest.raises(RateLimitedError) as limited:
+            backend.acquire("job2", backend.new_token(), 30, "o")
+        assert limited.value.status == 429 and 1 <= limited.value.retry_after <= 3600
+        assert len(_posts(recorder)) == 1
+    finally:
+        backend.close()
