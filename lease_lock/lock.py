@@ -241,7 +241,10 @@ class Lock:
             self._lease_end = sent + requested * (1 - LEASE_MARGIN)
             self._clamped = requested < self._ttl
             self.fence = fence
-            self._next_beat = sent + self._interval() if self._options.auto_extend else math.inf
+            # A grant clamped to the deadline already ends there: an extension could only ask
+            # for a sliver of time, which a normal round trip answers "late".
+            extend = self._options.auto_extend and not self._clamped
+            self._next_beat = sent + self._interval() if extend else math.inf
         self._schedule()
 
     def _schedule(self) -> None:

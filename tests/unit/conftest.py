@@ -1,0 +1,59 @@
+"""Fixtures for the core's unit tests: a fake clock shared by the Locker and the memory backend,
+a recording memory backend, an event recorder and a Locker wired to all three.
+
+Time is injected, never slept: a test moves the :class:`FakeClock` and calls
+``locker.heartbeat.run_due()`` to do the heartbeat's due work on its own thread.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Iterator
+
+import pytest
+from lease_lock import Locker
+from lease_lock import heartbeat as heartbeat_module
+from lease_lock import locker as locker_module
+
+from .fakes import EventLog, FakeClock, RecordingBackend
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    """The fake clock. While it is in use the real heartbeat thread only wakes when notified,
+    so the due work of a test runs where the test calls ``run_due()`` and nowhere else."""
+    monkeypatch.setattr(heartbeat_module, "_WAIT_SLICE", 3600.0)
+    return FakeClock()
+
+
+@pytest.fixture
+def backend(clock: FakeClock) -> RecordingBackend:
+    """A recording memory backend judging expiry on the fake clock."""
+    return RecordingBackend(clock=clock)
+
+
+@pytest.fixture
+def events() -> EventLog:
+    """Records every event of the ``locker`` fixture."""
+    return EventLog()
+
+
+@pytest.fixture
+def locker(backend: RecordingBackend, clock: FakeClock, events: EventLog) -> Iterator[Locker]:
+    """A Locker on the fake clock: ttl 30 s (heartbeat every 10 s), max_hold one hour."""
+    locker = Locker(backend, clock=clock, on_event=events, ttl=30.0)
+    yield locker
+    locker.close()
+
+
+@pytest.fixture
+def sleeps(monkeypatch: pytest.MonkeyPatch, clock: FakeClock) -> list[float]:
+    """Make the Locker's waits move the fake clock instead of sleeping; returns each wait."""
+    waited: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waited.append(seconds)
+        clock.advance(seconds)
+
+    monkeypatch.setattr(locker_module, "time", types.SimpleNamespace(monotonic=clock, sleep=sleep))
+    return waited
