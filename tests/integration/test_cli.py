@@ -1,0 +1,402 @@
+"""The ``lease-lock`` command, driven as a user would: real ``python -m lease_lock`` processes.
+
+Children are small shell or Python programs that leave marker files, so the tests wait on files
+appearing (with generous deadlines) rather than on timing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Optional
+
+import pytest
+from lease_lock.testing import wait_until
+
+DEADLINE = 60.0
+
+
+class Cli:
+    """Runs ``python -m lease_lock`` against one backend URL, in a scratch directory."""
+
+    def __init__(self, url: str, workdir: Path) -> None:
+        self.url = url
+        self.workdir = workdir
+        self.env = dict(os.environ, LEASE_LOCK_URL=url, XDG_STATE_HOME=str(workdir / "state"))
+        self.env.pop("LEASE_LOCK_DEBUG", None)
+
+    def start(self, *args: str, stdin: Optional[int] = subprocess.DEVNULL) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "lease_lock", *args],
+            env=self.env,
+            cwd=self.workdir,
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def run(self, *args: str, input: Optional[str] = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "lease_lock", *args],
+            env=self.env,
+            cwd=self.workdir,
+            input=input,
+            stdin=None if input is not None else subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE,
+            check=False,
+        )
+
+    def status(self, *keys: str) -> list[dict[str, object]]:
+        result = self.run("status", "--json", *keys)
+        assert result.returncode == 0, result.stderr
+        states: list[dict[str, object]] = json.loads(result.stdout)
+        return states
+
+
+def finish(process: subprocess.Popen[str]) -> tuple[int, str, str]:
+    out, err = process.communicate(timeout=DEADLINE)
+    return process.returncode, out, err
+
+
+def one_line_error(stderr: str) -> str:
+    """lease-lock's one line of stderr (a shell child may add its own, e.g. "Terminated")."""
+    assert "Traceback" not in stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("lease-lock")]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def holder_script(started: Path, go: Path, *, on_term: str = "") -> list[str]:
+    """A child that marks itself started, then runs until ``go`` appears (or it is signalled)."""
+    trap = f"trap '{on_term}' TERM; " if on_term else ""
+    return [
+        "sh", "-c",
+        f"{trap}echo $$ > '{started}'; while [ ! -e '{go}' ]; do sleep 0.05; done",
+    ]
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie left for a reaper that never comes counts as dead)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def backend_url(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The URL of a backend of kind ``name``: a scratch SQLite file or the session's servers."""
+    if name == "redis":
+        return str(request.getfixturevalue("redis_server").url)
+    if name == "postgres":
+        url = str(request.getfixturevalue("postgres_server").url)
+        return url + ("&" if "?" in url else "?") + "create_table=true"
+    return f"sqlite:///{tmp_path / 'locks.db'}"
+
+
+@pytest.fixture(params=["sqlite", "redis", "postgres"])
+def any_cli(request: pytest.FixtureRequest, tmp_path: Path) -> Cli:
+    """The command on each backend, for the behaviours that depend on the backend."""
+    return Cli(backend_url(request.param, request, tmp_path), tmp_path)
+
+
+@pytest.fixture
+def cli(request: pytest.FixtureRequest, tmp_path: Path) -> Cli:
+    """The command on SQLite, for behaviours of the command itself (signals, errors, ...)."""
+    return Cli(backend_url("sqlite", request, tmp_path), tmp_path)
+
+
+@pytest.fixture
+def key(request: pytest.FixtureRequest) -> str:
+    return f"cli-{request.node.name}".replace("[", "-").replace("]", "")
+
+
+# -- running a command -------------------------------------------------------------------------
+
+
+def test_exit_status_and_environment_reach_the_child(any_cli: Cli, key: str) -> None:
+    seen = any_cli.workdir / "seen"
+    result = any_cli.run(
+        "run", key, "--", "sh", "-c", f'echo "$LEASE_LOCK_KEY $LEASE_LOCK_FENCE" > {seen}; exit 7'
+    )
+    assert result.returncode == 7, result.stderr
+    assert result.stderr == ""
+    seen_key, fence = seen.read_text().split()
+    assert seen_key == key
+    assert 0 < int(fence) < 2**53
+    assert any_cli.status(key)[0]["held"] is False  # given back after the child exited
+
+
+def test_fences_rise_from_run_to_run(any_cli: Cli, key: str) -> None:
+    fences = []
+    for _ in range(2):
+        result = any_cli.run("run", key, "--", "sh", "-c", 'echo "$LEASE_LOCK_FENCE"')
+        assert result.returncode == 0, result.stderr
+        fences.append(int(result.stdout))
+    assert fences[1] > fences[0]
+
+
+def test_child_killed_by_a_signal_gives_128_plus_n(cli: Cli, key: str) -> None:
+    result = cli.run("run", key, "--", "sh", "-c", "kill -KILL $$")
+    assert result.returncode == 128 + signal.SIGKILL
+
+
+def test_options_may_follow_the_key_and_the_command_keeps_its_own(cli: Cli, key: str) -> None:
+    result = cli.run(
+        "run", key, "--ttl", "5s", "--max-hold", "1h", "--", sys.executable, "-c",
+        "import sys; print(sys.argv[1:])", "--ttl", "--", "-x",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "['--ttl', '--', '-x']"
+
+
+def test_missing_command_exits_127(cli: Cli, key: str) -> None:
+    result = cli.run("run", key, "--", str(cli.workdir / "no-such-program"))
+    assert result.returncode == 127
+    assert "command not found" in one_line_error(result.stderr)
+    assert cli.status(key)[0]["held"] is False
+
+
+# -- contention ----------------------------------------------------------------------------------
+
+
+def test_second_run_is_busy_and_says_so(any_cli: Cli, key: str) -> None:
+    started, go = any_cli.workdir / "started", any_cli.workdir / "go"
+    first = any_cli.start("run", key, "--", *holder_script(started, go))
+    try:
+        assert wait_until(started.exists, DEADLINE)
+        second = any_cli.run("run", key, "--", "sh", "-c", "echo ran")
+        assert second.returncode == 75
+        assert second.stdout == ""
+        line = one_line_error(second.stderr)
+        assert repr(key) in line
+        assert "busy" in line
+        custom = any_cli.run("run", key, "--busy-exit", "0", "--", "sh", "-c", "echo ran")
+        assert custom.returncode == 0
+        assert custom.stdout == ""
+        timed_out = any_cli.run("run", key, "--wait", "--timeout", "0.3", "--", "sh", "-c", "echo ran")
+        assert timed_out.returncode == 75
+        assert timed_out.stdout == ""
+    finally:
+        go.touch()
+    assert finish(first)[0] == 0
+
+
+def test_second_run_waits_for_the_key(any_cli: Cli, key: str) -> None:
+    started, go = any_cli.workdir / "started", any_cli.workdir / "go"
+    ran = any_cli.workdir / "ran"
+    first = any_cli.start("run", key, "--", *holder_script(started, go))
+    try:
+        assert wait_until(started.exists, DEADLINE)
+        second = any_cli.start("run", key, "--wait", "--", "sh", "-c", f"echo $LEASE_LOCK_FENCE > {ran}")
+        # It is waiting, not running: the first holder has not finished.
+        assert not wait_until(ran.exists, 1.0)
+        assert second.poll() is None
+    finally:
+        go.touch()
+    assert finish(first)[0] == 0
+    code, _, err = finish(second)
+    assert code == 0, err
+    assert ran.exists()
+
+
+# -- loss, signals -------------------------------------------------------------------------------
+
+
+def test_lost_lock_stops_the_child(any_cli: Cli, key: str) -> None:
+    started, go = any_cli.workdir / "started", any_cli.workdir / "go"
+    termed = any_cli.workdir / "termed"
+    holder = any_cli.start(
+        "run", key, "--ttl", "1", "--grace", "30", "--",
+        *holder_script(started, go, on_term=f"echo > {termed}; exit 0"),
+    )
+    assert wait_until(started.exists, DEADLINE)
+    # A third process drops the key; the holder's next heartbeat is refused.
+    dropped = any_cli.run("force-release", key, "--yes")
+    assert dropped.returncode == 0, dropped.stderr
+    code, _, err = finish(holder)
+    assert code == 70
+    assert termed.exists()
+    assert "reason: extend" in one_line_error(err)
+    assert not go.exists()
+
+
+def test_child_ignoring_sigterm_is_killed_with_its_group(cli: Cli, key: str) -> None:
+    started, go = cli.workdir / "started", cli.workdir / "go"
+    grandchild = cli.workdir / "grandchild"
+    script = (
+        f"trap '' TERM; sleep 120 & echo $! > {grandchild}; echo $$ > {started}; "
+        f"while [ ! -e {go} ]; do sleep 0.05; done"
+    )
+    holder = cli.start(
+        "run", key, "--ttl", "1", "--grace", "0.5", "--lost-exit", "9", "--", "sh", "-c", script
+    )
+    assert wait_until(started.exists, DEADLINE)
+    assert cli.run("force-release", key, "--yes").returncode == 0
+    code, _, err = finish(holder)
+    assert code == 9
+    assert "SIGKILL" in one_line_error(err)
+    # The whole job is stopped, not only its first process.
+    assert wait_until(lambda: not alive(int(started.read_text())), DEADLINE)
+    assert wait_until(lambda: not alive(int(grandchild.read_text())), DEADLINE)
+
+
+@pytest.mark.parametrize(
+    ("signum", "on_signal", "expected"),
+    [
+        (signal.SIGTERM, "exit 0", 0),
+        (signal.SIGINT, "", 128 + signal.SIGINT),
+        (signal.SIGHUP, "exit 4", 4),
+    ],
+)
+def test_signals_are_forwarded_and_the_key_released(
+    cli: Cli, key: str, signum: int, on_signal: str, expected: int
+) -> None:
+    started, go = cli.workdir / "started", cli.workdir / "go"
+    name = signal.Signals(signum).name[3:]
+    handler = f"trap '{on_signal}' {name}; " if on_signal else f"trap - {name}; "
+    script = f"{handler}echo $$ > {started}; while [ ! -e {go} ]; do sleep 0.05; done"
+    # Under sh -c, SIGINT is only ever ignored in background jobs; `trap -` restores the default.
+    holder = cli.start("run", key, "--", "sh", "-c", script)
+    assert wait_until(started.exists, DEADLINE)
+    assert cli.status(key)[0]["held"] is True
+    holder.send_signal(signum)
+    code, _, err = finish(holder)
+    assert code == expected, err
+    assert cli.status(key)[0]["held"] is False
+
+
+def test_interrupt_while_waiting_runs_nothing(cli: Cli, key: str) -> None:
+    started, go = cli.workdir / "started", cli.workdir / "go"
+    ran = cli.workdir / "ran"
+    first = cli.start("run", key, "--", *holder_script(started, go))
+    try:
+        assert wait_until(started.exists, DEADLINE)
+        waiter = cli.start("run", key, "--wait", "--", "sh", "-c", f"echo > {ran}")
+        # Give it time to start waiting; an earlier signal is handled the same way.
+        assert not wait_until(lambda: waiter.poll() is not None, 1.0)
+        waiter.send_signal(signal.SIGINT)
+        code, _, err = finish(waiter)
+        assert code == 128 + signal.SIGINT
+        assert "interrupted" in one_line_error(err)
+        assert not ran.exists()
+    finally:
+        go.touch()
+    assert finish(first)[0] == 0
+
+
+# -- status and force-release ----------------------------------------------------------------------
+
+
+def test_status_json(any_cli: Cli, key: str) -> None:
+    started, go = any_cli.workdir / "started", any_cli.workdir / "go"
+    holder = any_cli.start("run", key, "--ttl", "40", "--", *holder_script(started, go))
+    try:
+        assert wait_until(started.exists, DEADLINE)
+        held, free = any_cli.status(key, f"{key}-free")
+        text = any_cli.run("status", key)
+    finally:
+        go.touch()
+    assert finish(holder)[0] == 0
+    assert set(held) == {"key", "held", "expires_at", "expires_in", "fence", "owner"}
+    assert held["key"] == key
+    assert held["held"] is True
+    assert isinstance(held["fence"], int)
+    assert held["fence"] > 0
+    assert isinstance(held["owner"], str)
+    assert held["owner"].endswith(" sh")
+    assert isinstance(held["expires_in"], float)
+    assert 0 < held["expires_in"] <= 40
+    assert isinstance(held["expires_at"], str)
+    expires_at = datetime.fromisoformat(held["expires_at"].replace("Z", "+00:00"))
+    assert expires_at.utcoffset() is not None
+    assert free == {
+        "key": f"{key}-free", "held": False, "expires_at": None, "expires_in": None,
+        "fence": None, "owner": None,
+    }
+    assert text.returncode == 0
+    assert text.stdout.startswith(f"{key}: held by ")
+    assert f"fence {held['fence']}" in text.stdout
+
+
+def test_force_release_asks_first(any_cli: Cli, key: str) -> None:
+    started, go = any_cli.workdir / "started", any_cli.workdir / "go"
+    holder = any_cli.start("run", key, "--ttl", "1", "--", *holder_script(started, go))
+    assert wait_until(started.exists, DEADLINE)
+    declined = any_cli.run("force-release", key, input="n\n")
+    assert declined.returncode == 1
+    assert "force-release" in declined.stderr
+    assert any_cli.status(key)[0]["held"] is True
+    closed_stdin = any_cli.run("force-release", key)
+    assert closed_stdin.returncode == 1
+    assert any_cli.status(key)[0]["held"] is True
+    accepted = any_cli.run("force-release", key, input="y\n")
+    assert accepted.returncode == 0, accepted.stderr
+    assert accepted.stdout.strip() == f"{key}: released"
+    assert finish(holder)[0] == 70
+    again = any_cli.run("force-release", key, "--yes")
+    assert again.returncode == 0
+    assert "nothing to release" in again.stdout
+
+
+# -- errors and defaults -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "k", "--ttl", "soon", "--", "true"], "--ttl must look like"),
+        (["run", "k", "--ttl", "0", "--", "true"], "--ttl must be > 0"),
+        (["run", "k", "--max-hold", "-1h", "--", "true"], "--max-hold"),
+        (["run", "k", "--busy-exit", "300", "--", "true"], "--busy-exit must be an exit status"),
+        (["run", "k", "--timeout", "5", "--", "true"], "--timeout needs --wait"),
+        (["run", "k", "true"], "put the command after --"),
+        (["run", "k", "--"], "no command after --"),
+        (["run", "--", "true"], "KEY"),
+        (["run", "k", "--bogus", "--", "true"], "unrecognized arguments: --bogus"),
+        (["run", "k", "--url", "nope://x", "--", "true"], "unknown URL scheme 'nope'"),
+        (["run", "k", "--url", "sqlite://host/x.db", "--", "true"], "names a host"),
+        (["status", "k" * 1100], "at most 1024 allowed"),
+        (["status", "k", "--url", "sqlite:///x.db?bad=1"], "unknown sqlite URL option"),
+        (["frobnicate"], "invalid choice"),
+        ([], "required"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(cli: Cli, args: list[str], message: str) -> None:
+    result = cli.run(*args)
+    assert result.returncode == 2
+    assert message in one_line_error(result.stderr)
+    assert result.stdout == ""
+
+
+def test_unreachable_backend_exits_69(cli: Cli, key: str, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'missing-dir' / 'locks.db'}"
+    for args in (["run", key, "--url", url, "--", "true"], ["status", key, "--url", url]):
+        result = cli.run(*args)
+        assert result.returncode == 69
+        assert "backend unavailable" in one_line_error(result.stderr)
+
+
+def test_version(cli: Cli) -> None:
+    import lease_lock
+
+    result = cli.run("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"lease-lock {lease_lock.__version__}"
+
+
+def test_embedded_default_without_any_url(tmp_path: Path) -> None:
+    cli = Cli("unused", tmp_path)
+    del cli.env["LEASE_LOCK_URL"]
+    result = cli.run("run", "nightly", "--", "sh", "-c", "echo $LEASE_LOCK_FENCE")
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) > 0
+    assert (tmp_path / "state" / "lease-lock" / "locks.db").is_file()
