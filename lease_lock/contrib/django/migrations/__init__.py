@@ -1,0 +1,3 @@
+"""Migrations of the ``lease_lock`` Django app."""
+
+__all__: list[str] = []

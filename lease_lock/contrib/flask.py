@@ -1,0 +1,110 @@
+"""Flask integration: the ``LeaseLock`` extension and a ``locker`` proxy.
+
+::
+
+    app = Flask(__name__)
+    app.config["LEASE_LOCK_URL"] = "redis://localhost:6379/0"
+    LeaseLock(app)                      # or ext = LeaseLock(); ext.init_app(app)
+
+    from lease_lock.contrib.flask import locker
+
+    @app.post("/orders/<int:order_id>/settle")
+    def settle(order_id):
+        with locker.lock(f"order:{order_id}"):
+            ...
+
+Configuration keys: ``LEASE_LOCK_URL`` (default: ``connect()``'s default), ``LEASE_LOCK_TTL``,
+``LEASE_LOCK_MAX_HOLD``, ``LEASE_LOCK_KEY_PREFIX``, ``LEASE_LOCK_FENCING`` and
+``LEASE_LOCK_OPTIONS`` (a dict of backend options such as ``table``).
+"""
+
+from __future__ import annotations
+
+import atexit
+from collections.abc import Mapping
+from typing import Any, Optional, cast
+
+from flask import Flask, current_app
+from werkzeug.local import LocalProxy
+
+from ..connect import connect
+from ..errors import LockStateError, ValidationError
+from ..locker import Locker
+
+__all__ = ["CONFIG_KEYS", "EXTENSION_NAME", "LeaseLock", "locker"]
+
+#: The key of ``app.extensions`` that holds the app's locker.
+EXTENSION_NAME = "lease_lock"
+#: ``app.config`` keys and the ``connect()`` option each one becomes.
+CONFIG_KEYS: Mapping[str, str] = {
+    "LEASE_LOCK_TTL": "ttl",
+    "LEASE_LOCK_MAX_HOLD": "max_hold",
+    "LEASE_LOCK_KEY_PREFIX": "key_prefix",
+    "LEASE_LOCK_FENCING": "fencing",
+}
+
+
+def _locker_from_config(config: Mapping[str, Any]) -> Locker:
+    options = config.get("LEASE_LOCK_OPTIONS") or {}
+    if not isinstance(options, Mapping):
+        raise ValidationError(f"LEASE_LOCK_OPTIONS must be a dict, not {type(options).__name__}")
+    options = dict(options)
+    for key, option in CONFIG_KEYS.items():
+        if config.get(key) is not None:
+            if option in options:
+                raise ValidationError(f"{option} is given twice: as {key} and in LEASE_LOCK_OPTIONS")
+            options[option] = config[key]
+    url = config.get("LEASE_LOCK_URL")
+    if url is not None and not isinstance(url, str):
+        raise ValidationError(f"LEASE_LOCK_URL must be a str, not {type(url).__name__}")
+    return connect(url or None, **options)
+
+
+class LeaseLock:
+    """The Flask extension: one :class:`~lease_lock.Locker` per app, at
+    ``app.extensions["lease_lock"]``.
+
+    ``LeaseLock(app)`` sets the app up at once; ``LeaseLock()`` then ``init_app(app)`` suits an
+    app factory (one extension object, any number of apps). Pass ``locker=`` to use a locker
+    you built (it is then yours to close); otherwise the locker is built from ``app.config`` in
+    ``init_app``, so a bad setting fails at start-up, and is closed at interpreter exit.
+    The core gives a forked worker (gunicorn ``--preload``) its own heartbeat; the drivers'
+    own pools deal with their connections.
+    """
+
+    def __init__(self, app: Optional[Flask] = None, *, locker: Optional[Locker] = None) -> None:
+        if locker is not None and not isinstance(locker, Locker):
+            raise ValidationError(f"locker must be a lease_lock.Locker, not {type(locker).__name__}")
+        self._locker = locker
+        if app is not None:
+            self.init_app(app)
+
+    def init_app(self, app: Flask) -> None:
+        """Build (or adopt) the app's locker and register it under ``app.extensions``."""
+        if EXTENSION_NAME in app.extensions:
+            raise LockStateError(f"LeaseLock is already set up on the app {app.name!r}")
+        if self._locker is not None:
+            app.extensions[EXTENSION_NAME] = self._locker
+            return
+        built = _locker_from_config(app.config)
+        atexit.register(built.close)
+        app.extensions[EXTENSION_NAME] = built
+
+    @property
+    def locker(self) -> Locker:
+        """The locker of the current app (needs an app context)."""
+        return _current_locker()
+
+
+def _current_locker() -> Locker:
+    try:
+        found = current_app.extensions[EXTENSION_NAME]
+    except KeyError:
+        raise LockStateError(
+            f"LeaseLock is not set up on the app {current_app.name!r}: call LeaseLock(app) or init_app(app)"
+        ) from None
+    return cast(Locker, found)
+
+
+#: The current app's locker (a ``werkzeug`` ``LocalProxy``; needs an app or request context).
+locker: Locker = cast(Locker, LocalProxy(_current_locker))

@@ -1,0 +1,289 @@
+"""The Django integration, driven by Django itself: settings configured here, the test client
+for a view that locks, ``call_command`` and ``ManagementUtility`` for ``SingletonCommand``, the
+``migrate`` command for the PostgreSQL table, all on real databases (a SQLite file and the
+tests' PostgreSQL server)."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import urllib.parse
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import django
+import psycopg2
+import pytest
+from django.conf import settings
+from django.core.management import CommandError, ManagementUtility, call_command
+from django.test import Client, override_settings
+from lease_lock import LockLostError, ValidationError
+from lease_lock.contrib.django import (
+    BUSY_RETURNCODE,
+    LOST_RETURNCODE,
+    SingletonCommand,
+    get_locker,
+    locker,
+    reset_locker,
+)
+
+from tests.integration.django_project import gate
+
+PREFIX = f"t{uuid.uuid4().hex[:8]}:"
+WAIT = 30.0
+
+
+@pytest.fixture(scope="module")
+def django_db(postgres_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Django configured once for this module: a SQLite file as ``default``, the tests'
+    PostgreSQL as ``pg``, and ``LEASE_LOCK`` on ``django://default``."""
+    sqlite_file = tmp_path_factory.mktemp("django") / "site.db"
+    pg = urllib.parse.urlsplit(postgres_server.url)
+    settings.configure(
+        SECRET_KEY="lease-lock-tests",  # noqa: S106 - a throwaway key for a test-only site
+        ALLOWED_HOSTS=["testserver"],
+        USE_TZ=True,
+        INSTALLED_APPS=["lease_lock.contrib.django", "tests.integration.django_project"],
+        ROOT_URLCONF="tests.integration.django_project.urls",
+        MIDDLEWARE=[],
+        DATABASES={
+            "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": str(sqlite_file)},
+            "pg": {
+                "ENGINE": "django.db.backends.postgresql",
+                "NAME": pg.path.lstrip("/"),
+                "USER": urllib.parse.unquote(pg.username or "postgres"),
+                "PASSWORD": urllib.parse.unquote(pg.password or ""),
+                "HOST": pg.hostname,
+                "PORT": str(pg.port),
+                "OPTIONS": {"application_name": "lease-lock-django-test"},
+            },
+        },
+        LEASE_LOCK={"URL": "django://default", "KEY_PREFIX": PREFIX, "TTL": 5},
+    )
+    django.setup()
+    yield sqlite_file
+    reset_locker()
+
+
+@pytest.fixture
+def fresh_gate(django_db: Path) -> Iterator[None]:
+    gate.reset()
+    yield
+    gate.proceed.set()  # never leave a command thread blocked behind a failed assertion
+
+
+def run_in_thread(*args: Any, **options: Any) -> tuple[threading.Thread, list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            call_command(*args, stdout=io.StringIO(), **options)
+        except BaseException as error:  # noqa: BLE001 - handed to the test thread
+            errors.append(error)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, errors
+
+
+def test_settings_map_to_the_sqlite_backend_of_the_alias(django_db: Path) -> None:
+    built = get_locker()
+    assert type(built.backend).__name__ == "SqliteBackend"
+    assert built.backend.path == str(django_db)  # type: ignore[attr-defined]
+    assert (built.key_prefix, built.ttl) == (PREFIX, 5.0)
+    assert get_locker() is built  # one per process
+
+
+def test_view_holds_the_lock_and_answers_409_while_it_is_busy(django_db: Path) -> None:
+    client = Client()
+    answer = client.get("/orders/7/settle")
+    assert answer.status_code == 200
+    assert answer.json() == {"order": 7, "held": True, "key": PREFIX + "order:7"}
+    assert not locker.get("order:7").held  # released when the view returned
+    holder = locker.acquire("order:7")
+    try:
+        assert client.get("/orders/7/settle").status_code == 409
+    finally:
+        holder.release()
+    assert client.get("/orders/7/settle").status_code == 200
+
+
+def test_a_second_concurrent_command_fails_busy_with_one_stderr_line(fresh_gate: None) -> None:
+    first, errors = run_in_thread("nightly_report")
+    assert gate.started.wait(WAIT)
+    assert locker.get("command:nightly_report").held
+    stderr = io.StringIO()
+    with pytest.raises(CommandError) as busy:
+        call_command("nightly_report", stdout=io.StringIO(), stderr=stderr)
+    assert busy.value.returncode == BUSY_RETURNCODE == 75
+    lines = stderr.getvalue().splitlines()
+    assert len(lines) == 1 and "command:nightly_report" in lines[0]
+    gate.proceed.set()
+    first.join(WAIT)
+    assert not first.is_alive() and errors == []
+    assert gate.runs == [PREFIX + "command:nightly_report"]
+    assert not locker.get("command:nightly_report").held
+
+
+def test_manage_py_exits_75_and_prints_one_line(fresh_gate: None, capsys: pytest.CaptureFixture[str]) -> None:
+    first, errors = run_in_thread("nightly_report")
+    assert gate.started.wait(WAIT)
+    with pytest.raises(SystemExit) as exited:
+        ManagementUtility(["manage.py", "nightly_report"]).execute()
+    assert exited.value.code == 75
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and "another run holds the lock" in lines[0]
+    gate.proceed.set()
+    first.join(WAIT)
+    assert errors == [] and len(gate.runs) == 1
+
+
+def test_lock_wait_runs_after_the_holder_finishes(fresh_gate: None) -> None:
+    holder = locker.acquire("command:nightly_report")
+    waiter, errors = run_in_thread("nightly_report", "--lock-wait")
+    # While the key is held the command must neither run nor give up.
+    assert not gate.started.wait(0.5)
+    assert errors == []
+    holder.release()
+    assert gate.started.wait(WAIT)
+    gate.proceed.set()
+    waiter.join(WAIT)
+    assert errors == [] and len(gate.runs) == 1
+
+
+def test_lock_timeout_gives_up_with_the_busy_code(fresh_gate: None) -> None:
+    first, errors = run_in_thread("nightly_report")
+    assert gate.started.wait(WAIT)
+    with pytest.raises(CommandError) as busy:
+        call_command("nightly_report", "--lock-timeout", "0.3", stdout=io.StringIO(), stderr=io.StringIO())
+    assert busy.value.returncode == 75
+    assert isinstance(busy.value.__cause__, Exception) and busy.value.__cause__.reason == "timeout"  # type: ignore[attr-defined]
+    gate.proceed.set()
+    first.join(WAIT)
+    assert errors == []
+
+
+class DayReport(SingletonCommand):
+    """A command keyed by one of its options."""
+
+    lock_key = staticmethod(lambda options: f"report:{options['day']}")  # type: ignore[assignment]
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("day")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        assert self.lock is not None
+        gate.runs.append(self.lock.key)
+        # Another run of a different day is not blocked by this one.
+        if options["day"] == "mon":
+            call_command(DayReport(), "tue", stdout=io.StringIO())
+
+
+def test_lock_key_callable_of_the_options(fresh_gate: None) -> None:
+    call_command(DayReport(), "mon", stdout=io.StringIO())
+    assert gate.runs == [PREFIX + "report:mon", PREFIX + "report:tue"]
+
+
+class LosesItsLock(SingletonCommand):
+    """A command whose lease is taken away (force-released) while it runs."""
+
+    lock_key = "fragile"
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        assert locker.force_release("fragile")
+
+
+def test_a_lost_lock_ends_the_command_with_a_clear_error(django_db: Path) -> None:
+    with pytest.raises(CommandError) as lost:
+        call_command(LosesItsLock(), stdout=io.StringIO())
+    assert lost.value.returncode == LOST_RETURNCODE
+    assert "lost" in str(lost.value) and "fragile" in str(lost.value)
+    assert isinstance(lost.value.__cause__, LockLostError)
+
+
+def test_bad_settings_are_named(django_db: Path) -> None:
+    with override_settings(LEASE_LOCK={"URL": "django://nope"}), pytest.raises(ValidationError, match="nope"):
+        get_locker()
+    with override_settings(LEASE_LOCK={"TIMEOUT": 3}), pytest.raises(ValidationError, match="TIMEOUT"):
+        get_locker()
+    with override_settings(LEASE_LOCK={"TTL": -1}), pytest.raises(ValidationError, match="ttl"):
+        get_locker()
+
+
+def test_migration_creates_the_postgres_table_for_create_table_false(django_db: Path, postgres_server: Any) -> None:
+    table = f"ll_django_{uuid.uuid4().hex[:8]}"
+    config = {"URL": "django://pg", "OPTIONS": {"table": table, "create_table": False}}
+    with override_settings(LEASE_LOCK=config):
+        built = get_locker()
+        assert type(built.backend).__name__ == "PostgresBackend"
+        with pytest.raises(ValidationError, match=table):
+            built.acquire("before-migration")
+        # The migration is PostgreSQL-only: on the SQLite default it records itself and runs nothing.
+        call_command("migrate", "lease_lock", database="default", verbosity=0)
+        call_command("migrate", "lease_lock", database="pg", verbosity=0)
+        try:
+            reset_locker()
+            lock = get_locker().acquire("after-migration")
+            assert get_locker().get("after-migration").held
+            lock.release()
+        finally:
+            reset_locker()
+            call_command("migrate", "lease_lock", "zero", database="pg", verbosity=0)
+    with psycopg2.connect(postgres_server.url) as conn, conn.cursor() as cursor:
+        cursor.execute("SELECT to_regclass(%s), to_regclass(%s)", (table, table + "_fence"))
+        assert cursor.fetchone() == (None, None)
+    conn.close()
+
+
+def test_the_locker_is_rebuilt_in_a_forked_child(django_db: Path) -> None:
+    parent = get_locker()
+    held = parent.acquire("fork-parent")
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, and never return into pytest
+        status = b"?"
+        try:
+            child = get_locker()
+            fresh = child is not parent and not child.closed
+            child.acquire("fork-child").release()
+            status = b"ok" if fresh and child.get("fork-parent").held else b"stale"
+        except BaseException as error:  # noqa: BLE001 - reported to the parent through the pipe
+            status = repr(error).encode()
+        finally:
+            os.write(write_end, status)
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        report = pipe.read()
+    os.waitpid(pid, 0)
+    assert report == b"ok"
+    assert held.state == "held" and get_locker() is parent
+    assert held.release()
+
+
+def test_the_locker_is_closed_at_exit(django_db: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import django
+        from django.conf import settings
+        settings.configure(
+            DATABASES={{"default": {{"ENGINE": "django.db.backends.sqlite3", "NAME": {str(django_db)!r}}}}},
+            LEASE_LOCK={{"URL": "django://default", "KEY_PREFIX": {PREFIX!r}, "TTL": 60}},
+        )
+        django.setup()
+        from lease_lock.contrib.django import locker
+        lock = locker.acquire("left-held")
+        print(locker.get("left-held").held, flush=True)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=WAIT, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
+    # The 60 s lease was given back when the interpreter exited, not left to run out.
+    assert not locker.get("left-held").held
