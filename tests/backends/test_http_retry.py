@@ -31,14 +31,16 @@ class Recorder:
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
         body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
         environ["wsgi.input"] = io.BytesIO(body)
-        self.seen.append({
-            "method": environ["REQUEST_METHOD"],
-            "path": environ["PATH_INFO"],
-            "token": environ.get("HTTP_X_VOLCANO_LOCK_TOKEN"),
-            "request_id": environ.get("HTTP_X_VOLCANO_REQUEST_ID"),
-            "authorization": environ.get("HTTP_AUTHORIZATION"),
-            "body": body,
-        })
+        self.seen.append(
+            {
+                "method": environ["REQUEST_METHOD"],
+                "path": environ["PATH_INFO"],
+                "token": environ.get("HTTP_X_VOLCANO_LOCK_TOKEN"),
+                "request_id": environ.get("HTTP_X_VOLCANO_REQUEST_ID"),
+                "authorization": environ.get("HTTP_AUTHORIZATION"),
+                "body": body,
+            }
+        )
         return self.app(environ, start_response)
 
 

@@ -54,7 +54,11 @@ class ThreadedServer:
         import waitress
 
         self.server = waitress.create_server(
-            app, host="127.0.0.1", port=0, threads=threads, ident="lease-lock-test",
+            app,
+            host="127.0.0.1",
+            port=0,
+            threads=threads,
+            ident="lease-lock-test",
             asyncore_loop_timeout=0.1,
         )
         self.url = f"http://127.0.0.1:{self.server.effective_port}"
@@ -88,9 +92,22 @@ def start_serve(tmp: Path, backend_url: str, keys_file: Path, *extra: str) -> tu
     log = tmp / f"serve-{time.monotonic_ns()}.log"
     handle = log.open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "lease_lock.server", "serve", "--url", backend_url,
-         "--bind", "127.0.0.1:0", "--keys", str(keys_file), *extra],
-        stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        [
+            sys.executable,
+            "-m",
+            "lease_lock.server",
+            "serve",
+            "--url",
+            backend_url,
+            "--bind",
+            "127.0.0.1:0",
+            "--keys",
+            str(keys_file),
+            *extra,
+        ],
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     handle.close()
     deadline = time.monotonic() + 30

@@ -1,0 +1,274 @@
+"""The lock service over real HTTP: the wire format, credentials and scopes, projects, budgets,
+bad input of every kind, and keys picked up without a restart."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+import requests
+from lease_lock.backends.memory import MemoryBackend
+from lease_lock.errors import ValidationError
+from lease_lock.server import create_app, create_key, openapi_document, revoke_key
+from lease_lock.testing import wait_until
+
+from tests.support.http_server import ServiceInfo, ThreadedServer, make_keys
+
+
+class Client:
+    """Raw HTTP against the service, with one key."""
+
+    def __init__(self, base: str, key: Optional[str]) -> None:
+        self.base = base
+        self.session = requests.Session()
+        if key is not None:
+            self.session.headers["Authorization"] = f"Bearer {key}"
+
+    def call(self, method: str, path: str, token: Optional[str] = None, **kwargs: Any) -> requests.Response:
+        headers = kwargs.pop("headers", {})
+        if token is not None:
+            headers["X-Volcano-Lock-Token"] = token
+        return self.session.request(method, self.base + path, headers=headers, timeout=10, **kwargs)
+
+    def acquire(self, key: str, token: str, ttl: Any = 30, **kwargs: Any) -> requests.Response:
+        return self.call("POST", f"/locks/{key}/lease", token, json={"ttl_seconds": ttl}, **kwargs)
+
+
+@pytest.fixture
+def alpha(lock_service: ServiceInfo) -> Iterator[Client]:
+    client = Client(lock_service.url, lock_service.keys["alpha"])
+    yield client
+    client.session.close()
+
+
+def _key() -> str:
+    return f"srv.{uuid.uuid4().hex}"
+
+
+def _error(response: requests.Response, status: int, code: str) -> None:
+    assert response.status_code == status, response.text
+    assert response.headers["Content-Type"] == "application/json"
+    body = response.json()
+    assert body["code"] == code and isinstance(body["error"], str) and body["error"]
+
+
+def test_wire_format_of_a_full_cycle(alpha: Client) -> None:
+    key, token = _key(), str(uuid.uuid4())
+    granted = alpha.acquire(key, token, 30, headers={"X-Volcano-Request-Id": str(uuid.uuid4())})
+    assert granted.status_code == 201
+    body = granted.json()
+    assert set(body) == {"expires_at", "fencing_token"}
+    assert type(body["fencing_token"]) is int and 0 < body["fencing_token"] < 2**53
+    assert body["expires_at"].endswith("Z")
+    read = alpha.call("GET", f"/locks/{key}")
+    assert read.status_code == 200
+    assert read.json() == {"held": True, "expires_at": body["expires_at"], "fencing_token": body["fencing_token"]}
+    renewed = alpha.call("PATCH", f"/locks/{key}/lease", token, json={"ttl_seconds": 60})
+    assert renewed.status_code == 200 and renewed.json()["fencing_token"] == body["fencing_token"]
+    released = alpha.call("DELETE", f"/locks/{key}/lease", token)
+    assert released.status_code == 204 and released.content == b""
+    assert released.headers["X-Lease-Lock-Released"] == "true"
+    assert alpha.call("GET", f"/locks/{key}").json() == {"held": False}
+    again = alpha.call("DELETE", f"/locks/{key}/lease", token)
+    assert again.status_code == 204 and again.headers["X-Lease-Lock-Released"] == "false"
+    forced = alpha.call("DELETE", f"/locks/{key}")
+    assert forced.status_code == 204 and forced.headers["X-Lease-Lock-Released"] == "false"
+
+
+def test_conflicts(alpha: Client) -> None:
+    key, token, other = _key(), str(uuid.uuid4()), str(uuid.uuid4())
+    assert alpha.acquire(key, token).status_code == 201
+    _error(alpha.acquire(key, other), 409, "lock_held")
+    _error(alpha.call("PATCH", f"/locks/{key}/lease", other, json={"ttl_seconds": 30}), 409, "lock_ownership_lost")
+    _error(alpha.call("DELETE", f"/locks/{key}/lease", other), 409, "lock_ownership_lost")
+    assert alpha.call("GET", f"/locks/{key}").json()["held"] is True
+    _error(alpha.call("PATCH", f"/locks/{_key()}/lease", token, json={"ttl_seconds": 30}), 409, "lock_ownership_lost")
+
+
+def test_tokens_compare_as_uuids_and_keys_are_percent_decoded(alpha: Client) -> None:
+    token = uuid.uuid4()
+    name = f"a:{uuid.uuid4().hex}"
+    assert alpha.acquire(name.replace(":", "%3A"), str(token)).status_code == 201
+    same = alpha.acquire(name, "{" + token.hex.upper() + "}")
+    assert same.status_code == 201
+    assert alpha.call("DELETE", f"/locks/{name}/lease", f"urn:uuid:{token}").headers["X-Lease-Lock-Released"] == "true"
+    _error(alpha.acquire("a%2Fb", str(token)), 400, "invalid_key")
+    _error(alpha.call("GET", "/locks/a%2Fb"), 400, "invalid_key")
+
+
+def test_owner_extension_is_returned_by_reads(alpha: Client) -> None:
+    key = _key()
+    assert alpha.acquire(key, str(uuid.uuid4()), headers={"X-Lease-Lock-Owner": "host%3A42"}).status_code == 201
+    state = alpha.call("GET", f"/locks/{key}")
+    assert state.json()["owner"] == "host:42"
+    assert 29 < float(state.headers["X-Lease-Lock-Expires-In"]) <= 31
+    listed = alpha.call("GET", "/locks", params={"prefix": key}).json()["locks"]
+    assert [item["key"] for item in listed] == [key] and listed[0]["owner"] == "host:42"
+    _error(alpha.acquire(_key(), str(uuid.uuid4()), headers={"X-Lease-Lock-Owner": "x" * 300}), 400, "invalid_request")
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ({"ttl_seconds": 4}, "invalid_ttl"),
+        ({"ttl_seconds": 7_776_001}, "invalid_ttl"),
+        ({"ttl_seconds": "30"}, "invalid_ttl"),
+        ({"ttl_seconds": 30.5}, "invalid_ttl"),
+        ({"ttl_seconds": True}, "invalid_ttl"),
+        ({}, "invalid_ttl"),
+        ([30], "invalid_request"),
+        ("not json", "invalid_request"),
+        (None, "invalid_request"),
+    ],
+)
+def test_bad_bodies_are_400(alpha: Client, body: Any, code: str) -> None:
+    raw = body if isinstance(body, str) else json.dumps(body) if body is not None else ""
+    response = alpha.call("POST", f"/locks/{_key()}/lease", str(uuid.uuid4()), data=raw)
+    _error(response, 400, code)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "headers", "status", "code"),
+    [
+        ("POST", "/locks/k/lease", {}, 400, "invalid_token"),
+        ("POST", "/locks/k/lease", {"X-Volcano-Lock-Token": "nope"}, 400, "invalid_token"),
+        ("GET", "/locks/k", {"X-Volcano-Request-Id": "nope"}, 400, "invalid_request"),
+        ("GET", "/locks/" + "k" * 129, {}, 400, "invalid_key"),
+        ("GET", "/locks/%FF", {}, 400, "invalid_key"),
+        ("GET", "/locks/k%20", {}, 400, "invalid_key"),
+        ("PUT", "/locks/k", {}, 405, "method_not_allowed"),
+        ("GET", "/locks/k/lease", {}, 405, "method_not_allowed"),
+        ("POST", "/locks", {}, 405, "method_not_allowed"),
+        ("GET", "/", {}, 404, "not_found"),
+        ("GET", "/locks/k/other", {}, 404, "not_found"),
+        ("GET", "/locks/k/lease/x", {}, 404, "not_found"),
+        ("GET", "/locks?prefix=a/b", {}, 400, "invalid_key"),
+    ],
+)
+def test_bad_requests_get_a_4xx_with_a_code(
+    alpha: Client, method: str, path: str, headers: dict[str, str], status: int, code: str
+) -> None:
+    _error(alpha.call(method, path, headers=headers, json={"ttl_seconds": 30}), status, code)
+
+
+def test_huge_body_is_413(alpha: Client) -> None:
+    response = alpha.call("POST", f"/locks/{_key()}/lease", str(uuid.uuid4()), data=b"{" + b" " * 200_000 + b"}")
+    _error(response, 413, "payload_too_large")
+
+
+def test_credentials_and_scopes(lock_service: ServiceInfo) -> None:
+    key = _key()
+    clients = {name: Client(lock_service.url, value) for name, value in lock_service.keys.items()}
+    nobody = Client(lock_service.url, None)
+    try:
+        _error(nobody.call("GET", f"/locks/{key}"), 401, "unauthorized")
+        apikey_only = nobody.call("GET", f"/locks/{key}", headers={"apikey": lock_service.keys["alpha"]})
+        _error(apikey_only, 401, "unauthorized")
+        _error(
+            Client(lock_service.url, "llk_0123456789ab." + "x" * 43).call("GET", f"/locks/{key}"), 401, "unauthorized"
+        )
+        basic = nobody.call("GET", f"/locks/{key}", headers={"Authorization": f"Basic {lock_service.keys['alpha']}"})
+        _error(basic, 401, "unauthorized")
+        reader = clients["alpha_read"]
+        assert reader.call("GET", f"/locks/{key}").status_code == 200
+        assert reader.call("GET", "/locks").status_code == 200
+        _error(reader.acquire(key, str(uuid.uuid4())), 403, "forbidden")
+        _error(reader.call("DELETE", f"/locks/{key}"), 403, "forbidden")
+        token = str(uuid.uuid4())
+        assert clients["alpha_full"].acquire(key, token).status_code == 201
+        # Same project, another manage key: sees the lock held and may release it with the token.
+        assert clients["alpha"].call("GET", f"/locks/{key}").json()["held"] is True
+        assert clients["alpha"].call("DELETE", f"/locks/{key}/lease", token).status_code == 204
+    finally:
+        for client in (*clients.values(), nobody):
+            client.session.close()
+
+
+def test_projects_are_isolated(lock_service: ServiceInfo) -> None:
+    alpha = Client(lock_service.url, lock_service.keys["alpha"])
+    beta = Client(lock_service.url, lock_service.keys["beta"])
+    try:
+        key = _key()
+        assert alpha.acquire(key, str(uuid.uuid4())).status_code == 201
+        assert beta.call("GET", f"/locks/{key}").json() == {"held": False}
+        assert beta.acquire(key, str(uuid.uuid4())).status_code == 201
+        assert beta.call("DELETE", f"/locks/{key}").headers["X-Lease-Lock-Released"] == "true"
+        assert alpha.call("GET", f"/locks/{key}").json()["held"] is True
+        assert [item["key"] for item in beta.call("GET", "/locks", params={"prefix": key}).json()["locks"]] == []
+    finally:
+        alpha.session.close()
+        beta.session.close()
+
+
+def test_keys_are_picked_up_and_revoked_without_restart(lock_service: ServiceInfo) -> None:
+    record, new_key = create_key(lock_service.keys_file, "gamma", "locks.manage")
+    client = Client(lock_service.url, new_key)
+    try:
+        assert wait_until(lambda: client.call("GET", "/locks/k").status_code == 200, 10)
+        assert revoke_key(lock_service.keys_file, record.id)
+        assert wait_until(lambda: client.call("GET", "/locks/k").status_code == 401, 10)
+    finally:
+        client.session.close()
+
+
+@pytest.fixture
+def limited(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    keys_file = tmp_path / "keys.toml"
+    keys = make_keys(keys_file)
+    with ThreadedServer(create_app(MemoryBackend(), keys_file, rate_limit=5, rate_window=2.0)) as server:
+        yield server.url, keys
+
+
+def test_rate_limit_per_project_and_recovery(limited: tuple[str, dict[str, str]]) -> None:
+    url, keys = limited
+    alpha, alpha_full, beta = (Client(url, keys[name]) for name in ("alpha", "alpha_full", "beta"))
+    try:
+        # Every request counts, rejected ones too, and both keys of the project share one budget.
+        def spend() -> requests.Response:
+            alpha_full.call("GET", "/locks/%2F")
+            return alpha.call("GET", "/locks/k")
+
+        assert wait_until(lambda: spend().status_code == 429, 10)
+        refused = alpha.call("GET", "/locks/k")
+        _error(refused, 429, "lock_rate_limited")
+        assert refused.headers["Retry-After"] in ("1", "2")
+        assert beta.call("GET", "/locks/k").status_code == 200
+        assert wait_until(lambda: alpha.call("GET", "/locks/k").status_code == 200, 10)
+    finally:
+        for client in (alpha, alpha_full, beta):
+            client.session.close()
+
+
+def test_unreachable_store_fails_closed(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.toml"
+    keys = make_keys(keys_file)
+    with ThreadedServer(create_app("redis://127.0.0.1:1/0", keys_file)) as server:
+        client = Client(server.url, keys["alpha"])
+        try:
+            _error(client.call("GET", "/locks/k"), 503, "unavailable")
+            _error(client.acquire("k", str(uuid.uuid4())), 503, "unavailable")
+        finally:
+            client.session.close()
+
+
+def test_create_app_checks_its_arguments(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="does not exist"):
+        create_app("memory://", tmp_path / "missing.toml")
+    make_keys(tmp_path / "keys.toml")
+    with pytest.raises(ValidationError, match="rate_limit"):
+        create_app("memory://", tmp_path / "keys.toml", rate_limit=0)
+
+
+def test_openapi_document_describes_the_routes_and_marks_extensions() -> None:
+    document = openapi_document()
+    assert document["openapi"].startswith("3.")
+    paths = document["paths"]
+    assert set(paths["/locks/{key}/lease"]) >= {"post", "patch", "delete"}
+    assert set(paths["/locks/{key}"]) >= {"get", "delete"}
+    assert paths["/locks"]["x-lease-lock-extension"] is True
+    owner = [p for p in paths["/locks/{key}/lease"]["post"]["parameters"] if p.get("name") == "X-Lease-Lock-Owner"]
+    assert owner and owner[0]["x-lease-lock-extension"] is True
