@@ -6,11 +6,13 @@ appearing (with generous deadlines) rather than on timing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Optional
@@ -81,6 +83,19 @@ def holder_script(started: Path, go: Path, *, on_term: str = "") -> list[str]:
         "sh", "-c",
         f"{trap}echo $$ > '{started}'; while [ ! -e '{go}' ]; do sleep 0.05; done",
     ]
+
+
+@contextlib.contextmanager
+def holding(cli: Cli, key: str, *options: str) -> Iterator[subprocess.Popen[str]]:
+    """A ``lease-lock run`` holding ``key`` for the block; it must then finish with status 0."""
+    started, go = cli.workdir / "holder-started", cli.workdir / "holder-go"
+    holder = cli.start("run", key, *options, "--", *holder_script(started, go))
+    try:
+        assert wait_until(started.exists, DEADLINE)
+        yield holder
+    finally:
+        go.touch()
+    assert finish(holder)[0] == 0
 
 
 def alive(pid: int) -> bool:
@@ -169,10 +184,7 @@ def test_missing_command_exits_127(cli: Cli, key: str) -> None:
 
 
 def test_second_run_is_busy_and_says_so(any_cli: Cli, key: str) -> None:
-    started, go = any_cli.workdir / "started", any_cli.workdir / "go"
-    first = any_cli.start("run", key, "--", *holder_script(started, go))
-    try:
-        assert wait_until(started.exists, DEADLINE)
+    with holding(any_cli, key):
         second = any_cli.run("run", key, "--", "sh", "-c", "echo ran")
         assert second.returncode == 75
         assert second.stdout == ""
@@ -182,27 +194,20 @@ def test_second_run_is_busy_and_says_so(any_cli: Cli, key: str) -> None:
         custom = any_cli.run("run", key, "--busy-exit", "0", "--", "sh", "-c", "echo ran")
         assert custom.returncode == 0
         assert custom.stdout == ""
-        timed_out = any_cli.run("run", key, "--wait", "--timeout", "0.3", "--", "sh", "-c", "echo ran")
+        timed_out = any_cli.run(
+            "run", key, "--wait", "--timeout", "0.3", "--", "sh", "-c", "echo ran"
+        )
         assert timed_out.returncode == 75
         assert timed_out.stdout == ""
-    finally:
-        go.touch()
-    assert finish(first)[0] == 0
 
 
 def test_second_run_waits_for_the_key(any_cli: Cli, key: str) -> None:
-    started, go = any_cli.workdir / "started", any_cli.workdir / "go"
     ran = any_cli.workdir / "ran"
-    first = any_cli.start("run", key, "--", *holder_script(started, go))
-    try:
-        assert wait_until(started.exists, DEADLINE)
-        second = any_cli.start("run", key, "--wait", "--", "sh", "-c", f"echo $LEASE_LOCK_FENCE > {ran}")
+    with holding(any_cli, key):
+        second = any_cli.start("run", key, "--wait", "--", "sh", "-c", f"echo > {ran}")
         # It is waiting, not running: the first holder has not finished.
         assert not wait_until(ran.exists, 1.0)
         assert second.poll() is None
-    finally:
-        go.touch()
-    assert finish(first)[0] == 0
     code, _, err = finish(second)
     assert code == 0, err
     assert ran.exists()
@@ -275,11 +280,8 @@ def test_signals_are_forwarded_and_the_key_released(
 
 
 def test_interrupt_while_waiting_runs_nothing(cli: Cli, key: str) -> None:
-    started, go = cli.workdir / "started", cli.workdir / "go"
     ran = cli.workdir / "ran"
-    first = cli.start("run", key, "--", *holder_script(started, go))
-    try:
-        assert wait_until(started.exists, DEADLINE)
+    with holding(cli, key):
         waiter = cli.start("run", key, "--wait", "--", "sh", "-c", f"echo > {ran}")
         # Give it time to start waiting; an earlier signal is handled the same way.
         assert not wait_until(lambda: waiter.poll() is not None, 1.0)
@@ -288,24 +290,15 @@ def test_interrupt_while_waiting_runs_nothing(cli: Cli, key: str) -> None:
         assert code == 128 + signal.SIGINT
         assert "interrupted" in one_line_error(err)
         assert not ran.exists()
-    finally:
-        go.touch()
-    assert finish(first)[0] == 0
 
 
 # -- status and force-release ----------------------------------------------------------------------
 
 
 def test_status_json(any_cli: Cli, key: str) -> None:
-    started, go = any_cli.workdir / "started", any_cli.workdir / "go"
-    holder = any_cli.start("run", key, "--ttl", "40", "--", *holder_script(started, go))
-    try:
-        assert wait_until(started.exists, DEADLINE)
+    with holding(any_cli, key, "--ttl", "40"):
         held, free = any_cli.status(key, f"{key}-free")
         text = any_cli.run("status", key)
-    finally:
-        go.touch()
-    assert finish(holder)[0] == 0
     assert set(held) == {"key", "held", "expires_at", "expires_in", "fence", "owner"}
     assert held["key"] == key
     assert held["held"] is True
