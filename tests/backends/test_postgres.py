@@ -93,9 +93,9 @@ def test_postgres_scheme_alias_and_query_options(postgres_server: PostgresServer
     assert isinstance(backend, PostgresBackend)
     assert backend.names.label == table and backend.pool.maxconn == 2
     assert backend.acquire("k", TOKEN, 30, "o")
-    with backend.pool.getconn() as conn, conn.cursor() as cursor:
-        cursor.execute("SELECT current_setting('application_name')")
-        assert cursor.fetchone() == ("ll-test",)
+    conn = backend.pool.getconn()
+    assert _sql(conn, "SELECT current_setting('application_name')") == [("ll-test",)]
+    backend.pool.putconn(conn)
     backend.close()
     assert backend.pool.closed
 

@@ -8,8 +8,6 @@ import urllib.parse
 from datetime import timezone
 from typing import Any, Callable, ClassVar, Iterator, Optional, Sequence
 
-import psycopg2.pool
-
 from ...errors import ValidationError
 from ...validation import check_bool
 from ..base import (
@@ -20,7 +18,7 @@ from ..base import (
     ReleaseWatcher,
     parse_url_options,
 )
-from ._connections import ConnectionSource, check_dsn
+from ._connections import ConnectionSource, LazyPool, check_dsn
 from ._sql import Names, ddl, resolve_names
 from ._watch import PostgresReleaseWatcher
 
@@ -168,7 +166,10 @@ class PostgresBackend(Backend):
             parts.port  # noqa: B018 -- libpq parses ports only when connecting
         except ValueError as exc:
             raise ValidationError(f"invalid PostgreSQL DSN: {exc}") from exc
-        pool = psycopg2.pool.ThreadedConnectionPool(1, max_connections, dsn)
+        pool = LazyPool(max_connections, dsn)
+        # Connect once now: an unreachable server or a refused login fails here, with the
+        # driver's own error, rather than on the first lock.
+        pool.putconn(pool.getconn())
         try:
             backend = cls(pool, **settings)
         except BaseException:
@@ -403,26 +404,36 @@ def _statements(names: Names, write_prefix: str) -> dict[str, str]:
         " expires_at = EXCLUDED.expires_at, owner = EXCLUDED.owner, fence = {fence}"
         " WHERE held.expires_at <= clock_timestamp() OR held.token = EXCLUDED.token"
     )
+    free = (
+        f"NOT EXISTS (SELECT 1 FROM {t} WHERE key = %(key)s AND token <> %(token)s"
+        " AND expires_at > clock_timestamp())"
+    )
     state_columns = (
         "key, expires_at, fence, owner, extract(epoch FROM expires_at - now.at)::float8"
     )
     statements = {
         # Inputs: key, token, ttl, owner. Result: one row affected on a grant, none on
         # contention. A same-token re-acquire keeps the fence an earlier fenced grant set.
+        # The NOT EXISTS filter answers contention with a plain read: without it, ON CONFLICT
+        # would lock the holder's row, which costs a transaction id, WAL and a commit flush
+        # for every failed attempt. It reads the statement's snapshot, so it can only turn
+        # away a key that was held when the call began; ON CONFLICT still decides every grant.
         "acquire": (
             f"INSERT INTO {t} AS held (key, token, expires_at, fence, owner)"
-            f" VALUES (%(key)s, %(token)s, {lease}, NULL, %(owner)s) "
+            f" SELECT %(key)s, %(token)s, {lease}, NULL, %(owner)s WHERE {free} "
             + take_over.format(fence="CASE WHEN held.token = EXCLUDED.token THEN held.fence END")
         ),
         # Inputs: key, token, ttl, owner, gate, slot. Result: the fence, or no row.
         # nextval() in INSERT ... ON CONFLICT is drawn before the conflict check and the row
         # lock, so a grant that stalled after drawing could land after a later, larger one.
         # The transaction-scoped advisory lock (gate, slot) is taken first, in the same
-        # statement, so the grants of one key draw their fences one after the other.
+        # statement, and the fence is computed from the gate's row, so the grants of one key
+        # draw their fences one after the other.
         "acquire_fenced": (
             "WITH gate AS MATERIALIZED (SELECT pg_advisory_xact_lock(%(gate)s, %(slot)s))"
             f" INSERT INTO {t} AS held (key, token, expires_at, fence, owner)"
-            f" SELECT %(key)s, %(token)s, {lease}, nextval({seq}::regclass), %(owner)s FROM gate "
+            f" SELECT %(key)s, %(token)s, {lease}, nextval({seq}::regclass), %(owner)s"
+            f" FROM gate WHERE {free} "
             + take_over.format(
                 fence="CASE WHEN held.token = EXCLUDED.token"
                 " THEN COALESCE(held.fence, EXCLUDED.fence) ELSE EXCLUDED.fence END"

@@ -12,7 +12,7 @@ import psycopg2.pool
 
 from ...errors import ValidationError
 
-__all__ = ["ConnectionSource", "check_dsn", "connect_parameters"]
+__all__ = ["ConnectionSource", "LazyPool", "check_dsn", "connect_parameters"]
 
 _IDLE = psycopg2.extensions.TRANSACTION_STATUS_IDLE
 
@@ -28,6 +28,50 @@ def _refuse_busy(conn: Any, origin: str) -> None:
         )
 
 
+class LazyPool:
+    """The pool ``connect("postgresql://...")`` builds: opens connections on demand, keeps them.
+
+    psycopg2's own pools close every returned connection beyond ``minconn``, so a burst of
+    threads would pay a new server session per statement; this one keeps up to ``maxconn``
+    idle connections and opens none before they are needed. It has the psycopg2 pool methods
+    the backend uses (``getconn``, ``putconn``, ``closeall``, ``closed``, ``maxconn``) and is
+    thread-safe.
+    """
+
+    def __init__(self, maxconn: int, dsn: str) -> None:
+        self.maxconn = maxconn
+        self.dsn = dsn
+        self.closed = False
+        self._idle: list[Any] = []
+        self._lock = threading.Lock()
+
+    def getconn(self) -> Any:
+        """An idle connection, or a new one."""
+        with self._lock:
+            if self.closed:
+                raise psycopg2.pool.PoolError("connection pool is closed")
+            if self._idle:
+                return self._idle.pop()
+        return psycopg2.connect(self.dsn)
+
+    def putconn(self, conn: Any, close: bool = False) -> None:
+        """Take ``conn`` back; a broken one (or ``close=True``) is closed instead of kept."""
+        with self._lock:
+            keep = not (close or conn.closed or self.closed) and len(self._idle) < self.maxconn
+            if keep:
+                self._idle.append(conn)
+        if not keep and not conn.closed:
+            conn.close()
+
+    def closeall(self) -> None:
+        """Close every idle connection; connections still lent out close when returned."""
+        with self._lock:
+            self.closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
 class ConnectionSource:
     """Lends one connection at a time in autocommit mode and takes it back.
 
@@ -39,7 +83,7 @@ class ConnectionSource:
     """
 
     def __init__(self, conn_or_pool: Any) -> None:
-        if isinstance(conn_or_pool, psycopg2.pool.AbstractConnectionPool):
+        if isinstance(conn_or_pool, (psycopg2.pool.AbstractConnectionPool, LazyPool)):
             self.pool: Any = conn_or_pool
             self.connection: Any = None
             self._slots = threading.BoundedSemaphore(max(1, int(conn_or_pool.maxconn)))

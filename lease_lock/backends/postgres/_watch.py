@@ -22,8 +22,14 @@ logger = logging.getLogger("lease_lock")
 _PING_AFTER = 10.0
 _FIRST_BACKOFF = 0.05
 _MAX_BACKOFF = 2.0
-#: ``application_name`` of the listening connection, so operators (and tests) can find it.
-APPLICATION_NAME = "lease_lock listener"
+
+
+def _listener_name(parameters: dict[str, str]) -> str:
+    """``application_name`` of the listening connection, so operators can tell it apart."""
+    given = parameters.get("application_name")
+    if given is None and "dsn" in parameters:
+        given = psycopg2.extensions.parse_dsn(parameters["dsn"]).get("application_name")
+    return f"{given or 'lease_lock'} listener"
 
 
 class PostgresReleaseWatcher(ReleaseWatcher):
@@ -33,17 +39,19 @@ class PostgresReleaseWatcher(ReleaseWatcher):
     parameters) and is never shared. When it breaks (server restart, ``pg_terminate_backend``,
     network loss), ``active`` turns ``False`` and the thread reconnects with a growing pause
     (50 ms up to 2 s); releases that happen in that gap are not reported, which is why waiters
-    fall back to the holder's remaining lease while ``active`` is ``False``.
+    fall back to the holder's remaining lease while ``active`` is ``False``. The connection's
+    ``application_name`` is the backend's own followed by ``listener``.
     """
 
     def __init__(
         self, parameters: dict[str, str], channel: str, callback: Callable[[str], None]
     ) -> None:
-        self._parameters = dict(parameters, application_name=APPLICATION_NAME)
+        self._parameters = dict(parameters, application_name=_listener_name(parameters))
         self._channel = channel
         self._callback = callback
         self._stop = threading.Event()
         self._connected = threading.Event()
+        self._pid: Optional[int] = None
         # A self-pipe wakes the select() at once when close() is called.
         self._wake_read, self._wake_write = os.pipe()
         self._thread = threading.Thread(
@@ -55,6 +63,11 @@ class PostgresReleaseWatcher(ReleaseWatcher):
     def active(self) -> bool:
         """``True`` while subscribed on a live connection."""
         return self._connected.is_set() and not self._stop.is_set()
+
+    @property
+    def backend_pid(self) -> Optional[int]:
+        """The server process id of the listening connection; ``None`` while disconnected."""
+        return self._pid if self.active else None
 
     def close(self) -> None:
         """Stop the thread and close the connection. Idempotent."""
@@ -95,6 +108,7 @@ class PostgresReleaseWatcher(ReleaseWatcher):
         except BaseException:
             conn.close()
             raise
+        self._pid = int(conn.info.backend_pid)
         self._connected.set()
         return conn
 
