@@ -1,0 +1,83 @@
+"""``keys create|list|revoke`` and ``serve`` as commands, run as real child processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import requests
+from lease_lock.server.keys import list_keys
+
+from tests.support.http_server import start_serve, stop_serve
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "lease_lock.server", *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_keys_create_prints_only_the_key_and_stores_only_a_hash(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.toml"
+    created = _run("keys", "create", "--keys", str(keys_file), "--project", "billing", "--scope", "locks.manage")
+    assert created.returncode == 0, created.stderr
+    key = created.stdout.strip()
+    assert created.stdout == key + "\n" and key.startswith("llk_")
+    text = keys_file.read_text()
+    assert key not in text and key.split(".", 1)[1] not in text
+    assert keys_file.stat().st_mode & 0o077 == 0
+    [record] = list_keys(keys_file)
+    assert (record.project, record.scope) == ("billing", "locks.manage")
+
+
+def test_keys_list_and_revoke(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.toml"
+    secrets = [
+        _run("keys", "create", "--keys", str(keys_file), "--project", "p", "--scope", scope).stdout.strip()
+        for scope in ("full", "locks.read")
+    ]
+    listed = _run("keys", "list", "--keys", str(keys_file), "--json")
+    rows = json.loads(listed.stdout)
+    assert [(row["project"], row["scope"]) for row in rows] == [("p", "full"), ("p", "locks.read")]
+    table = _run("keys", "list", "--keys", str(keys_file)).stdout
+    assert all(secret not in table and secret not in listed.stdout for secret in secrets)
+    assert rows[0]["id"] in table
+    assert _run("keys", "revoke", "--keys", str(keys_file), rows[0]["id"]).returncode == 0
+    assert [record.id for record in list_keys(keys_file)] == [rows[1]["id"]]
+    missing = _run("keys", "revoke", "--keys", str(keys_file), rows[0]["id"])
+    assert missing.returncode == 1 and "no key" in missing.stderr
+
+
+def test_usage_errors_are_one_line_and_exit_2(tmp_path: Path) -> None:
+    bad_project = _run("keys", "create", "--keys", str(tmp_path / "k.toml"), "--project", "a b", "--scope", "full")
+    assert bad_project.returncode == 2 and bad_project.stderr.count("\n") == 1
+    bad_scope = _run("keys", "create", "--keys", str(tmp_path / "k.toml"), "--project", "a", "--scope", "root")
+    assert bad_scope.returncode == 2
+    no_keys = _run("serve", "--url", "memory://", "--keys", str(tmp_path / "absent.toml"), "--bind", "127.0.0.1:0")
+    assert no_keys.returncode == 2 and "does not exist" in no_keys.stderr
+    bad_bind = _run("serve", "--url", "memory://", "--keys", str(tmp_path / "absent.toml"), "--bind", "nowhere")
+    assert bad_bind.returncode == 2 and "--bind" in bad_bind.stderr
+
+
+def test_serve_logs_requests_but_never_keys_or_tokens(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.toml"
+    key = _run("keys", "create", "--keys", str(keys_file), "--project", "p", "--scope", "full").stdout.strip()
+    process, url, log = start_serve(tmp_path, "memory://", keys_file)
+    token = str(uuid.uuid4())
+    try:
+        response = requests.post(
+            f"{url}/locks/job/lease",
+            json={"ttl_seconds": 10},
+            headers={"Authorization": f"Bearer {key}", "X-Volcano-Lock-Token": token},
+            timeout=10,
+        )
+        assert response.status_code == 201
+        requests.get(f"{url}/locks/job", headers={"Authorization": "Bearer wrong-" + key}, timeout=10)
+    finally:
+        stop_serve(process)
+    text = log.read_text()
+    assert "POST /locks/job/lease -> 201 project=p" in text
+    assert key.split(".", 1)[1] not in text and token not in text
