@@ -393,3 +393,15 @@ def test_embedded_default_without_any_url(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert int(result.stdout) > 0
     assert (tmp_path / "state" / "lease-lock" / "locks.db").is_file()
+
+
+def test_max_hold_stops_the_command(cli: Cli, key: str) -> None:
+    started, go = cli.workdir / "started", cli.workdir / "go"
+    holder = cli.start(
+        "run", key, "--max-hold", "1", "--ttl", "30", "--", *holder_script(started, go)
+    )
+    assert wait_until(started.exists, DEADLINE)
+    code, _, err = finish(holder)
+    assert code == 70
+    assert "reason: max-hold" in one_line_error(err)
+    assert not go.exists()
