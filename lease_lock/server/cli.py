@@ -1,8 +1,9 @@
 """The ``lease-lock serve`` and ``lease-lock keys`` subcommands.
 
-``lease_lock.cli`` attaches them with :func:`add_serve_parser` and :func:`add_keys_parser`; each
-parser stores its implementation as ``handler`` (``args.handler(args) -> int`` exit status).
-``python -m lease_lock.server`` runs the same commands on their own through :func:`main`.
+Importing this module registers both with ``lease-lock`` (``lease_lock.cli.register_command``;
+the main CLI imports it through ``COMMAND_MODULES``). :func:`add_serve_parser` and
+:func:`add_keys_parser` attach the same commands to any ``argparse`` parser, and
+``python -m lease_lock.server`` runs them on their own through :func:`main`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, Optional, Sequence
 
 from ..errors import ValidationError
 
-__all__ = ["add_keys_parser", "add_serve_parser", "main", "parse_bind"]
+__all__ = ["add_keys_parser", "add_serve_parser", "main", "parse_bind", "register"]
 
 _USAGE_EXIT = 2
 _MAX_BODY_ON_THE_SOCKET = 1024 * 1024
@@ -77,8 +78,7 @@ def _keys_list(args: argparse.Namespace) -> int:
     records = list_keys(args.keys)
     if args.json:
         rows: list[dict[str, Any]] = [
-            {"id": r.id, "project": r.project, "scope": r.scope, "created": r.created.isoformat()}
-            for r in records
+            {"id": r.id, "project": r.project, "scope": r.scope, "created": r.created.isoformat()} for r in records
         ]
         print(json.dumps(rows, indent=2))
         return 0
@@ -97,55 +97,69 @@ def _keys_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``serve`` to an ``argparse`` subparsers object; returns the new parser."""
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "serve",
-        help="serve the HTTP lock service (needs the 'server' extra)",
-        description="Serve the project-locks HTTP API over a lease_lock backend with waitress.",
-    )
+def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", required=True, help="backend URL, e.g. redis://localhost:6379/0")
     parser.add_argument("--bind", default="127.0.0.1:8080", help="HOST:PORT (default %(default)s)")
-    parser.add_argument(
-        "--keys", required=True, help="keys file (TOML) made by `lease-lock keys create`"
-    )
+    parser.add_argument("--keys", required=True, help="keys file (TOML) made by `lease-lock keys create`")
     parser.add_argument(
         "--rate-limit",
         type=int,
         default=600,
         help="requests per project per minute (default %(default)s)",
     )
-    parser.add_argument(
-        "--threads", type=int, default=8, help="worker threads (default %(default)s)"
-    )
+    parser.add_argument("--threads", type=int, default=8, help="worker threads (default %(default)s)")
+
+
+def _keys_arguments(parser: argparse.ArgumentParser) -> None:
+    from .keys import SCOPES
+
+    commands = parser.add_subparsers(dest="keys_command", metavar="ACTION")
+    commands.required = True
+    create = commands.add_parser("create", help="create a key and print it once")
+    create.add_argument("--keys", required=True, help="keys file (created if missing)")
+    create.add_argument("--project", required=True, help="project the key's locks belong to")
+    create.add_argument("--scope", required=True, choices=SCOPES, help="what the key may do")
+    listing = commands.add_parser("list", help="show id, project, scope and creation time")
+    listing.add_argument("--keys", required=True, help="keys file")
+    listing.add_argument("--json", action="store_true", help="print a JSON array")
+    revoke = commands.add_parser("revoke", help="delete a key by id")
+    revoke.add_argument("--keys", required=True, help="keys file")
+    revoke.add_argument("id", help="the key id shown by `keys list`")
+
+
+def _keys(args: argparse.Namespace) -> int:
+    # Dispatch here rather than through nested ``set_defaults``: the parent parser's default
+    # ``handler`` would win on some Python versions.
+    actions = {"create": _keys_create, "list": _keys_list, "revoke": _keys_revoke}
+    return actions[args.keys_command](args)
+
+
+_SERVE_HELP = "serve the HTTP lock service with waitress (needs the 'server' extra)"
+_KEYS_HELP = "create, list and revoke the lock service's keys (only hashes are stored)"
+
+
+def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``serve`` to an ``argparse`` subparsers object; its ``handler(args)`` runs it."""
+    parser: argparse.ArgumentParser = subparsers.add_parser("serve", help=_SERVE_HELP, description=_SERVE_HELP)
+    _serve_arguments(parser)
     parser.set_defaults(handler=_serve)
     return parser
 
 
 def add_keys_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``keys create|list|revoke`` to an ``argparse`` subparsers object."""
-    from .keys import SCOPES
-
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "keys",
-        help="manage the lock service's keys",
-        description="Create, list and revoke service keys; only hashes are stored.",
-    )
-    commands = parser.add_subparsers(dest="keys_command", required=True)
-    create = commands.add_parser("create", help="create a key and print it once")
-    create.add_argument("--keys", required=True, help="keys file (created if missing)")
-    create.add_argument("--project", required=True, help="project the key's locks belong to")
-    create.add_argument("--scope", required=True, choices=SCOPES, help="what the key may do")
-    create.set_defaults(handler=_keys_create)
-    listing = commands.add_parser("list", help="show id, project, scope and creation time")
-    listing.add_argument("--keys", required=True, help="keys file")
-    listing.add_argument("--json", action="store_true", help="print a JSON array")
-    listing.set_defaults(handler=_keys_list)
-    revoke = commands.add_parser("revoke", help="delete a key by id")
-    revoke.add_argument("--keys", required=True, help="keys file")
-    revoke.add_argument("id", help="the key id shown by `keys list`")
-    revoke.set_defaults(handler=_keys_revoke)
+    parser: argparse.ArgumentParser = subparsers.add_parser("keys", help=_KEYS_HELP, description=_KEYS_HELP)
+    _keys_arguments(parser)
+    parser.set_defaults(handler=_keys)
     return parser
+
+
+def register() -> None:
+    """Register ``serve`` and ``keys`` with ``lease-lock`` (``lease_lock.cli``)."""
+    from ..cli import register_command
+
+    register_command("serve", help=_SERVE_HELP, add_arguments=_serve_arguments, run=_serve)
+    register_command("keys", help=_KEYS_HELP, add_arguments=_keys_arguments, run=_keys)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -162,3 +176,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"lease-lock: {exc}", file=sys.stderr)
         return _USAGE_EXIT
     return status
+
+
+register()

@@ -187,8 +187,8 @@ def create_key(path: PathLike, project: str, scope: str) -> tuple[KeyRecord, str
 
 
 def list_keys(path: PathLike) -> list[KeyRecord]:
-    """The stored keys, oldest first."""
-    return sorted(_read(Path(path)).values(), key=lambda record: (record.created, record.id))
+    """The stored keys, oldest first (new keys are appended to the file)."""
+    return list(_read(Path(path)).values())
 
 
 def revoke_key(path: PathLike, key_id: str) -> bool:
