@@ -456,22 +456,23 @@ class Lock:
         self._finish(block_raised=False, result=result)
         return result
 
-    def _release_on_exit(self) -> Optional[bool]:
+    def _release_on_exit(self) -> None:
         """Release when leaving a protected block; a driver error becomes a ``release_failed``
-        event, the heartbeat stops and the key runs out on its own (``None`` is returned)."""
+        event, the heartbeat stops and the key runs out on its own."""
         try:
-            return self.release()
+            self.release()
         except Exception as error:  # noqa: BLE001 - SPEC 4: reported as an event, not raised
             self._stop_heartbeat()
             self._emit("release_failed", held_for=self.held_for, error=error)
-            return None
 
     def _finish(self, *, block_raised: bool, result: Any) -> None:
         """SPEC 4's outcome order on leaving a protected block."""
-        released = self._release_on_exit()
+        self._release_on_exit()
         if block_raised:
             return
-        if self._state == "lost" or released is False:
+        # A release that found the key not ours marked the lock lost; a lock the block released
+        # itself reads "released" and is no loss, although the release on exit answers False.
+        if self._state == "lost":
             raise LockLostError(
                 self.key, self._lost_reason or "release", completed=True, result=result
             ) from self._lost_cause

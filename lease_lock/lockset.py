@@ -131,8 +131,9 @@ class LockSet:
     def _finish(self, *, block_raised: bool, result: Any) -> None:
         lost: Optional[Lock] = None
         for lock in self.locks:
-            released = lock._release_on_exit()
-            if (lock.state == "lost" or released is False) and lost is None:
+            lock._release_on_exit()
+            # As for one lock: only a loss counts, not a lock the block had released already.
+            if lock.state == "lost" and lost is None:
                 lost = lock
         if block_raised or lost is None:
             return
