@@ -45,7 +45,8 @@ class RecordingBackend(MemoryBackend):
 
     ``calls`` holds ``(method, key, ttl)`` tuples (``ttl`` is ``None`` where it does not apply).
     ``hooks[method]`` runs after the store answered and before the answer is returned: it may
-    advance the fake clock (a slow reply), raise (a driver error) or set events.
+    advance the fake clock (a slow reply), raise (a reply lost on the way back) or set events.
+    ``failures[method]`` is raised before the store is touched (a request that never arrived).
     """
 
     def __init__(self, *, clock: Optional[Callable[[], float]] = None) -> None:
@@ -53,9 +54,13 @@ class RecordingBackend(MemoryBackend):
         self.calls: list[tuple[str, str, Optional[float]]] = []
         self.batches: list[int] = []
         self.hooks: dict[str, Callable[[], None]] = {}
+        self.failures: dict[str, BaseException] = {}
 
     def _record(self, method: str, key: str, ttl: Optional[float] = None) -> None:
         self.calls.append((method, key, ttl))
+        failure = self.failures.get(method)
+        if failure is not None:
+            raise failure
 
     def _after(self, method: str) -> None:
         hook = self.hooks.get(method)

@@ -8,7 +8,7 @@ import threading
 from typing import Iterator
 
 import pytest
-from lease_lock import LockEvent, Locker, LockHeldError, Retry, RetryState, exponential_backoff
+from lease_lock import Locker, LockEvent, LockHeldError, Retry, RetryState, exponential_backoff
 from lease_lock.retry import DEFAULT_RETRY
 
 from .fakes import EventLog, FakeClock, RecordingBackend, SilentBackend
@@ -40,7 +40,7 @@ def attempts_made(backend: RecordingBackend, key: str = "busy") -> int:
 
 
 def test_builtin_default_waits_ten_seconds_every_fifth_of_a_second() -> None:
-    assert DEFAULT_RETRY == Retry(retries=math.inf, delay=0.2, timeout=10.0)
+    assert Retry(retries=math.inf, delay=0.2, timeout=10.0) == DEFAULT_RETRY
 
 
 def test_fields_merge_one_by_one_builtin_then_locker_then_call(
