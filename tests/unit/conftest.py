@@ -12,17 +12,28 @@ from typing import Iterator
 
 import pytest
 from lease_lock import Locker
-from lease_lock import heartbeat as heartbeat_module
 from lease_lock import locker as locker_module
+from lease_lock.heartbeat import Heartbeat
 
 from .fakes import EventLog, FakeClock, RecordingBackend
 
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
-    """The fake clock. While it is in use the real heartbeat thread only wakes when notified,
-    so the due work of a test runs where the test calls ``run_due()`` and nowhere else."""
-    monkeypatch.setattr(heartbeat_module, "_WAIT_SLICE", 3600.0)
+    """The fake clock.
+
+    While it is in use the heartbeat threads started by the test idle until stopped: a real
+    thread acting on fake time would do due work whenever it happens to wake, racing the test.
+    The test runs that same work where it chooses with ``locker.heartbeat.run_due()``. Tests of
+    the thread itself use the real clock and do not take this fixture.
+    """
+
+    def idle(heartbeat: Heartbeat) -> None:
+        with heartbeat._condition:
+            while not heartbeat._stopped:
+                heartbeat._condition.wait()
+
+    monkeypatch.setattr(Heartbeat, "_run", idle)
     return FakeClock()
 
 

@@ -15,7 +15,7 @@ from typing import Callable, ContextManager, Optional
 import pytest
 from lease_lock import Locker, LockHeldError, LockLostError, LockStateError
 
-from .fakes import START, EventLog, FakeClock, RecordingBackend, advance_to_beat
+from .fakes import START, EventLog, FakeClock, RecordingBackend, SilentBackend, advance_to_beat
 
 OTHER = "o" * 32
 
@@ -306,8 +306,6 @@ def test_locked_skip_returns_none_after_one_attempt(locker: Locker, backend: Rec
 def test_locked_skip_with_timeout_waits_first(
     clock: FakeClock, sleeps: list[float]
 ) -> None:
-    from .fakes import SilentBackend
-
     backend = SilentBackend(clock=clock)
     backend.acquire("job", OTHER, 3600.0, "other")
     locker = Locker(backend, clock=clock)
