@@ -17,6 +17,7 @@ prefork child builds its own after the fork, and closed at exit.
 
 from __future__ import annotations
 
+import inspect
 import threading
 import weakref
 from typing import Any, Callable, ClassVar, Optional, Union
@@ -106,11 +107,26 @@ class SingletonTask(Task):  # type: ignore[misc]  # Celery ships no type hints
         if key is None:
             return str(self.name)
         if isinstance(key, str):
-            return key.format(*args, **kwargs)
+            return self._format_key(key, args, kwargs)
         made = key(*args, **kwargs)
         if not isinstance(made, str):
             raise ValidationError(f"lock_key must return a str, not {type(made).__name__}")
         return made
+
+    def _format_key(self, key: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        # Arguments are bound to the task's signature, so "{user_id}" finds user_id however the
+        # caller passed it, and "{0}" still finds the first positional argument.
+        try:
+            bound = inspect.signature(self.run).bind(*args, **kwargs)
+        except TypeError:
+            named = dict(kwargs)
+        else:
+            bound.apply_defaults()
+            named = {**bound.arguments, **kwargs}
+        try:
+            return key.format(*args, **named)
+        except (IndexError, KeyError) as error:
+            raise ValidationError(f"lock_key {key!r} names {error} which this call does not pass") from None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the task under its lock (or skip or retry when the key is busy)."""
