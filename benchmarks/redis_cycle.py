@@ -1,0 +1,311 @@
+"""Uncontended acquire+release cycles and hand-off latency on Redis, side by side in one run.
+
+    python benchmarks/redis_cycle.py [--url redis://127.0.0.1:6379/0] [--seconds 2] [--handoffs 200]
+
+Contestants (all on the same server, the same client settings, interleaved in rounds so that
+noise hits everyone alike):
+
+- ``floor``: raw redis-py, ``SET NX PX`` then a token-checked delete (one Lua EVALSHA): the
+  two-round-trip floor any correct Redis lock pays.
+- ``lease_lock backend``: ``RedisBackend.acquire_fenced`` + ``release`` (fencing included).
+- ``lease_lock Locker``: ``locker.acquire(key).release()`` with ``fencing=True`` and the
+  default heartbeat (the whole public path: validation, clock, events).
+- ``redis-py Lock``, ``python-redis-lock``, ``pottery Redlock`` (one master): each library's
+  non-blocking acquire and its release. Peers that are not installed are reported as missing.
+
+Hand-off latency: a waiter blocks in each library's own blocking acquire while another client
+holds the key; the time from the start of the holder's release to the waiter holding the lock
+is recorded (p50/p99), next to a bare ``BLPOP`` wake-up (``LPUSH`` to a blocked ``BLPOP``).
+
+Peers are installed for the benchmark only: ``pip install python-redis-lock pottery``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from lease_lock.backends.redis import RedisBackend
+from lease_lock.locker import Locker
+
+__all__ = ["main"]
+
+TTL = 30.0
+_UNLOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+def _key(label: str) -> str:
+    return f"bench:{label}:{uuid.uuid4().hex[:8]}"
+
+
+def cycle_contestants(client: Any) -> dict[str, Callable[[], None]]:
+    """One uncontended acquire+release cycle per call, for every contestant available here."""
+    contestants: dict[str, Callable[[], None]] = {}
+
+    floor_key = _key("floor")
+    unlock = client.register_script(_UNLOCK)
+    unlock([floor_key], ["warm"])
+
+    def floor() -> None:
+        token = uuid.uuid4().hex
+        if not client.set(floor_key, token, nx=True, px=int(TTL * 1000)):
+            raise RuntimeError("floor: uncontended SET NX failed")
+        unlock([floor_key], [token])
+
+    contestants["floor (SET NX PX + checked DEL)"] = floor
+
+    backend = RedisBackend(client)
+    backend_key = _key("backend")
+
+    def backend_cycle() -> None:
+        token = backend.new_token()
+        if backend.acquire_fenced(backend_key, token, TTL, "bench") is None:
+            raise RuntimeError("backend: uncontended acquire failed")
+        backend.release(backend_key, token)
+
+    contestants["lease_lock backend (fenced)"] = backend_cycle
+
+    locker = Locker(RedisBackend(client), fencing=True, ttl=TTL)
+    locker_key = _key("locker")
+
+    def locker_cycle() -> None:
+        locker.acquire(locker_key).release()
+
+    contestants["lease_lock Locker (fenced)"] = locker_cycle
+
+    redis_py_key = _key("redis-py")
+
+    def redis_py_cycle() -> None:
+        lock = client.lock(redis_py_key, timeout=TTL)
+        if not lock.acquire(blocking=False):
+            raise RuntimeError("redis-py: uncontended acquire failed")
+        lock.release()
+
+    contestants["redis-py Lock"] = redis_py_cycle
+
+    try:
+        import redis_lock
+    except ImportError:
+        pass
+    else:
+        prl_key = _key("python-redis-lock")
+
+        def prl_cycle() -> None:
+            lock = redis_lock.Lock(client, prl_key, expire=int(TTL))
+            if not lock.acquire(blocking=False):
+                raise RuntimeError("python-redis-lock: uncontended acquire failed")
+            lock.release()
+
+        contestants["python-redis-lock"] = prl_cycle
+
+    try:
+        from pottery import Redlock
+    except ImportError:
+        pass
+    else:
+        pottery_key = _key("pottery")
+
+        def pottery_cycle() -> None:
+            lock = Redlock(key=pottery_key, masters={client}, auto_release_time=TTL)
+            if not lock.acquire(blocking=False):
+                raise RuntimeError("pottery: uncontended acquire failed")
+            lock.release()
+
+        contestants["pottery Redlock"] = pottery_cycle
+    return contestants
+
+
+def measure_cycles(
+    contestants: dict[str, Callable[[], None]], seconds: float, rounds: int = 20
+) -> dict[str, float]:
+    """Cycles per second of each contestant: the best of ``rounds`` interleaved rounds.
+
+    Short interleaved rounds and the best of them keep a busy machine's noise (other
+    processes taking the CPU) from landing on one contestant only.
+    """
+    best = dict.fromkeys(contestants, 0.0)
+    for cycle in contestants.values():
+        for _ in range(200):
+            cycle()
+    for _ in range(rounds):
+        for name, cycle in contestants.items():
+            count = 0
+            start = time.perf_counter()
+            deadline = start + seconds / rounds
+            while True:
+                for _ in range(50):
+                    cycle()
+                count += 50
+                now = time.perf_counter()
+                if now >= deadline:
+                    break
+            best[name] = max(best[name], count / (now - start))
+    return best
+
+
+# -- hand-off ---------------------------------------------------------------------------------
+
+
+Release = Callable[[], Any]
+
+
+def _handoff_samples(
+    hold: Callable[[], Release], wait: Callable[[], Release], samples: int
+) -> list[float]:
+    """Seconds from the start of each release to the waiter holding the lock.
+
+    ``hold()`` takes the lock and returns its release; ``wait()`` blocks until it acquires and
+    returns its own release, called once the time is taken.
+    """
+    def waiter_body(acquired: list[float]) -> None:
+        give_back = wait()
+        acquired.append(time.perf_counter())
+        give_back()
+
+    results: list[float] = []
+    for _ in range(samples):
+        release = hold()
+        acquired: list[float] = []
+        waiter = threading.Thread(target=waiter_body, args=(acquired,))
+        waiter.start()
+        # Let the waiter try, fail and settle into its blocking wait.
+        time.sleep(0.02)
+        released = time.perf_counter()
+        release()
+        waiter.join(30)
+        if not acquired:
+            raise RuntimeError("hand-off: the waiter never acquired")
+        results.append(acquired[0] - released)
+    return results
+
+
+def handoff_contestants(url: str) -> dict[str, tuple[Callable[[], Release], Callable[[], Release]]]:
+    """``name -> (hold, wait)`` for every contestant available here."""
+    holder_client = redis.Redis.from_url(url)
+    waiter_client = redis.Redis.from_url(url)
+    out: dict[str, tuple[Callable[[], Release], Callable[[], Release]]] = {}
+
+    blpop_key = _key("blpop")
+    out["bare BLPOP wake-up"] = (
+        lambda: lambda: holder_client.lpush(blpop_key, 1),
+        lambda: (waiter_client.blpop([blpop_key], timeout=10), lambda: None)[1],
+    )
+
+    key = _key("locker")
+    holder = Locker(RedisBackend(holder_client), ttl=TTL)
+    waiter = Locker(RedisBackend(waiter_client), ttl=TTL)
+
+    def locker_hold() -> Release:
+        return holder.acquire(key).release
+
+    def locker_wait() -> Release:
+        return waiter.acquire(key, timeout=10).release
+
+    out["lease_lock Locker"] = (locker_hold, locker_wait)
+
+    rp_key = _key("redis-py")
+
+    def rp_hold() -> Release:
+        lock = holder_client.lock(rp_key, timeout=TTL)
+        lock.acquire()
+        return lock.release
+
+    def rp_wait() -> Release:
+        lock = waiter_client.lock(rp_key, timeout=TTL, blocking_timeout=10)
+        lock.acquire()
+        return lock.release
+
+    out["redis-py Lock"] = (rp_hold, rp_wait)
+
+    try:
+        import redis_lock
+    except ImportError:
+        pass
+    else:
+        prl_key = _key("python-redis-lock")
+
+        def prl_hold() -> Release:
+            lock = redis_lock.Lock(holder_client, prl_key, expire=int(TTL))
+            lock.acquire()
+            return lock.release
+
+        def prl_wait() -> Release:
+            lock = redis_lock.Lock(waiter_client, prl_key, expire=int(TTL))
+            lock.acquire(timeout=10)
+            return lock.release
+
+        out["python-redis-lock"] = (prl_hold, prl_wait)
+
+    try:
+        from pottery import Redlock
+    except ImportError:
+        pass
+    else:
+        pot_key = _key("pottery")
+
+        def pot_hold() -> Release:
+            lock = Redlock(key=pot_key, masters={holder_client}, auto_release_time=TTL)
+            lock.acquire()
+            return lock.release
+
+        def pot_wait() -> Release:
+            lock = Redlock(key=pot_key, masters={waiter_client}, auto_release_time=TTL)
+            lock.acquire(timeout=10)
+            return lock.release
+
+        out["pottery Redlock"] = (pot_hold, pot_wait)
+    return out
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run both measurements and print the tables."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--seconds", type=float, default=6.0, help="cycle time per pairing")
+    parser.add_argument("--handoffs", type=int, default=100, help="hand-off samples each")
+    args = parser.parse_args(argv)
+
+    client = redis.Redis.from_url(args.url)
+    info = client.info("server")
+    print(f"redis-server {info['redis_version']} at {args.url}; redis-py {redis.__version__}")
+
+    contestants = cycle_contestants(client)
+    floor_name, floor_cycle = next(iter(contestants.items()))
+    print("\nUncontended acquire+release cycles: each contestant interleaved with the floor")
+    print("(best of 20 rounds each), so a busy machine or a peer's leftover threads weigh on")
+    print("both sides of its ratio alike")
+    print(f"{'contestant':<36} {'cycles/s':>10} {'floor/s':>10} {'vs floor':>9}")
+    for name, cycle in contestants.items():
+        if name == floor_name:
+            continue
+        rates = measure_cycles({floor_name: floor_cycle, name: cycle}, args.seconds)
+        ratio = rates[name] / rates[floor_name]
+        print(f"{name:<36} {rates[name]:>10,.0f} {rates[floor_name]:>10,.0f} {ratio:>8.2f}x")
+
+    print(f"\nHand-off latency, release -> waiter holds ({args.handoffs} samples)")
+    print(f"{'contestant':<36} {'p50 ms':>9} {'p99 ms':>9}")
+    for name, (hold, wait) in handoff_contestants(args.url).items():
+        samples = _handoff_samples(hold, wait, args.handoffs)
+        p50 = statistics.median(samples) * 1000
+        p99 = _percentile(samples, 0.99) * 1000
+        print(f"{name:<36} {p50:>9.2f} {p99:>9.2f}")
+
+
+if __name__ == "__main__":
+    main()
