@@ -108,7 +108,7 @@ COMMANDS: dict[str, Command] = {}
 
 #: Modules imported when the parser is built; importing one calls :func:`register_command`.
 #: They must import heavy dependencies (servers, drivers) inside their ``run`` functions only.
-COMMAND_MODULES: list[str] = []
+COMMAND_MODULES: list[str] = ["lease_lock.server.cli"]
 
 
 def register_command(
@@ -439,13 +439,13 @@ def _run(args: argparse.Namespace) -> int:
         raise CommandError(
             f"put the command after --: {_PROG} run KEY [options] -- COMMAND [ARGS...]", EXIT_USAGE
         )
-    if not args.command:
+    if not args.run_command:
         raise CommandError(f"no command after --: {_PROG} run KEY [options] -- COMMAND", EXIT_USAGE)
     if args.timeout is not None and not args.wait:
         raise CommandError("--timeout needs --wait (without it there is one attempt)", EXIT_USAGE)
     with _Signals() as signals:
         locker = _connect(
-            args.url, ttl=args.ttl, max_hold=args.max_hold, fencing=True, owner=_owner(args.command)
+            args.url, ttl=args.ttl, max_hold=args.max_hold, fencing=True, owner=_owner(args.run_command)
         )
         try:
             lock = _take(locker, args, signals)
@@ -457,7 +457,7 @@ def _run(args: argparse.Namespace) -> int:
                 _release(lock)
                 return 128 + signals.received[0]
             try:
-                status, lost = _supervise(lock, args.command, args, signals)
+                status, lost = _supervise(lock, args.run_command, args, signals)
             finally:
                 released = _release(lock)
             if not (lost or released):
@@ -619,7 +619,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     head, command = _split_command(arguments)
     args = build_parser().parse_args(head)
-    args.command = command
+    args.run_command = command
     try:
         return int(args.handler(args))
     except CommandError as error:

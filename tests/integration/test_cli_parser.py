@@ -16,6 +16,7 @@ from lease_lock.backends.sqlite import SqliteBackend
 @pytest.fixture
 def registry() -> Iterator[None]:
     """Restore the command registry after a test adds to it."""
+    cli.build_parser()  # import the listed modules first, so that what they register is kept
     saved_commands, saved_modules = dict(cli.COMMANDS), list(cli.COMMAND_MODULES)
     yield
     cli.COMMANDS.clear()
@@ -121,3 +122,12 @@ def test_durations_accept_the_documented_forms() -> None:
     ]
     with pytest.raises(argparse.ArgumentTypeError, match="--ttl must look like"):
         parse("5 minutes")
+
+
+def test_listed_command_modules_register_commands() -> None:
+    help_text = cli.build_parser().format_help()
+    # The HTTP lock service's commands come from a listed module, not from cli.py itself.
+    assert "lease_lock.server.cli" in cli.COMMAND_MODULES
+    for name in ("serve", "keys"):
+        assert name in cli.COMMANDS
+        assert name in help_text
