@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -426,3 +428,17 @@ def test_sentinel_url(redis_factory: Any, key: str) -> None:
         direct.close()
     finally:
         backend.close()
+
+
+# -- docs -------------------------------------------------------------------------------------
+
+
+def test_doc_examples_run(redis_server: RedisServer) -> None:
+    text = (Path(__file__).parents[2] / "docs" / "backends" / "redis.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) >= 3
+    for block in blocks:
+        code = block.replace("localhost:6379", f"127.0.0.1:{redis_server.port}").replace(
+            'host="localhost", port=6379', f'host="127.0.0.1", port={redis_server.port}'
+        )
+        exec(compile(code, "docs/backends/redis.md", "exec"), {})  # noqa: S102
