@@ -30,17 +30,7 @@ from typing import Any, Callable, ClassVar, ContextManager, Optional
 import requests
 
 from ..errors import AccessDeniedError, RateLimitedError, ValidationError
-from ..server.wire import (
-    HEADER_EXPIRES_IN,
-    HEADER_OWNER,
-    HEADER_RELEASED,
-    HEADER_REQUEST_ID,
-    HEADER_TOKEN,
-    KEY_PATTERN,
-    MAX_TTL,
-    MIN_TTL,
-    TAKEOVER_GRACE,
-)
+from ..server import wire
 from .base import Backend, Capabilities, LockState, parse_url_options
 
 __all__ = ["HttpBackend"]
@@ -67,7 +57,7 @@ def _parse_time(text: Any) -> datetime:
 
 def _forget_after(now: float, ttl: float) -> float:
     # The grace second plus a wide margin for a slow reply: only then is the grant surely over.
-    return now + ttl + TAKEOVER_GRACE + 60.0
+    return now + ttl + wire.TAKEOVER_GRACE + 60.0
 
 
 class HttpBackend(Backend):
@@ -85,7 +75,7 @@ class HttpBackend(Backend):
         server_clock=True,
         fencing=True,
         scan=True,
-        min_ttl=float(MIN_TTL),
+        min_ttl=float(wire.MIN_TTL),
         clock="the lock service's clock (its store's clock for a lease_lock server)",
     )
     url_options: ClassVar[Mapping[str, Callable[[str], Any]]] = {
@@ -103,16 +93,12 @@ class HttpBackend(Backend):
     ) -> None:
         parts = urllib.parse.urlsplit(base_url) if isinstance(base_url, str) else None
         if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValidationError(
-                f"base_url must be an http:// or https:// URL with a host, got {base_url!r}"
-            )
+            raise ValidationError(f"base_url must be an http:// or https:// URL with a host, got {base_url!r}")
         if not isinstance(api_key, str) or not api_key or not api_key.isprintable():
             raise ValidationError("api_key must be a non-empty printable str (a service key)")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ValidationError("timeout must be > 0 seconds")
-        self.base_url = urllib.parse.urlunsplit(
-            (parts.scheme, parts.netloc, parts.path.rstrip("/"), "", "")
-        )
+        self.base_url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
         self.timeout = float(timeout)
         self._own_session = session is None
         self._session = session if session is not None else requests.Session()
@@ -131,16 +117,14 @@ class HttpBackend(Backend):
         parsed = parse_url_options(url, cls.url_options, options, backend="http")
         api_key = parsed.pop("api_key", None) or os.environ.get(_API_KEY_ENV)
         if not api_key:
-            raise ValidationError(
-                f"the http backend needs api_key=... or the {_API_KEY_ENV} environment variable"
-            )
+            raise ValidationError(f"the http backend needs api_key=... or the {_API_KEY_ENV} environment variable")
         return cls(url, api_key, **parsed)
 
     # -- wire rules ------------------------------------------------------------------------------
 
     def check_key(self, key: str) -> None:
         """The service's key rule: 1 to 128 of ``A-Z a-z 0-9 . _ : -``."""
-        if not isinstance(key, str) or not KEY_PATTERN.fullmatch(key):
+        if not isinstance(key, str) or not wire.KEY_PATTERN.fullmatch(key):
             raise ValidationError(
                 "key must be 1 to 128 characters of letters, digits, '.', '_', ':' or '-' "
                 "for the HTTP lock service (key_prefix included)"
@@ -160,9 +144,9 @@ class HttpBackend(Backend):
     @staticmethod
     def wire_ttl(ttl: float) -> int:
         """``ttl`` as the service takes it: whole seconds rounded up, at least 5."""
-        if not ttl <= MAX_TTL:
-            raise ValidationError(f"ttl must be at most {MAX_TTL} seconds (90 days) over HTTP")
-        return max(MIN_TTL, math.ceil(ttl))
+        if not ttl <= wire.MAX_TTL:
+            raise ValidationError(f"ttl must be at most {wire.MAX_TTL} seconds (90 days) over HTTP")
+        return max(wire.MIN_TTL, math.ceil(ttl))
 
     # -- requests --------------------------------------------------------------------------------
 
@@ -175,7 +159,7 @@ class HttpBackend(Backend):
     def _send(self, method: str, url: str, **kwargs: Any) -> requests.Response:
         headers = kwargs.pop("headers", {})
         headers["Authorization"] = self._authorization
-        headers.setdefault(HEADER_REQUEST_ID, str(uuid.uuid4()))
+        headers.setdefault(wire.HEADER_REQUEST_ID, str(uuid.uuid4()))
         return self._session.request(method, url, headers=headers, timeout=self.timeout, **kwargs)
 
     @staticmethod
@@ -238,9 +222,9 @@ class HttpBackend(Backend):
         self.check_token(token)
         wire_ttl = self.wire_ttl(ttl)
         request_id = getattr(self._scope, "request_id", None) or str(uuid.uuid4())
-        headers = {HEADER_TOKEN: token, HEADER_REQUEST_ID: request_id}
+        headers = {wire.HEADER_TOKEN: token, wire.HEADER_REQUEST_ID: request_id}
         if owner:
-            headers[HEADER_OWNER] = urllib.parse.quote(owner, safe=_OWNER_SAFE)
+            headers[wire.HEADER_OWNER] = urllib.parse.quote(owner, safe=_OWNER_SAFE)
         url = self._url(key, lease=True)
         body = {"ttl_seconds": wire_ttl}
         try:
@@ -284,13 +268,13 @@ class HttpBackend(Backend):
         """Drop our lease (``DELETE /locks/{key}/lease``); ``True`` when one was dropped."""
         self.check_key(key)
         self.check_token(token)
-        response = self._send("DELETE", self._url(key, lease=True), headers={HEADER_TOKEN: token})
+        response = self._send("DELETE", self._url(key, lease=True), headers={wire.HEADER_TOKEN: token})
         if response.status_code == 409:
             return False
         self._raise_for(response, 204)
         self._forget(key, token)
         # Against a server without the extension header a 204 can only be read as a drop.
-        return response.headers.get(HEADER_RELEASED, "true").lower() == "true"
+        return response.headers.get(wire.HEADER_RELEASED, "true").lower() == "true"
 
     def extend(self, key: str, token: str, ttl: float) -> bool:
         """Renew our lease to ``ttl`` from now (``PATCH /locks/{key}/lease``)."""
@@ -298,7 +282,9 @@ class HttpBackend(Backend):
         self.check_token(token)
         wire_ttl = self.wire_ttl(ttl)
         response = self._send(
-            "PATCH", self._url(key, lease=True), headers={HEADER_TOKEN: token},
+            "PATCH",
+            self._url(key, lease=True),
+            headers={wire.HEADER_TOKEN: token},
             json={"ttl_seconds": wire_ttl},
         )
         if response.status_code == 409:
@@ -325,7 +311,7 @@ class HttpBackend(Backend):
             # The hosted service reports no remaining time: estimate it on our wall clock,
             # counting the grace second during which nobody else may take the key.
             now = datetime.now(timezone.utc)
-            remaining = (expires_at - now).total_seconds() + TAKEOVER_GRACE
+            remaining = (expires_at - now).total_seconds() + wire.TAKEOVER_GRACE
         fence = body.get("fencing_token")
         return LockState(
             key=key,
@@ -341,7 +327,7 @@ class HttpBackend(Backend):
         self.check_key(key)
         response = self._send("GET", self._url(key))
         self._raise_for(response, 200)
-        return self._state(key, response.json(), response.headers.get(HEADER_EXPIRES_IN))
+        return self._state(key, response.json(), response.headers.get(wire.HEADER_EXPIRES_IN))
 
     def force_release(self, key: str) -> bool:
         """Drop whatever lease holds ``key`` (``DELETE /locks/{key}``)."""
@@ -349,7 +335,7 @@ class HttpBackend(Backend):
         response = self._send("DELETE", self._url(key))
         self._raise_for(response, 204)
         self._forget(key)
-        return response.headers.get(HEADER_RELEASED, "true").lower() == "true"
+        return response.headers.get(wire.HEADER_RELEASED, "true").lower() == "true"
 
     def scan(self, prefix: str) -> Iterator[LockState]:
         """Held keys under ``prefix`` (``GET /locks?prefix=``, a lease_lock server extension)."""
@@ -357,10 +343,7 @@ class HttpBackend(Backend):
             self.check_key(prefix)
         response = self._send("GET", self._url(None), params={"prefix": prefix})
         self._raise_for(response, 200)
-        states = [
-            self._state(item["key"], item, str(item.get("expires_in", 0.0)))
-            for item in response.json()["locks"]
-        ]
+        states = [self._state(item["key"], item, str(item.get("expires_in", 0.0))) for item in response.json()["locks"]]
         return iter(states)
 
     def close(self) -> None:

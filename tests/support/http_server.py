@@ -78,9 +78,10 @@ class ThreadedServer:
         """Close the listening socket and the worker threads."""
         # The loop runs while its socket map has channels; closing them all, on the loop's own
         # thread (through its trigger), ends it without racing its select().
+        # Workers go first: one finishing a request pulls the trigger, which must still be open.
+        self.server.task_dispatcher.shutdown()
         self.server.trigger.pull_trigger(self._close_channels)
         self._thread.join(10)
-        self.server.task_dispatcher.shutdown()
 
     def _close_channels(self) -> None:
         for channel in list(self.server._map.values()):
