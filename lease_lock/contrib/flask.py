@@ -30,30 +30,20 @@ from werkzeug.local import LocalProxy
 from ..connect import connect
 from ..errors import LockStateError, ValidationError
 from ..locker import Locker
+from ._config import connect_options
 
-__all__ = ["CONFIG_KEYS", "EXTENSION_NAME", "LeaseLock", "locker"]
+__all__ = ["CONFIG_PREFIX", "EXTENSION_NAME", "LeaseLock", "locker"]
 
 #: The key of ``app.extensions`` that holds the app's locker.
 EXTENSION_NAME = "lease_lock"
-#: ``app.config`` keys and the ``connect()`` option each one becomes.
-CONFIG_KEYS: Mapping[str, str] = {
-    "LEASE_LOCK_TTL": "ttl",
-    "LEASE_LOCK_MAX_HOLD": "max_hold",
-    "LEASE_LOCK_KEY_PREFIX": "key_prefix",
-    "LEASE_LOCK_FENCING": "fencing",
-}
+#: The prefix of every ``app.config`` key the extension reads.
+CONFIG_PREFIX = "LEASE_LOCK_"
 
 
 def _locker_from_config(config: Mapping[str, Any]) -> Locker:
-    options = config.get("LEASE_LOCK_OPTIONS") or {}
-    if not isinstance(options, Mapping):
-        raise ValidationError(f"LEASE_LOCK_OPTIONS must be a dict, not {type(options).__name__}")
-    options = dict(options)
-    for key, option in CONFIG_KEYS.items():
-        if config.get(key) is not None:
-            if option in options:
-                raise ValidationError(f"{option} is given twice: as {key} and in LEASE_LOCK_OPTIONS")
-            options[option] = config[key]
+    options = connect_options(
+        config, config.get("LEASE_LOCK_OPTIONS") or {}, prefix=CONFIG_PREFIX, options_name="LEASE_LOCK_OPTIONS"
+    )
     url = config.get("LEASE_LOCK_URL")
     if url is not None and not isinstance(url, str):
         raise ValidationError(f"LEASE_LOCK_URL must be a str, not {type(url).__name__}")

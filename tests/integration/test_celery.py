@@ -12,10 +12,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import redis
@@ -23,6 +22,8 @@ from celery import Celery, signals
 from celery.contrib.testing.worker import start_worker
 from lease_lock import Locker
 from lease_lock.contrib.celery import SingletonTask, task_locker
+
+from tests.support.polling import wait_until
 
 # Celery's Redis result backend calls redis-py's deprecated setex(); that is Celery's to fix,
 # and the warning must not fail the task inside the worker thread.
@@ -105,14 +106,6 @@ def celery_redis(redis_server: Any) -> str:
 def thread_worker(celery_redis: str) -> Iterator[None]:
     with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False, loglevel="WARNING"):
         yield
-
-
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def exactly_one_runs(redis_url: str) -> tuple[list[Any], int]:

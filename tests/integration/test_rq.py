@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import uuid
 from typing import Any, Callable, Optional
 
@@ -22,6 +21,8 @@ from lease_lock import Locker, MemoryBackend, ValidationError
 from lease_lock.contrib.rq import singleton
 from rq import Queue
 from rq.job import Job
+
+from tests.support.polling import wait_until
 
 WAIT = 30.0
 
@@ -54,14 +55,6 @@ def keyed_job(flags: str, redis_url: str) -> str:
 def plain_job(flags: str, redis_url: str) -> str:
     """The core decorator, unchanged, on an RQ job."""
     return _hold(flags, redis_url)
-
-
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def finished(job: Job) -> bool:

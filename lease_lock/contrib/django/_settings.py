@@ -10,17 +10,11 @@ from typing import Any, Optional
 from ...connect import connect
 from ...errors import ValidationError
 from ...locker import Locker
+from .._config import LOCKER_SETTINGS, connect_options
 
-__all__ = ["DJANGO_SCHEME", "SETTINGS_KEYS", "database_url", "lock_settings", "lock_table", "locker_from_settings"]
+__all__ = ["DJANGO_SCHEME", "database_url", "lock_settings", "lock_table", "locker_from_settings"]
 
 DJANGO_SCHEME = "django://"
-#: Keys of ``settings.LEASE_LOCK`` and the ``connect()`` option each one becomes.
-SETTINGS_KEYS: Mapping[str, str] = {
-    "TTL": "ttl",
-    "MAX_HOLD": "max_hold",
-    "KEY_PREFIX": "key_prefix",
-    "FENCING": "fencing",
-}
 _OTHER_KEYS = frozenset({"URL", "OPTIONS"})
 # Keys of a PostgreSQL DATABASES entry's OPTIONS that Django consumes itself; the rest are
 # libpq connection parameters.
@@ -39,13 +33,12 @@ def lock_settings() -> dict[str, Any]:
         return {}
     if not isinstance(config, Mapping):
         raise ValidationError(f"settings.LEASE_LOCK must be a dict, not {type(config).__name__}")
-    unknown = set(config) - set(SETTINGS_KEYS) - _OTHER_KEYS
+    unknown = set(config) - set(LOCKER_SETTINGS) - _OTHER_KEYS
     if unknown:
-        known = ", ".join(sorted({*SETTINGS_KEYS, *_OTHER_KEYS}))
+        known = ", ".join(sorted({*LOCKER_SETTINGS, *_OTHER_KEYS}))
         raise ValidationError(f"settings.LEASE_LOCK has unknown key(s) {', '.join(sorted(unknown))}; known: {known}")
-    options = config.get("OPTIONS", {})
-    if not isinstance(options, Mapping):
-        raise ValidationError(f"settings.LEASE_LOCK['OPTIONS'] must be a dict, not {type(options).__name__}")
+    if not isinstance(config.get("OPTIONS", {}), Mapping):
+        raise ValidationError("settings.LEASE_LOCK['OPTIONS'] must be a dict")
     url = config.get("URL")
     if url is not None and not isinstance(url, str):
         raise ValidationError(f"settings.LEASE_LOCK['URL'] must be a str, not {type(url).__name__}")
@@ -60,12 +53,7 @@ def locker_from_settings() -> Locker:
     backend's keyword options (``table=``, ``create_table=``, ...).
     """
     config = lock_settings()
-    options = dict(config.get("OPTIONS", {}))
-    for key, option in SETTINGS_KEYS.items():
-        if key in config:
-            if option in options:
-                raise ValidationError(f"settings.LEASE_LOCK gives {option} twice: as {key} and in OPTIONS")
-            options[option] = config[key]
+    options = connect_options(config, config.get("OPTIONS", {}), prefix="", options_name="OPTIONS")
     url: Optional[str] = config.get("URL")
     if url is not None and url.startswith(DJANGO_SCHEME):
         url = database_url(url[len(DJANGO_SCHEME):])
