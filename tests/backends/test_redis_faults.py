@@ -10,6 +10,7 @@ from typing import Any
 
 import lease_lock
 import pytest
+from benchmarks.chaos_harness.proxy import TcpProxy
 from lease_lock.backends.redis import RedisBackend
 from lease_lock.events import LockEvent
 from lease_lock.locker import Locker
@@ -17,7 +18,7 @@ from lease_lock.testing import wait_until
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from tests.support.redis_server import RedisFactory, RedisServer, TcpProxy
+from tests.support.redis_server import RedisFactory, RedisServer
 
 
 @pytest.fixture
@@ -134,15 +135,18 @@ def test_restart_without_persistence(private_server: RedisServer, key: str) -> N
 def test_connection_cut_mid_extension_then_recovery(
     private_server: RedisServer, key: str
 ) -> None:
-    proxy = TcpProxy(private_server.port)
+    proxy = TcpProxy("127.0.0.1", private_server.port)
     events = Recorder()
     locker = Locker(RedisBackend(quick_client(proxy.port)), on_event=events)
     try:
         lock = locker.acquire(key, ttl=6, extend_interval=1)
+        # Hold every byte, then reset the connection: the extension in flight fails, and the
+        # retries time out on a silent network until it flows again.
+        proxy.stall()
         proxy.cut()
         assert events.wait_for("extend_failed", timeout=10), events.types()
         assert lock.state == "held"
-        proxy.restore()
+        proxy.resume()
         extended = sum(kind == "extended" for kind in events.types())
         assert events.wait_for("extended", count=extended + 1, timeout=10), events.types()
         assert lock.state == "held"

@@ -18,9 +18,8 @@ server, so tests may restart, kill, flush or reconfigure their server freely:
 ``stop()`` (SIGTERM, then SIGKILL), ``kill()`` (SIGKILL, as a crash), ``client()`` and ``log()``.
 Servers run with no RDB and no AOF in a temporary directory and bind 127.0.0.1 only.
 
-:class:`TcpProxy` forwards a loopback port to a server and can ``cut()`` every connection
-(and refuse new ones) until ``restore()``, to fail a client's connection while the server and
-its data live on.
+To fail a client's connection while the server and its data live on, put
+``benchmarks.chaos_harness.proxy.TcpProxy`` between them.
 
 The ``redis-server`` binary comes from ``PATH`` (or ``$REDIS_SERVER_BIN``). When it is missing the
 tests that need it are skipped on a developer's machine and FAIL when the ``CI`` environment
@@ -30,14 +29,12 @@ server gets the tail of that server's log in its report.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -50,7 +47,6 @@ __all__ = [
     "RedisClusterNodes",
     "RedisFactory",
     "RedisServer",
-    "TcpProxy",
     "free_port",
     "redis_factory",
     "redis_server",
@@ -210,88 +206,6 @@ class RedisServer:
             return "\n".join(self.logfile.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
-
-
-class TcpProxy:
-    """A loopback TCP forwarder whose connections a test can cut and restore.
-
-    ``TcpProxy(port)`` listens on ``.port`` and forwards to ``127.0.0.1:<port>``. While cut,
-    every open connection is closed and new ones are closed as soon as they are accepted, so a
-    client sees its connection drop and reconnects fail at once.
-    """
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self._listener.getsockname()[1])
-        self._mutex = threading.Lock()
-        self._sockets: set[socket.socket] = set()
-        self._cut = False
-        self._closed = False
-        threading.Thread(target=self._accept, name="tcp-proxy", daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        """``redis://127.0.0.1:<proxy port>/0``."""
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            with self._mutex:
-                refuse = self._cut or self._closed
-            if refuse:
-                client.close()
-                continue
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
-            except OSError:
-                client.close()
-                continue
-            with self._mutex:
-                self._sockets.update((client, upstream))
-            for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
-
-    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for end in (source, sink):
-                self._drop(end)
-
-    def _drop(self, end: socket.socket) -> None:
-        with self._mutex:
-            self._sockets.discard(end)
-        with contextlib.suppress(OSError):
-            end.shutdown(socket.SHUT_RDWR)
-        end.close()
-
-    def cut(self) -> None:
-        """Close every forwarded connection and refuse new ones until :meth:`restore`."""
-        with self._mutex:
-            self._cut = True
-            sockets = list(self._sockets)
-        for end in sockets:
-            self._drop(end)
-
-    def restore(self) -> None:
-        """Forward new connections again."""
-        with self._mutex:
-            self._cut = False
-
-    def close(self) -> None:
-        """Stop listening and close everything."""
-        with self._mutex:
-            self._closed = True
-        self.cut()
-        self._listener.close()
 
 
 @dataclass

@@ -147,6 +147,9 @@ class RedisBackend(Backend):
     :class:`~lease_lock.errors.ReplicationError` is raised: an acquisition first gives the key
     back; an extension keeps the lease it wrote (the heartbeat retries). A cluster client
     refuses it.
+
+    ``close_client=True`` hands the client over: :meth:`close` then closes it (``from_url``
+    does this for the client it builds).
     """
 
     capabilities: ClassVar[Capabilities] = Capabilities(
