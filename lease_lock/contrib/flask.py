@@ -58,8 +58,9 @@ class LeaseLock:
     app factory (one extension object, any number of apps). Pass ``locker=`` to use a locker
     you built (it is then yours to close); otherwise the locker is built from ``app.config`` in
     ``init_app``, so a bad setting fails at start-up, and is closed at interpreter exit.
-    The core gives a forked worker (gunicorn ``--preload``) its own heartbeat; the drivers'
-    own pools deal with their connections.
+    A forked worker (gunicorn ``--preload``) gets its own heartbeat from the core, and redis-py
+    reopens its connections there, but a psycopg2 pool would be shared with the parent: with
+    PostgreSQL, create the app in each worker instead of preloading it.
     """
 
     def __init__(self, app: Optional[Flask] = None, *, locker: Optional[Locker] = None) -> None:
