@@ -442,3 +442,34 @@ def test_doc_examples_run(redis_server: RedisServer) -> None:
             'host="localhost", port=6379', f'host="127.0.0.1", port={redis_server.port}'
         )
         exec(compile(code, "docs/backends/redis.md", "exec"), {})  # noqa: S102
+
+
+# -- the server fixtures ------------------------------------------------------------------------
+
+
+def test_missing_binary_fails_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.support.redis_server import require_redis_binary
+
+    monkeypatch.setenv("PATH", "")
+    monkeypatch.delenv("REDIS_SERVER_BIN", raising=False)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="redis-server"):
+        require_redis_binary()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception):
+        require_redis_binary()
+
+
+def test_private_server_restarts_empty(redis_factory: Any) -> None:
+    server = redis_factory.server()
+    client = server.client()
+    try:
+        client.set("k", "v")
+        pid, port = server.pid, server.port
+        server.restart()
+        assert server.port == port and server.pid != pid
+        assert client.get("k") is None
+    finally:
+        client.close()
+        server.stop()
+    assert not server.running
