@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-__all__ = ["EVENT_TYPES", "EventHook", "LockEvent", "emit", "logger"]
+__all__ = ["EVENT_TYPES", "EventHook", "LockEvent", "emit", "logger", "wanted"]
 
 logger = logging.getLogger("lease_lock")
 # A library must not print through the last-resort handler; applications configure logging.
@@ -64,6 +64,12 @@ class LockEvent:
 
 #: The signature of an ``on_event`` hook.
 EventHook = Callable[[LockEvent], None]
+
+
+def wanted(hook: Optional[EventHook], event_type: str) -> bool:
+    """Whether an event of this type would reach anyone (a hook, or an enabled log level), so
+    that the hot path can skip building events nobody receives."""
+    return hook is not None or logger.isEnabledFor(EVENT_TYPES[event_type])
 
 
 def emit(hook: Optional[EventHook], event: LockEvent) -> None:

@@ -12,14 +12,13 @@ A ``Lock`` is thread-safe and not tied to the thread that acquired it.
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 from .errors import LockLostError, LockStateError
-from .events import LockEvent, emit, logger
+from .events import LockEvent, emit, logger, wanted
 from .options import LockOptions, check_extend_interval
 from .validation import check_ttl, describe_token
 
@@ -107,7 +106,9 @@ class Lock:
         self._ttl = ttl
         self._options = options
         self.fence: Optional[int] = None
-        self.lost = LossSignal(self)
+        # Built on first use: most locks are released without anyone looking at the signal,
+        # and an Event costs a Condition and two locks.
+        self._lost_signal: Optional[LossSignal] = None
         self._mutex = threading.RLock()
         self._state = "unlocked"
         self._busy_acquiring = False
@@ -122,10 +123,22 @@ class Lock:
         self._in_flight = 0
         self._extend_error: Optional[BaseException] = None
         self._beat_generation = 0
-        self._pid = os.getpid()
         self._given_back = False
 
     # -- reading -------------------------------------------------------------------------------
+
+    @property
+    def lost(self) -> LossSignal:
+        """A ``threading.Event`` set when the lease is lost (see :class:`LossSignal`)."""
+        signal = self._lost_signal
+        if signal is None:
+            with self._mutex:
+                signal = self._lost_signal
+                if signal is None:
+                    signal = self._lost_signal = LossSignal(self)
+                    if self._state == "lost":
+                        signal._fire()
+        return signal
 
     @property
     def ttl(self) -> float:
@@ -184,9 +197,6 @@ class Lock:
         """Mark the lock lost if its local lease has run out."""
         if self._state != "held":
             return
-        if os.getpid() != self._pid:
-            self._mark_lost("forked", notify=False)
-            return
         if self._locker._clock() >= self._lease_end:
             reason, cause = self._lapse_reason()
             self._mark_lost(reason, cause, at=self._lease_end)
@@ -202,13 +212,17 @@ class Lock:
             self._lost_cause = cause
             self._ended_at = at if at is not None else self._locker._clock()
             self._beat_generation += 1
-        self.lost._fire()
+            signal = self._lost_signal
+        if signal is not None:
+            signal._fire()
         if notify:
             self._emit("lost", reason=reason, held_for=self.held_for, error=cause)
         return True
 
     def _emit(self, event_type: str, **fields: Any) -> None:
-        emit(self._locker._on_event, LockEvent(type=event_type, key=self.key, ttl=self._ttl, **fields))
+        hook = self._locker._on_event
+        if wanted(hook, event_type):
+            emit(hook, LockEvent(type=event_type, key=self.key, ttl=self._ttl, **fields))
 
     def _interval(self) -> float:
         return self._options.extend_interval or self._ttl / 3

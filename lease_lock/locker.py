@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar, Union, 
 from .backends.base import Backend, LockState
 from .clock import LeaseClock
 from .errors import LockHeldError, LockStateError, ValidationError
-from .events import EventHook, LockEvent, emit
+from .events import EventHook
 from .heartbeat import Heartbeat
 from .lock import LEASE_MARGIN, Lock
 from .lockset import LockSet
@@ -47,6 +47,7 @@ NOTIFIED_WAIT_CAP = 1.0
 _CANCEL_SLICE = 0.05
 
 _LOCKERS: weakref.WeakSet[Locker] = weakref.WeakSet()
+_DEFAULT_OPTIONS = LockOptions()
 
 
 def _after_fork_in_child() -> None:
@@ -160,8 +161,9 @@ class Locker:
             raise LockStateError("this Locker is closed")
 
     def _full_key(self, key: object, name: str = "key") -> str:
-        check_key(key, name)
-        full = check_key(self.key_prefix + cast(str, key), name)
+        full = check_key(key, name)
+        if self.key_prefix:
+            full = check_key(self.key_prefix + full, name)
         self._backend.check_key(full)
         return full
 
@@ -190,7 +192,7 @@ class Locker:
 
     def lock(self, key: str, ttl: Optional[float] = None, **opts: Any) -> Lock:
         """An unacquired :class:`Lock` on ``key``; ``with`` acquires and releases it."""
-        return self._make_lock(key, ttl, LockOptions.from_kwargs(opts))
+        return self._make_lock(key, ttl, LockOptions.from_kwargs(opts) if opts else _DEFAULT_OPTIONS)
 
     def _make_lock(self, key: str, ttl: Optional[float], options: LockOptions) -> Lock:
         self._check_open()
@@ -274,9 +276,10 @@ class Locker:
         if isinstance(keys, str) or not isinstance(keys, Iterable):
             raise ValidationError("keys must be an iterable of str (not a single str)")
         options = LockOptions.from_kwargs(opts)
-        names = sorted(set(keys))
-        for name in names:
+        wanted = list(keys)
+        for name in wanted:
             self._full_key(name, "keys[]")
+        names = sorted(set(wanted))
         if not names:
             raise ValidationError("keys must not be empty")
         locks = [self._make_lock(name, ttl, options) for name in names]
@@ -333,7 +336,7 @@ class Locker:
         notify = self._dispatcher.available and options.blocking and retries > 0
         cancel = options.cancel
         wake: Optional[threading.Event] = None
-        start = self._clock()
+        start = sent = self._clock()
         attempts = 0
         previous_delay: Optional[float] = None
         reason = "held"
@@ -342,12 +345,11 @@ class Locker:
                 if cancel is not None and cancel.is_set():
                     reason = "cancelled"
                     break
-                if notify:
-                    if wake is None:
-                        wake = self._dispatcher.register(lock.key)
+                if wake is not None:
                     wake.clear()
+                if attempts:
+                    sent = self._clock()
                 attempts += 1
-                sent = self._clock()
                 with self._backend.request_id_scope(options.request_id):
                     if self.fencing:
                         fence = self._backend.acquire_fenced(lock.key, lock.token, requested, self.owner)
@@ -369,9 +371,7 @@ class Locker:
                     lock._grant(sent, requested, fence, max_hold)
                     with self._held_mutex:
                         self._held.add(lock)
-                    emit(self._on_event, LockEvent(
-                        type="acquired", key=lock.key, ttl=lock.ttl, waited=received - start, attempts=attempts
-                    ))
+                    lock._emit("acquired", waited=received - start, attempts=attempts)
                     return
                 else:
                     reason = "held"
@@ -383,6 +383,11 @@ class Locker:
                 if left <= 0:
                     reason = "timeout"
                     break
+                if notify and wake is None:
+                    # Registered only once the first attempt failed, which keeps uncontended
+                    # acquisitions cheap. No release is missed: the holder_wait() look at the
+                    # key below happens after registering and finds a key freed before it.
+                    wake = self._dispatcher.register(lock.key)
                 if wake is not None and self._dispatcher.active:
                     pause = self._holder_wait(lock.key) if reason == "held" else 0.0
                 else:
@@ -399,9 +404,7 @@ class Locker:
         raise LockHeldError(lock.key, attempts=attempts, elapsed=self._clock() - start, reason=reason)
 
     def _emit_contended(self, lock: Lock, attempt: int, elapsed: float, reason: str) -> None:
-        emit(self._on_event, LockEvent(
-            type="contended", key=lock.key, ttl=lock.ttl, attempt=attempt, elapsed=elapsed, reason=reason
-        ))
+        lock._emit("contended", attempt=attempt, elapsed=elapsed, reason=reason)
 
     def _holder_wait(self, key: str) -> float:
         """How long to sleep while notifications flow: the holder's remaining lease, at most a
