@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import os
 import threading
 import weakref
 from typing import TYPE_CHECKING, Callable, Optional
@@ -25,14 +24,30 @@ from .events import logger
 if TYPE_CHECKING:
     from .lock import Lock
 
-__all__ = ["OVERRUN_WARNING", "Heartbeat"]
+__all__ = ["OVERRUN_WARNING", "Heartbeat", "Timer"]
 
 #: A beat that runs this many seconds after it was due is logged as a warning: the thread or the
 #: backend is too slow for the number of locks held.
 OVERRUN_WARNING = 1.0
 _WAIT_SLICE = 1.0
+#: Cancelled timers are dropped from the heap in one pass once they outnumber the live ones (and
+#: at least this many), so released locks neither grow the heap nor wake the thread.
+_COMPACT_AFTER = 256
 
-_Entry = tuple[float, int, "weakref.ref[Lock]", int]
+
+class Timer:
+    """One lock's pending heartbeat work, ordered by due time; cancelled in place."""
+
+    __slots__ = ("cancelled", "lock", "sequence", "when")
+
+    def __init__(self, when: float, sequence: int, lock: "weakref.ref[Lock]") -> None:
+        self.when = when
+        self.sequence = sequence
+        self.lock = lock
+        self.cancelled = False
+
+    def __lt__(self, other: "Timer") -> bool:
+        return (self.when, self.sequence) < (other.when, other.sequence)
 
 
 class Heartbeat:
@@ -46,51 +61,77 @@ class Heartbeat:
 
     def _setup(self) -> None:
         self._condition = threading.Condition(threading.Lock())
-        self._heap: list[_Entry] = []
+        self._heap: list[Timer] = []
+        self._cancelled = 0
         self._sequence = itertools.count()
         self._thread: Optional[threading.Thread] = None
         self._stopped = False
-        self._pid = os.getpid()
 
     @property
     def thread(self) -> Optional[threading.Thread]:
         """The running thread, or ``None`` before the first lock is scheduled."""
         return self._thread
 
-    def schedule(self, lock: Lock, when: float, generation: int) -> None:
-        """Fire ``lock``'s timer at clock time ``when`` unless its generation moves on."""
+    def schedule(self, lock: "Lock", when: float) -> Timer:
+        """Fire ``lock``'s timer at clock time ``when``; returns the timer, for :meth:`cancel`."""
+        timer = Timer(when, next(self._sequence), weakref.ref(lock))
         with self._condition:
             if self._stopped:
-                return
-            heapq.heappush(self._heap, (when, next(self._sequence), weakref.ref(lock), generation))
+                timer.cancelled = True
+                return timer
+            heapq.heappush(self._heap, timer)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
-            elif self._heap[0][0] == when:
+            elif self._heap[0] is timer:
                 self._condition.notify()
+        return timer
+
+    def cancel(self, timer: Timer) -> None:
+        """Make ``timer`` never fire."""
+        with self._condition:
+            if timer.cancelled:
+                return
+            timer.cancelled = True
+            self._cancelled += 1
+            if self._cancelled >= _COMPACT_AFTER and self._cancelled * 2 > len(self._heap):
+                self._heap = [entry for entry in self._heap if not entry.cancelled]
+                heapq.heapify(self._heap)
+                self._cancelled = 0
+
+    def _drop_cancelled_top(self) -> None:
+        # Called with the condition held.
+        while self._heap and self._heap[0].cancelled:
+            heapq.heappop(self._heap)
+            self._cancelled -= 1
 
     def pending(self) -> int:
-        """Timers in the heap (stale ones included)."""
+        """Timers that will still fire."""
         with self._condition:
-            return len(self._heap)
+            return len(self._heap) - self._cancelled
 
     def run_due(self) -> int:
         """Do every piece of work due at the clock's current reading; returns timers fired."""
-        due: list[tuple[Lock, int]] = []
+        due: list[tuple[Lock, Timer]] = []
         now = self._clock()
         with self._condition:
-            while self._heap and self._heap[0][0] <= now:
-                when, _, reference, generation = heapq.heappop(self._heap)
-                lock = reference()
+            self._drop_cancelled_top()
+            while self._heap and self._heap[0].when <= now:
+                timer = heapq.heappop(self._heap)
+                # A fired timer is spent: mark it so a later cancel() does not count it again.
+                timer.cancelled = True
+                lock = timer.lock()
                 if lock is not None:
-                    due.append((lock, generation))
-                    if now - when > OVERRUN_WARNING:
+                    due.append((lock, timer))
+                    if now - timer.when > OVERRUN_WARNING:
                         logger.warning(
-                            "heartbeat ran %.2fs late for %r: too many locks or a slow backend", now - when, lock.key
+                            "heartbeat ran %.2fs late for %r: too many locks or a slow backend",
+                            now - timer.when, lock.key,
                         )
+                self._drop_cancelled_top()
         plans: list[tuple[Lock, float]] = []
-        for lock, generation in due:
-            requested = lock._beat_due(now, generation)
+        for lock, timer in due:
+            requested = lock._beat_due(now, timer)
             if requested is not None:
                 plans.append((lock, requested))
         if plans:
@@ -125,7 +166,8 @@ class Heartbeat:
             with self._condition:
                 if self._stopped:
                     return
-                wait = self._heap[0][0] - self._clock() if self._heap else _WAIT_SLICE
+                self._drop_cancelled_top()
+                wait = self._heap[0].when - self._clock() if self._heap else _WAIT_SLICE
                 if wait > 0:
                     self._condition.wait(min(wait, _WAIT_SLICE))
                     continue
@@ -139,6 +181,7 @@ class Heartbeat:
         with self._condition:
             self._stopped = True
             self._heap.clear()
+            self._cancelled = 0
             self._condition.notify_all()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():

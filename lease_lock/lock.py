@@ -25,6 +25,7 @@ from .validation import check_ttl, describe_token
 if TYPE_CHECKING:
     from types import TracebackType
 
+    from .heartbeat import Timer
     from .locker import Locker
 
 __all__ = ["LEASE_MARGIN", "Lock", "LossSignal"]
@@ -122,7 +123,7 @@ class Lock:
         self._next_beat = math.inf
         self._in_flight = 0
         self._extend_error: Optional[BaseException] = None
-        self._beat_generation = 0
+        self._timer: Optional[Timer] = None
         self._given_back = False
 
     # -- reading -------------------------------------------------------------------------------
@@ -211,7 +212,7 @@ class Lock:
             self._lost_reason = reason
             self._lost_cause = cause
             self._ended_at = at if at is not None else self._locker._clock()
-            self._beat_generation += 1
+            self._cancel_timer()
             signal = self._lost_signal
         if signal is not None:
             signal._fire()
@@ -262,21 +263,25 @@ class Lock:
         self._schedule()
 
     def _schedule(self) -> None:
+        """(Re)arm this lock's one heartbeat timer: the next extension or the lease's end."""
         with self._mutex:
             if self._state != "held":
                 return
-            self._beat_generation += 1
-            when = min(self._next_beat, self._lease_end)
-            generation = self._beat_generation
-        self._locker._heartbeat.schedule(self, when, generation)
+            self._cancel_timer()
+            self._timer = self._locker._heartbeat.schedule(self, min(self._next_beat, self._lease_end))
+
+    def _cancel_timer(self) -> None:
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            self._locker._heartbeat.cancel(timer)
 
     # -- heartbeat side ------------------------------------------------------------------------
 
-    def _beat_due(self, now: float, generation: int) -> Optional[float]:
+    def _beat_due(self, now: float, timer: Timer) -> Optional[float]:
         """Called by the heartbeat when this lock's timer fires; returns the TTL to ask for,
         or ``None`` when no extension is due (the lock lapsed, or the timer was only a check)."""
         with self._mutex:
-            if generation != self._beat_generation or self._state != "held":
+            if timer is not self._timer or self._state != "held":
                 return None
         self._refresh()
         with self._mutex:
@@ -387,7 +392,7 @@ class Lock:
                 return False
             self._state = "released"
             self._ended_at = self._locker._clock()
-            self._beat_generation += 1
+            self._cancel_timer()
         self._locker._forget(self)
         self._emit("released", held_for=self.held_for)
         return True
@@ -493,7 +498,7 @@ class Lock:
 
     def _stop_heartbeat(self) -> None:
         with self._mutex:
-            self._beat_generation += 1
+            self._cancel_timer()
             self._next_beat = math.inf
 
     # -- lifecycle hooks -----------------------------------------------------------------------
