@@ -40,13 +40,13 @@ class Timer:
 
     __slots__ = ("cancelled", "lock", "sequence", "when")
 
-    def __init__(self, when: float, sequence: int, lock: "weakref.ref[Lock]") -> None:
+    def __init__(self, when: float, sequence: int, lock: weakref.ref[Lock]) -> None:
         self.when = when
         self.sequence = sequence
         self.lock = lock
         self.cancelled = False
 
-    def __lt__(self, other: "Timer") -> bool:
+    def __lt__(self, other: Timer) -> bool:
         return (self.when, self.sequence) < (other.when, other.sequence)
 
 
@@ -72,7 +72,7 @@ class Heartbeat:
         """The running thread, or ``None`` before the first lock is scheduled."""
         return self._thread
 
-    def schedule(self, lock: "Lock", when: float) -> Timer:
+    def schedule(self, lock: Lock, when: float) -> Timer:
         """Fire ``lock``'s timer at clock time ``when``; returns the timer, for :meth:`cancel`."""
         timer = Timer(when, next(self._sequence), weakref.ref(lock))
         with self._condition:
