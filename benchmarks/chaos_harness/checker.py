@@ -28,6 +28,9 @@ Definitions (per backend and fault):
   certainly-live end, or a data-wiping restart). A hold whose server end came before it gave the
   key back was *lost at the backend*; if no loss signal fired for it, it is an *unreported loss*.
   ``expiry_to_signal`` is loss signal minus server end (negative: the holder knew in time).
+- *loss signal*: the first of the ``lost`` event hook, the holder's own ``lock.lost.is_set()``
+  check and a watchdog thread blocked in ``lock.lost.wait()``; the hook alone is also reported
+  (``max_hook_lateness``), because it depends on the heartbeat thread being free to run it.
 - *lateness*: loss signal minus the local lease end, or minus the moment the worker ran again if
   it was stopped at its local lease end (a stopped process runs no code; a resumed one must know
   at once, which is what the pause detector is for). The issue bounds it by one heartbeat
@@ -80,6 +83,7 @@ class _Hold:
     granted: float
     local_end: float
     signal: Optional[float] = None
+    hook: Optional[float] = None
     reason: Optional[str] = None
     released: Optional[float] = None
     release_result: Optional[bool] = None
@@ -129,6 +133,7 @@ class Report:
     unreported_losses: int = 0
     expiry_to_signal: list[float] = field(default_factory=list)
     max_lateness: float = -math.inf
+    max_hook_lateness: float = -math.inf
     errors: int = 0
     worker_failures: list[str] = field(default_factory=list)
     examples: list[str] = field(default_factory=list)
@@ -161,7 +166,7 @@ class Report:
             str(self.writes_accepted), str(self.out_of_order_accepted),
             f"{self.late_writes} ({self.late_writes_accepted})", str(self.stale_accepted),
             f"{self.losses_signalled}/{self.lost_at_backend}", str(self.unreported_losses), latencies,
-            ms(self.max_lateness), str(self.errors),
+            ms(self.max_lateness), ms(self.max_hook_lateness), str(self.errors),
         ]
 
 
@@ -170,7 +175,7 @@ COLUMNS = [
     "backend", "fault", "faults", "grants", "double grants", "overlaps after data loss",
     "holder-view overlaps", "fence order violations", "writes accepted", "accepted out of order",
     "late writes (accepted)", "stale accepted", "losses signalled / lost at backend", "unreported losses",
-    "expiry→signal p50/p99/max ms", "max lateness ms", "driver errors",
+    "expiry→signal p50/p99/max ms", "max lateness ms", "max event-hook lateness ms", "driver errors",
 ]
 __all__ += ["COLUMNS"]
 
@@ -208,9 +213,11 @@ class _Run:
                 continue
             if kind == "extended":
                 record.local_end = event["local_end"]
-            elif kind in ("lost", "observed-lost"):
+            elif kind in ("lost", "observed-lost", "watchdog-lost"):
                 if record.signal is None or event["t"] < record.signal:
                     record.signal = event["t"]
+                if kind == "lost" and record.hook is None:
+                    record.hook = event["t"]
                 record.reason = record.reason or event.get("reason")
             elif kind == "write":
                 record.writes.append(event)
@@ -354,6 +361,9 @@ def _check_holds(run: _Run, report: Report, segments: list[_Segment]) -> None:
                 report.max_lateness = lateness
             if lateness > run.interval:
                 report.examples.append(f"late signal: {hold.hold} learned {lateness:.3f}s after its local end")
+        if hold.hook is not None:
+            hook_lateness = hold.hook - run.running_again(hold.worker, hold.local_end)
+            report.max_hook_lateness = max(report.max_hook_lateness, hook_lateness)
         segment = by_fence.get((hold.hold, hold.fence))
         if segment is None or hold.released is None:
             continue

@@ -67,13 +67,13 @@ class Settings:
     seed: int = 0
 
 
-def _spawn(target: Target, settings: Settings, workdir: Path, index: int, url: str, until: float,
+def _spawn(target: Target, settings: Settings, workdir: Path, index: int, url: str,
            clock: Optional[Path], namespace: str) -> subprocess.Popen[bytes]:
     command = [
         sys.executable, "-m", "benchmarks.chaos_harness.worker",
         "--url", url, "--resource", target.resource, "--log", str(workdir / f"worker-{index}.log"),
         "--worker", str(index), "--keys", str(settings.keys), "--namespace", namespace,
-        "--until", repr(until), "--ttl", repr(settings.ttl), "--hold", *map(repr, settings.hold),
+        "--go", str(workdir / "go"), "--ttl", repr(settings.ttl), "--hold", *map(repr, settings.hold),
         "--work", repr(settings.work), "--acquire-timeout", repr(settings.ttl), "--seed", str(settings.seed),
     ]
     if clock is not None:
@@ -116,8 +116,6 @@ def run_scenario(target: Target, fault: str, settings: Settings, workdir: Path) 
     log = EventLog(workdir / "faults.log")
     proxies: list[TcpProxy] = []
     processes: list[subprocess.Popen[bytes]] = []
-    # Workers need a moment to import and connect; their deadline leaves room for that.
-    until = host_now() + settings.seconds + 1.5
     try:
         handles = []
         for index in range(settings.workers):
@@ -129,21 +127,27 @@ def run_scenario(target: Target, fault: str, settings: Settings, workdir: Path) 
                 url = target.via(proxy.port)
             if fault in NEEDS_CLOCK:
                 clock = ClockControl(workdir / f"clock-{index}.bin", create=True)
-            process = _spawn(target, settings, workdir, index, url, until, clock.path if clock else None, namespace)
+            process = _spawn(target, settings, workdir, index, url, clock.path if clock else None, namespace)
             processes.append(process)
             handles.append(WorkerHandle(index, process.pid, clock, proxy))
         _wait_started(workdir, settings.workers, processes)
+        # Every worker is connected: start the clock for all of them at once.
+        until = host_now() + settings.seconds
+        (workdir / "go.tmp").write_text(repr(until))
+        (workdir / "go.tmp").rename(workdir / "go")
         context = FaultContext(
             target.backend, settings.ttl, keys, handles, admin, log, target.server,
             rng=random.Random(settings.seed),
         )
-        # Inject until two TTLs before the end, so the last fault's effects play out while
-        # the workers still run.
-        while host_now() + 2 * settings.ttl < until:
+        # Inject at least once, then until two TTLs before the end, so the last fault's effects
+        # play out while the workers still run.
+        while True:
             time.sleep(settings.ttl)
             inject(context)
+            if host_now() + 3 * settings.ttl >= until:
+                break
         for process in processes:
-            remaining = max(1.0, until - host_now() + 30.0)
+            remaining = max(1.0, until - host_now() + _WORKER_START_TIMEOUT)
             try:
                 process.wait(remaining)
             except subprocess.TimeoutExpired:
@@ -157,11 +161,14 @@ def run_scenario(target: Target, fault: str, settings: Settings, workdir: Path) 
         for proxy in proxies:
             proxy.close()
         log.close()
-        try:
-            history = resource.history()
-        finally:
-            resource.close()
-            admin.close()
+        resource.close()
+        admin.close()
+    # A fresh connection: the setup one may have been cut by the faults (restart, kill).
+    reader = open_resource(target.resource)
+    try:
+        history = reader.history()
+    finally:
+        reader.close()
     report = check(target.backend, fault, sorted(workdir.glob("worker-*.log")), workdir / "faults.log", history)
     report.seconds, report.ttl = settings.seconds, settings.ttl
     for index, process in enumerate(processes):

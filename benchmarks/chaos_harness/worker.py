@@ -10,7 +10,8 @@ that is the risk the checker counts.
 
 Log events (besides the backend ``call`` records of :mod:`.recording`): ``start``, ``grant``
 (with the local lease end on the host clock), ``extended``, ``lost`` (from the event hook),
-``observed-lost`` (the holder's own check), ``write``, ``release``, ``*-error`` and ``end``.
+``observed-lost`` (the holder's own check), ``watchdog-lost`` (a thread waiting on
+``lock.lost``), ``write``, ``release``, ``*-error`` and ``end``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import threading
 import time
 from pathlib import Path
 from typing import Optional
@@ -32,6 +34,8 @@ from .resource import open_resource
 
 __all__ = ["main", "parse_args"]
 
+_GO_TIMEOUT = 60.0
+
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """The worker's command line."""
@@ -42,7 +46,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--worker", required=True, type=int)
     parser.add_argument("--keys", type=int, default=4)
     parser.add_argument("--namespace", default="chaos", help="keys are NAMESPACE:0 .. NAMESPACE:KEYS-1")
-    parser.add_argument("--until", type=float, required=True, help="host-clock time to stop")
+    parser.add_argument("--go", type=Path, required=True,
+                        help="file the runner writes the host-clock end time into once every worker started")
     parser.add_argument("--ttl", type=float, default=2.0)
     parser.add_argument("--hold", type=float, nargs=2, default=(0.2, 1.5), metavar=("MIN", "MAX"))
     parser.add_argument("--work", type=float, default=0.05, help="longest work step between writes")
@@ -95,9 +100,10 @@ class Worker:
     def run(self) -> None:
         """The main loop (see the module docstring)."""
         self.log.write("start", pid=os.getpid(), keys=self.keys, ttl=self.args.ttl, interval=self.args.ttl / 3)
+        self.until = self.wait_for_go()
         number = 0
         try:
-            while host_now() < self.args.until:
+            while host_now() < self.until:
                 number += 1
                 self.hold_once(f"{self.args.worker}.{number}", self.random.choice(self.keys))
         finally:
@@ -105,6 +111,15 @@ class Worker:
             self.resource.close()
             self.log.write("end")
             self.log.close()
+
+    def wait_for_go(self) -> float:
+        """Block until the runner says go; the file holds the end time on the host clock."""
+        deadline = time.monotonic() + _GO_TIMEOUT
+        while not self.args.go.exists():
+            if time.monotonic() > deadline:
+                raise SystemExit("the runner never said go")
+            time.sleep(0.01)
+        return float(self.args.go.read_text())
 
     def hold_once(self, hold: str, key: str) -> None:
         """Acquire ``key``, write under it, release it."""
@@ -122,7 +137,26 @@ class Worker:
         fence = lock.fence
         assert fence is not None
         self.log.write("grant", hold=hold, key=key, fence=fence, local_end=self.local_end(lock))
-        until = min(host_now() + self.random.uniform(*self.args.hold), self.args.until)
+        done = threading.Event()
+        watchdog = threading.Thread(target=self.watch, args=(hold, lock, done), name=f"watchdog-{hold}", daemon=True)
+        watchdog.start()
+        try:
+            self.work(hold, key, lock, fence)
+        finally:
+            done.set()
+            watchdog.join()
+
+    def watch(self, hold: str, lock: Lock, done: threading.Event) -> None:
+        """A watchdog thread, as a careful application would run one: it waits on ``lock.lost``
+        and logs the moment the signal reaches a waiter."""
+        while not done.is_set():
+            if lock.lost.wait(0.1):
+                self.log.write("watchdog-lost", hold=hold, key=lock.key, reason=lock.lost_reason)
+                return
+
+    def work(self, hold: str, key: str, lock: Lock, fence: int) -> None:
+        """Write under ``lock`` until the hold time is over or the lock reads lost; release."""
+        until = min(host_now() + self.random.uniform(*self.args.hold), self.until)
         seq = 0
         while host_now() < until:
             if lock.lost.is_set():
@@ -144,17 +178,28 @@ class Worker:
         self.log.write("write", hold=hold, key=key, fence=fence, seq=seq, t0=t0, accepted=accepted)
 
     def release(self, hold: str, lock: Lock) -> None:
-        """Give the key back, logging the outcome; a lost lock is logged as observed first."""
+        """Give the key back, logging the outcome.
+
+        A release that raises leaves the lock held with its heartbeat running (SPEC 4), so a
+        careful holder tries again until it succeeds or the lock reads lost; giving up silently
+        would hide a loss from the holder, and from the checker.
+        """
         if lock.lost.is_set():
             self.log.write("observed-lost", hold=hold, key=lock.key, reason=lock.lost_reason)
-        t0 = host_now()
-        try:
-            released = lock.release()
-        except Exception as error:  # noqa: BLE001 - the lease then runs out on its own
-            self.log.write("release-error", hold=hold, key=lock.key, t0=t0, error=repr(error))
+        while True:
+            t0 = host_now()
+            try:
+                released = lock.release()
+            except Exception as error:  # noqa: BLE001 - retried below, as SPEC 4 intends
+                self.log.write("release-error", hold=hold, key=lock.key, t0=t0, error=repr(error))
+                if lock.lost.wait(0.05):
+                    # Lost: the lease runs out on its own, nothing is left to give back.
+                    self.log.write("observed-lost", hold=hold, key=lock.key, reason=lock.lost_reason)
+                    return
+                continue
+            self.log.write("release", hold=hold, key=lock.key, t0=t0, result=released, state=lock.state,
+                           reason=lock.lost_reason)
             return
-        self.log.write("release", hold=hold, key=lock.key, t0=t0, result=released, state=lock.state,
-                       reason=lock.lost_reason)
 
 
 def main(argv: Optional[list[str]] = None) -> None:
