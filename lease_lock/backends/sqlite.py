@@ -241,7 +241,7 @@ class SqliteBackend(Backend):
             check_same_thread=False,  # guarded by self._mutex instead
         )
         try:
-            connection.execute("PRAGMA journal_mode=WAL")
+            self._enable_wal(connection)
             # NORMAL in WAL mode cannot corrupt the file; it may lose the last commits on power
             # loss, when every holder died anyway (the boot id changes). Fences stay above the
             # lost ones because they never fall below the wall clock (see _next_fence).
@@ -254,6 +254,21 @@ class SqliteBackend(Backend):
             connection.close()
             raise
         return connection
+
+    def _enable_wal(self, connection: sqlite3.Connection) -> None:
+        # Switching a new file to WAL needs an exclusive lock, and SQLite answers "database is
+        # locked" at once instead of calling the busy handler when another process is doing the
+        # same switch. Retry within the busy timeout; once the file is in WAL mode this is a
+        # read of the current mode and never conflicts.
+        give_up = time.monotonic() + self.busy_timeout
+        while True:
+            try:
+                connection.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as error:
+                if "locked" not in str(error) or time.monotonic() >= give_up:
+                    raise
+                time.sleep(0.01)
 
     def _current(self) -> sqlite3.Connection:
         pid = os.getpid()

@@ -322,3 +322,27 @@ def test_four_processes_share_one_key_without_overlap(tmp_path: Path) -> None:
     # and no two holders overlapped.
     for (_, _, earlier_until), (_, later_from, _) in zip(grants, grants[1:]):
         assert earlier_until <= later_from
+
+
+def _open_fresh_file_and_acquire(path: str, worker: int, start: float) -> bool:
+    """Wait for the common start time, then open the (not yet created) file and take a key."""
+    while time.time() < start:
+        time.sleep(0.001)
+    backend = SqliteBackend(path)
+    try:
+        return backend.acquire(f"worker:{worker}", f"token-{worker}".ljust(32, "x"), 30, "race")
+    finally:
+        backend.close()
+
+
+def test_processes_racing_to_create_the_file_all_succeed(tmp_path: Path) -> None:
+    # Regression: switching a brand-new file to WAL raised "database is locked" in one of two
+    # processes that opened it at the same moment (seen in examples/contend.py).
+    racers = 8
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(racers) as pool:
+        for round_number in range(3):
+            path = str(tmp_path / f"fresh-{round_number}.db")
+            start = time.time() + 1.0  # after every spawned interpreter is ready
+            jobs = [(path, worker, start) for worker in range(racers)]
+            assert pool.starmap(_open_fresh_file_and_acquire, jobs) == [True] * racers
