@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar, Union, 
 
 from .backends.base import Backend, LockState
 from .clock import LeaseClock
-from .errors import LockHeldError, LockStateError, ValidationError
+from .errors import LockHeldError, LockStateError, RateLimitedError, ValidationError
 from .events import EventHook
 from .heartbeat import Heartbeat
 from .lock import LEASE_MARGIN, Lock
@@ -350,15 +350,26 @@ class Locker:
                 if attempts:
                     sent = self._clock()
                 attempts += 1
-                with self._backend.request_id_scope(options.request_id):
-                    if self.fencing:
-                        fence = self._backend.acquire_fenced(lock.key, lock.token, requested, self.owner)
-                        granted = fence is not None
-                    else:
-                        fence = None
-                        granted = self._backend.acquire(lock.key, lock.token, requested, self.owner)
+                rate_limit_pause: Optional[float] = None
+                try:
+                    with self._backend.request_id_scope(options.request_id):
+                        if self.fencing:
+                            fence = self._backend.acquire_fenced(lock.key, lock.token, requested, self.owner)
+                            granted = fence is not None
+                        else:
+                            fence = None
+                            granted = self._backend.acquire(lock.key, lock.token, requested, self.owner)
+                except RateLimitedError as error:
+                    # The HTTP service asked us to slow down: a blocking acquisition waits as
+                    # long as it says (cut by the timeout) and counts that as an attempt; a
+                    # single attempt (try_acquire) has nothing to wait for and raises it.
+                    if attempts > retries:
+                        raise
+                    granted, fence, rate_limit_pause = False, None, error.retry_after
                 received = self._clock()
-                if granted and received >= sent + requested * (1 - LEASE_MARGIN):
+                if rate_limit_pause is not None:
+                    reason = "held"
+                elif granted and received >= sent + requested * (1 - LEASE_MARGIN):
                     lock._give_back()
                     reason = "late-acquire"
                     self._emit_contended(lock, attempts, received - start, "late")
@@ -388,12 +399,15 @@ class Locker:
                     # acquisitions cheap. No release is missed: the holder_wait() look at the
                     # key below happens after registering and finds a key freed before it.
                     wake = self._dispatcher.register(lock.key)
-                if wake is not None and self._dispatcher.active:
+                if rate_limit_pause is not None:
+                    pause = rate_limit_pause
+                elif wake is not None and self._dispatcher.active:
                     pause = self._holder_wait(lock.key) if reason == "held" else 0.0
                 else:
                     pause = policy.delay_for(RetryState(attempts, elapsed, previous_delay))
                     previous_delay = pause
-                notified = self._pause(min(pause, left), wake, cancel)
+                # A rate limit must be waited out in full: a release notification cannot end it.
+                notified = self._pause(min(pause, left), wake if rate_limit_pause is None else None, cancel)
                 if not notified and self._clock() - start >= timeout:
                     # SPEC 7: the last wait is cut to the time left; no attempt starts after it.
                     reason = "timeout"
