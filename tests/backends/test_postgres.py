@@ -351,3 +351,20 @@ def test_refuses_a_connection_inside_a_transaction(postgres_server: PostgresServ
     assert _sql(admin, "SELECT to_regclass(%s)", table) == [(None,)], "nothing written"
     assert backend.acquire("k", TOKEN, 30, "o")
     conn.close()
+
+
+def test_url_without_host_part_keeps_its_host_parameter(postgres_server: Any) -> None:
+    # Regression: "postgresql:///db?host=..." lost its "//" on the way to libpq, which then
+    # rejected the DSN. The host travels in the query string instead of the URL's host part.
+    user = postgres_server.dsn.split("user=", 1)[1].split(" ", 1)[0]
+    url = (
+        f"postgresql:///postgres?host={postgres_server.host}&port={postgres_server.port}"
+        f"&user={user}&table=lease_lock_hostless"
+    )
+    backend = PostgresBackend.from_url(url)
+    try:
+        assert backend.acquire("hostless", "t" * 32, 30, "test")
+        assert backend.inspect("hostless").held
+    finally:
+        backend.force_release("hostless")
+        backend.close()

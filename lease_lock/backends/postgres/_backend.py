@@ -152,7 +152,11 @@ class PostgresBackend(Backend):
         settings = parse_url_options(
             "?" + urllib.parse.urlencode(ours), cls.url_options, options, backend="postgresql"
         )
-        dsn = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(libpq)))
+        # Rebuilt by hand: urlunsplit() drops the "//" of a URL without a host part
+        # ("postgresql:///db?host=/run/postgresql"), which libpq then rejects.
+        dsn = url.split("?", 1)[0].split("#", 1)[0]
+        if libpq:
+            dsn += "?" + urllib.parse.urlencode(libpq)
         max_connections = settings.pop("max_connections", 10)
         if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
             raise ValidationError("max_connections must be an int of at least 1")
