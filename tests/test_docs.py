@@ -1,0 +1,28 @@
+"""The documentation stays true: generated pages are current and the README's example runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_generated_pages_are_current() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "generate.py"), "--check"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_readme_example_runs_and_checks_its_claim(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "contend.py"), f"sqlite:///{tmp_path / 'example.db'}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "6 holds, none overlapping, fences rising with every grant" in result.stdout
+    assert "python -m pip install -e '.[test]' && python examples/contend.py" in (ROOT / "README.md").read_text()
