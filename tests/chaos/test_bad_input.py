@@ -202,13 +202,19 @@ def test_bad_extend_ttl_is_refused_and_the_lease_stays(world: Any, ttl: object) 
         st.one_of(st.integers(), st.text(max_size=2)).map(lambda value: {"retry": value}),
         st.one_of(st.integers(), st.text(max_size=2)).map(lambda value: {"clock": value}),
         st.one_of(st.integers(), st.text(min_size=300, max_size=310)).map(lambda value: {"owner": value}),
-        st.text(alphabet="xyz", min_size=1, max_size=8).map(lambda name: {name: 1}),
     )
 )
 def test_bad_locker_settings_are_refused(world: Any, setting: dict[str, Any]) -> None:
     backend = world[1]
     refused(world, lambda: Locker(backend, **setting))
     refused(world, lambda: lease_lock.connect("memory://", **setting))
+
+
+@FAST
+@given(name=st.text(alphabet="xyz", min_size=1, max_size=8))
+def test_unknown_connect_options_are_refused(world: Any, name: str) -> None:
+    # SPEC 2: connect() refuses an unknown option; Locker() itself raises Python's TypeError.
+    refused(world, lambda: lease_lock.connect("memory://", **{name: 1}))
 
 
 @FAST
