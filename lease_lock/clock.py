@@ -59,6 +59,10 @@ class LeaseClock:
         #: Seconds of pauses seen so far, added to every reading.
         self.paused = 0.0
 
+    def after_fork(self) -> None:
+        """In a forked child: a new mutex, since a parent thread may have held the old one."""
+        self._mutex = threading.Lock()
+
     def __call__(self) -> float:
         with self._mutex:
             now_monotonic = self._monotonic()

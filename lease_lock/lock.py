@@ -506,6 +506,10 @@ class Lock:
     def _forked(self) -> None:
         """In a forked child: this copy must never extend or release the parent's lease."""
         self._mutex = threading.RLock()
+        # The timer sits in the parent's heap, which the child's heartbeat has dropped. Cancelling
+        # it would take the parent's heartbeat lock, which a parent thread may have held at the
+        # fork and will never release here.
+        self._timer = None
         if self._state == "held":
             self._mark_lost("forked", notify=False)
 

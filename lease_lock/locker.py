@@ -179,11 +179,15 @@ class Locker:
             self._held.discard(lock)
 
     def _after_fork(self) -> None:
+        # Locks that a parent thread held at the fork stay locked for ever in the child: renew
+        # the clock and the heartbeat first, since marking the locks lost reads the clock.
         self._held_mutex = threading.Lock()
+        if isinstance(self._clock, LeaseClock):
+            self._clock.after_fork()
+        self._heartbeat.after_fork()
         for lock in list(self._held):
             lock._forked()
         self._held = weakref.WeakSet()
-        self._heartbeat.after_fork()
         self._dispatcher.after_fork()
         if self._default_owner:
             self.owner = f"{socket.gethostname()}:{os.getpid()}"

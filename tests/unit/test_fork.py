@@ -105,3 +105,31 @@ def test_child_copies_read_lost_forked_and_the_child_locker_works() -> None:
     assert backend.is_held("parent-key", parent_lock.token)
     assert parent_lock.release() is True
     locker.close()
+
+
+def test_fork_while_a_parent_thread_holds_the_heartbeat_and_clock_locks() -> None:
+    """A parent thread may be inside the heartbeat or the clock at the moment of the fork; the
+    child's fork handling must not wait for locks that thread will never release there."""
+    locker = Locker(MemoryBackend())
+    lock = locker.acquire("k", ttl=30.0)
+    holding = threading.Event()
+    done = threading.Event()
+
+    def hold() -> None:
+        with locker.heartbeat._condition, locker._clock._mutex:  # type: ignore[attr-defined]
+            holding.set()
+            done.wait(60)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(10)
+        report = run_in_child(
+            lambda: {"reason": lock.lost_reason, "other": locker.acquire("other").release()}, timeout=20
+        )
+    finally:
+        done.set()
+        holder.join(10)
+    assert report == {"reason": "forked", "other": True}
+    assert lock.release() is True
+    locker.close()
