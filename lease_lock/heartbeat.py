@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import threading
 import weakref
 from typing import TYPE_CHECKING, Callable, Optional
@@ -66,6 +67,8 @@ class Heartbeat:
         self._sequence = itertools.count()
         self._thread: Optional[threading.Thread] = None
         self._stopped = False
+        #: Clock time the thread sleeps until (-inf while it is awake and will look again).
+        self._sleeping_until = -math.inf
 
     @property
     def thread(self) -> Optional[threading.Thread]:
@@ -83,7 +86,10 @@ class Heartbeat:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
-            elif self._heap[0] is timer:
+            elif when < self._sleeping_until:
+                # Wake the thread only when it sleeps past this timer. Timers that fall due
+                # later are picked up when it wakes anyway; waking it for each of them would
+                # hand it the GIL on every acquisition.
                 self._condition.notify()
         return timer
 
@@ -169,7 +175,10 @@ class Heartbeat:
                 self._drop_cancelled_top()
                 wait = self._heap[0].when - self._clock() if self._heap else _WAIT_SLICE
                 if wait > 0:
-                    self._condition.wait(min(wait, _WAIT_SLICE))
+                    wait = min(wait, _WAIT_SLICE)
+                    self._sleeping_until = self._clock() + wait
+                    self._condition.wait(wait)
+                    self._sleeping_until = -math.inf
                     continue
             try:
                 self.run_due()
