@@ -374,6 +374,22 @@ def test_from_url_options(redis_server: RedisServer) -> None:
         backend.close()
 
 
+def test_from_url_bounds_socket_waits_by_default(redis_server: RedisServer) -> None:
+    # Without a timeout one blackholed connection would block the heartbeat thread for hours.
+    backend = backend_from_url(redis_server.url)
+    try:
+        kwargs = backend.client.get_connection_kwargs()  # type: ignore[attr-defined]
+        assert kwargs["socket_timeout"] == 5.0
+        assert kwargs["socket_connect_timeout"] == 5.0
+    finally:
+        backend.close()
+    backend = backend_from_url(f"{redis_server.url}?socket_timeout=250ms")
+    try:
+        assert backend.client.get_connection_kwargs()["socket_timeout"] == 0.25  # type: ignore[attr-defined]
+    finally:
+        backend.close()
+
+
 def test_from_url_closes_the_client_it_built(redis_server: RedisServer, key: str) -> None:
     name = f"owned-{uuid.uuid4().hex[:8]}"
     backend = RedisBackend.from_url(f"{redis_server.url}?client_name={name}")

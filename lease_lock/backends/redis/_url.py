@@ -108,12 +108,20 @@ def _sentinel_client(url: str, options: dict[str, Any]) -> Any:
     )
 
 
+#: Socket timeouts of clients built from a URL unless the URL sets them. redis-py waits for ever
+#: by default, and the heartbeat thread makes its calls itself: one blackholed connection would
+#: stop every lease of the locker from being extended until TCP gave up, hours later.
+DEFAULT_SOCKET_TIMEOUT = 5.0
+
+
 def build_client(url: str, options: dict[str, Any]) -> Any:
     """A redis-py client for ``url``; ``options`` are the client options already parsed.
 
     ``cluster=True`` builds a ``RedisCluster`` from a ``redis://`` or ``rediss://`` URL of any
-    one node.
+    one node. Socket timeouts default to :data:`DEFAULT_SOCKET_TIMEOUT`.
     """
+    options.setdefault("socket_timeout", DEFAULT_SOCKET_TIMEOUT)
+    options.setdefault("socket_connect_timeout", DEFAULT_SOCKET_TIMEOUT)
     scheme = urllib.parse.urlsplit(url).scheme.lower()
     cluster = bool(options.pop("cluster", False))
     if scheme == "redis+sentinel":
