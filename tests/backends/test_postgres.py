@@ -368,3 +368,27 @@ def test_url_without_host_part_keeps_its_host_parameter(postgres_server: Any) ->
     finally:
         backend.force_release("hostless")
         backend.close()
+
+
+def test_url_built_pool_bounds_network_waits(postgres_server: Any) -> None:
+    # The heartbeat calls the backend on its own thread; a dead network must not hold it for ever.
+    backend = PostgresBackend.from_url(f"{postgres_server.url}?table=lease_lock_timeouts")
+    try:
+        connection = backend.pool.getconn()
+        try:
+            parameters = connection.get_dsn_parameters()
+            assert parameters["connect_timeout"] == "5"
+            assert parameters["tcp_user_timeout"] == "5000"
+        finally:
+            backend.pool.putconn(connection)
+    finally:
+        backend.close()
+    backend = PostgresBackend.from_url(f"{postgres_server.url}?table=lease_lock_timeouts&connect_timeout=2")
+    try:
+        connection = backend.pool.getconn()
+        try:
+            assert connection.get_dsn_parameters()["connect_timeout"] == "2"
+        finally:
+            backend.pool.putconn(connection)
+    finally:
+        backend.close()

@@ -75,6 +75,10 @@ def _parse_positive_int(text: str) -> int:
     return value
 
 
+#: libpq parameters a URL-built pool gets unless its URL sets them (seconds / milliseconds).
+DEFAULT_LIBPQ_TIMEOUTS = (("connect_timeout", "5"), ("tcp_user_timeout", "5000"))
+
+
 class PostgresBackend(Backend):
     """Leases in a PostgreSQL table, shared by every process that can reach the database.
 
@@ -149,6 +153,11 @@ class PostgresBackend(Backend):
         pairs = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
         ours = [(name, value) for name, value in pairs if name in cls.url_options]
         libpq = [(name, value) for name, value in pairs if name not in cls.url_options]
+        # libpq waits for ever on a dead network by default, and the heartbeat makes its calls
+        # on its own thread: bound both the connect and unacknowledged writes unless the URL
+        # says otherwise.
+        given = {name for name, _ in libpq}
+        libpq += [(name, value) for name, value in DEFAULT_LIBPQ_TIMEOUTS if name not in given]
         settings = parse_url_options(
             "?" + urllib.parse.urlencode(ours), cls.url_options, options, backend="postgresql"
         )
