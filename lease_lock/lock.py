@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .heartbeat import Timer
     from .locker import Locker
 
-__all__ = ["LEASE_MARGIN", "Lock", "LossSignal"]
+__all__ = ["LEASE_MARGIN", "GuardedBlock", "Lock", "LossSignal"]
 
 #: The local lease ends this fraction of the TTL early, to absorb clock rate differences.
 LEASE_MARGIN = 0.01
@@ -93,7 +93,35 @@ class LossSignal(threading.Event):
             super().wait(max(step, 0.001))
 
 
-class Lock:
+class GuardedBlock:
+    """Leaving a protected block, the same way for a ``with`` statement and a wrapped call.
+
+    Subclasses implement ``_finish``, which applies SPEC 4's outcome order.
+    """
+
+    def _finish(self, *, block_raised: bool, result: Any) -> None:
+        raise NotImplementedError
+
+    def __exit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        traceback: Optional[TracebackType],
+    ) -> None:
+        self._finish(block_raised=exc is not None, result=None)
+
+    def _run(self, function: Callable[..., _Result], *args: Any, **kwargs: Any) -> _Result:
+        """Run ``function`` under the held lock(s) with the ``with`` outcome order."""
+        try:
+            result = function(*args, **kwargs)
+        except BaseException:
+            self._finish(block_raised=True, result=None)
+            raise
+        self._finish(block_raised=False, result=result)
+        return result
+
+
+class Lock(GuardedBlock):
     """A lease on one key. Created unacquired by ``Locker.lock()``; ``with`` acquires it.
 
     Attributes: ``key`` (prefix included), ``token``, ``ttl`` (latest), ``fence`` (``int`` or
@@ -456,24 +484,6 @@ class Lock:
         elif state != "held":
             raise LockStateError(f"cannot enter lock {self.key!r}: it is {state}")
         return self
-
-    def __exit__(
-        self,
-        exc_type: Optional[type[BaseException]],
-        exc: Optional[BaseException],
-        traceback: Optional[TracebackType],
-    ) -> None:
-        self._finish(block_raised=exc is not None, result=None)
-
-    def _run(self, function: Callable[..., _Result], *args: Any, **kwargs: Any) -> _Result:
-        """Run ``function`` under this (held) lock with the ``with`` outcome order."""
-        try:
-            result = function(*args, **kwargs)
-        except BaseException:
-            self._finish(block_raised=True, result=None)
-            raise
-        self._finish(block_raised=False, result=result)
-        return result
 
     def _release_on_exit(self) -> None:
         """Release when leaving a protected block; a driver error becomes a ``release_failed``

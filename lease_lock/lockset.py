@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 from .errors import LockLostError, LockStateError
+from .lock import GuardedBlock, Lock
 
-if TYPE_CHECKING:
-    from types import TracebackType
-
-    from .lock import Lock
+_Result = TypeVar("_Result")
 
 __all__ = ["LockSet", "SetLossSignal"]
 
@@ -51,7 +49,7 @@ class SetLossSignal(threading.Event):
         raise LockStateError("lockset.lost cannot be cleared")
 
 
-class LockSet:
+class LockSet(GuardedBlock):
     """Locks on several keys, held together; sorted by key.
 
     Behaves like one :class:`~lease_lock.Lock` in ``with`` (same outcome order), ``check()``,
@@ -110,23 +108,9 @@ class LockSet:
             raise LockStateError(f"cannot enter a lock set that is {state}")
         return self
 
-    def __exit__(
-        self,
-        exc_type: Optional[type[BaseException]],
-        exc: Optional[BaseException],
-        traceback: Optional[TracebackType],
-    ) -> None:
-        self._finish(block_raised=exc is not None, result=None)
-
-    def run(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def run(self, function: Callable[..., _Result], *args: Any, **kwargs: Any) -> _Result:
         """Run ``function`` under the set with the ``with`` outcome order; returns its result."""
-        try:
-            result = function(*args, **kwargs)
-        except BaseException:
-            self._finish(block_raised=True, result=None)
-            raise
-        self._finish(block_raised=False, result=result)
-        return result
+        return self._run(function, *args, **kwargs)
 
     def _finish(self, *, block_raised: bool, result: Any) -> None:
         lost: Optional[Lock] = None
