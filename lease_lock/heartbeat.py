@@ -155,8 +155,11 @@ class Heartbeat:
                 for lock, _ in plans:
                     lock._extension_failed(error)
                 return
+            # Every answer arrived with the batch: judge lateness by that moment, not by when the
+            # loop below gets to each lock (thousands of answers take a while to apply).
+            received = self._clock()
             for (lock, requested), granted in zip(plans, answers):
-                lock._extension_answered(sent, requested, granted)
+                lock._extension_answered(sent, received, requested, granted)
             return
         for lock, requested in plans:
             sent = self._clock()
@@ -165,7 +168,7 @@ class Heartbeat:
             except Exception as error:  # noqa: BLE001 - a driver error is a failed extension
                 lock._extension_failed(error)
                 continue
-            lock._extension_answered(sent, requested, granted)
+            lock._extension_answered(sent, self._clock(), requested, granted)
 
     def _run(self) -> None:
         while True:

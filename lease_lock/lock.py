@@ -327,9 +327,9 @@ class Lock(GuardedBlock):
         self._mark_lost("max-hold")
         return None
 
-    def _extension_answered(self, sent: float, requested: float, granted: bool) -> bool:
-        """Apply an extension's answer; returns ``True`` if the lock is still held after it."""
-        received = self._locker._clock()
+    def _extension_answered(self, sent: float, received: float, requested: float, granted: bool) -> bool:
+        """Apply an extension's answer (request left at ``sent``, answer came at ``received``);
+        returns ``True`` if the lock is still held after it."""
         with self._mutex:
             self._in_flight -= 1
             if self._state != "held":
@@ -450,7 +450,7 @@ class Lock(GuardedBlock):
         except Exception as error:
             self._extension_failed(error)
             raise
-        if not self._extension_answered(sent, requested, granted):
+        if not self._extension_answered(sent, self._locker._clock(), requested, granted):
             raise LockLostError(self.key, self._lost_reason or "extend") from self._lost_cause
 
     def is_held(self) -> bool:

@@ -11,7 +11,7 @@ import threading
 import weakref
 
 import pytest
-from lease_lock import Lock, Locker, LockLostError, MemoryBackend
+from lease_lock import Lock, Locker, LockEvent, LockLostError, MemoryBackend
 
 from .fakes import START, EventLog, FakeClock, RecordingBackend, advance_to_beat
 
@@ -370,3 +370,26 @@ def test_clamped_grant_is_not_lost_to_a_sliver_extension(
     advance_to_beat(clock, locker, START + 3.96)
     assert lock.lost_reason == "max-hold"
     assert backend.is_held("k", lock.token)
+
+
+def test_slowly_applied_batch_answers_are_not_late(backend: RecordingBackend, clock: FakeClock) -> None:
+    # Regression: lateness was judged by when the loop applied each answer of a batch, not by
+    # when the batch came back, so the last locks of a large batch applied slowly read
+    # "late-extend" although the store had extended them in time. Here each applied answer
+    # costs 10 s of fake time (an event hook), so the third is applied after its old lease end.
+    seen: list[tuple[str, object]] = []
+
+    def slow_hook(event: LockEvent) -> None:
+        seen.append((event.type, event.reason))
+        if event.type == "extended":
+            clock.advance(10.0)
+
+    locker = Locker(backend, clock=clock, on_event=slow_hook, ttl=30.0)
+    locks = [locker.acquire(f"batch:{index}") for index in range(3)]
+    clock.advance(10.0)  # every lock's beat falls due together
+    locker.heartbeat.run_due()
+    assert backend.batches == [3]
+    # Every answer arrived 10 s into a 30 s lease: all three were extended in time.
+    assert [kind for kind, _ in seen if kind in ("extended", "lost")] == ["extended"] * 3
+    assert len(locks) == 3  # held by this list all along: collected locks are not extended
+    locker.close()
