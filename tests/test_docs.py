@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,3 +29,18 @@ def test_readme_example_runs_and_checks_its_claim(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "6 holds, none overlapping, fences rising with every grant" in result.stdout
     assert "python -m pip install -e '.[test]' && python examples/contend.py" in (ROOT / "README.md").read_text()
+
+
+def test_tutorial_runs_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("LEASE_LOCK_URL", f"sqlite:///{tmp_path / 'tutorial.db'}")
+    text = (ROOT / "docs" / "tutorial.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
+    assert len(blocks) >= 6
+    namespace: dict[str, object] = {}
+    for number, block in enumerate(blocks, start=1):
+        exec(compile(block, f"docs/tutorial.md block {number}", "exec"), namespace)  # noqa: S102
+    printed = capsys.readouterr().out
+    assert "busy: timeout" in printed
+    assert "lost because: observed" in printed
