@@ -44,3 +44,19 @@ def test_tutorial_runs_as_written(
     printed = capsys.readouterr().out
     assert "busy: timeout" in printed
     assert "lost because: observed" in printed
+
+
+def _python_blocks() -> list[tuple[str, int, str]]:
+    found = []
+    for page in sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]):
+        text = page.read_text(encoding="utf-8")
+        for number, block in enumerate(re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL), start=1):
+            found.append((str(page.relative_to(ROOT)), number, block))
+    return found
+
+
+@pytest.mark.parametrize(("page", "number", "block"), _python_blocks(), ids=lambda value: str(value)[:40])
+def test_every_python_example_in_the_docs_is_valid_python(page: str, number: int, block: str) -> None:
+    # Pages whose examples need a framework or a server are compiled here; the tutorial and the
+    # Redis page are also executed by their own tests.
+    compile(block, f"{page} block {number}", "exec")
