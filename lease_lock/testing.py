@@ -281,6 +281,24 @@ class BackendContract:
         fence3 = backend.acquire_fenced(key, self.token(backend), self.long_ttl(backend), self.owner)
         assert fence3 is not None and fence3 > fence2
 
+    def test_same_token_after_lapse_is_a_new_grant(self, backend: Backend, key: str) -> None:
+        # The key was free between the lapse and the re-acquire, so whoever held it then may
+        # have written with a larger fence: the returning token must not get its old one back.
+        token = self.token(backend)
+        short = self.short_ttl(backend)
+        first = backend.acquire_fenced(key, token, short, self.owner)
+        assert first is not None
+        assert self.wait_for_expiry(backend, key, short)
+        again: Optional[int] = None
+
+        def regrant() -> bool:
+            nonlocal again
+            again = backend.acquire_fenced(key, token, self.long_ttl(backend), self.owner)
+            return again is not None
+
+        assert wait_until(regrant, self.expiry_grace + 10)
+        assert again is not None and again > first
+
     def test_fences_of_different_keys_are_independent(self, backend: Backend, key: str) -> None:
         ttl = self.long_ttl(backend)
         a = backend.acquire_fenced(f"{key}:a", self.token(backend), ttl, self.owner)

@@ -412,6 +412,9 @@ def _statements(names: Names, write_prefix: str) -> dict[str, str]:
     """Every statement of the backend, for one table. Each is headed by inputs and result."""
     t, seq, counters = names.table, names.sequence_literal, names.counters
     lease = "clock_timestamp() + %(ttl)s * interval '1 second'"
+    # A same-token re-acquire keeps its fence only while its lease is live: once it lapsed the
+    # key was free, so the grant is a new one and must carry a new, larger fence (SPEC 8).
+    still_ours = "held.token = EXCLUDED.token AND held.expires_at > clock_timestamp()"
     take_over = (
         "ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token,"
         " expires_at = EXCLUDED.expires_at, owner = EXCLUDED.owner, fence = {fence}"
@@ -434,7 +437,7 @@ def _statements(names: Names, write_prefix: str) -> dict[str, str]:
         "acquire": (
             f"INSERT INTO {t} AS held (key, token, expires_at, fence, owner)"
             f" SELECT %(key)s, %(token)s, {lease}, NULL, %(owner)s WHERE {free} "
-            + take_over.format(fence="CASE WHEN held.token = EXCLUDED.token THEN held.fence END")
+            + take_over.format(fence=f"CASE WHEN {still_ours} THEN held.fence END")
         ),
         # Inputs: key, token, ttl, owner, gate, slot. Result: the fence, or no row.
         # nextval() in INSERT ... ON CONFLICT is drawn before the conflict check and the row
@@ -448,8 +451,7 @@ def _statements(names: Names, write_prefix: str) -> dict[str, str]:
             f" SELECT %(key)s, %(token)s, {lease}, nextval({seq}::regclass), %(owner)s"
             f" FROM gate WHERE {free} "
             + take_over.format(
-                fence="CASE WHEN held.token = EXCLUDED.token"
-                " THEN COALESCE(held.fence, EXCLUDED.fence) ELSE EXCLUDED.fence END"
+                fence=f"CASE WHEN {still_ours} THEN COALESCE(held.fence, EXCLUDED.fence) ELSE EXCLUDED.fence END"
             )
             + " RETURNING fence"
         ),
