@@ -14,7 +14,7 @@ import pytest
 import redis
 from lease_lock.backends import backend_from_url
 from lease_lock.backends.base import ExtendRequest
-from lease_lock.backends.redis import RedisBackend, fence_key, hash_tag
+from lease_lock.backends.redis import RedisBackend, fence_key, hash_tag, is_fence_key
 from lease_lock.errors import ValidationError
 from lease_lock.testing import BackendContract, wait_until
 
@@ -489,3 +489,32 @@ def test_private_server_restarts_empty(redis_factory: Any) -> None:
         client.close()
         server.stop()
     assert not server.running
+
+
+def test_keys_named_like_fence_counters_are_refused(redis_server: RedisServer) -> None:
+    # A lock named like another key's counter would let that key's fenced grant overwrite the
+    # lock's lease (found in review): such names are refused before anything is written.
+    backend = backend_from_url(redis_server.url)
+    try:
+        for name in ("{orders}:fence", "{orders}:42:fence"):
+            assert is_fence_key(name)
+            with pytest.raises(ValidationError, match="fence counter"):
+                backend.check_key(name)
+        for name in ("orders:fence", "{orders}:fence:x", "fence"):
+            assert not is_fence_key(name)
+            backend.check_key(name)
+    finally:
+        backend.close()
+
+
+def test_fenced_grant_never_overwrites_a_lease_under_its_counter_name(redis_server: RedisServer, key: str) -> None:
+    backend = backend_from_url(redis_server.url)
+    try:
+        # The bare backend API skips check_key; the script itself must still refuse.
+        assert backend.acquire(fence_key(key), "a" * 32, 60, "squatter")
+        with pytest.raises(redis.exceptions.ResponseError, match="non-counter"):
+            backend.acquire_fenced(key, "b" * 32, 60, "grant")
+        assert backend.is_held(fence_key(key), "a" * 32)
+    finally:
+        backend.force_release(fence_key(key))
+        backend.close()

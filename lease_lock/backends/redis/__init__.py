@@ -34,7 +34,7 @@ from ._scripts import Script
 from ._url import URL_OPTIONS, build_client
 from ._watch import RedisReleaseWatcher, release_channel
 
-__all__ = ["RedisBackend", "fence_key", "hash_tag"]
+__all__ = ["RedisBackend", "fence_key", "hash_tag", "is_fence_key"]
 
 #: A fence counter outlives the last grant of its key by a day (or by the lease, if longer).
 _COUNTER_LIFETIME_MS = 86_400_000
@@ -61,6 +61,16 @@ def fence_key(key: str) -> str:
     only matters on a Cluster (see :meth:`RedisBackend.check_key`).
     """
     return f"{key}:fence" if hash_tag(key) is not None else f"{{{key}}}:fence"
+
+
+def is_fence_key(key: str) -> bool:
+    """``True`` if ``key`` is the name of another key's fence counter (see :func:`fence_key`)."""
+    if not key.endswith(":fence"):
+        return False
+    base = key[: -len(":fence")]
+    if hash_tag(base) is not None and fence_key(base) == key:
+        return True
+    return base.startswith("{") and base.endswith("}") and fence_key(base[1:-1]) == key
 
 
 def _millis(seconds: float) -> int:
@@ -444,5 +454,11 @@ class RedisBackend(Backend):
     # -- validation hooks ----------------------------------------------------------------------
 
     def check_key(self, key: str) -> None:
-        """On a Cluster, refuse keys whose fence counter could not share their hash slot."""
+        """Refuse keys named like another key's fence counter, and on a Cluster keys whose
+        fence counter could not share their hash slot."""
+        if is_fence_key(key):
+            raise ValidationError(
+                f"key {key!r} is the name of the fence counter of another key on Redis; "
+                "choose a key that does not end in ':fence' after a hash tag"
+            )
         self._fence_key(key)

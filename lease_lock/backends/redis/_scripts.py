@@ -86,7 +86,13 @@ end
 if fence == '' and ARGV[4] == '1' then
   local now = redis.call('TIME')
   local micros = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  local last = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+  local stored = redis.call('GET', KEYS[2]) or '0'
+  -- Only a counter may be read as one: anything else (a lease written under the counter's
+  -- name through the bare backend API) must not be overwritten, so fail loudly instead.
+  if not string.match(stored, '^%d+$') then
+    return redis.error_reply('lease_lock: fence counter ' .. KEYS[2] .. ' holds a non-counter value')
+  end
+  local last = tonumber(stored)
   -- At least the server time: the fence keeps rising after the counter is lost.
   fence = string.format('%.0f', math.max(micros, last + 1))
   redis.call('SET', KEYS[2], fence, 'PX', ARGV[5])
