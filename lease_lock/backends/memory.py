@@ -45,8 +45,8 @@ class _MemoryWatcher(ReleaseWatcher):
 class MemoryBackend(Backend):
     """Leases in a dict guarded by one lock; one process only.
 
-    ``clear()`` drops every lease but keeps the fence counters, so fences keep rising just as
-    they must on a server that lost its data. Release notifications are delivered on the thread
+    ``clear()`` drops every lease but keeps the fence counters, and fences are never below the
+    wall clock in microseconds, so they keep rising after ``clear()`` and across processes. Release notifications are delivered on the thread
     that released the key.
     """
 
@@ -98,7 +98,10 @@ class MemoryBackend(Backend):
             return lease
 
     def _next_fence(self, key: str) -> int:
-        fence = self._fences.get(key, 0) + 1
+        # At least the wall clock in microseconds, like the server backends: a new process (a
+        # restarted `lease-lock serve --url memory://`, say) must not hand out fences again
+        # from 1. Below 2**53 until the year 2255.
+        fence = max(self._fences.get(key, 0) + 1, time.time_ns() // 1000)
         self._fences[key] = fence
         return fence
 

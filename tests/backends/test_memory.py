@@ -46,3 +46,13 @@ def test_count_in_window_resets_each_window() -> None:
     assert backend.count_in_window("q", 60)[0] == 1
     now[0] += 30
     assert backend.count_in_window("p", 60) == (1, 60.0)
+
+
+def test_fences_keep_rising_in_a_new_process_store() -> None:
+    # Regression: each MemoryBackend started its counters at 1, so a restarted
+    # `lease-lock serve --url memory://` handed out fences it had already used (found in review).
+    first = MemoryBackend().acquire_fenced("k", "a" * 32, 30, "o")
+    second = MemoryBackend().acquire_fenced("k", "b" * 32, 30, "o")
+    assert first is not None and second is not None
+    assert second > first
+    assert second < 2**53
