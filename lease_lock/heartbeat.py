@@ -147,6 +147,7 @@ class Heartbeat:
     def _extend(self, plans: list[tuple[Lock, float]]) -> None:
         if len(plans) > 1 and self._backend.capabilities.batch_extend:
             sent = self._clock()
+            plans = [(lock, clamped) for lock, requested in plans if (clamped := lock._sending(requested, sent))]
             try:
                 answers = self._backend.extend_many(
                     [ExtendRequest(lock.key, lock.token, requested) for lock, requested in plans]
@@ -161,14 +162,17 @@ class Heartbeat:
             for (lock, requested), granted in zip(plans, answers):
                 lock._extension_answered(sent, received, requested, granted)
             return
-        for lock, requested in plans:
+        for lock, planned in plans:
             sent = self._clock()
+            clamped = lock._sending(planned, sent)
+            if clamped is None:
+                continue
             try:
-                granted = self._backend.extend(lock.key, lock.token, requested)
+                granted = self._backend.extend(lock.key, lock.token, clamped)
             except Exception as error:  # noqa: BLE001 - a driver error is a failed extension
                 lock._extension_failed(error)
                 continue
-            lock._extension_answered(sent, self._clock(), requested, granted)
+            lock._extension_answered(sent, self._clock(), clamped, granted)
 
     def _run(self) -> None:
         while True:

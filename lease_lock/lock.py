@@ -152,6 +152,9 @@ class Lock(GuardedBlock):
         self._in_flight = 0
         self._extend_error: Optional[BaseException] = None
         self._timer: Optional[Timer] = None
+        self._releasing = False
+        #: Called (outside the mutex) when the lock is lost; a LockSet listens here.
+        self._loss_listeners: list[Callable[[], None]] = []
         self._given_back = False
 
     # -- reading -------------------------------------------------------------------------------
@@ -224,26 +227,41 @@ class Lock(GuardedBlock):
 
     def _refresh(self) -> None:
         """Mark the lock lost if its local lease has run out."""
-        if self._state != "held":
-            return
-        if self._locker._clock() >= self._lease_end:
-            reason, cause = self._lapse_reason()
-            self._mark_lost(reason, cause, at=self._lease_end)
+        if self._state == "held" and self._locker._clock() >= self._lease_end:
+            # Decided again under the mutex: an extension answered in between moved the end.
+            self._mark_lost(None, lapsed=True)
 
     def _mark_lost(
-        self, reason: str, cause: Optional[BaseException] = None, *, at: Optional[float] = None, notify: bool = True
+        self,
+        reason: Optional[str],
+        cause: Optional[BaseException] = None,
+        *,
+        at: Optional[float] = None,
+        notify: bool = True,
+        lapsed: bool = False,
     ) -> bool:
+        """End the lock as lost; with ``lapsed``, only if its local lease has run out, with the
+        reason that explains the lapse. Reports the loss once."""
         with self._mutex:
             if self._state != "held":
                 return False
+            if lapsed:
+                if self._locker._clock() < self._lease_end:
+                    return False
+                reason, cause = self._lapse_reason()
+                at = self._lease_end
+            assert reason is not None
             self._state = "lost"
             self._lost_reason = reason
             self._lost_cause = cause
             self._ended_at = at if at is not None else self._locker._clock()
             self._cancel_timer()
             signal = self._lost_signal
+            listeners = list(self._loss_listeners)
         if signal is not None:
             signal._fire()
+        for listener in listeners:
+            listener()
         if notify:
             self._emit("lost", reason=reason, held_for=self.held_for, error=cause)
         return True
@@ -327,6 +345,20 @@ class Lock(GuardedBlock):
         self._mark_lost("max-hold")
         return None
 
+    def _sending(self, requested: float, sent: float) -> Optional[float]:
+        """Clamp a planned extension to the max-hold deadline as the request leaves at ``sent``.
+
+        Returns ``None`` (the lock then reads lost, ``"max-hold"``) when no time is left. Planned
+        requests can wait behind others, so the clamp is applied at sending, not at planning.
+        """
+        clamped = min(requested, self._deadline - sent)
+        if clamped > 0:
+            return clamped
+        with self._mutex:
+            self._in_flight -= 1
+        self._mark_lost("max-hold")
+        return None
+
     def _extension_answered(self, sent: float, received: float, requested: float, granted: bool) -> bool:
         """Apply an extension's answer (request left at ``sent``, answer came at ``received``);
         returns ``True`` if the lock is still held after it."""
@@ -366,7 +398,8 @@ class Lock(GuardedBlock):
             if self._state != "held":
                 return
             self._extend_error = error
-            self._next_beat = self._locker._clock() + self._interval() / 3
+            if self._options.auto_extend and self._next_beat != math.inf:
+                self._next_beat = self._locker._clock() + self._interval() / 3
         self._emit("extend_failed", held_for=self.held_for, error=error)
         self._schedule()
 
@@ -401,8 +434,17 @@ class Lock(GuardedBlock):
             state = self._state
             if state == "unlocked":
                 raise LockStateError(f"lock {self.key!r} was never acquired")
-            if state == "released" or self._given_back or self._lost_reason == "forked":
+            if state == "released" or self._given_back or self._releasing or self._lost_reason == "forked":
+                # Another thread's release (or close) is in flight: that one answers.
                 return False
+            self._releasing = True
+        try:
+            return self._release(state)
+        finally:
+            with self._mutex:
+                self._releasing = False
+
+    def _release(self, state: str) -> bool:
         backend = self._locker._backend
         if state == "lost":
             backend.release(self.key, self.token)
@@ -414,10 +456,11 @@ class Lock(GuardedBlock):
             self._mark_lost("release")
             return False
         with self._mutex:
+            self._given_back = True
             if self._state != "held":
-                # Lost (a lapse) while the release was in flight: the end was reported already.
-                self._given_back = True
-                return False
+                # The local lease lapsed while the release was in flight: that end was reported
+                # already, but the key we deleted was ours.
+                return True
             self._state = "released"
             self._ended_at = self._locker._clock()
             self._cancel_timer()
@@ -445,6 +488,10 @@ class Lock(GuardedBlock):
             self._mark_lost("max-hold")
             raise LockLostError(self.key, "max-hold")
         sent = self._locker._clock()
+        clamped = self._sending(requested, sent)
+        if clamped is None:
+            raise LockLostError(self.key, "max-hold")
+        requested = clamped
         try:
             granted = self._locker._backend.extend(self.key, self.token, requested)
         except Exception as error:
@@ -507,9 +554,10 @@ class Lock(GuardedBlock):
             ) from self._lost_cause
 
     def _stop_heartbeat(self) -> None:
+        """No more extensions; the lapse timer stays, so the end is still reported."""
         with self._mutex:
-            self._cancel_timer()
             self._next_beat = math.inf
+        self._schedule()
 
     # -- lifecycle hooks -----------------------------------------------------------------------
 
@@ -526,8 +574,10 @@ class Lock(GuardedBlock):
     def _close(self) -> None:
         """The locker is closing: give the key back and read lost (``"closed"``)."""
         self._refresh()
-        if self._state != "held":
-            return
+        with self._mutex:
+            if self._state != "held" or self._releasing:
+                return
+            self._releasing = True
         try:
             self._locker._backend.release(self.key, self.token)
         except Exception:  # noqa: BLE001 - closing must reach every lock; the lease runs out

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar, Union, 
 
 from .backends.base import Backend, LockState
 from .clock import LeaseClock
-from .errors import LockHeldError, LockStateError, RateLimitedError, ValidationError
+from .errors import LockHeldError, LockLostError, LockStateError, RateLimitedError, ValidationError
 from .events import EventHook
 from .heartbeat import Heartbeat
 from .lock import LEASE_MARGIN, Lock
@@ -227,7 +227,8 @@ class Locker:
         try:
             self._acquire_lock(lock, lock._options, raise_on_contention=True)
         except LockHeldError as error:
-            if error.reason == "late-acquire":
+            # None means "another holder has the key" and nothing else (SPEC 3).
+            if error.reason != "held":
                 raise
             return None
         return lock
@@ -242,6 +243,7 @@ class Locker:
         ``None`` without running; otherwise contention raises ``LockHeldError``. The ``with``
         outcome order applies; ``LockLostError.result`` carries the return value.
         """
+        self._check_open()
         check_bool(skip, "skip")
         if skip and "blocking" not in opts and "timeout" not in opts:
             opts = {**opts, "blocking": False}
@@ -298,7 +300,14 @@ class Locker:
                 self._acquire_lock(lock, step, raise_on_contention=True)
                 taken.append(lock)
             for lock in taken[:-1]:
-                lock.extend()
+                try:
+                    lock.extend()
+                except LockLostError as error:
+                    # An earlier lease ran out before the last key was granted: the set as a
+                    # whole came back too late to be held together.
+                    raise LockHeldError(
+                        lock.key, attempts=1, elapsed=self._clock() - start, reason="late-acquire"
+                    ) from error
         except BaseException:
             for lock in taken:
                 # The original failure is what the caller must see; a failed give-back here
@@ -346,6 +355,7 @@ class Locker:
         reason = "held"
         try:
             while True:
+                self._check_open()
                 if cancel is not None and cancel.is_set():
                     reason = "cancelled"
                     break
@@ -382,6 +392,11 @@ class Locker:
                     lock._give_back()
                     reason = "cancelled"
                     break
+                elif granted and self._closed:
+                    # close() ran while this attempt was in flight: nobody would extend or give
+                    # back this lease, so it goes back now.
+                    lock._give_back()
+                    self._check_open()
                 elif granted:
                     lock._grant(sent, requested, fence, max_hold)
                     with self._held_mutex:
@@ -468,6 +483,9 @@ class Locker:
         self._check_open()
         if not isinstance(prefix, str):
             raise ValidationError(f"prefix must be a str, not {type(prefix).__name__}")
+        if prefix or self.key_prefix:
+            # A prefix obeys the key rules (no NUL, at most 1024 bytes with the key prefix).
+            check_key(self.key_prefix + prefix, "prefix")
         if not self._backend.capabilities.scan:
             raise ValidationError(f"{type(self._backend).__name__} cannot list keys")
         return (self._visible(state) for state in self._backend.scan(self.key_prefix + prefix))

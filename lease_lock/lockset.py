@@ -15,11 +15,20 @@ __all__ = ["LockSet", "SetLossSignal"]
 
 
 class SetLossSignal(threading.Event):
-    """``lockset.lost``: set as soon as any lock of the set is lost (read against the clock)."""
+    """``lockset.lost``: set as soon as any lock of the set is lost (read against the clock).
+
+    Every member tells the signal when it is lost, so ``wait()`` wakes at once whichever member
+    it is; waits are still sliced to re-read the clock for leases that simply run out.
+    """
 
     def __init__(self, locks: tuple[Lock, ...]) -> None:
         super().__init__()
         self._locks = locks
+        for lock in locks:
+            lock._loss_listeners.append(self._member_lost)
+
+    def _member_lost(self) -> None:
+        super().set()
 
     def is_set(self) -> bool:
         """``True`` once any lock of the set is lost."""
@@ -29,15 +38,13 @@ class SetLossSignal(threading.Event):
         """Block until any lock is lost or ``timeout`` real seconds pass."""
         give_up = None if timeout is None else time.monotonic() + timeout
         while not self.is_set():
-            step = min(lock._time_to_lapse() for lock in self._locks)
-            step = min(step, 1.0)
+            step = min(1.0, *(lock._time_to_lapse() for lock in self._locks))
             if give_up is not None:
                 left = give_up - time.monotonic()
                 if left <= 0:
                     return False
                 step = min(step, left)
-            # Any member's signal fires when it is lost; wait on the first in slices.
-            self._locks[0].lost.wait(max(step, 0.001))
+            super().wait(max(step, 0.001))
         return True
 
     def set(self) -> None:

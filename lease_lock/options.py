@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional
 
 from .errors import ValidationError
@@ -33,7 +33,7 @@ class LockOptions:
     auto_extend: bool = True
     max_hold: Optional[float] = None
     extend_interval: Optional[float] = None
-    token: Optional[str] = None
+    token: Optional[str] = field(default=None, repr=False)
     request_id: Optional[str] = None
 
     @classmethod

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 from .errors import ValidationError
-from .validation import check_duration
+from .validation import check_bool, check_duration
 
 __all__ = ["DEFAULT_RETRY", "Delay", "Retry", "RetryState", "exponential_backoff"]
 
@@ -54,7 +54,7 @@ class Retry:
             if retries < 0 or (isinstance(retries, float) and not (retries == math.inf or retries.is_integer())):
                 raise ValidationError("retries must be an int >= 0 or math.inf")
         if self.delay is not None and not callable(self.delay):
-            check_duration(self.delay, "retry.delay", allow_zero=True)
+            object.__setattr__(self, "delay", check_duration(self.delay, "retry.delay", allow_zero=True))
         if self.timeout is not None:
             object.__setattr__(
                 self, "timeout", check_duration(self.timeout, "retry.timeout", allow_zero=True, allow_inf=True)
@@ -91,6 +91,7 @@ def exponential_backoff(
     ``[0, that]`` when ``jitter`` is true."""
     base = check_duration(base, "base")
     ceiling = check_duration(max, "max")
+    check_bool(jitter, "jitter")
 
     def delay(state: RetryState) -> float:
         # Cap the exponent so huge attempt counts cannot overflow a float.

@@ -67,7 +67,10 @@ def check_duration(value: object, name: str, *, allow_zero: bool = False, allow_
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:
+            raise ValidationError(f"{name} is too large to be a number of seconds") from None
     else:
         raise ValidationError(
             f"{name} must be seconds as int, float or timedelta, not {_type_name(value)}"

@@ -67,7 +67,11 @@ class ReleaseDispatcher:
         """Stop the watcher. Idempotent."""
         with self._mutex:
             watcher, self._watcher = self._watcher, None
+            waiting = [event for events in self._waiters.values() for event in events]
             self._waiters.clear()
+        # Wake every waiter: its next look finds the locker closed.
+        for event in waiting:
+            event.set()
         if watcher is not None:
             watcher.close()
 

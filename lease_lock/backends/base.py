@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Any, Callable, ClassVar, ContextManager, Iterator, Mapping, Optional, Sequence
 
 from ..errors import ValidationError
+from ..validation import describe_token
 
 __all__ = [
     "Backend",
@@ -90,8 +91,11 @@ class ExtendRequest:
     """One item of a batched extension: set ``key``'s lease to ``ttl`` if ``token`` holds it."""
 
     key: str
-    token: str
+    token: str = field(repr=False)
     ttl: float
+
+    def __repr__(self) -> str:
+        return f"ExtendRequest(key={self.key!r}, token={describe_token(self.token)!r}, ttl={self.ttl!r})"
 
 
 class ReleaseWatcher(abc.ABC):

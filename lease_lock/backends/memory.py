@@ -46,8 +46,8 @@ class MemoryBackend(Backend):
     """Leases in a dict guarded by one lock; one process only.
 
     ``clear()`` drops every lease but keeps the fence counters, and fences are never below the
-    wall clock in microseconds, so they keep rising after ``clear()`` and across processes. Release notifications are delivered on the thread
-    that released the key.
+    wall clock in microseconds, so they keep rising after ``clear()`` and across processes.
+    Release notifications are delivered on the thread that released the key.
     """
 
     capabilities: ClassVar[Capabilities] = Capabilities(
