@@ -94,6 +94,10 @@ class HttpBackend(Backend):
         parts = urllib.parse.urlsplit(base_url) if isinstance(base_url, str) else None
         if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValidationError(f"base_url must be an http:// or https:// URL with a host, got {base_url!r}")
+        try:
+            parts.port  # noqa: B018 - urlsplit parses the port lazily and raises here
+        except ValueError as exc:
+            raise ValidationError(f"base_url {base_url!r} has a bad port: {exc}") from exc
         if not isinstance(api_key, str) or not api_key or not api_key.isprintable():
             raise ValidationError("api_key must be a non-empty printable str (a service key)")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:

@@ -169,6 +169,8 @@ def _path_from_url(url: str) -> str:
         )
     # SQLAlchemy's rule: after "sqlite://" comes "/" and then the path, so "sqlite:///x.db" is
     # relative and "sqlite:////x.db" absolute.
+    if parts.path and not parts.path.startswith("/"):
+        raise ValidationError(f"sqlite URL {url!r} must start with sqlite:/// (relative) or sqlite://// (absolute)")
     path = urllib.parse.unquote(parts.path[1:])
     if not path or path == ":memory:":
         raise ValidationError(

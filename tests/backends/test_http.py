@@ -176,3 +176,8 @@ def test_caller_session_stays_open(lock_service: ServiceInfo) -> None:
     response = session.get(lock_service.url + "/locks/x", timeout=5)
     assert response.status_code == 401
     session.close()
+
+
+def test_bad_port_is_a_validation_error() -> None:
+    with pytest.raises(ValidationError, match="bad port"):
+        HttpBackend("http://127.0.0.1:notaport/", "key")

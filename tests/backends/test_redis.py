@@ -518,3 +518,19 @@ def test_fenced_grant_never_overwrites_a_lease_under_its_counter_name(redis_serv
     finally:
         backend.force_release(fence_key(key))
         backend.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "message"),
+    [
+        ("redis://127.0.0.1:6379/abc", {}, "database number"),
+        ("redis://127.0.0.1:notaport/14", {}, "bad port"),
+        ("redis://127.0.0.1:6379/0", {"cluster": "false"}, "cluster must be True or False"),
+        ("redis://127.0.0.1:6379/0", {"socket_timeout": "abc"}, "socket_timeout must be seconds"),
+        ("redis://127.0.0.1:6379/0", {"health_check_interval": "x"}, "health_check_interval"),
+    ],
+)
+def test_misread_urls_and_option_types_are_refused(url: str, options: dict[str, Any], message: str) -> None:
+    # redis-py would quietly use database 0, raise a bare ValueError, or fail on first use.
+    with pytest.raises(ValidationError, match=message):
+        backend_from_url(url, **options)

@@ -346,3 +346,8 @@ def test_processes_racing_to_create_the_file_all_succeed(tmp_path: Path) -> None
             start = time.time() + 1.0  # after every spawned interpreter is ready
             jobs = [(path, worker, start) for worker in range(racers)]
             assert pool.starmap(_open_fresh_file_and_acquire, jobs) == [True] * racers
+
+
+def test_url_without_the_slashes_is_refused() -> None:
+    with pytest.raises(ValidationError, match="must start with sqlite:///"):
+        backend_from_url("sqlite:x.db")

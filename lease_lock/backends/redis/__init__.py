@@ -31,7 +31,7 @@ from ..base import (
 )
 from . import _scripts
 from ._scripts import Script
-from ._url import URL_OPTIONS, build_client
+from ._url import URL_OPTIONS, build_client, check_option_types
 from ._watch import RedisReleaseWatcher, release_channel
 
 __all__ = ["RedisBackend", "fence_key", "hash_tag", "is_fence_key"]
@@ -206,7 +206,7 @@ class RedisBackend(Backend):
         ``password``, ``ssl_cert_reqs``, ``ssl_ca_certs``, ``sentinel_password``. The backend
         owns the client it builds and closes it in :meth:`close`.
         """
-        parsed = parse_url_options(url, URL_OPTIONS, options, backend="redis")
+        parsed = check_option_types(parse_url_options(url, URL_OPTIONS, options, backend="redis"))
         replicas = parsed.pop("wait_for_replicas", None)
         client_options = {name: value for name, value in parsed.items() if name != "cluster"}
         if parsed.get("cluster"):

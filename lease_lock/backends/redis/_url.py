@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any, Callable
 
 from ...errors import ValidationError
-from ...validation import parse_duration
+from ...validation import check_bool, check_duration, parse_duration
 
 __all__ = ["URL_OPTIONS", "build_client", "parse_replicas"]
 
@@ -55,6 +55,38 @@ URL_OPTIONS: Mapping[str, Callable[[str], Any]] = {
     "ssl_ca_certs": str,
     "sentinel_password": str,
 }
+
+
+def check_option_types(options: dict[str, Any]) -> dict[str, Any]:
+    """Check options given as Python values (keywords are not parsed like URL text)."""
+    if "cluster" in options:
+        check_bool(options["cluster"], "cluster")
+    for name in ("socket_timeout", "socket_connect_timeout"):
+        if name in options:
+            options[name] = check_duration(options[name], name)
+    interval = options.get("health_check_interval")
+    if interval is not None and (isinstance(interval, bool) or not isinstance(interval, int) or interval < 0):
+        raise ValidationError("health_check_interval must be an int of seconds >= 0")
+    for name in ("client_name", "username", "password", "ssl_cert_reqs", "ssl_ca_certs", "sentinel_password"):
+        if name in options and not isinstance(options[name], str):
+            raise ValidationError(f"{name} must be a str, not {type(options[name]).__name__}")
+    return options
+
+
+def check_url(url: str) -> None:
+    """Refuse a redis:// or rediss:// URL whose port or database redis-py would misread.
+
+    redis-py quietly uses database 0 for ``/abc`` and raises a bare ``ValueError`` for a bad
+    port; both are usage errors to be reported before anything connects.
+    """
+    parts = urllib.parse.urlsplit(url)
+    try:
+        parts.port  # noqa: B018 - urlsplit parses the port lazily and raises here
+    except ValueError as exc:
+        raise ValidationError(f"Redis URL {url!r} has a bad port: {exc}") from exc
+    database = parts.path.strip("/")
+    if database and not database.isdigit():
+        raise ValidationError(f"Redis URL {url!r}: the path must be a database number such as /0")
 
 
 def _without_query(url: str) -> str:
@@ -130,6 +162,7 @@ def build_client(url: str, options: dict[str, Any]) -> Any:
         return _sentinel_client(url, options)
     if "sentinel_password" in options:
         raise ValidationError("sentinel_password only applies to redis+sentinel:// URLs")
+    check_url(url)
     if cluster:
         from redis.cluster import RedisCluster
 
