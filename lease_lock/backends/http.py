@@ -310,12 +310,12 @@ class HttpBackend(Backend):
             return LockState.free(key)
         expires_at = _parse_time(body.get("expires_at"))
         if expires_in is not None:
-            remaining = float(expires_in)
+            # Our server measures the time until another token may take the key, which is the
+            # lease plus the grace second; report the lease itself, the moment expires_at names.
+            remaining = float(expires_in) - wire.TAKEOVER_GRACE
         else:
-            # The hosted service reports no remaining time: estimate it on our wall clock,
-            # counting the grace second during which nobody else may take the key.
-            now = datetime.now(timezone.utc)
-            remaining = (expires_at - now).total_seconds() + wire.TAKEOVER_GRACE
+            # The hosted service reports no remaining time: estimate it on our wall clock.
+            remaining = (expires_at - datetime.now(timezone.utc)).total_seconds()
         fence = body.get("fencing_token")
         return LockState(
             key=key,

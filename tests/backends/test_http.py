@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from datetime import datetime, timezone
 
 import lease_lock
 import pytest
@@ -49,9 +50,12 @@ def test_short_ttl_gets_the_service_minimum(client: HttpBackend) -> None:
     key = _key()
     token = client.new_token()
     assert client.acquire(key, token, 0.5, "o")
-    remaining = client.inspect(key).expires_in
-    # Five seconds plus the grace second, measured by the server.
-    assert remaining is not None and 4.0 < remaining <= 6.0
+    state = client.inspect(key)
+    # Five seconds, measured by the server, and the same moment expires_at names.
+    assert state.expires_in is not None and 3.5 < state.expires_in <= 5.0
+    assert state.expires_at is not None
+    until_expiry = (state.expires_at - datetime.now(timezone.utc)).total_seconds()
+    assert abs(until_expiry - state.expires_in) < 0.5
 
 
 def test_tokens_and_keys_follow_the_wire_rules(client: HttpBackend) -> None:
