@@ -92,10 +92,16 @@ def _header(environ: dict[str, Any], name: str) -> Optional[str]:
     return value if isinstance(value, str) else None
 
 
+def _request_line_path(environ: dict[str, Any]) -> Optional[str]:
+    """The request target as the client sent it, where the WSGI server passes it on."""
+    raw = environ.get("RAW_URI") or environ.get("REQUEST_URI")
+    return raw if isinstance(raw, str) and raw else None
+
+
 def _raw_path(environ: dict[str, Any]) -> str:
     """The request path still percent-encoded, so an encoded ``/`` stays inside its segment."""
-    raw = environ.get("RAW_URI") or environ.get("REQUEST_URI")
-    if not isinstance(raw, str) or not raw:
+    raw = _request_line_path(environ)
+    if raw is None:
         return urllib.parse.quote(environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", ""))
     path = raw.split("?", 1)[0]
     if "://" in path:  # absolute-form request target
@@ -200,6 +206,12 @@ class LockServiceApp:
             self._allow(method, ("GET",))
             self._scope(record, write=False)
             return self._list(environ, record.project)
+        decoded_only = _request_line_path(environ) is None
+        if decoded_only and segments[:2] == ["", "locks"] and len(segments) > 3 and segments[3:] != ["lease"]:
+            # Without the raw request line (wsgiref, some servers) PATH_INFO is already decoded,
+            # so an extra "/" may have been a %2F inside the key: the issue makes that an
+            # invalid key rather than an unknown resource.
+            raise _Reject(400, "invalid_key", "key must be 1 to 128 of A-Z a-z 0-9 . _ : - (no '/')")
         if len(segments) not in (3, 4) or segments[:2] != ["", "locks"]:
             raise _Reject(404, "not_found", "no such resource")
         if len(segments) == 4 and segments[3] != "lease":

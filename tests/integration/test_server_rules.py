@@ -182,3 +182,35 @@ def test_two_server_processes_share_one_store(tmp_path: Path) -> None:
         session.close()
         stop_serve(first)
         stop_serve(second)
+
+
+def test_encoded_slash_is_an_invalid_key_under_a_server_without_the_raw_path(tmp_path: Path) -> None:
+    # wsgiref passes only the decoded PATH_INFO: "/locks/a%2Fb/lease" arrives as four segments
+    # plus "lease". The issue makes a decoded "/" an invalid key, not an unknown resource.
+    import io
+    import json
+    import wsgiref.util
+
+    from lease_lock.server import create_app
+
+    keys = make_keys(tmp_path / "keys.toml")
+    app = create_app(MemoryBackend(), tmp_path / "keys.toml")
+    statuses: list[str] = []
+
+    def start_response(status: str, headers: object, *_: object) -> None:
+        statuses.append(status)
+
+    for path in ("/locks/a/b", "/locks/a/b/lease"):
+        environ: dict[str, object] = {
+            "REQUEST_METHOD": "GET" if path.endswith("b") else "POST",
+            "PATH_INFO": path,
+            "HTTP_AUTHORIZATION": f"Bearer {keys['alpha']}",
+            "HTTP_X_VOLCANO_LOCK_TOKEN": str(uuid.uuid4()),
+            "CONTENT_TYPE": "application/json",
+            "CONTENT_LENGTH": "18",
+            "wsgi.input": io.BytesIO(b'{"ttl_seconds": 5}'),
+        }
+        wsgiref.util.setup_testing_defaults(environ)
+        body = b"".join(app(environ, start_response))  # type: ignore[arg-type]
+        assert statuses[-1].startswith("400"), (path, statuses)
+        assert json.loads(body)["code"] == "invalid_key"
