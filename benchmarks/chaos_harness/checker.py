@@ -365,7 +365,10 @@ def _check_holds(run: _Run, report: Report, segments: list[_Segment]) -> None:
             hook_lateness = hold.hook - run.running_again(hold.worker, hold.local_end)
             report.max_hook_lateness = max(report.max_hook_lateness, hook_lateness)
         segment = by_fence.get((hold.hold, hold.fence))
-        if segment is None or hold.released is None:
+        if segment is None or hold.released is None or hold.release_result is True:
+            # A release that deleted our token's key proves the backend still held the lease
+            # when the release ran: a wipe whose window overlaps it came later for this lease
+            # (a restart's data loss happens at some unknown moment between t0 and t1).
             continue
         server_end = segment.renewed_t0 + segment.ttl - CLOCK_SLACK
         wiped = run.wiped_between(segment.t1, hold.released)

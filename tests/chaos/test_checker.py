@@ -135,3 +135,18 @@ def test_a_stopped_worker_is_judged_from_when_it_runs_again(logs: Logs) -> None:
     assert report.expiry_to_signal == [pytest.approx(3.05 - (0.99 + 1.0 - 0.005))]
     # The write started at 3.02 came after the local lease end (1.98): a late write.
     assert (report.late_writes, report.late_writes_accepted) == (1, 1)
+
+
+def test_a_release_that_deleted_the_key_proves_no_loss_during_a_wipe_window(logs: Logs) -> None:
+    # The restart's data loss happens somewhere in [t0, t1]; the release ran inside that window
+    # and deleted our key, so the lease was still there (seen in the 30 s Redis restart run).
+    logs.fault(kind="restart", t0=1.5, t1=1.6, data_loss=True)
+    logs.hold(0, "0.1", 10, 1.0, renewals=(1.3,), released=1.52, result=True)
+    assert logs.check().problems() == []
+
+
+def test_a_release_that_found_nothing_inside_a_wipe_window_is_still_a_loss(logs: Logs) -> None:
+    logs.fault(kind="restart", t0=1.5, t1=1.6, data_loss=True)
+    logs.hold(0, "0.1", 10, 1.0, renewals=(1.3,), released=1.58, result=False)
+    report = logs.check()
+    assert (report.lost_at_backend, report.unreported_losses) == (1, 1)
