@@ -48,6 +48,9 @@ _CANCEL_SLICE = 0.05
 
 _LOCKERS: weakref.WeakSet[Locker] = weakref.WeakSet()
 _DEFAULT_OPTIONS = LockOptions()
+# try_acquire's options, built once: it is the hot path of skip-if-busy jobs.
+_ONE_ATTEMPT = LockOptions(blocking=False)
+_TRY_OPTION_NAMES = LOCK_OPTIONS - {"retry", "timeout", "blocking"}
 
 
 def _after_fork_in_child() -> None:
@@ -222,8 +225,11 @@ class Locker:
         A grant that came back after its local lease ended raises
         ``LockHeldError(reason="late-acquire")`` instead, since then nobody holds the key.
         """
-        options = LockOptions.from_kwargs(opts, allowed=LOCK_OPTIONS - {"retry", "timeout", "blocking"})
-        lock = self._make_lock(key, ttl, replace(options, blocking=False))
+        if opts:
+            options = replace(LockOptions.from_kwargs(opts, allowed=_TRY_OPTION_NAMES), blocking=False)
+        else:
+            options = _ONE_ATTEMPT
+        lock = self._make_lock(key, ttl, options)
         try:
             self._acquire_lock(lock, lock._options, raise_on_contention=True)
         except LockHeldError as error:
