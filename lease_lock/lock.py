@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .heartbeat import Timer
     from .locker import Locker
 
-__all__ = ["LEASE_MARGIN", "GuardedBlock", "Lock", "LossSignal"]
+__all__ = ["LEASE_MARGIN", "GuardedBlock", "Lock", "LossSignal", "wait_for_loss"]
 
 #: The local lease ends this fraction of the TTL early, to absorb clock rate differences.
 LEASE_MARGIN = 0.01
@@ -37,6 +37,30 @@ LEASE_MARGIN = 0.01
 WAIT_SLICE = 1.0
 
 _Result = TypeVar("_Result")
+
+
+def wait_for_loss(
+    signal: threading.Event,
+    wait_flag: Callable[[float], bool],
+    time_to_lapse: Callable[[], float],
+    timeout: Optional[float],
+) -> bool:
+    """Wait until ``signal.is_set()`` (which reads the clock) or ``timeout`` real seconds pass.
+
+    The wait on the event's own flag (``wait_flag``) is sliced to the time left before a lease
+    lapses, at most :data:`WAIT_SLICE`, so a lease that simply runs out is noticed on time even
+    though nothing sets the flag for it.
+    """
+    give_up = None if timeout is None else time.monotonic() + timeout
+    while not signal.is_set():
+        step = min(WAIT_SLICE, time_to_lapse())
+        if give_up is not None:
+            left = give_up - time.monotonic()
+            if left <= 0:
+                return False
+            step = min(step, left)
+        wait_flag(max(step, 0.001))
+    return True
 
 
 class LossSignal(threading.Event):
@@ -74,23 +98,11 @@ class LossSignal(threading.Event):
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Block until the lease is lost or ``timeout`` real seconds pass; ``True`` if lost."""
-        give_up = None if timeout is None else time.monotonic() + timeout
-        while True:
-            lock = self._lock_ref()
-            until_lapse = math.inf
-            if lock is not None:
-                lock._refresh()
-                until_lapse = lock._time_to_lapse()
-            del lock
-            if super().is_set():
-                return True
-            step = min(WAIT_SLICE, until_lapse)
-            if give_up is not None:
-                left = give_up - time.monotonic()
-                if left <= 0:
-                    return False
-                step = min(step, left)
-            super().wait(max(step, 0.001))
+        return wait_for_loss(self, super().wait, self._time_to_lapse, timeout)
+
+    def _time_to_lapse(self) -> float:
+        lock = self._lock_ref()
+        return math.inf if lock is None else lock._time_to_lapse()
 
 
 class GuardedBlock:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any, Callable, Optional, TypeVar
 
 from .errors import LockLostError, LockStateError
-from .lock import GuardedBlock, Lock
+from .lock import GuardedBlock, Lock, wait_for_loss
 
 _Result = TypeVar("_Result")
 
@@ -36,16 +35,10 @@ class SetLossSignal(threading.Event):
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Block until any lock is lost or ``timeout`` real seconds pass."""
-        give_up = None if timeout is None else time.monotonic() + timeout
-        while not self.is_set():
-            step = min(1.0, *(lock._time_to_lapse() for lock in self._locks))
-            if give_up is not None:
-                left = give_up - time.monotonic()
-                if left <= 0:
-                    return False
-                step = min(step, left)
-            super().wait(max(step, 0.001))
-        return True
+        return wait_for_loss(self, super().wait, self._time_to_lapse, timeout)
+
+    def _time_to_lapse(self) -> float:
+        return min(lock._time_to_lapse() for lock in self._locks)
 
     def set(self) -> None:
         """Not for callers."""
