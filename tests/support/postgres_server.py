@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import urllib.parse
@@ -35,6 +34,8 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import pytest
+
+from tests.support.ports import free_port
 
 __all__ = [
     "PostgresServer",
@@ -45,12 +46,6 @@ __all__ = [
 
 ENV_URL = "LEASE_LOCK_TEST_POSTGRES_URL"
 _FAST_SETTINGS = ("fsync=off", "synchronous_commit=off", "full_page_writes=off")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _find_binary(name: str) -> Optional[str]:
@@ -149,7 +144,7 @@ def start_private_postgres() -> PostgresServer:
         capture_output=True,
         timeout=120,
     )
-    server = PostgresServer(f"postgresql://postgres@127.0.0.1:{_free_port()}/postgres", root)
+    server = PostgresServer(f"postgresql://postgres@127.0.0.1:{free_port()}/postgres", root)
     server.start()
     return server
 

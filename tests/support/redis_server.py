@@ -43,11 +43,12 @@ from typing import Any, Optional
 
 import pytest
 
+from tests.support.ports import free_port
+
 __all__ = [
     "RedisClusterNodes",
     "RedisFactory",
     "RedisServer",
-    "free_port",
     "redis_factory",
     "redis_server",
     "require_redis_binary",
@@ -68,13 +69,6 @@ def require_redis_binary(name: str = "redis-server") -> str:
     return path
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _ping(port: int) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=1.0) as conn:
         conn.sendall(b"PING\r\n")
@@ -90,11 +84,13 @@ class RedisServer:
         workdir: Path,
         extra_args: tuple[str, ...] = (),
         config: Optional[str] = None,
+        cluster_node: bool = False,
     ) -> None:
         self.binary = binary
         self.workdir = workdir
         self.extra_args = extra_args
         self.config = config
+        self.cluster_node = cluster_node
         self.host = "127.0.0.1"
         self.port = 0
         self._process: Optional[subprocess.Popen[bytes]] = None
@@ -125,7 +121,7 @@ class RedisServer:
         """Start on the current port, or on a free one the first time; wait until it answers."""
         for _attempt in range(5):
             if not self.port:
-                self.port = free_port()
+                self.port = free_port(with_cluster_bus=self.cluster_node)
             self._launch()
             if self._wait_ready():
                 return self
@@ -239,11 +235,16 @@ class RedisFactory:
         self.root = root
         self.servers: list[RedisServer] = []
 
-    def server(self, *extra_args: str, config: Optional[str] = None) -> RedisServer:
-        """A new standalone server, started (``config`` is the text of a config file)."""
+    def server(
+        self, *extra_args: str, config: Optional[str] = None, cluster_node: bool = False
+    ) -> RedisServer:
+        """A new server, started (``config`` is the text of a config file).
+
+        A ``cluster_node`` gets a port whose cluster bus port (10000 above) is free too.
+        """
         binary = require_redis_binary()
         workdir = Path(tempfile.mkdtemp(prefix="redis-", dir=self.root))
-        server = RedisServer(binary, workdir, tuple(extra_args), config)
+        server = RedisServer(binary, workdir, tuple(extra_args), config, cluster_node)
         self.servers.append(server)
         return server.start()
 
@@ -279,6 +280,7 @@ class RedisFactory:
                 "--cluster-enabled", "yes",
                 "--cluster-config-file", "nodes.conf",
                 "--cluster-node-timeout", "5000",
+                cluster_node=True,
             )
             for _ in range(nodes)
         ]
