@@ -1,6 +1,6 @@
 """One process holding many auto-extended locks: one heartbeat thread, every lease kept alive.
 
-    python benchmarks/heartbeat_scale.py [--sizes 100 1000 10000] [--ttl 1.5] [--seconds 10]
+    python -m benchmarks.heartbeat_scale [--sizes 100 1000 10000] [--ttl 1.5] [--seconds 10]
 
 For each size, one ``Locker`` on a ``MemoryBackend`` acquires that many locks with a short
 lease (``--ttl``, so the heartbeat extends every ``ttl / 3``) and holds them for ``--seconds``.

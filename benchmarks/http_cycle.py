@@ -9,7 +9,7 @@ Three rows, measured in one run on loopback:
 
 The overhead per request is the service's time per request minus the floor's.
 
-    python benchmarks/http_cycle.py [--url memory://] [--seconds 3]
+    python -m benchmarks.http_cycle [--url memory://] [--seconds 3]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The core's own cost per lock cycle, against the backend's bare calls.
 
-    python benchmarks/overhead.py [--cycles 20000] [--repeat 5]
+    python -m benchmarks.overhead [--cycles 20000] [--repeat 5]
 
 Each row runs ``--cycles`` acquire+release cycles on one key of a ``MemoryBackend`` and keeps
 the best of ``--repeat`` runs. The floor is the backend's ``acquire``/``release`` called

@@ -1,14 +1,14 @@
 """Acquire+release cycles and hand-off latency on PostgreSQL, side by side in one run.
 
-    python benchmarks/postgres_cycle.py [--url postgresql://postgres@127.0.0.1:5432/test]
-                                        [--seconds 3] [--handoffs 100]
+    python -m benchmarks.postgres_cycle [--url postgresql://postgres@127.0.0.1:5432/test]
+                                        [--seconds 4] [--handoffs 100]
 
 Run it against a server with its real durability settings (the throwaway test cluster runs
 with ``fsync=off`` and would flatter every contestant). The script prints the server's
 ``fsync``/``synchronous_commit`` so each figure can be read next to them.
 
-Cycle contestants, each on its own autocommit connection, interleaved in rounds so that noise
-hits everyone alike; the figure is the best round:
+Cycle contestants, each on its own autocommit connection; each alternates with its floor one
+cycle at a time and is judged on the median cycle time (see ``measure.py``):
 
 - ``raw SQL floor``: the backend's own two statements (grant, and the token-checked delete
   that also sends the release NOTIFY) typed by hand on a bare cursor: what the library's
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import select
-import statistics
 import threading
 import time
 import uuid
@@ -47,6 +46,8 @@ from lease_lock.backends.base import Capabilities
 from lease_lock.backends.postgres import PostgresBackend, ddl
 from lease_lock.locker import Locker
 from lease_lock.retry import Retry
+
+from benchmarks.measure import paired, percentile
 
 __all__ = ["main"]
 
@@ -118,23 +119,6 @@ def _advisory_cycle(conn: Any) -> Callable[[], None]:
     return cycle
 
 
-def measure_cycles(
-    contestants: dict[str, Callable[[], None]], seconds: float, rounds: int = 10
-) -> dict[str, float]:
-    """Best cycles/s of each contestant over interleaved rounds."""
-    best = dict.fromkeys(contestants, 0.0)
-    for _ in range(rounds):
-        for name, cycle in contestants.items():
-            count = 0
-            started = time.perf_counter()
-            deadline = started + seconds / rounds
-            while time.perf_counter() < deadline:
-                cycle()
-                count += 1
-            best[name] = max(best[name], count / (time.perf_counter() - started))
-    return best
-
-
 class _PollingBackend(PostgresBackend):
     """The same backend with release notifications switched off, so waiters poll."""
 
@@ -187,16 +171,11 @@ def _bare_wakeups(url: str, samples: int) -> list[float]:
     return latencies
 
 
-def _percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] * 1000
-
-
 def main(argv: Optional[list[str]] = None) -> None:
     """Run both measurements and print the tables."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n", 1)[0])
     parser.add_argument("--url", default="postgresql://postgres@127.0.0.1:5432/test")
-    parser.add_argument("--seconds", type=float, default=3.0, help="per contestant, in total")
+    parser.add_argument("--seconds", type=float, default=4.0, help="per contestant")
     parser.add_argument("--handoffs", type=int, default=100)
     args = parser.parse_args(argv)
 
@@ -211,42 +190,62 @@ def main(argv: Optional[list[str]] = None) -> None:
 
     opened: list[Any] = []
 
-    def backend(table: str, **options: Any) -> PostgresBackend:
+    def connection() -> Any:
         conn = _connect(args.url)
         opened.append(conn)
-        return PostgresBackend(conn, table=table, **options)
+        return conn
 
-    def raw(table: str, minimal: bool = False) -> Callable[[], None]:
-        conn = _connect(args.url)
-        opened.append(conn)
-        if minimal:
-            return _raw_cycle(conn, *_minimal_pair(table))
-        # The backend's own two statements, typed by hand: the floor its overhead is judged on.
-        statements = PostgresBackend(conn, table=table)._sql
-        return _raw_cycle(conn, statements["acquire"], statements["release"])
+    def backend(table: str, **options: Any) -> PostgresBackend:
+        return PostgresBackend(connection(), table=table, **options)
+
+    def floor_on(backend: PostgresBackend) -> Callable[[], None]:
+        # The backend's own two statements typed by hand on the backend's own connection, so
+        # that the pair shares one server process and only the client-side work differs.
+        statements = backend._sql
+        return _raw_cycle(backend.connection, statements["acquire"], statements["release"])
+
+    def raw(table: str) -> Callable[[], None]:
+        return floor_on(backend(table))
 
     logged, unlogged = tables["logged"], tables["unlogged"]
-    advisory = _connect(args.url)
-    opened.append(advisory)
-    contestants = {
-        "raw SQL floor": raw(logged),
-        "minimal pair (no NOTIFY, no filter)": raw(logged, minimal=True),
-        "backend acquire/release": _backend_cycle(backend(logged), fenced=False),
-        "backend fenced": _backend_cycle(backend(logged), fenced=True),
-        "Locker": _locker_cycle(Locker(backend(logged), ttl=TTL)),
-        "Locker fenced": _locker_cycle(Locker(backend(logged), ttl=TTL, fencing=True)),
-        "pg_try_advisory_lock/unlock": _advisory_cycle(advisory),
-        "backend, synchronous_commit=False": _backend_cycle(backend(logged, synchronous_commit=False), fenced=False),
-        "raw SQL floor, UNLOGGED table": raw(unlogged),
-        "minimal pair, UNLOGGED table": raw(unlogged, minimal=True),
-        "backend, UNLOGGED table": _backend_cycle(backend(unlogged), fenced=False),
-    }
-    rates = measure_cycles(contestants, args.seconds)
-    floor = rates["raw SQL floor"]
-    print("\nUncontended acquire+release cycles (best of 10 interleaved rounds)")
-    print(f"{'contestant':<38} {'cycles/s':>10} {'vs floor':>9}")
-    for name, rate in rates.items():
-        print(f"{name:<38} {rate:>10,.0f} {rate / floor:>8.2f}x")
+    # (contestant, its cycle, the floor it alternates with)
+    contestants: list[tuple[str, Callable[[], None], Callable[[], None]]] = []
+
+    def add(name: str, table: str, make_cycle: Callable[[PostgresBackend], Callable[[], None]],
+            **options: Any) -> None:
+        contestant_backend = backend(table, **options)
+        contestants.append((name, make_cycle(contestant_backend), floor_on(contestant_backend)))
+
+    def on_same_connection(make_cycle: Callable[[Any], Callable[[], None]], table: str) -> None:
+        conn = connection()
+        statements = PostgresBackend(conn, table=table)._sql
+        return make_cycle(conn), _raw_cycle(conn, statements["acquire"], statements["release"])
+
+    add("backend acquire/release", logged, lambda b: _backend_cycle(b, fenced=False))
+    add("backend fenced", logged, lambda b: _backend_cycle(b, fenced=True))
+    add("Locker", logged, lambda b: _locker_cycle(Locker(b, ttl=TTL)))
+    add("Locker fenced", logged, lambda b: _locker_cycle(Locker(b, ttl=TTL, fencing=True)))
+    add("backend, synchronous_commit=False", logged, lambda b: _backend_cycle(b, fenced=False),
+        synchronous_commit=False)
+    add("backend, UNLOGGED table", unlogged, lambda b: _backend_cycle(b, fenced=False))
+    for name, table, make_cycle in (
+        ("minimal pair (no NOTIFY, no filter)", logged, lambda c: _raw_cycle(c, *_minimal_pair(logged))),
+        ("minimal pair, UNLOGGED table", unlogged, lambda c: _raw_cycle(c, *_minimal_pair(unlogged))),
+        ("pg_try_advisory_lock/unlock", logged, _advisory_cycle),
+    ):
+        cycle, floor = on_same_connection(make_cycle, table)
+        contestants.append((name, cycle, floor))
+    unlogged_floor = raw(unlogged)
+    contestants.append(("raw SQL, UNLOGGED table", unlogged_floor, raw(logged)))
+
+    print("\nUncontended acquire+release cycles: each contestant alternates one cycle at a time")
+    print("with its floor, the backend's own two statements typed by hand on the same connection")
+    print("and table (the last row: the UNLOGGED floor against the logged one).")
+    print(f"{args.seconds:g} s each; rates at the median cycle time of each side")
+    print(f"{'contestant':<38} {'cycles/s':>9} {'floor/s':>8} {'vs floor':>9}")
+    for name, cycle, floor in contestants:
+        pairing = paired(floor, cycle, args.seconds)
+        print(f"{name:<38} {pairing.rate:>9,.0f} {pairing.floor_rate:>8,.0f} {pairing.ratio:>8.2f}x")
 
     notified = Locker(backend(logged), ttl=TTL)
     polling_conn = _connect(args.url)
@@ -260,8 +259,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     print(f"\nHand-off latency, release -> waiter holds ({args.handoffs} samples)")
     print(f"{'contestant':<38} {'p50 ms':>9} {'p99 ms':>9}")
     for name, latencies in results.items():
-        print(f"{name:<38} {_percentile(latencies, 0.5):>9.2f} {_percentile(latencies, 0.99):>9.2f}")
-    print(f"(median of all samples: {statistics.median(results['Locker hand-off, LISTEN/NOTIFY']) * 1000:.2f} ms)")
+        print(f"{name:<38} {percentile(latencies, 0.5) * 1000:>9.2f} {percentile(latencies, 0.99) * 1000:>9.2f}")
 
     notified.close()
     polling.close()

@@ -1,28 +1,30 @@
 """Uncontended acquire+release cycles and hand-off latency on Redis, side by side in one run.
 
-    python benchmarks/redis_cycle.py [--url redis://127.0.0.1:6379/0] [--seconds 2] [--handoffs 200]
+    python -m benchmarks.redis_cycle [--url redis://127.0.0.1:6379/0] [--seconds 2] [--handoffs 200]
 
-Contestants (all on the same server, the same client settings, interleaved in rounds so that
-noise hits everyone alike):
+Contestants (all on the same server with the same client settings; each one alternates with
+the floor one cycle at a time and is judged on the median cycle time, see ``measure.py``):
 
 - ``floor``: raw redis-py, ``SET NX PX`` then a token-checked delete (one Lua EVALSHA): the
   two-round-trip floor any correct Redis lock pays.
 - ``lease_lock backend``: ``RedisBackend.acquire_fenced`` + ``release`` (fencing included).
 - ``lease_lock Locker``: ``locker.acquire(key).release()`` with ``fencing=True`` and the
   default heartbeat (the whole public path: validation, clock, events).
-- ``redis-py Lock``, ``python-redis-lock``, ``pottery Redlock`` (one master): each library's
-  non-blocking acquire and its release. Peers that are not installed are reported as missing.
+- ``redis-py Lock``, ``python-redis-lock``, ``pottery Redlock`` (one master), ``sherlock
+  RedisLock`` and ``tooz`` (its redis driver): each library's non-blocking acquire and its
+  release. Peers that are not installed are named as missing at the top of the output.
 
 Hand-off latency: a waiter blocks in each library's own blocking acquire while another client
 holds the key; the time from the start of the holder's release to the waiter holding the lock
 is recorded (p50/p99), next to a bare ``BLPOP`` wake-up (``LPUSH`` to a blocked ``BLPOP``).
 
-Peers are installed for the benchmark only: ``pip install python-redis-lock pottery``.
+Peers are installed for the benchmark only: ``pip install -e '.[bench]'``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import threading
 import time
@@ -34,9 +36,12 @@ import redis
 from lease_lock.backends.redis import RedisBackend
 from lease_lock.locker import Locker
 
+from benchmarks.measure import paired, percentile
+
 __all__ = ["main"]
 
 TTL = 30.0
+_PEER_MODULES = ("redis_lock", "pottery", "sherlock", "tooz")
 _UNLOCK = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
@@ -123,35 +128,47 @@ def cycle_contestants(client: Any) -> dict[str, Callable[[], None]]:
             lock.release()
 
         contestants["pottery Redlock"] = pottery_cycle
+
+    try:
+        import sherlock
+    except ImportError:
+        pass
+    else:
+        sherlock_key = _key("sherlock")
+
+        def sherlock_cycle() -> None:
+            lock = sherlock.RedisLock(sherlock_key, client=client, expire=int(TTL))
+            if not lock.acquire(blocking=False):
+                raise RuntimeError("sherlock: uncontended acquire failed")
+            lock.release()
+
+        contestants["sherlock RedisLock"] = sherlock_cycle
+
+    coordinator = _tooz_coordinator(client)
+    if coordinator is not None:
+        tooz_key = _key("tooz").encode()
+
+        def tooz_cycle() -> None:
+            lock = coordinator.get_lock(tooz_key)
+            if not lock.acquire(blocking=False):
+                raise RuntimeError("tooz: uncontended acquire failed")
+            lock.release()
+
+        contestants["tooz (redis driver)"] = tooz_cycle
     return contestants
 
 
-def measure_cycles(
-    contestants: dict[str, Callable[[], None]], seconds: float, rounds: int = 20
-) -> dict[str, float]:
-    """Cycles per second of each contestant: the best of ``rounds`` interleaved rounds.
-
-    Short interleaved rounds and the best of them keep a busy machine's noise (other
-    processes taking the CPU) from landing on one contestant only.
-    """
-    best = dict.fromkeys(contestants, 0.0)
-    for cycle in contestants.values():
-        for _ in range(200):
-            cycle()
-    for _ in range(rounds):
-        for name, cycle in contestants.items():
-            count = 0
-            start = time.perf_counter()
-            deadline = start + seconds / rounds
-            while True:
-                for _ in range(50):
-                    cycle()
-                count += 50
-                now = time.perf_counter()
-                if now >= deadline:
-                    break
-            best[name] = max(best[name], count / (now - start))
-    return best
+def _tooz_coordinator(client: Any) -> Any:
+    """A started tooz coordinator on the same server as ``client``, or ``None`` without tooz."""
+    try:
+        from tooz import coordination
+    except ImportError:
+        return None
+    options = client.connection_pool.connection_kwargs
+    url = f"redis://{options.get('host', '127.0.0.1')}:{options.get('port', 6379)}?db={options.get('db', 0)}"
+    coordinator = coordination.get_coordinator(url, f"bench-{uuid.uuid4().hex[:8]}".encode())
+    coordinator.start()
+    return coordinator
 
 
 # -- hand-off ---------------------------------------------------------------------------------
@@ -265,12 +282,43 @@ def handoff_contestants(url: str) -> dict[str, tuple[Callable[[], Release], Call
             return lock.release
 
         out["pottery Redlock"] = (pot_hold, pot_wait)
+
+    try:
+        import sherlock
+    except ImportError:
+        pass
+    else:
+        sherlock_key = _key("sherlock")
+
+        def sherlock_hold() -> Release:
+            lock = sherlock.RedisLock(sherlock_key, client=holder_client, expire=int(TTL))
+            lock.acquire()
+            return lock.release
+
+        def sherlock_wait() -> Release:
+            lock = sherlock.RedisLock(sherlock_key, client=waiter_client, expire=int(TTL), timeout=10)
+            lock.acquire()
+            return lock.release
+
+        out["sherlock RedisLock (polls)"] = (sherlock_hold, sherlock_wait)
+
+    holder_coordinator = _tooz_coordinator(holder_client)
+    waiter_coordinator = _tooz_coordinator(waiter_client)
+    if holder_coordinator is not None and waiter_coordinator is not None:
+        tooz_key = _key("tooz").encode()
+
+        def tooz_hold() -> Release:
+            lock = holder_coordinator.get_lock(tooz_key)
+            lock.acquire()
+            return lock.release
+
+        def tooz_wait() -> Release:
+            lock = waiter_coordinator.get_lock(tooz_key)
+            lock.acquire(blocking=10)
+            return lock.release
+
+        out["tooz (redis driver)"] = (tooz_hold, tooz_wait)
     return out
-
-
-def _percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -285,25 +333,27 @@ def main(argv: list[str] | None = None) -> None:
     info = client.info("server")
     print(f"redis-server {info['redis_version']} at {args.url}; redis-py {redis.__version__}")
 
+    missing = [name for name in _PEER_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        print(f"peers not installed (pip install -e '.[bench]'): {', '.join(missing)}")
+
     contestants = cycle_contestants(client)
     floor_name, floor_cycle = next(iter(contestants.items()))
-    print("\nUncontended acquire+release cycles: each contestant interleaved with the floor")
-    print("(best of 20 rounds each), so a busy machine or a peer's leftover threads weigh on")
-    print("both sides of its ratio alike")
+    print("\nUncontended acquire+release cycles: each contestant alternates with the floor one")
+    print(f"cycle at a time for {args.seconds:g} s; rates are at the median cycle time of each side")
     print(f"{'contestant':<36} {'cycles/s':>10} {'floor/s':>10} {'vs floor':>9}")
     for name, cycle in contestants.items():
         if name == floor_name:
             continue
-        rates = measure_cycles({floor_name: floor_cycle, name: cycle}, args.seconds)
-        ratio = rates[name] / rates[floor_name]
-        print(f"{name:<36} {rates[name]:>10,.0f} {rates[floor_name]:>10,.0f} {ratio:>8.2f}x")
+        pairing = paired(floor_cycle, cycle, args.seconds)
+        print(f"{name:<36} {pairing.rate:>10,.0f} {pairing.floor_rate:>10,.0f} {pairing.ratio:>8.2f}x")
 
     print(f"\nHand-off latency, release -> waiter holds ({args.handoffs} samples)")
     print(f"{'contestant':<36} {'p50 ms':>9} {'p99 ms':>9}")
     for name, (hold, wait) in handoff_contestants(args.url).items():
         samples = _handoff_samples(hold, wait, args.handoffs)
         p50 = statistics.median(samples) * 1000
-        p99 = _percentile(samples, 0.99) * 1000
+        p99 = percentile(samples, 0.99) * 1000
         print(f"{name:<36} {p50:>9.2f} {p99:>9.2f}")
 
 

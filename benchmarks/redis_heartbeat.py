@@ -1,6 +1,6 @@
 """Many auto-extended locks in one process: does every lease survive, and at what cost?
 
-    python benchmarks/redis_heartbeat.py [--url redis://127.0.0.1:6379/0] [--locks 10000]
+    python -m benchmarks.redis_heartbeat [--url redis://127.0.0.1:6379/0] [--locks 10000]
         [--ttl 3] [--seconds 15] [--peer-locks 500]
 
 lease_lock: one ``Locker`` holds ``--locks`` locks with a ``--ttl`` lease for ``--seconds``

@@ -1,6 +1,6 @@
 """Uncontended acquire+release cycles on SQLite, side by side with the raw sqlite3 floor.
 
-    python benchmarks/sqlite_cycle.py [--dir /tmp] [--seconds 2] [--rounds 5]
+    python -m benchmarks.sqlite_cycle [--dir /tmp] [--seconds 2] [--rounds 5]
 
 Contestants, each on its own database file in ``--dir`` (same WAL and ``synchronous=NORMAL``
 settings), interleaved in rounds so that noise hits everyone alike; the figure is the best
