@@ -61,7 +61,9 @@ class Heartbeat:
         self._setup()
 
     def _setup(self) -> None:
-        self._condition = threading.Condition(threading.Lock())
+        # schedule() and cancel() take the bare lock: entering the Condition costs a Python call.
+        self._mutex = threading.Lock()
+        self._condition = threading.Condition(self._mutex)
         self._heap: list[Timer] = []
         self._cancelled = 0
         self._sequence = itertools.count()
@@ -78,7 +80,7 @@ class Heartbeat:
     def schedule(self, lock: Lock, when: float) -> Timer:
         """Fire ``lock``'s timer at clock time ``when``; returns the timer, for :meth:`cancel`."""
         timer = Timer(when, next(self._sequence), weakref.ref(lock))
-        with self._condition:
+        with self._mutex:
             if self._stopped:
                 timer.cancelled = True
                 return timer
@@ -95,7 +97,7 @@ class Heartbeat:
 
     def cancel(self, timer: Timer) -> None:
         """Make ``timer`` never fire."""
-        with self._condition:
+        with self._mutex:
             if timer.cancelled:
                 return
             timer.cancelled = True

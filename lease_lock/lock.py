@@ -36,6 +36,9 @@ LEASE_MARGIN = 0.01
 #: injected or pause-adjusted clock is honoured).
 WAIT_SLICE = 1.0
 
+#: The events that report how long the lock was held.
+_EVENTS_WITH_HELD_FOR = frozenset({"lost", "extended", "extend_failed", "released", "release_failed"})
+
 _Result = TypeVar("_Result")
 
 
@@ -275,12 +278,15 @@ class Lock(GuardedBlock):
         for listener in listeners:
             listener()
         if notify:
-            self._emit("lost", reason=reason, held_for=self.held_for, error=cause)
+            self._emit("lost", reason=reason, error=cause)
         return True
 
     def _emit(self, event_type: str, **fields: Any) -> None:
         hook = self._locker._on_event
         if wanted(hook, event_type):
+            if event_type in _EVENTS_WITH_HELD_FOR:
+                # Read only for events someone receives: it costs a clock reading.
+                fields["held_for"] = self.held_for
             emit(hook, LockEvent(type=event_type, key=self.key, ttl=self._ttl, **fields))
 
     def _interval(self) -> float:
@@ -392,7 +398,7 @@ class Lock(GuardedBlock):
                 extend_again = self._options.auto_extend and not self._clamped
                 self._next_beat = sent + self._interval() if extend_again else math.inf
         if outcome == "extended":
-            self._emit("extended", held_for=self.held_for)
+            self._emit("extended")
             self._schedule()
             return True
         if outcome == "late":
@@ -412,7 +418,7 @@ class Lock(GuardedBlock):
             self._extend_error = error
             if self._options.auto_extend and self._next_beat != math.inf:
                 self._next_beat = self._locker._clock() + self._interval() / 3
-        self._emit("extend_failed", held_for=self.held_for, error=error)
+        self._emit("extend_failed", error=error)
         self._schedule()
 
     def _give_back(self) -> None:
@@ -477,7 +483,7 @@ class Lock(GuardedBlock):
             self._ended_at = self._locker._clock()
             self._cancel_timer()
         self._locker._forget(self)
-        self._emit("released", held_for=self.held_for)
+        self._emit("released")
         return True
 
     def extend(self, ttl: Optional[float] = None) -> None:
@@ -551,7 +557,7 @@ class Lock(GuardedBlock):
             self.release()
         except Exception as error:  # noqa: BLE001 - SPEC 4: reported as an event, not raised
             self._stop_heartbeat()
-            self._emit("release_failed", held_for=self.held_for, error=error)
+            self._emit("release_failed", error=error)
 
     def _finish(self, *, block_raised: bool, result: Any) -> None:
         """SPEC 4's outcome order on leaving a protected block."""

@@ -372,13 +372,11 @@ class Locker:
                 attempts += 1
                 rate_limit_pause: Optional[float] = None
                 try:
-                    with self._backend.request_id_scope(options.request_id):
-                        if self.fencing:
-                            fence = self._backend.acquire_fenced(lock.key, lock.token, requested, self.owner)
-                            granted = fence is not None
-                        else:
-                            fence = None
-                            granted = self._backend.acquire(lock.key, lock.token, requested, self.owner)
+                    if options.request_id is None:
+                        granted, fence = self._ask(lock, requested)
+                    else:
+                        with self._backend.request_id_scope(options.request_id):
+                            granted, fence = self._ask(lock, requested)
                 except RateLimitedError as error:
                     # The HTTP service asked us to slow down: a blocking acquisition waits as
                     # long as it says (cut by the timeout) and counts that as an attempt; a
@@ -441,6 +439,13 @@ class Locker:
             if wake is not None:
                 self._dispatcher.unregister(lock.key, wake)
         raise LockHeldError(lock.key, attempts=attempts, elapsed=self._clock() - start, reason=reason)
+
+    def _ask(self, lock: Lock, requested: float) -> tuple[bool, Optional[int]]:
+        """One grant request to the backend: whether it granted, and the fence if fencing."""
+        if self.fencing:
+            fence = self._backend.acquire_fenced(lock.key, lock.token, requested, self.owner)
+            return fence is not None, fence
+        return self._backend.acquire(lock.key, lock.token, requested, self.owner), None
 
     def _emit_contended(self, lock: Lock, attempt: int, elapsed: float, reason: str) -> None:
         lock._emit("contended", attempt=attempt, elapsed=elapsed, reason=reason)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import secrets
+import os
 import urllib.parse
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -223,7 +223,7 @@ class Backend(abc.ABC):
 
     def new_token(self) -> str:
         """A fresh random token in the form this backend prefers (16 random bytes as hex)."""
-        return secrets.token_hex(16)
+        return os.urandom(16).hex()
 
 
 def parse_url_options(

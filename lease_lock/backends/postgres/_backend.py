@@ -199,12 +199,15 @@ class PostgresBackend(Backend):
 
         Returns ``(rowcount, rows)``; rows are fetched only when the statement returns any.
         """
-        with self._source.borrow() as conn:
+        conn, switched = self._source.take()
+        try:
             self._ensure_ready(conn, counters=counters)
             with conn.cursor() as cursor:
                 cursor.execute(statement, parameters)
                 rows = cursor.fetchall() if cursor.description is not None else []
                 return cursor.rowcount, rows
+        finally:
+            self._source.give_back(conn, switched)
 
     def _ensure_ready(self, conn: Any, *, counters: bool) -> None:
         if self._tables_ready and (self._counters_ready or not counters):

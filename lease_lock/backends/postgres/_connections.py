@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Iterator
+from typing import Any, Iterator, Union
 
 import psycopg2
 import psycopg2.extensions
@@ -21,7 +21,7 @@ def _refuse_busy(conn: Any, origin: str) -> None:
     if conn.closed:
         # A closed connection is the driver's business: let psycopg2 raise its own error.
         return
-    if conn.info.transaction_status != _IDLE:
+    if conn.get_transaction_status() != _IDLE:
         raise ValidationError(
             f"{origin} is inside a transaction; lease_lock needs an idle connection it can "
             "use in autocommit mode (commit or roll back first, or give it its own connection)"
@@ -86,12 +86,15 @@ class ConnectionSource:
         if isinstance(conn_or_pool, (psycopg2.pool.AbstractConnectionPool, LazyPool)):
             self.pool: Any = conn_or_pool
             self.connection: Any = None
-            self._slots = threading.BoundedSemaphore(max(1, int(conn_or_pool.maxconn)))
+            self._slots: Union[threading.BoundedSemaphore, threading.Lock] = threading.BoundedSemaphore(
+                max(1, int(conn_or_pool.maxconn))
+            )
         elif isinstance(conn_or_pool, psycopg2.extensions.connection):
             _refuse_busy(conn_or_pool, "the connection")
             self.pool = None
             self.connection = conn_or_pool
-            self._slots = threading.BoundedSemaphore(1)
+            # A plain lock: a semaphore of one would cost a Python-level Condition per statement.
+            self._slots = threading.Lock()
         else:
             raise ValidationError(
                 "conn_or_pool must be a psycopg2 connection or a psycopg2.pool pool, not "
@@ -101,22 +104,46 @@ class ConnectionSource:
         # SimpleConnectionPool is not thread-safe; a lock of our own makes every pool safe.
         self._pool_lock = threading.Lock()
 
+    def take(self) -> tuple[Any, bool]:
+        """An idle connection in autocommit mode, lent until :meth:`give_back`.
+
+        Returns the connection and whether autocommit was switched on for the loan (to be
+        switched off again on return). The hot path calls this pair instead of :meth:`borrow`
+        because a generator-based context manager costs more than the bookkeeping itself.
+        """
+        self._slots.acquire()
+        try:
+            conn = self._take()
+            try:
+                _refuse_busy(conn, "the connection" if self.pool is None else "a pooled connection")
+                switched = not conn.closed and not conn.autocommit
+                if switched:
+                    conn.autocommit = True
+            except BaseException:
+                self._give_back(conn)
+                raise
+        except BaseException:
+            self._slots.release()
+            raise
+        return conn, switched
+
+    def give_back(self, conn: Any, switched: bool) -> None:
+        """Return a connection from :meth:`take`, restoring the caller's autocommit setting."""
+        try:
+            if switched and not conn.closed:
+                conn.autocommit = False
+            self._give_back(conn)
+        finally:
+            self._slots.release()
+
     @contextlib.contextmanager
     def borrow(self) -> Iterator[Any]:
         """Yield an idle connection in autocommit mode for one statement."""
-        with self._slots:
-            conn = self._take()
-            previous = None
-            try:
-                _refuse_busy(conn, "the connection" if self.pool is None else "a pooled connection")
-                previous = conn.autocommit
-                if not previous and not conn.closed:
-                    conn.autocommit = True
-                yield conn
-            finally:
-                if previous is False and not conn.closed:
-                    conn.autocommit = False
-                self._give_back(conn)
+        conn, switched = self.take()
+        try:
+            yield conn
+        finally:
+            self.give_back(conn, switched)
 
     def _take(self) -> Any:
         if self.pool is None:
