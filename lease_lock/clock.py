@@ -14,6 +14,7 @@ the safe side: it never runs slower than real elapsed time as far as this host c
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from typing import Callable, Optional
@@ -33,7 +34,9 @@ def monotonic_source() -> Callable[[], float]:
             time.clock_gettime(boottime)
         except OSError:  # pragma: no cover - kernels without it
             return time.monotonic
-        return lambda: time.clock_gettime(boottime)
+        # A partial, not a lambda: the clock is read several times per lock, and a partial of a
+        # builtin runs without a Python frame.
+        return functools.partial(time.clock_gettime, boottime)
     return time.monotonic  # pragma: no cover - non-Linux
 
 

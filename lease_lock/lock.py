@@ -483,7 +483,8 @@ class Lock(GuardedBlock):
             self._ended_at = self._locker._clock()
             self._cancel_timer()
         self._locker._forget(self)
-        self._emit("released")
+        if wanted(self._locker._on_event, "released"):
+            self._emit("released")
         return True
 
     def extend(self, ttl: Optional[float] = None) -> None:

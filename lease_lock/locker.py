@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar, Union, 
 from .backends.base import Backend, LockState
 from .clock import LeaseClock
 from .errors import LockHeldError, LockLostError, LockStateError, RateLimitedError, ValidationError
-from .events import EventHook
+from .events import EventHook, wanted
 from .heartbeat import Heartbeat
 from .lock import LEASE_MARGIN, Lock
 from .lockset import LockSet
@@ -405,7 +405,8 @@ class Locker:
                     lock._grant(sent, requested, fence, max_hold)
                     with self._held_mutex:
                         self._held.add(lock)
-                    lock._emit("acquired", waited=received - start, attempts=attempts)
+                    if wanted(self._on_event, "acquired"):
+                        lock._emit("acquired", waited=received - start, attempts=attempts)
                     return
                 else:
                     reason = "held"
