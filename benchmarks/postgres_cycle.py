@@ -44,6 +44,7 @@ from typing import Any, ClassVar, Optional
 import psycopg2
 from lease_lock.backends.base import Capabilities
 from lease_lock.backends.postgres import PostgresBackend, ddl
+from lease_lock.backends.postgres._backend import _key_slot
 from lease_lock.locker import Locker
 from lease_lock.retry import Retry
 
@@ -61,11 +62,12 @@ def _connect(url: str) -> Any:
     return conn
 
 
-def _raw_cycle(conn: Any, grant: str, drop: str) -> Callable[[], None]:
+def _raw_cycle(conn: Any, grant: str, drop: str, **extra: Any) -> Callable[[], None]:
     """Two statements by hand on one cursor, with nothing else around them."""
     cursor = conn.cursor()
-    parameters = {"key": f"bench:raw:{uuid.uuid4().hex[:8]}", "token": TOKEN, "ttl": TTL,
-                  "owner": "bench", "channel": "bench_unheard"}
+    key = f"bench:raw:{uuid.uuid4().hex[:8]}"
+    parameters = {"key": key, "token": TOKEN, "ttl": TTL, "owner": "bench", "channel": "bench_unheard",
+                  **{name: make(key) for name, make in extra.items()}}
 
     def cycle() -> None:
         cursor.execute(grant, parameters)
@@ -198,10 +200,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     def backend(table: str, **options: Any) -> PostgresBackend:
         return PostgresBackend(connection(), table=table, **options)
 
-    def floor_on(backend: PostgresBackend) -> Callable[[], None]:
+    def floor_on(backend: PostgresBackend, fenced: bool = False) -> Callable[[], None]:
         # The backend's own two statements typed by hand on the backend's own connection, so
         # that the pair shares one server process and only the client-side work differs.
         statements = backend._sql
+        if fenced:
+            return _raw_cycle(backend.connection, statements["acquire_fenced"], statements["release"],
+                              gate=lambda key: backend.names.gate, slot=_key_slot)
         return _raw_cycle(backend.connection, statements["acquire"], statements["release"])
 
     def raw(table: str) -> Callable[[], None]:
@@ -212,9 +217,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     contestants: list[tuple[str, Callable[[], None], Callable[[], None]]] = []
 
     def add(name: str, table: str, make_cycle: Callable[[PostgresBackend], Callable[[], None]],
-            **options: Any) -> None:
+            fenced: bool = False, **options: Any) -> None:
         contestant_backend = backend(table, **options)
-        contestants.append((name, make_cycle(contestant_backend), floor_on(contestant_backend)))
+        contestants.append((name, make_cycle(contestant_backend), floor_on(contestant_backend, fenced)))
 
     def on_same_connection(make_cycle: Callable[[Any], Callable[[], None]], table: str) -> None:
         conn = connection()
@@ -222,9 +227,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         return make_cycle(conn), _raw_cycle(conn, statements["acquire"], statements["release"])
 
     add("backend acquire/release", logged, lambda b: _backend_cycle(b, fenced=False))
-    add("backend fenced", logged, lambda b: _backend_cycle(b, fenced=True))
+    add("backend fenced", logged, lambda b: _backend_cycle(b, fenced=True), fenced=True)
     add("Locker", logged, lambda b: _locker_cycle(Locker(b, ttl=TTL)))
-    add("Locker fenced", logged, lambda b: _locker_cycle(Locker(b, ttl=TTL, fencing=True)))
+    add("Locker fenced", logged, lambda b: _locker_cycle(Locker(b, ttl=TTL, fencing=True)), fenced=True)
     add("backend, synchronous_commit=False", logged, lambda b: _backend_cycle(b, fenced=False),
         synchronous_commit=False)
     add("backend, UNLOGGED table", unlogged, lambda b: _backend_cycle(b, fenced=False))
@@ -239,8 +244,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     contestants.append(("raw SQL, UNLOGGED table", unlogged_floor, raw(logged)))
 
     print("\nUncontended acquire+release cycles: each contestant alternates one cycle at a time")
-    print("with its floor, the backend's own two statements typed by hand on the same connection")
-    print("and table (the last row: the UNLOGGED floor against the logged one).")
+    print("with its floor, the backend's own two statements (fenced ones for fenced rows) typed by")
+    print("hand on the same connection and table (last row: the UNLOGGED floor against the logged).")
     print(f"{args.seconds:g} s each; rates at the median cycle time of each side")
     print(f"{'contestant':<38} {'cycles/s':>9} {'floor/s':>8} {'vs floor':>9}")
     for name, cycle, floor in contestants:

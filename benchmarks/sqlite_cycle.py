@@ -1,10 +1,10 @@
 """Uncontended acquire+release cycles on SQLite, side by side with the raw sqlite3 floor.
 
-    python -m benchmarks.sqlite_cycle [--dir /tmp] [--seconds 2] [--rounds 5]
+    python -m benchmarks.sqlite_cycle [--dir /tmp] [--seconds 4]
 
 Contestants, each on its own database file in ``--dir`` (same WAL and ``synchronous=NORMAL``
-settings), interleaved in rounds so that noise hits everyone alike; the figure is the best
-round's cycles per second:
+settings); each alternates with the floor one cycle at a time and is judged on the median
+cycle time (see ``measure.py``):
 
 - ``raw sqlite3 floor``: what any correct SQLite lock pays: ``BEGIN IMMEDIATE``, read the row,
   write it, ``COMMIT``; then ``BEGIN IMMEDIATE``, token-checked ``DELETE``, ``COMMIT``.
@@ -20,14 +20,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sqlite3
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Optional
 
 import lease_lock
 from lease_lock.backends.sqlite import SqliteBackend
+
+from benchmarks.measure import paired
 
 __all__: list[str] = []
 
@@ -76,38 +80,29 @@ def locker_cycle(path: Path) -> Callable[[], None]:
     return cycle
 
 
-def rate(cycle: Callable[[], None], seconds: float) -> float:
-    count = 0
-    start = time.perf_counter()
-    deadline = start + seconds
-    while time.perf_counter() < deadline:
-        cycle()
-        count += 1
-    return count / (time.perf_counter() - start)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Optional[list[str]] = None) -> None:
+    """Measure every contestant against the floor and print the table."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--dir", default=None, help="where the database files go")
-    parser.add_argument("--seconds", type=float, default=2.0, help="per contestant per round")
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    parser.add_argument("--seconds", type=float, default=4.0, help="per contestant")
+    args = parser.parse_args(argv)
     directory = Path(tempfile.mkdtemp(prefix="lease-lock-bench-", dir=args.dir))
+    floor = raw_floor(directory / "raw.db")
     contestants = {
-        "raw sqlite3 floor": raw_floor(directory / "raw.db"),
         "backend acquire/release": backend_cycle(directory / "backend.db", fenced=False),
         "backend fenced": backend_cycle(directory / "fenced.db", fenced=True),
         "Locker fenced": locker_cycle(directory / "locker.db"),
     }
-    best = dict.fromkeys(contestants, 0.0)
-    for _ in range(args.rounds):
-        for name, cycle in contestants.items():
-            best[name] = max(best[name], rate(cycle, args.seconds))
     print(f"SQLite {sqlite3.sqlite_version}, files in {directory} (device {os.stat(directory).st_dev})")
-    print(f"best of {args.rounds} rounds x {args.seconds:g}s, acquire+release cycles per second")
-    floor = best["raw sqlite3 floor"]
-    for name, value in best.items():
-        print(f"  {name:<26} {value:>9.0f}/s  {value / floor:5.2f}x floor")
+    print(f"each contestant alternates with the raw sqlite3 floor one cycle at a time for {args.seconds:g} s;")
+    print("rates at the median cycle time of each side")
+    print(f"  {'contestant':<26} {'cycles/s':>9} {'floor/s':>9} {'vs floor':>9}")
+    try:
+        for name, cycle in contestants.items():
+            pairing = paired(floor, cycle, args.seconds)
+            print(f"  {name:<26} {pairing.rate:>9,.0f} {pairing.floor_rate:>9,.0f} {pairing.ratio:>8.2f}x")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 if __name__ == "__main__":

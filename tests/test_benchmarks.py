@@ -1,0 +1,95 @@
+"""Every benchmark still runs end to end, in miniature, against real private servers.
+
+Nothing here judges speed (figures from a few hundred cycles mean nothing): the point is that a
+change to the library or to a driver cannot quietly break the scripts whose tables the docs
+quote. Each runs as ``python -m benchmarks.<name>`` from the repository root, as documented.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.postgres_server import PostgresServer
+from tests.support.redis_server import RedisServer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_benchmark(name: str, *args: str) -> str:
+    """Run one benchmark module and return what it printed; fail with its output otherwise."""
+    completed = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{name}", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+    assert completed.returncode == 0, f"{name} failed:\n{completed.stdout}\n{completed.stderr}"
+    return completed.stdout
+
+
+def table_rows(output: str, *names: str) -> dict[str, list[str]]:
+    """The whitespace-split cells after each named row label (the label must be present)."""
+    rows: dict[str, list[str]] = {}
+    for name in names:
+        lines = [line for line in output.splitlines() if line.strip().startswith(name)]
+        assert lines, f"no row {name!r} in:\n{output}"
+        rows[name] = lines[0].strip()[len(name):].split()
+    return rows
+
+
+def test_overhead_prints_every_cycle() -> None:
+    output = run_benchmark("overhead", "--cycles", "200", "--repeat", "1")
+    rows = table_rows(output, "backend.acquire + release (floor)", "locker.acquire + lock.release")
+    assert float(rows["locker.acquire + lock.release"][-1]) > 0
+
+
+def test_sqlite_cycle_pairs_each_contestant_with_the_floor() -> None:
+    output = run_benchmark("sqlite_cycle", "--seconds", "0.2")
+    rows = table_rows(output, "backend acquire/release", "backend fenced", "Locker fenced")
+    for cells in rows.values():
+        assert cells[-1].endswith("x") and float(cells[-1][:-1]) > 0
+
+
+def test_redis_cycle_and_handoffs(redis_server: RedisServer) -> None:
+    output = run_benchmark("redis_cycle", "--url", redis_server.url, "--seconds", "0.2", "--handoffs", "3")
+    rows = table_rows(output, "lease_lock backend (fenced)", "lease_lock Locker (fenced)", "redis-py Lock")
+    assert all(cells[-1].endswith("x") for cells in rows.values())
+    handoff = table_rows(output.split("Hand-off latency", 1)[1], "bare BLPOP wake-up", "lease_lock Locker")
+    assert all(len(cells) == 2 for cells in handoff.values())
+
+
+def test_redis_heartbeat_loses_nothing_in_miniature(redis_server: RedisServer) -> None:
+    output = run_benchmark(
+        "redis_heartbeat", "--url", redis_server.url, "--locks", "50", "--ttl", "1",
+        "--seconds", "2", "--peer-locks", "5",
+    )
+    lost = [line.split()[-1] for line in output.splitlines() if line.strip().startswith("lost")]
+    assert lost and all(count == "0" for count in lost), output
+
+
+def test_postgres_cycle_and_handoffs(postgres_server: PostgresServer) -> None:
+    output = run_benchmark("postgres_cycle", "--url", postgres_server.url, "--seconds", "0.2", "--handoffs", "3")
+    rows = table_rows(output, "backend acquire/release", "backend fenced", "Locker fenced", "raw SQL, UNLOGGED table")
+    assert all(cells[-1].endswith("x") for cells in rows.values())
+    table_rows(output.split("Hand-off latency", 1)[1], "bare LISTEN/NOTIFY wake-up", "Locker hand-off, LISTEN/NOTIFY")
+
+
+def test_http_cycle_through_the_service() -> None:
+    output = run_benchmark("http_cycle", "--seconds", "0.2")
+    rows = table_rows(output, "store direct", "HTTP floor (2 requests)", "lock service (2 requests)")
+    assert float(rows["lock service (2 requests)"][0]) > 0
+    assert "service overhead per request" in output
+
+
+def test_heartbeat_scale_in_miniature() -> None:
+    output = run_benchmark("heartbeat_scale", "--sizes", "10", "--seconds", "1")
+    # locks, threads, heartbeat threads, RSS/lock, CPU, ext/s, lost, ...
+    (cells,) = (line.split() for line in output.splitlines() if line.split()[:1] == ["10"])
+    assert cells[2] == "1", output
+    assert cells[6] == "0", output
