@@ -221,7 +221,10 @@ def main(argv: Optional[list[str]] = None) -> None:
         contestant_backend = backend(table, **options)
         contestants.append((name, make_cycle(contestant_backend), floor_on(contestant_backend, fenced)))
 
-    def on_same_connection(make_cycle: Callable[[Any], Callable[[], None]], table: str) -> None:
+    def on_same_connection(
+        make_cycle: Callable[[Any], Callable[[], None]], table: str
+    ) -> tuple[Callable[[], None], Callable[[], None]]:
+        """A contestant built on a bare connection, and the floor on that same connection."""
         conn = connection()
         statements = PostgresBackend(conn, table=table)._sql
         return make_cycle(conn), _raw_cycle(conn, statements["acquire"], statements["release"])
