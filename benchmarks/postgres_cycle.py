@@ -225,9 +225,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         make_cycle: Callable[[Any], Callable[[], None]], table: str
     ) -> tuple[Callable[[], None], Callable[[], None]]:
         """A contestant built on a bare connection, and the floor on that same connection."""
-        conn = connection()
-        statements = PostgresBackend(conn, table=table)._sql
-        return make_cycle(conn), _raw_cycle(conn, statements["acquire"], statements["release"])
+        shared = backend(table)
+        return make_cycle(shared.connection), floor_on(shared)
 
     add("backend acquire/release", logged, lambda b: _backend_cycle(b, fenced=False))
     add("backend fenced", logged, lambda b: _backend_cycle(b, fenced=True), fenced=True)
