@@ -483,8 +483,7 @@ class Lock(GuardedBlock):
             self._ended_at = self._locker._clock()
             self._cancel_timer()
         self._locker._forget(self)
-        if wanted(self._locker._on_event, "released"):
-            self._emit("released")
+        self._emit("released")
         return True
 
     def extend(self, ttl: Optional[float] = None) -> None:

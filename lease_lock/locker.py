@@ -405,6 +405,7 @@ class Locker:
                     lock._grant(sent, requested, fence, max_hold)
                     with self._held_mutex:
                         self._held.add(lock)
+                    # Checked here too so that the uncontended path builds no event fields.
                     if wanted(self._on_event, "acquired"):
                         lock._emit("acquired", waited=received - start, attempts=attempts)
                     return
