@@ -11,6 +11,7 @@ from .backends.memory import MemoryBackend
 from .connect import connect
 from .errors import (
     AccessDeniedError,
+    BackendUnavailableError,
     LeaseLockError,
     LockHeldError,
     LockLostError,
@@ -30,6 +31,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AccessDeniedError",
     "Backend",
+    "BackendUnavailableError",
     "Capabilities",
     "ExtendRequest",
     "LeaseLockError",

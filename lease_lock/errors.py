@@ -2,8 +2,11 @@
 
 Every error the library raises derives from :class:`LeaseLockError` and carries a stable
 ``code`` that does not change between releases, so callers can match on it instead of on
-message text. Driver errors (redis-py, psycopg2, requests, ...) are never wrapped: they reach
-the caller exactly as the driver raised them.
+message text. A store that cannot be reached (refused, reset or timed-out connections, a server
+shutting down, a database locked past its busy timeout) is reported as
+:class:`BackendUnavailableError` whatever the driver, with the driver's own exception as its
+``__cause__``. Every other driver error (a programming error, a permission error) reaches the
+caller exactly as the driver raised it.
 
 The tree::
 
@@ -14,7 +17,8 @@ The tree::
     ├── ValidationError        LOCK_VALIDATION    bad argument or misconfiguration (a ValueError)
     ├── RateLimitedError       LOCK_RATE_LIMITED  the HTTP lock service asked us to slow down
     ├── ReplicationError       LOCK_REPLICATION   too few Redis replicas acknowledged a write
-    └── AccessDeniedError      LOCK_ACCESS_DENIED the HTTP lock service refused the credential
+    ├── AccessDeniedError      LOCK_ACCESS_DENIED the HTTP lock service refused the credential
+    └── BackendUnavailableError LOCK_BACKEND_UNAVAILABLE  the store cannot be reached
 
 All errors pickle and unpickle with their attributes, so they survive multiprocessing and
 task queues.
@@ -26,6 +30,7 @@ from typing import Any
 
 __all__ = [
     "AccessDeniedError",
+    "BackendUnavailableError",
     "LeaseLockError",
     "LockHeldError",
     "LockLostError",
@@ -170,3 +175,24 @@ class AccessDeniedError(LeaseLockError):
 
     def __init__(self, message: str, *, status: int) -> None:
         super().__init__(message, status=status)
+
+
+class BackendUnavailableError(LeaseLockError):
+    """The store could not be reached, so the outcome of the call is unknown or nothing was done.
+
+    Raised by every backend for connection-level failures: a refused, reset or timed-out
+    connection, a server that is shutting down, a database that stayed locked past its busy
+    timeout, an HTTP transport failure or a ``503`` that persisted through the documented
+    retry. The driver's own exception is ``__cause__``; ``backend`` names the backend (for
+    example ``"redis"``) and the message never contains a password or service key.
+
+    Lock operations are idempotent by token, so retrying after this error is safe: a blocking
+    acquire keeps trying until its timeout, and the heartbeat keeps extending until the lease
+    would end.
+    """
+
+    code = "LOCK_BACKEND_UNAVAILABLE"
+    backend: str
+
+    def __init__(self, message: str, *, backend: str) -> None:
+        super().__init__(message, backend=backend)
