@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 import threading
+import urllib.parse
 from datetime import timedelta
 from typing import Any, Optional
 
@@ -27,6 +28,7 @@ __all__ = [
     "check_ttl",
     "describe_token",
     "parse_duration",
+    "redact_url",
 ]
 
 #: The longest key (prefix included) in UTF-8 bytes.
@@ -150,3 +152,35 @@ def parse_duration(text: str, name: str = "duration") -> float:
         )
     seconds = float(match["number"]) * _UNIT_SECONDS[match["unit"]]
     return check_duration(seconds, name)
+
+
+#: Query options whose values are credentials, masked by :func:`redact_url`.
+_SECRET_QUERY_OPTIONS = frozenset({"password", "sentinel_password", "api_key", "apikey", "key", "token"})
+_REDACTED = "***"
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password and every credential-bearing query value replaced by ``***``.
+
+    Used wherever a URL reaches a message, a ``repr`` or a log line. Text that does not parse as
+    a URL is not echoed at all: it may be a connection string with a secret in an unknown place.
+    """
+    if "://" not in url:
+        # Without a scheme, urlsplit would read "user:password@host" as scheme and path.
+        return "<URL without a scheme>"
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    netloc = parts.netloc
+    userinfo, at, hostport = netloc.rpartition("@")
+    if at:
+        user, colon, _password = userinfo.partition(":")
+        netloc = f"{user}:{_REDACTED}@{hostport}" if colon else f"{user}@{hostport}"
+    query = parts.query
+    if query:
+        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
+        query = "&".join(
+            f"{name}={_REDACTED if name.lower() in _SECRET_QUERY_OPTIONS else value}" for name, value in pairs
+        )
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
