@@ -13,8 +13,8 @@ built). Otherwise one is built, once per process (each prefork child builds its 
 fork) and closed at exit, from the first of: ``app.conf.lease_lock_url``, the
 ``LEASE_LOCK_URL`` environment variable, and the app's ``broker_url`` when that is a Redis
 (``redis://``, ``rediss://``) or Redis Sentinel (``sentinel://``) URL; ``app.conf.lease_lock_options``
-is a dict of ``connect()`` options. When none applies, the worker refuses to start with a
-``ValidationError`` naming the settings to add.
+is a dict of ``connect()`` options. When none applies, or an option is one the backend does
+not take, the worker refuses to start with a ``ValidationError`` naming the settings to fix.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import urllib.parse
 import weakref
 from typing import Any, Callable, ClassVar, Optional, Union
 
-from celery import Celery, Task, signals
+from celery import Celery, Task, bootsteps
 from celery.utils import uuid
 from celery.utils.log import get_task_logger
 
@@ -39,7 +39,16 @@ from ._config import check_backend_options, resolve_url
 from ._enqueue import call_key, claim, job_id_of, label, log_skip, unclaim
 from ._lazy import LazyLocker
 
-__all__ = ["DUPLICATE", "ON_BUSY", "AlreadyQueued", "SingletonTask", "broker_lock_url", "task_locker"]
+__all__ = [
+    "DUPLICATE",
+    "ON_BUSY",
+    "AlreadyQueued",
+    "CheckSettingsStep",
+    "SingletonTask",
+    "broker_lock_url",
+    "check_settings",
+    "task_locker",
+]
 
 #: The accepted values of ``lock_on_busy``.
 ON_BUSY = ("skip", "retry")
@@ -133,13 +142,13 @@ def check_settings(app: Celery) -> None:
     check_backend_options(url, options, options_name="app.conf.lease_lock_options")
 
 
-def _check_at_worker_start(sender: Any = None, **kwargs: Any) -> None:
-    app = getattr(sender, "app", None)
-    if app is not None and any(isinstance(task, SingletonTask) for task in list(app.tasks.values())):
-        check_settings(app)
+class CheckSettingsStep(bootsteps.Step):  # type: ignore[misc]  # Celery ships no type hints
+    """A worker boot step, added to every app with a ``SingletonTask``: the worker refuses to
+    start (with the ``ValidationError``) when the lease_lock settings are missing or wrong."""
 
-
-signals.worker_init.connect(_check_at_worker_start, weak=False)
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        check_settings(worker.app)
 
 
 class SingletonTask(Task):  # type: ignore[misc]  # Celery ships no type hints
@@ -179,6 +188,12 @@ class SingletonTask(Task):  # type: ignore[misc]  # Celery ships no type hints
     lock_on_enqueue: ClassVar[bool] = False
     lock_duplicate: ClassVar[str] = "existing"
     lock_enqueue_ttl: ClassVar[float] = 3600.0
+
+    @classmethod
+    def on_bound(cls, app: Celery) -> None:
+        """Add the start-up check of the lease_lock settings to the app's workers."""
+        super().on_bound(app)
+        app.steps["worker"].add(CheckSettingsStep)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # @app.task(base=SingletonTask, ...) builds a subclass from the keywords: checking here
