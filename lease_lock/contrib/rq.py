@@ -62,19 +62,23 @@ def _env_locker() -> Locker:
 
 
 _holder = LazyLocker(_env_locker)
-_by_connection: dict[int, tuple[Any, LazyLocker]] = {}
+_by_connection: dict[str, LazyLocker] = {}
 _by_connection_mutex = threading.Lock()
 
 
 def _connection_locker(connection: Any) -> Locker:
     from ..backends.redis import RedisBackend
 
-    # The client is kept referenced beside its locker, so its id is never reused meanwhile.
+    # One locker per server and settings, not per client object: RQ makes clients freely, and
+    # a locker per object would pile up.
+    pool = getattr(connection, "connection_pool", None)
+    settings = getattr(pool, "connection_kwargs", None)
+    identity = repr(sorted(settings.items(), key=lambda item: item[0])) if settings else f"id:{id(connection)}"
     with _by_connection_mutex:
-        entry = _by_connection.get(id(connection))
-        if entry is None:
-            entry = _by_connection[id(connection)] = (connection, LazyLocker(lambda: Locker(RedisBackend(connection))))
-    return entry[1].get()
+        holder = _by_connection.get(identity)
+        if holder is None:
+            holder = _by_connection[identity] = LazyLocker(lambda: Locker(RedisBackend(connection)))
+    return holder.get()
 
 
 def job_locker(connection: Any = None) -> Locker:
