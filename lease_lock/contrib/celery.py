@@ -27,6 +27,7 @@ import weakref
 from typing import Any, Callable, ClassVar, Optional, Union
 
 from celery import Celery, Task, bootsteps
+from celery.exceptions import Retry
 from celery.utils import uuid
 from celery.utils.log import get_task_logger
 
@@ -293,6 +294,12 @@ class SingletonTask(Task):  # type: ignore[misc]  # Celery ships no type hints
         try:
             with lock:
                 result = body(*args, **kwargs)
+        except Retry:
+            if claimed:
+                # The retry message was sent under this task id: claim the key for it again,
+                # since leaving the block gave the run's lease back.
+                claim(locker, key, self.request.id, self.lock_enqueue_ttl)
+            raise
         except LockLostError as error:
             if error.key != lock.key:
                 raise

@@ -109,6 +109,14 @@ def skipping_sync(customer_id: int, flags: str) -> None:
     """A duplicate is not sent and answers None."""
 
 
+@app.task(base=SingletonTask, lock_on_enqueue=True, bind=True, max_retries=1)
+def retries_once(self: Any, flags: str) -> int:
+    """Asks to be retried once; its key stays claimed while the retry waits."""
+    if not self.request.retries:
+        raise self.retry(countdown=2)
+    return int(self.request.retries)
+
+
 @pytest.fixture(scope="module")
 def celery_redis(redis_server: Any) -> str:
     """Point the app at the tests' Redis, on a queue of its own."""
@@ -331,3 +339,13 @@ def test_a_worker_without_a_store_refuses_to_start() -> None:
     )
     assert done.returncode != 0
     assert "ValidationError" in done.stderr and "lease_lock_url" in done.stderr, done.stderr
+
+
+def test_a_claimed_task_that_retries_keeps_its_key_for_the_retry(thread_worker: None) -> None:
+    flags = uuid.uuid4().hex
+    first = retries_once.delay(flags)
+    wait_until(lambda: first.state == "RETRY", "the first run to ask for a retry")
+    assert retries_once.delay(flags).id == first.id
+    assert first.get(timeout=WAIT) == 1
+    key = retries_once.lease_lock_key((flags,), {})
+    wait_until(lambda: not task_locker(app).get(key).held, "the retry to give the key back")
