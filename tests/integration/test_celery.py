@@ -22,7 +22,7 @@ import redis
 from celery import Celery, signals
 from celery.contrib.testing.worker import start_worker
 from lease_lock import Locker, LockState, ValidationError
-from lease_lock.contrib.celery import AlreadyQueued, SingletonTask, check_settings, task_locker
+from lease_lock.contrib.celery import AlreadyQueued, SingletonTask, broker_lock_url, check_settings, task_locker
 
 from tests.support.polling import wait_until
 
@@ -349,3 +349,33 @@ def test_a_claimed_task_that_retries_keeps_its_key_for_the_retry(thread_worker: 
     assert first.get(timeout=WAIT) == 1
     key = retries_once.lease_lock_key((flags,), {})
     wait_until(lambda: not task_locker(app).get(key).held, "the retry to give the key back")
+
+
+@pytest.mark.parametrize(
+    ("conf", "expected"),
+    [
+        ({"broker_url": "redis://:pw@cache:6379/2"}, "redis://:pw@cache:6379/2"),
+        ({"broker_url": "rediss://cache:6380/0;rediss://spare:6380/0"}, "rediss://cache:6380/0"),
+        ({"broker_url": ["redis://one:6379/0", "redis://two:6379/0"]}, "redis://one:6379/0"),
+        (
+            {"broker_url": "sentinel://:pw@s1:26379/3;sentinel://s2:26379/3",
+             "broker_transport_options": {"master_name": "main"}},
+            "redis+sentinel://:pw@s1:26379,s2:26379/main/3",
+        ),
+        ({"broker_url": "amqp://guest@rabbit//"}, None),
+        ({"broker_url": "memory://"}, None),
+    ],
+)
+def test_which_brokers_are_lock_stores(conf: dict[str, Any], expected: Any) -> None:
+    assert broker_lock_url(_app_with(conf)) == expected
+
+
+def _app_with(conf: dict[str, Any]) -> Celery:
+    made = Celery("brokers", set_as_current=False)
+    made.conf.update(conf)
+    return made
+
+
+def test_a_sentinel_broker_needs_its_master_name() -> None:
+    with pytest.raises(ValidationError, match="master_name"):
+        broker_lock_url(_app_with({"broker_url": "sentinel://s1:26379"}))
