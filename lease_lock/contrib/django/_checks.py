@@ -8,7 +8,7 @@ from typing import Any
 from django.core import checks
 
 from ...errors import ValidationError
-from .._config import LOCKER_SETTINGS, check_backend_options, connect_options
+from .._config import check_backend_options, connect_options
 from ._schemes import resolve_django_url
 from ._settings import lock_settings, lock_url
 
@@ -25,9 +25,8 @@ def check_lease_lock_settings(app_configs: Any = None, **kwargs: Any) -> list[ch
     """
     try:
         config = lock_settings()
+        # Locker settings (TTL, ...) are merged in too, so a value given twice is reported.
         options = connect_options(config, config.get("OPTIONS", {}), prefix="", options_name="OPTIONS")
-        for name in LOCKER_SETTINGS:
-            options.pop(name.lower(), None)
         url = resolve_django_url(lock_url(config))
         check_backend_options(url, options, options_name='settings.LEASE_LOCK["OPTIONS"]')
     except ValidationError as error:
