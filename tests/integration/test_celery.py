@@ -8,6 +8,7 @@ the broker, lock URL and queue then come from the environment.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -233,7 +234,34 @@ def test_the_default_key_is_the_name_plus_the_bound_arguments() -> None:
     assert long.startswith(sync_customer.name + ":sha256:") and len(long) < 200
 
 
-def test_enqueue_once_with_a_real_worker(redis_server: Any, thread_worker: None) -> None:
+@contextlib.contextmanager
+def prefork_worker(redis_url: str, queue: str) -> Iterator[None]:
+    """A ``celery worker`` subprocess with the prefork pool (two children) on ``queue``."""
+    environment = {**os.environ, f"{_ENV}_BROKER": redis_url, f"{_ENV}_LOCKS": redis_url, f"{_ENV}_QUEUE": queue}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "tests.integration.test_celery", "worker", "--pool", "prefork",
+         "--concurrency", "2", "-O", "fair", "--loglevel", "WARNING", "--without-heartbeat", "--without-mingle",
+         "--without-gossip"],
+        env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        yield
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.communicate(timeout=WAIT)
+
+
+@pytest.fixture(params=["threads", "prefork"])
+def any_worker(request: pytest.FixtureRequest, redis_server: Any, celery_redis: str) -> Iterator[None]:
+    if request.param == "threads":
+        with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False, loglevel="WARNING"):
+            yield
+    else:
+        with prefork_worker(redis_server.url, celery_redis):
+            yield
+
+
+def test_enqueue_once_with_a_real_worker(redis_server: Any, any_worker: None) -> None:
     flags = f"ll-celery-{uuid.uuid4().hex}"
     client = redis.Redis.from_url(redis_server.url)
     first = sync_customer.delay(1, flags, redis_server.url)
