@@ -443,3 +443,25 @@ def test_the_environment_url_comes_before_the_default_database(tmp_path: Path) -
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1])["backend"] == "SqliteBackend"
     assert done.stderr.count("this host only") == 1, done.stderr
+
+
+def test_a_cache_alias_maps_to_its_first_redis_server_with_its_options(django_db: Path) -> None:
+    from lease_lock.contrib.django._settings import cache_url
+
+    caches = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "shared": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": ["redis://primary:6379", "redis://replica:6379"],
+            "OPTIONS": {"PASSWORD": "p w", "DB": 3},
+        },
+        "native": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": "rediss://a:1/2;rediss://b:1/2"},
+        "socket": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": "unix:///run/redis.sock"},
+    }
+    with override_settings(CACHES=caches):
+        assert cache_url("shared") == "redis://:p%20w@primary:6379/3"
+        assert cache_url("native") == "rediss://a:1/2"
+        with pytest.raises(ValidationError, match="redis:// or rediss://"):
+            cache_url("socket")
+        with pytest.raises(ValidationError, match="no alias 'missing'"):
+            cache_url("missing")
