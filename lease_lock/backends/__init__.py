@@ -23,6 +23,7 @@ __all__ = [
     "LockState",
     "MemoryBackend",
     "ReleaseWatcher",
+    "backend_class",
     "backend_from_url",
     "register_scheme",
 ]
@@ -38,6 +39,9 @@ SCHEMES: dict[str, Union[str, type[Backend]]] = {
     "postgres": "lease_lock.backends.postgres:PostgresBackend",
     "http": "lease_lock.backends.http:HttpBackend",
     "https": "lease_lock.backends.http:HttpBackend",
+    # Stand-ins that read Django's settings and build the backend of the store they name.
+    "django": "lease_lock.contrib.django._schemes:DjangoDatabase",
+    "django-cache": "lease_lock.contrib.django._schemes:DjangoCache",
 }
 
 
@@ -64,11 +68,16 @@ def _resolve(scheme: str) -> type[Backend]:
     return entry
 
 
-def backend_from_url(url: str, **options: Any) -> Backend:
-    """Build the backend a URL names; ``options`` are that backend's keyword options."""
+def backend_class(url: str) -> type[Backend]:
+    """The backend class a URL's scheme names, imported but not built (nothing connects)."""
     if not isinstance(url, str) or not url:
         raise ValidationError("url must be a non-empty str such as 'redis://localhost:6379/0'")
     scheme = urllib.parse.urlsplit(url).scheme.lower()
     if not scheme:
         raise ValidationError(f"url {url!r} has no scheme (expected e.g. redis://, sqlite:///)")
-    return _resolve(scheme).from_url(url, **options)
+    return _resolve(scheme)
+
+
+def backend_from_url(url: str, **options: Any) -> Backend:
+    """Build the backend a URL names; ``options`` are that backend's keyword options."""
+    return backend_class(url).from_url(url, **options)

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
+import urllib.parse
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Callable, Optional
 
+from ..backends import backend_class
+from ..connect import LOCKER_OPTIONS
 from ..errors import ValidationError
 
-__all__ = ["LOCKER_SETTINGS", "connect_options"]
+__all__ = [
+    "ENV_URL", "LOCKER_SETTINGS", "check_backend_options", "connect_options", "resolve_url", "warn_if_one_host",
+]
+
+logger = logging.getLogger("lease_lock")
 
 #: The suffix of each framework setting (``TTL`` in ``LEASE_LOCK["TTL"]`` or
 #: ``LEASE_LOCK_TTL``) and the ``connect()`` option it becomes.
@@ -37,3 +47,61 @@ def connect_options(
                 raise ValidationError(f"{option} is given twice: as {key} and in {options_name}")
             merged[option] = config[key]
     return merged
+
+
+#: The environment variable every integration reads after its own setting.
+ENV_URL = "LEASE_LOCK_URL"
+
+_warned: set[str] = set()
+_warned_mutex = threading.Lock()
+
+
+def resolve_url(
+    own: object, own_name: str, framework: Callable[[], Optional[str]], *, add: str
+) -> str:
+    """The lock store URL of an integration, in the one order they all follow.
+
+    ``own`` is the integration's own setting (named ``own_name`` in messages); then the
+    ``LEASE_LOCK_URL`` environment variable; then ``framework()``, the URL of the framework's
+    own store or ``None``. When none gives a URL this raises ``ValidationError`` naming the
+    settings to add (``add``), so a deployment never falls back to a store private to one host.
+    A SQLite URL is logged once at WARNING: it coordinates the processes of one host only.
+    """
+    if own is not None and not isinstance(own, str):
+        raise ValidationError(f"{own_name} must be a str, not {type(own).__name__}")
+    url = own or os.environ.get(ENV_URL) or framework()
+    if not url:
+        raise ValidationError(
+            f"no lock store configured: set {add}, or the {ENV_URL} environment variable "
+            "(for example redis://host:6379/0 or postgresql://host/db)"
+        )
+    warn_if_one_host(url)
+    return url
+
+
+def warn_if_one_host(url: str) -> None:
+    """Log once per URL that a SQLite store only coordinates the processes of one host."""
+    if urllib.parse.urlsplit(url).scheme.lower() != "sqlite":
+        return
+    with _warned_mutex:
+        if url in _warned:
+            return
+        _warned.add(url)
+    logger.warning(
+        "lease_lock uses the SQLite file %s: its locks coordinate the processes of this host "
+        "only; give every host one shared store (Redis or PostgreSQL) before running on several",
+        urllib.parse.urlsplit(url).path or url,
+    )
+
+
+def check_backend_options(url: str, options: Mapping[str, Any], *, options_name: str) -> None:
+    """Refuse backend ``options`` that the backend ``url`` names does not take, without
+    connecting (``url_options`` of the backend class lists what it takes)."""
+    known = backend_class(url).url_options
+    unknown = sorted(set(options) - set(known) - set(LOCKER_OPTIONS))
+    if unknown:
+        scheme = urllib.parse.urlsplit(url).scheme
+        raise ValidationError(
+            f"{options_name} has option(s) {', '.join(unknown)} that the {scheme}:// backend "
+            f"does not take; it takes: {', '.join(sorted(known)) or 'none'}"
+        )

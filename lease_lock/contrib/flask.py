@@ -13,26 +13,32 @@
         with locker.lock(f"order:{order_id}"):
             ...
 
-Configuration keys: ``LEASE_LOCK_URL`` (default: ``connect()``'s default), ``LEASE_LOCK_TTL``,
+Configuration keys: ``LEASE_LOCK_URL``, ``LEASE_LOCK_TTL``,
 ``LEASE_LOCK_MAX_HOLD``, ``LEASE_LOCK_KEY_PREFIX``, ``LEASE_LOCK_FENCING`` and
-``LEASE_LOCK_OPTIONS`` (a dict of backend options such as ``table``).
+``LEASE_LOCK_OPTIONS`` (a dict of backend options such as ``table``). The store is, in this
+order: ``LEASE_LOCK_URL`` in the config, the ``LEASE_LOCK_URL`` environment variable, and
+``SQLALCHEMY_DATABASE_URI`` when it is PostgreSQL or a SQLite file; with none of them,
+``init_app`` raises ``ValidationError``. ``init_app`` also refuses options the backend does not
+take, so bad settings fail at start-up rather than on the first request.
 """
 
 from __future__ import annotations
 
 import atexit
+import os
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any, Optional, cast
 
 from flask import Flask, current_app
 from werkzeug.local import LocalProxy
 
-from ..connect import connect
+from ..connect import LOCKER_OPTIONS, connect
 from ..errors import LockStateError, ValidationError
 from ..locker import Locker
-from ._config import connect_options
+from ._config import check_backend_options, connect_options, resolve_url
 
-__all__ = ["CONFIG_PREFIX", "EXTENSION_NAME", "LeaseLock", "locker"]
+__all__ = ["CONFIG_PREFIX", "EXTENSION_NAME", "LeaseLock", "database_lock_url", "locker"]
 
 #: The key of ``app.extensions`` that holds the app's locker.
 EXTENSION_NAME = "lease_lock"
@@ -40,14 +46,41 @@ EXTENSION_NAME = "lease_lock"
 CONFIG_PREFIX = "LEASE_LOCK_"
 
 
-def _locker_from_config(config: Mapping[str, Any]) -> Locker:
+def database_lock_url(config: Mapping[str, Any], instance_path: str) -> Optional[str]:
+    """The lease_lock URL of ``SQLALCHEMY_DATABASE_URI`` when it is PostgreSQL or a SQLite file,
+    else ``None``.
+
+    The SQLAlchemy driver (``postgresql+psycopg2://``) is dropped; a relative SQLite path is
+    taken from the app's instance folder, as Flask-SQLAlchemy does.
+    """
+    uri = config.get("SQLALCHEMY_DATABASE_URI")
+    if not isinstance(uri, str) or not uri:
+        return None
+    parts = urllib.parse.urlsplit(uri)
+    dialect = parts.scheme.partition("+")[0].lower()
+    if dialect in ("postgresql", "postgres"):
+        return urllib.parse.urlunsplit(("postgresql", parts.netloc, parts.path, parts.query, ""))
+    if dialect != "sqlite":
+        return None
+    path = urllib.parse.unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
+    if not path or path == ":memory:" or "mode=memory" in parts.query:
+        return None
+    return "sqlite:///" + urllib.parse.quote(os.path.join(instance_path, path))
+
+
+def _url_and_options(config: Mapping[str, Any], instance_path: str) -> tuple[str, dict[str, Any]]:
     options = connect_options(
         config, config.get("LEASE_LOCK_OPTIONS") or {}, prefix=CONFIG_PREFIX, options_name="LEASE_LOCK_OPTIONS"
     )
-    url = config.get("LEASE_LOCK_URL")
-    if url is not None and not isinstance(url, str):
-        raise ValidationError(f"LEASE_LOCK_URL must be a str, not {type(url).__name__}")
-    return connect(url or None, **options)
+    url = resolve_url(
+        config.get("LEASE_LOCK_URL"), "LEASE_LOCK_URL", lambda: database_lock_url(config, instance_path),
+        add="app.config['LEASE_LOCK_URL'] (or a PostgreSQL or SQLite-file SQLALCHEMY_DATABASE_URI)",
+    )
+    check_backend_options(
+        url, {name: value for name, value in options.items() if name not in LOCKER_OPTIONS},
+        options_name="LEASE_LOCK_OPTIONS",
+    )
+    return url, options
 
 
 class LeaseLock:
@@ -77,7 +110,8 @@ class LeaseLock:
         if self._locker is not None:
             app.extensions[EXTENSION_NAME] = self._locker
             return
-        built = _locker_from_config(app.config)
+        url, options = _url_and_options(app.config, app.instance_path)
+        built = connect(url, **options)
         atexit.register(built.close)
         app.extensions[EXTENSION_NAME] = built
 

@@ -8,6 +8,8 @@ the broker, lock URL and queue then come from the environment.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -20,8 +22,8 @@ import pytest
 import redis
 from celery import Celery, signals
 from celery.contrib.testing.worker import start_worker
-from lease_lock import Locker
-from lease_lock.contrib.celery import SingletonTask, task_locker
+from lease_lock import Locker, LockState, ValidationError
+from lease_lock.contrib.celery import AlreadyQueued, SingletonTask, broker_lock_url, check_settings, task_locker
 
 from tests.support.polling import wait_until
 
@@ -36,7 +38,7 @@ app = Celery("lease_lock_celery_tests")
 app.conf.update(
     broker_url=os.environ.get(f"{_ENV}_BROKER", "redis://127.0.0.1:1/0"),
     result_backend=os.environ.get(f"{_ENV}_BROKER", "redis://127.0.0.1:1/0"),
-    lease_lock_url=os.environ.get(f"{_ENV}_LOCKS", "memory://"),
+    lease_lock_url=None if os.environ.get(f"{_ENV}_NO_URL") else os.environ.get(f"{_ENV}_LOCKS", "memory://"),
     task_default_queue=os.environ.get(f"{_ENV}_QUEUE", "celery"),
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
@@ -89,6 +91,31 @@ def tolerates_loss(key: str) -> str:
     """Like ``loses_lock`` but keeps its result."""
     assert task_locker(app).force_release(f"tolerant:{key}")
     return "kept"
+
+
+@app.task(base=SingletonTask, lock_on_enqueue=True, bind=True)
+def sync_customer(self: Any, customer_id: int, flags: str, redis_url: str) -> str:
+    """Sent at most once per customer while queued or running."""
+    _hold(flags, redis_url, f"{customer_id}")
+    return str(self.request.id)
+
+
+@app.task(base=SingletonTask, lock_on_enqueue=True, lock_duplicate="raise", lock_enqueue_ttl=2)
+def raising_sync(customer_id: int, flags: str) -> None:
+    """A duplicate raises AlreadyQueued; an unrun message frees the key after two seconds."""
+
+
+@app.task(base=SingletonTask, lock_on_enqueue=True, lock_duplicate="skip")
+def skipping_sync(customer_id: int, flags: str) -> None:
+    """A duplicate is not sent and answers None."""
+
+
+@app.task(base=SingletonTask, lock_on_enqueue=True, bind=True, max_retries=1)
+def retries_once(self: Any, flags: str) -> int:
+    """Asks to be retried once; its key stays claimed while the retry waits."""
+    if not self.request.retries:
+        raise self.retry(countdown=2)
+    return int(self.request.retries)
 
 
 @pytest.fixture(scope="module")
@@ -195,3 +222,188 @@ def test_two_tasks_with_one_key_on_a_prefork_worker_subprocess(redis_server: Any
     # The pool child built its own locker instead of using the one built before the fork.
     assert ran[0]["pid"] not in (os.getpid(), worker.pid)
     assert ran[0]["prebuilt"] == 1 and ran[0]["inherited_locker"] is False
+
+
+def test_the_default_key_is_the_name_plus_the_bound_arguments() -> None:
+    assert build_report.lease_lock_key(("mon", "f", "u"), {}) == "report:mon"  # a format-string key
+    key = sync_customer.lease_lock_key
+    assert key((1, "f", "u"), {}) == key((), {"customer_id": 1, "flags": "f", "redis_url": "u"})
+    assert key((1, "f", "u"), {}).startswith(sync_customer.name + ":")
+    assert key((1, "f", "u"), {}) != key((2, "f", "u"), {})
+    long = key((1, "f" * 500, "u"), {})
+    assert long.startswith(sync_customer.name + ":sha256:") and len(long) < 200
+
+
+@contextlib.contextmanager
+def prefork_worker(redis_url: str, queue: str) -> Iterator[None]:
+    """A ``celery worker`` subprocess with the prefork pool (two children) on ``queue``."""
+    environment = {**os.environ, f"{_ENV}_BROKER": redis_url, f"{_ENV}_LOCKS": redis_url, f"{_ENV}_QUEUE": queue}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "tests.integration.test_celery", "worker", "--pool", "prefork",
+         "--concurrency", "2", "-O", "fair", "--loglevel", "WARNING", "--without-heartbeat", "--without-mingle",
+         "--without-gossip"],
+        env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        yield
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.communicate(timeout=WAIT)
+
+
+@pytest.fixture(params=["threads", "prefork"])
+def any_worker(request: pytest.FixtureRequest, redis_server: Any, celery_redis: str) -> Iterator[None]:
+    if request.param == "threads":
+        with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False, loglevel="WARNING"):
+            yield
+    else:
+        with prefork_worker(redis_server.url, celery_redis):
+            yield
+
+
+def test_enqueue_once_with_a_real_worker(redis_server: Any, any_worker: None) -> None:
+    flags = f"ll-celery-{uuid.uuid4().hex}"
+    client = redis.Redis.from_url(redis_server.url)
+    first = sync_customer.delay(1, flags, redis_server.url)
+    other = sync_customer.delay(2, flags, redis_server.url)
+    try:
+        # Different arguments run side by side: both bodies start before either may finish.
+        wait_until(lambda: client.llen(f"{flags}:started") == 2, "both customers to start")
+        duplicates = [sync_customer.delay(1, flags, redis_server.url) for _ in range(19)]
+        duplicates.append(sync_customer.apply_async((1,), {"flags": flags, "redis_url": redis_server.url}))
+    finally:
+        client.rpush(f"{flags}:go", "1", "1")
+    assert {duplicate.id for duplicate in duplicates} == {first.id}
+    assert first.get(timeout=WAIT) == first.id
+    assert other.get(timeout=WAIT) == other.id != first.id
+    assert sorted(client.lrange(f"{flags}:started", 0, -1)) == [b"1", b"2"]
+    key = sync_customer.lease_lock_key((1, flags, redis_server.url), {})
+    wait_until(lambda: not task_locker(app).get(key).held, "the run to give its key back")
+    # Once it finished, the same call is sent again under a new id.
+    again = sync_customer.delay(1, flags, redis_server.url)
+    try:
+        assert again.id != first.id
+        wait_until(lambda: client.llen(f"{flags}:started") == 3, "the new call to run")
+    finally:
+        client.rpush(f"{flags}:go", "1")
+    assert again.get(timeout=WAIT) == again.id
+    client.delete(f"{flags}:started", f"{flags}:go")
+
+
+def test_a_duplicate_of_a_queued_message_raises_or_skips_and_an_unrun_message_frees_its_key(
+    celery_redis: str,
+) -> None:
+    # No worker consumes this queue: the messages stay queued, and are dropped unrun.
+    queue = f"nobody-{uuid.uuid4().hex[:8]}"
+    flags = uuid.uuid4().hex
+    first = raising_sync.apply_async((7, flags), queue=queue)
+    with pytest.raises(AlreadyQueued) as raised:
+        raising_sync.apply_async((7, flags), queue=queue)
+    assert raised.value.task_id == first.id
+    assert raising_sync.apply_async((8, flags), queue=queue).id != first.id
+    skipped = skipping_sync.apply_async((7, flags), queue=queue)
+    assert skipped is not None and skipping_sync.apply_async((7, flags), queue=queue) is None
+    app.control.purge()
+    key = raising_sync.lease_lock_key((7, flags), {})
+    # lock_enqueue_ttl is 2 s: then the key is free for a new message.
+    wait_until(lambda: not task_locker(app).get(key).held, "the unrun message's claim to lapse")
+    assert raising_sync.apply_async((7, flags), queue=queue).id != first.id
+    with app.connection_for_write() as connection:
+        connection.default_channel.queue_purge(queue)
+
+
+def test_a_skip_is_logged_at_warning_with_key_and_holder(
+    redis_server: Any, thread_worker: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Celery's task loggers do not propagate to the root logger, where caplog listens.
+    task_logger = logging.getLogger("lease_lock.contrib.celery")
+    task_logger.addHandler(caplog.handler)
+    try:
+        outcomes, started = exactly_one_runs(redis_server.url)
+    finally:
+        task_logger.removeHandler(caplog.handler)
+    assert started == 1 and None in outcomes
+    skips = [record for record in caplog.records if "skipped" in record.getMessage()]
+    assert len(skips) == 1 and skips[0].levelno == logging.WARNING
+    assert "'report:mon'" in skips[0].getMessage() and task_locker(app).owner in skips[0].getMessage()
+
+
+def test_a_busy_retry_backs_off_instead_of_waiting_a_full_lease() -> None:
+    busy = LockState(key="k", held=True, expires_in=30.0, owner="elsewhere")
+    assert 0.0 < retrying.retry_countdown(busy) <= retrying.lock_retry_backoff
+    assert retrying.retry_countdown(LockState(key="k", held=True, expires_in=0.2)) <= 0.2
+    assert retrying.retry_countdown(LockState.free("k")) == 0.0
+
+
+def test_an_app_with_only_a_redis_broker_locks_in_that_redis(
+    redis_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("LEASE_LOCK_URL", raising=False)
+    only_broker = Celery("only-broker", broker=redis_server.url)
+    locker = task_locker(only_broker)
+    key = f"celery-broker-{uuid.uuid4().hex}"
+    with locker.lock(key):
+        assert redis.Redis.from_url(redis_server.url).exists(key) == 1
+    assert type(locker.backend).__name__ == "RedisBackend"
+
+
+def test_no_store_anywhere_fails_the_check_naming_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LEASE_LOCK_URL", raising=False)
+    for broker in ("memory://", "amqp://guest@127.0.0.1:1//"):
+        with pytest.raises(ValidationError, match=r"lease_lock_url.*LEASE_LOCK_URL"):
+            check_settings(Celery("no-store", broker=broker))
+    with pytest.raises(ValidationError, match="table"):
+        check_settings(Celery("bad-option", broker="redis://127.0.0.1:1/0", lease_lock_options={"table": "t"}))
+    check_settings(Celery("fine", broker="redis://127.0.0.1:1/0"))
+
+
+def test_a_worker_without_a_store_refuses_to_start() -> None:
+    environment = {name: value for name, value in os.environ.items() if name != "LEASE_LOCK_URL"}
+    environment.update({f"{_ENV}_BROKER": "memory://", f"{_ENV}_NO_URL": "1"})
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.integration.test_celery", "worker", "--pool", "solo",
+         "--loglevel", "WARNING", "--without-heartbeat", "--without-mingle", "--without-gossip"],
+        env=environment, capture_output=True, text=True, timeout=WAIT, check=False,
+    )
+    assert done.returncode != 0
+    assert "ValidationError" in done.stderr and "lease_lock_url" in done.stderr, done.stderr
+
+
+def test_a_claimed_task_that_retries_keeps_its_key_for_the_retry(thread_worker: None) -> None:
+    flags = uuid.uuid4().hex
+    first = retries_once.delay(flags)
+    wait_until(lambda: first.state == "RETRY", "the first run to ask for a retry")
+    assert retries_once.delay(flags).id == first.id
+    assert first.get(timeout=WAIT) == 1
+    key = retries_once.lease_lock_key((flags,), {})
+    wait_until(lambda: not task_locker(app).get(key).held, "the retry to give the key back")
+
+
+@pytest.mark.parametrize(
+    ("conf", "expected"),
+    [
+        ({"broker_url": "redis://:pw@cache:6379/2"}, "redis://:pw@cache:6379/2"),
+        ({"broker_url": "rediss://cache:6380/0;rediss://spare:6380/0"}, "rediss://cache:6380/0"),
+        ({"broker_url": ["redis://one:6379/0", "redis://two:6379/0"]}, "redis://one:6379/0"),
+        (
+            {"broker_url": "sentinel://:pw@s1:26379/3;sentinel://s2:26379/3",
+             "broker_transport_options": {"master_name": "main"}},
+            "redis+sentinel://:pw@s1:26379,s2:26379/main/3",
+        ),
+        ({"broker_url": "amqp://guest@rabbit//"}, None),
+        ({"broker_url": "memory://"}, None),
+    ],
+)
+def test_which_brokers_are_lock_stores(conf: dict[str, Any], expected: Any) -> None:
+    assert broker_lock_url(_app_with(conf)) == expected
+
+
+def _app_with(conf: dict[str, Any]) -> Celery:
+    made = Celery("brokers", set_as_current=False)
+    made.conf.update(conf)
+    return made
+
+
+def test_a_sentinel_broker_needs_its_master_name() -> None:
+    with pytest.raises(ValidationError, match="master_name"):
+        broker_lock_url(_app_with({"broker_url": "sentinel://s1:26379"}))

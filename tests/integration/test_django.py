@@ -6,6 +6,7 @@ tests' PostgreSQL server)."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import urllib.parse
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import django
 import psycopg2
@@ -287,3 +288,180 @@ def test_the_locker_is_closed_at_exit(django_db: Path) -> None:
     assert done.stdout.strip() == "True"
     # The 60 s lease was given back when the interpreter exited, not left to run out.
     assert not locker.get("left-held").held
+
+
+# -- where the lock lives without a URL, and what `check` says -------------------------------------
+# Django's settings can be configured once per process, so each site below runs in a fresh
+# interpreter: it configures itself, runs `manage.py check`, then answers one request to a view
+# that locks and, while it holds the lock, asks the store itself where the lease is.
+
+_SITE = """
+import json, sys
+import django
+from django.conf import settings
+settings.configure(
+    SECRET_KEY="lease-lock-tests", ALLOWED_HOSTS=["testserver"], USE_TZ=True, MIDDLEWARE=[],
+    INSTALLED_APPS=["lease_lock.contrib.django"], ROOT_URLCONF="__main__", **SETTINGS
+)
+django.setup()
+from django.core.management import ManagementUtility, call_command
+from django.http import JsonResponse
+from django.test import Client
+from django.urls import path
+from lease_lock.contrib.django import locker
+
+def where(key):
+    WHERE
+
+def view(request):
+    with locker.lock("order:7", blocking=False) as lock:
+        return JsonResponse({"key": lock.key, "found": where(lock.key), "owner": locker.owner})
+
+urlpatterns = [path("settle", view)]
+try:
+    ManagementUtility(["manage.py", "check"]).execute()
+except SystemExit as exit:
+    sys.exit(exit.code)
+if MIGRATE:
+    call_command("migrate", "lease_lock", verbosity=0)
+answer = Client().post("/settle")
+print(json.dumps({"status": answer.status_code, **answer.json(), "backend": type(locker.backend).__name__}))
+"""
+
+
+def run_site(settings_dict: dict[str, Any], where: str = "return None", *, migrate: bool = False,
+             env: Optional[dict[str, str]] = None) -> subprocess.CompletedProcess[str]:
+    environment = {name: value for name, value in os.environ.items() if name != "LEASE_LOCK_URL"}
+    environment.update(env or {})
+    script = (
+        _SITE.replace("**SETTINGS", f"**{settings_dict!r}").replace("WHERE", where).replace("MIGRATE", str(migrate))
+    )
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=WAIT, check=False,
+                          env=environment)
+
+
+def _postgres_database(postgres_server: Any) -> dict[str, Any]:
+    pg = urllib.parse.urlsplit(postgres_server.url)
+    return {
+        "ENGINE": "django.db.backends.postgresql", "NAME": pg.path.lstrip("/"),
+        "USER": urllib.parse.unquote(pg.username or "postgres"), "PASSWORD": urllib.parse.unquote(pg.password or ""),
+        "HOST": pg.hostname, "PORT": str(pg.port),
+    }
+
+
+def test_postgres_databases_and_no_lease_lock_settings_lock_in_that_database(postgres_server: Any) -> None:
+    # Django's own connection reads the row while the view holds the lock.
+    where = (
+        "from django.db import connection\n"
+        "    with connection.cursor() as cursor:\n"
+        "        cursor.execute('SELECT owner FROM lease_lock WHERE key = %s', [key])\n"
+        "        return cursor.fetchall()"
+    )
+    done = run_site({"DATABASES": {"default": _postgres_database(postgres_server)}}, where, migrate=True)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answer["status"] == 200 and answer["backend"] == "PostgresBackend"
+    assert answer["found"] == [[answer["owner"]]]
+    assert "this host only" not in done.stderr
+
+
+def test_only_a_redis_cache_and_django_cache_url_lock_in_that_redis(redis_server: Any) -> None:
+    prefix = f"dj-{uuid.uuid4().hex[:8]}:"
+    where = (
+        "import redis\n"
+        f"    return redis.Redis.from_url({redis_server.url!r}).get(key).decode().rpartition('|')[2]"
+    )
+    site = {
+        "DATABASES": {},
+        "CACHES": {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": redis_server.url}},
+        "LEASE_LOCK": {"URL": "django-cache://default", "KEY_PREFIX": prefix},
+    }
+    done = run_site(site, where)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answer["status"] == 200 and answer["backend"] == "RedisBackend"
+    assert answer["key"] == prefix + "order:7" and answer["found"] == answer["owner"]
+
+
+def test_no_store_anywhere_fails_check_and_first_use_naming_the_setting() -> None:
+    done = run_site({"DATABASES": {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}})
+    assert done.returncode == 1, done.stdout
+    assert "lease_lock.E001" in done.stderr and 'settings.LEASE_LOCK["URL"]' in done.stderr
+    assert "LEASE_LOCK_URL" in done.stderr
+    # Without the check, the first use raises the same ValidationError.
+    script = textwrap.dedent(
+        """
+        import django
+        from django.conf import settings
+        settings.configure(DATABASES={}, INSTALLED_APPS=["lease_lock.contrib.django"])
+        django.setup()
+        from lease_lock import ValidationError
+        from lease_lock.contrib.django import locker
+        try:
+            locker.get("x")
+        except ValidationError as error:
+            print("ValidationError:", error)
+        """
+    )
+    environment = {name: value for name, value in os.environ.items() if name != "LEASE_LOCK_URL"}
+    first_use = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=WAIT,
+                               check=False, env=environment)
+    assert first_use.stdout.startswith("ValidationError: no lock store configured"), first_use.stderr
+
+
+def test_check_refuses_an_option_the_backend_of_the_url_does_not_take() -> None:
+    # The PostgreSQL-only `table` option with a Redis URL, on a port where nothing answers: the
+    # check needs no connection.
+    site = {"DATABASES": {}, "LEASE_LOCK": {"URL": "redis://127.0.0.1:1/0", "OPTIONS": {"table": "locks"}}}
+    done = run_site(site)
+    assert done.returncode == 1, done.stdout
+    assert "lease_lock.E001" in done.stderr and "table" in done.stderr and "redis://" in done.stderr
+
+
+def test_check_refuses_a_cache_alias_that_is_not_redis() -> None:
+    site = {
+        "DATABASES": {},
+        "CACHES": {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}},
+        "LEASE_LOCK": {"URL": "django-cache://default"},
+    }
+    done = run_site(site)
+    assert done.returncode == 1, done.stdout
+    assert "lease_lock.E001" in done.stderr and "LocMemCache" in done.stderr
+
+
+def test_the_environment_url_comes_before_the_default_database(tmp_path: Path) -> None:
+    database = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(tmp_path / "site.db")}
+    done = run_site({"DATABASES": {"default": database}}, env={"LEASE_LOCK_URL": "memory://"})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["backend"] == "MemoryBackend"
+    # Without it the SQLite file is used, with one warning that it serves one host.
+    logging = {
+        "version": 1, "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+        "loggers": {"lease_lock": {"handlers": ["stderr"], "level": "WARNING"}},
+    }
+    done = run_site({"DATABASES": {"default": database}, "LOGGING": logging})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["backend"] == "SqliteBackend"
+    assert done.stderr.count("this host only") == 1, done.stderr
+
+
+def test_a_cache_alias_maps_to_its_first_redis_server_with_its_options(django_db: Path) -> None:
+    from lease_lock.contrib.django._settings import cache_url
+
+    caches = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "shared": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": ["redis://primary:6379", "redis://replica:6379"],
+            "OPTIONS": {"PASSWORD": "p w", "DB": 3},
+        },
+        "native": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": "rediss://a:1/2;rediss://b:1/2"},
+        "socket": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": "unix:///run/redis.sock"},
+    }
+    with override_settings(CACHES=caches):
+        assert cache_url("shared") == "redis://:p%20w@primary:6379/3"
+        assert cache_url("native") == "rediss://a:1/2"
+        with pytest.raises(ValidationError, match="redis:// or rediss://"):
+            cache_url("socket")
+        with pytest.raises(ValidationError, match="no alias 'missing'"):
+            cache_url("missing")

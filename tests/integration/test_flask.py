@@ -3,29 +3,41 @@ the tests' Redis server)."""
 
 from __future__ import annotations
 
+import logging
+import urllib.parse
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
+import psycopg2
 import pytest
 from flask import Flask, jsonify
 from lease_lock import Locker, LockHeldError, LockStateError, MemoryBackend, ValidationError
 from lease_lock.contrib.flask import LeaseLock, locker
 
 
-def make_app(**config: Any) -> Flask:
-    app = Flask(__name__)
+def make_app(*, inside: Optional[Callable[[str], Any]] = None, instance_path: Optional[str] = None,
+             **config: Any) -> Flask:
+    """An app with one locking view; ``inside(key)`` is called while the view holds its lock
+    and its answer is returned as ``seen``."""
+    app = Flask(__name__, instance_path=instance_path)
     app.config.update(config)
 
     @app.post("/orders/<int:order_id>/settle")
     def settle(order_id: int) -> Any:
         try:
             with locker.lock(f"order:{order_id}", blocking=False) as lock:
-                return jsonify(key=lock.key, held=locker.get(f"order:{order_id}").held)
+                seen = None if inside is None else inside(lock.key)
+                return jsonify(key=lock.key, held=locker.get(f"order:{order_id}").held, seen=seen)
         except LockHeldError:
             return jsonify(busy=True), 409
 
     return app
+
+
+@pytest.fixture
+def no_env_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LEASE_LOCK_URL", raising=False)
 
 
 def test_config_builds_the_locker_and_the_view_locks(tmp_path: Path) -> None:
@@ -40,7 +52,7 @@ def test_config_builds_the_locker_and_the_view_locks(tmp_path: Path) -> None:
     client = app.test_client()
     answer = client.post("/orders/1/settle")
     assert answer.status_code == 200
-    assert answer.get_json() == {"key": "shop:order:1", "held": True}
+    assert answer.get_json() == {"key": "shop:order:1", "held": True, "seen": None}
     held = built.acquire("order:1")
     try:
         assert client.post("/orders/1/settle").status_code == 409
@@ -89,4 +101,70 @@ def test_misuse_is_reported() -> None:
         LeaseLock(make_app(LEASE_LOCK_URL="memory://", LEASE_LOCK_TTL=5, LEASE_LOCK_OPTIONS={"ttl": 5}))
     LeaseLock(app, locker=Locker(MemoryBackend()))
     with pytest.raises(LockStateError, match="already"):
+        LeaseLock(app)
+
+
+def test_only_a_postgres_sqlalchemy_uri_puts_the_lock_in_that_database(no_env_url: None, postgres_server: Any) -> None:
+    parts = urllib.parse.urlsplit(postgres_server.url)
+    uri = urllib.parse.urlunsplit(("postgresql+psycopg2", parts.netloc, parts.path, parts.query, ""))
+    prefix = f"flask-{uuid.uuid4().hex[:8]}:"
+
+    def row(key: str) -> Any:
+        with psycopg2.connect(postgres_server.dsn) as connection, connection.cursor() as cursor:
+            cursor.execute("SELECT key, owner FROM lease_lock WHERE key = %s", (key,))
+            found = cursor.fetchone()
+        connection.close()
+        return None if found is None else list(found)
+
+    app = make_app(inside=row, SQLALCHEMY_DATABASE_URI=uri, LEASE_LOCK_KEY_PREFIX=prefix)
+    LeaseLock(app)
+    built = app.extensions["lease_lock"]
+    try:
+        assert type(built.backend).__name__ == "PostgresBackend"
+        answer = app.test_client().post("/orders/5/settle").get_json()
+        assert answer["seen"] == [prefix + "order:5", built.owner]
+        assert row(prefix + "order:5") is None
+    finally:
+        built.close()
+
+
+def test_a_sqlite_file_uri_is_used_from_the_instance_folder_with_one_warning(
+    no_env_url: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="lease_lock")
+    instance = tmp_path / "instance"
+    instance.mkdir()
+    apps = [make_app(instance_path=str(instance), SQLALCHEMY_DATABASE_URI="sqlite:///site.db") for _ in range(2)]
+    for app in apps:
+        LeaseLock(app)
+    try:
+        assert apps[0].test_client().post("/orders/6/settle").get_json()["held"] is True
+        assert (instance / "site.db").exists()
+        warnings = [record for record in caplog.records if "this host only" in record.getMessage()]
+        assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+        assert str(instance / "site.db") in warnings[0].getMessage()
+    finally:
+        for app in apps:
+            app.extensions["lease_lock"].close()
+
+
+def test_no_store_anywhere_fails_init_app_naming_the_settings(no_env_url: None) -> None:
+    for config in ({}, {"SQLALCHEMY_DATABASE_URI": "sqlite://"}, {"SQLALCHEMY_DATABASE_URI": "mysql://db/shop"}):
+        app = make_app(**config)
+        with pytest.raises(ValidationError, match=r"LEASE_LOCK_URL.*SQLALCHEMY_DATABASE_URI"):
+            LeaseLock(app)
+        assert "lease_lock" not in app.extensions
+
+
+def test_the_environment_comes_before_the_database(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LEASE_LOCK_URL", "memory://")
+    app = make_app(SQLALCHEMY_DATABASE_URI="postgresql://127.0.0.1:1/none")
+    LeaseLock(app)
+    assert type(app.extensions["lease_lock"].backend).__name__ == "MemoryBackend"
+
+
+def test_an_option_the_backend_does_not_take_fails_init_app_before_connecting() -> None:
+    # Port 1 answers nothing: the check must not need the server.
+    app = make_app(LEASE_LOCK_URL="redis://127.0.0.1:1/0", LEASE_LOCK_OPTIONS={"table": "locks"})
+    with pytest.raises(ValidationError, match=r"table.*redis://"):
         LeaseLock(app)

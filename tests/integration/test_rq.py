@@ -18,7 +18,7 @@ import lease_lock
 import pytest
 import redis
 from lease_lock import Locker, MemoryBackend, ValidationError
-from lease_lock.contrib.rq import singleton
+from lease_lock.contrib.rq import META_KEY, enqueue_once, job_locker, singleton, was_skipped
 from rq import Queue
 from rq.job import Job
 
@@ -57,6 +57,19 @@ def plain_job(flags: str, redis_url: str) -> str:
     return _hold(flags, redis_url)
 
 
+def customer_job(customer_id: int, flags: str, redis_url: str) -> str:
+    """Sent with enqueue_once: announces its customer, then waits for the go."""
+    client = redis.Redis.from_url(redis_url)
+    client.rpush(f"{flags}:started", customer_id)
+    if client.blpop([f"{flags}:go"], timeout=WAIT) is None:
+        raise RuntimeError("the test never let the job finish")
+    return f"ran {customer_id}"
+
+
+def never_run(flags: str) -> None:
+    """Queued where no worker listens."""
+
+
 def finished(job: Job) -> bool:
     return bool(job.get_status(refresh=True) == "finished")
 
@@ -90,6 +103,11 @@ def test_two_jobs_with_one_key_run_one_body(redis_server: Any, function: Callabl
     assert client.llen(f"{flags}:started") == 1, logs
     assert all(finished(job) for job in jobs), logs
     assert sorted(str(job.return_value()) for job in jobs) == ["None", "ran"]
+    if function is not plain_job:
+        # The skip is told apart from a None result, and names the key's holder.
+        skipped = [job for job in jobs if was_skipped(job)]
+        assert len(skipped) == 1 and skipped[0].return_value() is None
+        assert skipped[0].get_meta()[META_KEY]["holder"]
     client.delete(f"{flags}:started", f"{flags}:go")
 
 
@@ -107,3 +125,73 @@ def test_singleton_with_an_explicit_locker_and_its_checks() -> None:
         singleton(ttl=-1)
     with pytest.raises(ValidationError, match="unknown option"):
         singleton(wait=True)
+
+
+def start_workers(url: str, queue: str, count: int, environment: Optional[dict[str, str]] = None) -> list[Any]:
+    if environment is None:
+        environment = {name: value for name, value in os.environ.items() if name != "LEASE_LOCK_URL"}
+    command = [sys.executable, "-m", "rq.cli", "worker", "--burst", "--url", url, queue]
+    return [
+        subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(count)
+    ]
+
+
+def test_enqueue_once_sends_one_job_per_key_to_real_workers(redis_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No LEASE_LOCK_URL anywhere: the queue's own Redis holds the keys, here and in the workers.
+    monkeypatch.delenv("LEASE_LOCK_URL", raising=False)
+    url = redis_server.url
+    client = redis.Redis.from_url(url)
+    flags = f"ll-rq-{uuid.uuid4().hex}"
+    queue = Queue(flags, connection=client)
+    first = enqueue_once(queue, customer_job, 1, flags, url)
+    other = enqueue_once(queue, customer_job, 2, flags, url)
+    assert first is not None and other is not None and first.id != other.id
+    workers = start_workers(url, flags, 2)
+    logs: list[Optional[str]] = []
+    try:
+        # Different arguments run side by side: both start before either may finish.
+        wait_until(lambda: client.llen(f"{flags}:started") == 2, "both customers to start")
+        duplicates = [enqueue_once(queue, customer_job, 1, flags, url) for _ in range(18)]
+        duplicates.append(enqueue_once(queue, customer_job, customer_id=1, flags=flags, redis_url=url))
+        key = f"{customer_job.__module__}.customer_job"
+        held = [state for state in job_locker(client).list(key)]
+        assert len(held) == 2 and all(client.exists(state.key) for state in held)
+    finally:
+        client.rpush(f"{flags}:go", "1", "1")
+        logs = [worker.communicate(timeout=WAIT)[0] for worker in workers]
+    assert [duplicate.id for duplicate in duplicates if duplicate is not None] == [first.id] * 19, logs
+    assert queue.count == 0
+    assert (first.return_value(refresh=True), other.return_value(refresh=True)) == ("ran 1", "ran 2"), logs
+    assert sorted(client.lrange(f"{flags}:started", 0, -1)) == [b"1", b"2"]
+    # Both runs gave their keys back, so the same call is sent again under a new id.
+    assert not list(job_locker(client).list(key))
+    again = enqueue_once(queue, customer_job, 1, flags, url)
+    assert again is not None and again.id != first.id
+    again.delete()
+    client.delete(f"{flags}:started", f"{flags}:go")
+
+
+def test_an_unrun_job_frees_its_key_when_the_claim_lapses(redis_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LEASE_LOCK_URL", raising=False)
+    client = redis.Redis.from_url(redis_server.url)
+    flags = uuid.uuid4().hex
+    queue = Queue(f"nobody-{flags}", connection=client)
+    first = enqueue_once(queue, never_run, flags, enqueue_ttl=2)
+    assert first is not None
+    duplicate = enqueue_once(queue, never_run, flags, enqueue_ttl=2)
+    assert duplicate is not None and duplicate.id == first.id
+    queue.empty()  # the message is dropped before any worker ran it
+    # Its job is gone, so a duplicate has nothing to return while the claim lasts.
+    assert enqueue_once(queue, never_run, flags) is None
+    key = f"{never_run.__module__}.never_run"
+    wait_until(lambda: not list(job_locker(client).list(key)), "the claim of the dropped job to lapse")
+    again = enqueue_once(queue, never_run, flags, enqueue_ttl=2)
+    assert again is not None and again.id != first.id
+    queue.empty()
+
+
+def test_a_job_id_that_is_not_a_token_is_refused_before_anything_is_sent() -> None:
+    with pytest.raises(ValidationError, match="job id"):
+        enqueue_once(Queue("q", connection=redis.Redis.from_url("redis://127.0.0.1:1/0")), never_run, "x",
+                     key="k", job_id="short")

@@ -56,7 +56,7 @@ def reset_locker() -> None:
 
 
 def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
-    if setting in ("LEASE_LOCK", "DATABASES"):
+    if setting in ("LEASE_LOCK", "DATABASES", "CACHES"):
         reset_locker()
 
 

@@ -7,12 +7,23 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any, Optional
 
+from django.db import DEFAULT_DB_ALIAS
+
 from ...connect import connect
 from ...errors import ValidationError
 from ...locker import Locker
-from .._config import LOCKER_SETTINGS, connect_options
+from .._config import LOCKER_SETTINGS, connect_options, resolve_url
 
-__all__ = ["DJANGO_SCHEME", "database_url", "lock_settings", "lock_table", "locker_from_settings"]
+__all__ = [
+    "DJANGO_SCHEME",
+    "REDIS_CACHE_BACKENDS",
+    "cache_url",
+    "database_url",
+    "lock_settings",
+    "lock_table",
+    "lock_url",
+    "locker_from_settings",
+]
 
 DJANGO_SCHEME = "django://"
 _OTHER_KEYS = frozenset({"URL", "OPTIONS"})
@@ -22,6 +33,9 @@ _LIBPQ_SETTINGS = (
     ("dbname", "NAME"), ("user", "USER"), ("password", "PASSWORD"), ("host", "HOST"), ("port", "PORT")
 )
 _DJANGO_ONLY_OPTIONS = frozenset({"isolation_level", "server_side_binding", "pool", "assume_role", "cursor_factory"})
+#: The ``CACHES`` backends whose server ``django-cache://<alias>`` can hold locks in.
+REDIS_CACHE_BACKENDS = frozenset({"django.core.cache.backends.redis.RedisCache", "django_redis.cache.RedisCache"})
+_SETTINGS_TO_ADD = 'settings.LEASE_LOCK["URL"] (e.g. "django://default" or "django-cache://default")'
 
 
 def lock_settings() -> dict[str, Any]:
@@ -45,19 +59,80 @@ def lock_settings() -> dict[str, Any]:
     return dict(config)
 
 
+def lock_url(config: Optional[Mapping[str, Any]] = None) -> str:
+    """The store URL as configured: ``LEASE_LOCK["URL"]``, else ``LEASE_LOCK_URL``, else
+    ``django://default`` when that database is PostgreSQL or a SQLite file.
+
+    Nothing usable is a ``ValidationError`` naming the setting to add; a SQLite store is logged
+    once at WARNING (it coordinates one host only). ``django://`` and ``django-cache://`` URLs
+    are returned as they are (``connect()`` resolves them).
+    """
+    config = lock_settings() if config is None else config
+    return resolve_url(config.get("URL"), 'settings.LEASE_LOCK["URL"]', _default_database, add=_SETTINGS_TO_ADD)
+
+
+def _default_database() -> Optional[str]:
+    from django.db import connections
+
+    if DEFAULT_DB_ALIAS not in connections.settings:
+        return None
+    try:
+        database_url(DEFAULT_DB_ALIAS)
+    except ValidationError:
+        return None  # another engine, or SQLite in memory: not a store processes can share
+    return DJANGO_SCHEME + str(DEFAULT_DB_ALIAS)
+
+
 def locker_from_settings() -> Locker:
     """A new ``Locker`` as ``settings.LEASE_LOCK`` describes it (the caller owns it).
 
-    ``URL`` may be any ``connect()`` URL or ``django://<alias>``; without one, ``connect()``'s
-    default applies (``LEASE_LOCK_URL``, else the embedded SQLite file). ``OPTIONS`` holds the
-    backend's keyword options (``table=``, ``create_table=``, ...).
+    ``URL`` may be any ``connect()`` URL, ``django://<alias>`` (a ``DATABASES`` alias) or
+    ``django-cache://<alias>`` (the Redis server of a ``CACHES`` alias); see :func:`lock_url`
+    for what applies without one. ``OPTIONS`` holds the backend's keyword options
+    (``table=``, ``create_table=``, ...).
     """
     config = lock_settings()
     options = connect_options(config, config.get("OPTIONS", {}), prefix="", options_name="OPTIONS")
-    url: Optional[str] = config.get("URL")
-    if url is not None and url.startswith(DJANGO_SCHEME):
-        url = database_url(url[len(DJANGO_SCHEME):])
-    return connect(url, **options)
+    return connect(lock_url(config), **options)
+
+
+def cache_url(alias: str) -> str:
+    """The ``redis://`` URL of the server behind the ``CACHES`` alias ``alias``.
+
+    The alias must use Django's ``RedisCache`` or django-redis; with several servers in
+    ``LOCATION`` the first (the one written to) is used. A ``db`` or ``PASSWORD`` in the
+    alias's ``OPTIONS`` is carried over when the location itself has none.
+    """
+    from django.conf import settings
+
+    caches = getattr(settings, "CACHES", {}) or {}
+    name = f"django-cache://{alias}"
+    if not alias or alias not in caches:
+        raise ValidationError(f"LEASE_LOCK URL {name}: CACHES has no alias {alias!r}")
+    entry = caches[alias]
+    if entry.get("BACKEND") not in REDIS_CACHE_BACKENDS:
+        raise ValidationError(
+            f"LEASE_LOCK URL {name}: the alias uses {entry.get('BACKEND')!r}; it must use one of "
+            f"{', '.join(sorted(REDIS_CACHE_BACKENDS))}"
+        )
+    location = entry.get("LOCATION")
+    if isinstance(location, str):
+        location = location.replace(";", ",").split(",")
+    servers = [str(server).strip() for server in location or () if str(server).strip()]
+    if not servers:
+        raise ValidationError(f"LEASE_LOCK URL {name}: the alias has no LOCATION")
+    parts = urllib.parse.urlsplit(servers[0])
+    if parts.scheme not in ("redis", "rediss"):
+        raise ValidationError(
+            f"LEASE_LOCK URL {name}: its LOCATION {servers[0]!r} is not a redis:// or rediss:// URL"
+        )
+    options = {str(key).lower(): value for key, value in (entry.get("OPTIONS") or {}).items()}
+    netloc, path = parts.netloc, parts.path
+    if not path.strip("/") and options.get("db") is not None:
+        path = f"/{int(options['db'])}"
+    if options.get("password") and "@" not in netloc:
+        netloc = ":" + urllib.parse.quote(str(options["password"]), safe="") + "@" + netloc
+    return urllib.parse.urlunsplit((parts.scheme, netloc, path, parts.query, ""))
 
 
 def database_url(alias: str) -> str:

@@ -17,3 +17,11 @@ class LeaseLockConfig(AppConfig):  # type: ignore[misc]  # Django ships no type 
     name = "lease_lock.contrib.django"
     label = "lease_lock"
     verbose_name = "Lease locks"
+
+    def ready(self) -> None:
+        """Register the system check of the lease_lock settings."""
+        from django.core import checks
+
+        from ._checks import check_lease_lock_settings
+
+        checks.register(check_lease_lock_settings)

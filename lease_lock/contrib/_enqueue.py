@@ -1,0 +1,114 @@
+"""Shared by the Celery and RQ integrations: keys made from a call, and a key claimed when a job
+is enqueued, then continued by the worker that runs it.
+
+A claim is a lease whose token is the job's id. The worker's own grant uses the same token, and
+a repeated grant to the token holding a key keeps the lease (and its fence), so the run
+continues the claim instead of contending with it. The owner label stored beside the lease
+names the job, so a duplicate can answer with the first job's id. A job that is never run
+frees its key when the claim's lease runs out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+from typing import Any, Callable, Optional
+
+from ..backends import LockState
+from ..lock import Lock
+from ..locker import Locker
+from ..validation import check_key, check_token, check_ttl
+
+__all__ = ["call_key", "claim", "job_id_of", "label", "log_skip", "unclaim"]
+
+#: What separates the locker's owner label from the job id in a claim's owner label.
+_JOB_TAG = " job="
+#: Longest key spelled out in full; longer ones end in a digest of the arguments.
+_PLAIN_KEY_LIMIT = 160
+
+logger = logging.getLogger("lease_lock")
+
+
+def call_key(name: str, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """``name`` plus the call's arguments bound to ``function``'s signature.
+
+    Binding makes ``f(1)``, ``f(x=1)`` and ``f()`` with a default of 1 one key. The arguments
+    are written as sorted JSON (so a tuple and the list a JSON message turns it into match);
+    when the key would be long, a SHA-256 digest of that text stands for it.
+    """
+    try:
+        bound = inspect.signature(function).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        arguments: Any = {"args": list(args), "kwargs": kwargs}
+    else:
+        bound.apply_defaults()
+        arguments = dict(bound.arguments)
+    text = json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=repr)
+    key = f"{name}:{text}"
+    if len(key) > _PLAIN_KEY_LIMIT or not key.isprintable():
+        key = f"{name}:sha256:{hashlib.sha256(text.encode()).hexdigest()}"
+    return check_key(key)
+
+
+def _owner(locker: Locker, job_id: str) -> str:
+    return f"{locker.owner}{_JOB_TAG}{job_id}"
+
+
+def job_id_of(state: LockState) -> Optional[str]:
+    """The job id of a claimed key's holder (``None`` when the holder is not a claim)."""
+    owner = state.owner or ""
+    _, tag, job_id = owner.rpartition(_JOB_TAG)
+    return job_id if tag and job_id else None
+
+
+def _grant(locker: Locker, full_key: str, job_id: str, ttl: float) -> bool:
+    backend, owner = locker.backend, _owner(locker, job_id)
+    if locker.fencing:
+        return backend.acquire_fenced(full_key, job_id, ttl, owner) is not None
+    return backend.acquire(full_key, job_id, ttl, owner)
+
+
+def claim(locker: Locker, key: str, job_id: str, ttl: float) -> Optional[LockState]:
+    """Take ``key`` for the job ``job_id`` for ``ttl`` seconds; ``None`` when granted (or
+    already the job's), else the state of the holder that has it.
+
+    The lease is written through the backend directly: it belongs to the job, not to this
+    process, so it must outlive this locker and is not heartbeated here.
+    """
+    check_ttl(ttl, "lock_enqueue_ttl")
+    check_token(job_id, "job id")
+    locker.backend.check_token(job_id)
+    full_key = check_key(locker.key_prefix + check_key(key), "key")
+    locker.backend.check_key(full_key)
+    # A holder may release between the refused grant and the look: try again a few times.
+    for _ in range(3):
+        if _grant(locker, full_key, job_id, ttl):
+            return None
+        state = locker.get(key)
+        if state.held:
+            return state
+    return locker.get(key)
+
+
+def unclaim(locker: Locker, key: str, job_id: str) -> None:
+    """Give back a claim whose job was never sent."""
+    locker.backend.release(locker.key_prefix + key, job_id)
+
+
+def label(locker: Locker, lock: Lock, job_id: str) -> None:
+    """Write the job id back into the owner label of a worker's grant of a claimed key, so a
+    duplicate sent while the job runs can still name it (a repeated grant to the holding token
+    keeps the lease and its fence)."""
+    _grant(locker, lock.key, job_id, lock.ttl)
+
+
+def log_skip(kind: str, name: str, key: str, state: LockState, log: logging.Logger = logger) -> None:
+    """One WARNING line saying a run was skipped because ``key`` was busy, and who holds it."""
+    holder = state.owner or "an unknown holder"
+    if state.expires_in is not None:
+        log.warning("%s %s skipped: lock %r is held by %s (lease ends in %.1fs)", kind, name, key,
+                       holder, state.expires_in)
+    else:
+        log.warning("%s %s skipped: lock %r is held by %s", kind, name, key, holder)
