@@ -532,13 +532,23 @@ class Lock(GuardedBlock):
         self._mark_lost("observed")
         return False
 
-    def check(self) -> None:
-        """Raise ``LockLostError`` if lost, ``LockStateError`` if unlocked or released. Local."""
+    def check(self, verify: bool = False) -> None:
+        """Raise ``LockLostError`` if lost, ``LockStateError`` if unlocked or released.
+
+        ``check()`` reads the local lease only: no round trip, so it sees a lease that ran out
+        or a loss the heartbeat found, but not a key that was force-released or taken over
+        since the last extension. ``check(verify=True)`` also asks the store whether our token
+        still holds the key (one round trip, like :meth:`is_held`); when it does not, the lock
+        is marked lost (reason ``"observed"``) and ``LockLostError`` is raised at once.
+        """
         self._refresh()
         if self._state == "lost":
             raise LockLostError(self.key, self._lost_reason or "expired") from self._lost_cause
         if self._state != "held":
             raise LockStateError(f"lock {self.key!r} is {self._state}, not held")
+        if verify and not self.is_held():
+            # is_held() marked the lock lost (or its lease lapsed during the round trip).
+            raise LockLostError(self.key, self._lost_reason or "observed") from self._lost_cause
 
     # -- context manager and outcome order -----------------------------------------------------
 
