@@ -23,6 +23,7 @@ from .clock import LeaseClock
 from .errors import LockHeldError, LockLostError, LockStateError, RateLimitedError, ValidationError
 from .events import EventHook, wanted
 from .heartbeat import Heartbeat
+from .leadership import Leadership
 from .lock import LEASE_MARGIN, Lock
 from .lockset import LockSet
 from .options import LOCK_OPTIONS, LockOptions, check_extend_interval
@@ -321,6 +322,23 @@ class Locker:
                 lock._release_on_exit()
             raise
         return LockSet(tuple(taken))
+
+    def elect(
+        self,
+        key: str,
+        *,
+        on_elected: Optional[Callable[[Lock], object]] = None,
+        on_revoked: Optional[Callable[[str], object]] = None,
+        ttl: Optional[float] = None,
+    ) -> Leadership:
+        """Campaign for leadership of ``key`` in the background; see :class:`~lease_lock.Leadership`.
+
+        The holder of ``key`` is the leader; it keeps the key with the heartbeat, calls
+        ``on_revoked(reason)`` when the lease is lost and campaigns again. With
+        ``fencing=True`` each term has a larger fence than the one before.
+        """
+        self._check_open()
+        return Leadership(self, key, on_elected=on_elected, on_revoked=on_revoked, ttl=ttl)
 
     # -- acquisition ---------------------------------------------------------------------------
 
