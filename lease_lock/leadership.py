@@ -50,7 +50,9 @@ class Leadership:
     campaign thread, one at a time and in order (never two at once, every ``on_elected``
     followed by exactly one ``on_revoked``), so they should return quickly: start the leader's
     work elsewhere and stop it in ``on_revoked``. A callback that raises is logged and the
-    campaign goes on.
+    campaign goes on. ``is_leader`` turns true when the key is granted, just before
+    ``on_elected`` runs. A term has no max-hold deadline: it lasts until the lease is lost or
+    the candidate resigns or closes.
     """
 
     def __init__(
@@ -155,7 +157,8 @@ class Leadership:
     # -- the campaign thread -------------------------------------------------------------------
 
     def _new_lock(self, key: str) -> Lock:
-        return self._locker.lock(key, self._ttl, retry=_FOR_EVER, cancel=self._stop)
+        # No max-hold deadline: a term lasts until the lease is lost, or resign() or close().
+        return self._locker.lock(key, self._ttl, retry=_FOR_EVER, cancel=self._stop, max_hold=math.inf)
 
     def _set_lock(self, lock: Optional[Lock]) -> None:
         with self._changed:

@@ -208,3 +208,17 @@ def test_bad_arguments_raise_before_anything_starts(lockers: list[Locker], backe
         lockers[0].elect("leader", ttl=-1)
     assert threading.active_count() == before
     assert not backend.inspect("leader").held
+
+
+def test_a_term_has_no_max_hold_deadline(backend: MemoryBackend) -> None:
+    with Locker(backend, ttl=TTL, max_hold=0.5) as locker:
+        revoked: list[str] = []
+        leadership = locker.elect("leader", on_revoked=revoked.append)
+        assert leadership.wait(LIMIT)
+        lock = leadership.lock
+        assert lock is not None
+        # Past the locker's max_hold (and several heartbeats), the term goes on.
+        assert not lock.lost.wait(4 * 0.5)
+        assert leadership.is_leader and revoked == []
+        leadership.close()
+    assert revoked == ["closed"]
