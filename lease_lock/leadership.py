@@ -108,7 +108,7 @@ class Leadership:
 
     @property
     def closed(self) -> bool:
-        """``True`` once :meth:`resign` or :meth:`close` was called."""
+        """``True`` once the candidacy ended: :meth:`resign`, :meth:`close`, or the locker closed."""
         return self._stop.is_set()
 
     def wait(self, timeout: Optional[float] = None) -> bool:
@@ -189,7 +189,11 @@ class Leadership:
                 lock = self._new_lock(key)
             except LockStateError:
                 break  # the locker was closed meanwhile
-        self._set_lock(None)
+        # The candidacy is over (also when the locker closed): wake every wait().
+        with self._changed:
+            self._lock = None
+            self._stop.set()
+            self._changed.notify_all()
 
     def _lead(self, lock: Lock) -> None:
         self._set_lock(lock)

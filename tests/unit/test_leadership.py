@@ -222,3 +222,37 @@ def test_a_term_has_no_max_hold_deadline(backend: MemoryBackend) -> None:
         assert leadership.is_leader and revoked == []
         leadership.close()
     assert revoked == ["closed"]
+
+
+def test_resign_from_a_callback_ends_the_term_after_it_returns(lockers: list[Locker], backend: MemoryBackend) -> None:
+    calls: list[str] = []
+    done = threading.Event()
+    holder: list[Leadership] = []
+    ready = threading.Event()
+
+    def on_elected(lock: Lock) -> None:
+        assert ready.wait(LIMIT)
+        holder[0].resign()  # from the campaign thread itself: must not wait for itself
+        calls.append("elected")
+
+    def on_revoked(reason: str) -> None:
+        calls.append(reason)
+        done.set()
+
+    holder.append(lockers[0].elect("leader", on_elected=on_elected, on_revoked=on_revoked))
+    ready.set()
+    assert done.wait(LIMIT)
+    holder[0].close()
+    assert calls == ["elected", "resigned"]
+    assert not backend.inspect("leader").held
+
+
+def test_a_standby_ends_when_its_locker_closes(lockers: list[Locker]) -> None:
+    with lockers[0].elect("leader") as leader:
+        assert leader.wait(LIMIT)
+        standby = lockers[1].elect("leader")
+        lockers[1].close()
+        assert standby.wait() is False, "a wait ends with the candidacy"
+        assert standby.closed and not standby.is_leader
+        standby.close()
+        assert leader.is_leader
