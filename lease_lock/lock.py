@@ -513,20 +513,19 @@ class Lock(GuardedBlock):
         """
         if self._outer is not None:
             return self._outer._release_hold(self)
-        with self._mutex:
-            # Joined holds remain: this one lets go (once) and the lease stays theirs.
-            shared = self._joined > 0
-            if shared:
-                if self._let_go:
-                    return False
-                self._let_go = True
-        if shared:
-            return self.state == "held"
         self._refresh()
         with self._mutex:
             state = self._state
             if state == "unlocked":
                 raise LockStateError(f"lock {self.key!r} was never acquired")
+            if self._joined:
+                # Joined holds remain: this one lets go (once) and the lease stays theirs.
+                # Decided under the same mutex that marks a release in flight, which a joining
+                # acquire checks.
+                if self._let_go:
+                    return False
+                self._let_go = True
+                return state == "held"
             if state == "released" or self._given_back or self._releasing or self._lost_reason == "forked":
                 # Another thread's release (or close) is in flight: that one answers.
                 return False
