@@ -612,7 +612,8 @@ class Lock(GuardedBlock):
         return False
 
     def check(self, verify: bool = False) -> None:
-        """Raise ``LockLostError`` if lost, ``LockStateError`` if unlocked or released.
+        """Raise ``LockLostError`` if lost, ``LockStateError`` if unlocked or released; local,
+        unless ``verify=True`` also asks the store (one round trip).
 
         ``check()`` reads the local lease only: no round trip, so it sees a lease that ran out
         or a loss the heartbeat found, but not a key that was force-released or taken over

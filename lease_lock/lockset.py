@@ -76,10 +76,8 @@ class LockSet(GuardedBlock):
         return states[0]
 
     def check(self, verify: bool = False) -> None:
-        """Raise ``LockLostError`` if any lock is lost, ``LockStateError`` if any is not held.
-
-        Local unless ``verify=True``, which asks the store about every key (see ``Lock.check``).
-        """
+        """Raise ``LockLostError`` if any lock is lost, ``LockStateError`` if any is not held;
+        local, unless ``verify=True`` also asks the store about every key (see ``Lock.check``)."""
         for lock in self.locks:
             lock.check()
         if verify:
