@@ -12,7 +12,7 @@ from lease_lock import Leadership, Lock, Locker, LockStateError, MemoryBackend, 
 
 from ..support.polling import wait_until
 
-TTL = 0.6
+TTL = 3.0
 LIMIT = 30.0
 
 
