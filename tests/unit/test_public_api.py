@@ -27,6 +27,7 @@ CORE_MODULES = [
     "lease_lock.locker",
     "lease_lock.lockset",
     "lease_lock.options",
+    "lease_lock.reentry",
     "lease_lock.retry",
     "lease_lock.testing",
     "lease_lock.validation",
