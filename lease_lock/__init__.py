@@ -21,6 +21,7 @@ from .errors import (
     ValidationError,
 )
 from .events import LockEvent
+from .leadership import Leadership
 from .lock import Lock
 from .locker import Locker
 from .lockset import LockSet
@@ -34,6 +35,7 @@ __all__ = [
     "BackendUnavailableError",
     "Capabilities",
     "ExtendRequest",
+    "Leadership",
     "LeaseLockError",
     "Lock",
     "LockEvent",

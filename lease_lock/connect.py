@@ -13,7 +13,7 @@ __all__ = ["LOCKER_OPTIONS", "connect", "default_url"]
 
 #: Options of ``connect()`` that go to the ``Locker``; all others go to the backend.
 LOCKER_OPTIONS = frozenset(
-    {"ttl", "max_hold", "retry", "key_prefix", "fencing", "owner", "on_event", "clock", "token_factory"}
+    {"ttl", "max_hold", "retry", "key_prefix", "fencing", "owner", "on_event", "clock", "token_factory", "reentrant"}
 )
 
 

@@ -88,9 +88,13 @@ class LockHeldError(LeaseLockError):
     elapsed: float
     reason: str
 
-    def __init__(self, key: str, *, attempts: int, elapsed: float, reason: str = "held") -> None:
+    def __init__(
+        self, key: str, *, attempts: int, elapsed: float, reason: str = "held", holder: str = "is held elsewhere"
+    ) -> None:
+        # ``holder`` words who has the key, for the message only (a thread waiting for itself
+        # is told so).
         super().__init__(
-            f"lock {key!r} is held elsewhere ({reason}; {attempts} attempt(s) in {elapsed:.3f}s)",
+            f"lock {key!r} {holder} ({reason}; {attempts} attempt(s) in {elapsed:.3f}s)",
             key=key,
             attempts=attempts,
             elapsed=elapsed,

@@ -171,12 +171,20 @@ class Lock(GuardedBlock):
         #: Called (outside the mutex) when the lock is lost; a LockSet listens here.
         self._loss_listeners: list[Callable[[], None]] = []
         self._given_back = False
+        # Re-entrant holds (Locker._acquire_lock joins them): a joined handle points at the lock
+        # whose lease it shares and reads and releases through it; that lock counts the joined
+        # handles still holding and whether its own hold was given up already.
+        self._outer: Optional[Lock] = None
+        self._joined = 0
+        self._let_go = False
 
     # -- reading -------------------------------------------------------------------------------
 
     @property
     def lost(self) -> LossSignal:
         """A ``threading.Event`` set when the lease is lost (see :class:`LossSignal`)."""
+        if self._outer is not None:
+            return self._outer.lost
         signal = self._lost_signal
         if signal is None:
             with self._mutex:
@@ -190,23 +198,29 @@ class Lock(GuardedBlock):
     @property
     def ttl(self) -> float:
         """The latest TTL asked for, in seconds."""
-        return self._ttl
+        return self._ttl if self._outer is None else self._outer.ttl
 
     @property
     def state(self) -> str:
         """``"unlocked"``, ``"held"``, ``"lost"`` or ``"released"``, as of now."""
+        if self._outer is not None:
+            return self._outer.state
         self._refresh()
         return self._state
 
     @property
     def lost_reason(self) -> Optional[str]:
-        """Why the lease was lost (SPEC 5), or ``None``."""
+        """Why the lease was lost, or ``None``."""
+        if self._outer is not None:
+            return self._outer.lost_reason
         self._refresh()
         return self._lost_reason
 
     @property
     def held_for(self) -> float:
         """Seconds since the acquisition; stops counting at loss or release."""
+        if self._outer is not None:
+            return self._outer.held_for
         self._refresh()
         if self._acquired_at is None:
             return 0.0
@@ -216,13 +230,26 @@ class Lock(GuardedBlock):
     @property
     def expires_in(self) -> float:
         """Seconds left of the local lease (0 when not held)."""
+        if self._outer is not None:
+            return self._outer.expires_in
         self._refresh()
         if self._state != "held":
             return 0.0
         return max(0.0, self._lease_end - self._locker._clock())
 
+    @property
+    def holds(self) -> int:
+        """How many holds share this lease: 1 for a plain lock, more while re-entrant acquires
+        (``reentrant=True``) of the same key by the same thread have joined it; 0 when not held."""
+        if self._outer is not None:
+            return self._outer.holds
+        if self.state != "held":
+            return 0
+        with self._mutex:
+            return self._joined + (0 if self._let_go else 1)
+
     def __repr__(self) -> str:
-        return f"<Lock key={self.key!r} state={self._state} token={describe_token(self.token)}>"
+        return f"<Lock key={self.key!r} state={self.state} token={describe_token(self.token)}>"
 
     # -- internal timing -----------------------------------------------------------------------
 
@@ -304,7 +331,41 @@ class Lock(GuardedBlock):
                 raise LockStateError(f"lock {self.key!r} was already acquired once ({self._state}); create a new lock")
             if self._busy_acquiring:
                 raise LockStateError(f"lock {self.key!r} is being acquired by another thread")
+            if self._outer is not None:
+                raise LockStateError(f"lock {self.key!r} was already acquired once (re-entrant); create a new lock")
             self._busy_acquiring = True
+
+    def _join(self, outer: Lock) -> bool:
+        """Share ``outer``'s lease as one more hold (a re-entrant acquire, while acquiring);
+        ``False`` when ``outer`` stopped being held meanwhile."""
+        outer._refresh()
+        with outer._mutex:
+            if outer._state != "held" or outer._releasing:
+                return False
+            outer._joined += 1
+        self.token = outer.token
+        self.fence = outer.fence
+        self._outer = outer
+        return True
+
+    def _release_hold(self, handle: Lock) -> bool:
+        """A joined ``handle`` gives up its hold; the last hold out releases the key."""
+        with self._mutex:
+            if handle._let_go:
+                return False
+            handle._let_go = True
+            self._joined -= 1
+            last = self._joined == 0 and self._let_go
+        if not last:
+            return self.state == "held"
+        try:
+            return self.release()
+        except BaseException:
+            # The key is still ours and the heartbeat keeps it: the hold stays, to be retried.
+            with self._mutex:
+                handle._let_go = False
+                self._joined += 1
+            raise
 
     def _stop_acquiring(self) -> None:
         with self._mutex:
@@ -446,12 +507,25 @@ class Lock(GuardedBlock):
         ``False`` when the key was gone or another's, on a lost lock (which still gives the key
         back if our token holds it), and on every call after a successful one. A driver error
         propagates and leaves the lock as it was (the heartbeat keeps it alive).
+
+        A lease shared by re-entrant holds is given back when the last of them releases; an
+        earlier release gives up only its own hold and answers whether the lease is still held.
         """
+        if self._outer is not None:
+            return self._outer._release_hold(self)
         self._refresh()
         with self._mutex:
             state = self._state
             if state == "unlocked":
                 raise LockStateError(f"lock {self.key!r} was never acquired")
+            if self._joined:
+                # Joined holds remain: this one lets go (once) and the lease stays theirs.
+                # Decided under the same mutex that marks a release in flight, which a joining
+                # acquire checks.
+                if self._let_go:
+                    return False
+                self._let_go = True
+                return state == "held"
             if state == "released" or self._given_back or self._releasing or self._lost_reason == "forked":
                 # Another thread's release (or close) is in flight: that one answers.
                 return False
@@ -494,6 +568,9 @@ class Lock(GuardedBlock):
         the late lease is given back). A driver error propagates; the lock stays held until its
         current lease runs out.
         """
+        if self._outer is not None:
+            self._outer.extend(ttl)
+            return
         new_ttl = self._ttl if ttl is None else check_ttl(ttl)
         check_extend_interval(self._options.extend_interval, new_ttl)
         self.check()
@@ -523,6 +600,8 @@ class Lock(GuardedBlock):
 
         ``False`` marks the lock lost with reason ``"observed"``.
         """
+        if self._outer is not None:
+            return self._outer.is_held()
         self._refresh()
         if self._state != "held":
             return False
@@ -532,13 +611,27 @@ class Lock(GuardedBlock):
         self._mark_lost("observed")
         return False
 
-    def check(self) -> None:
-        """Raise ``LockLostError`` if lost, ``LockStateError`` if unlocked or released. Local."""
+    def check(self, verify: bool = False) -> None:
+        """Raise ``LockLostError`` if lost, ``LockStateError`` if unlocked or released; local,
+        unless ``verify=True`` also asks the store (one round trip).
+
+        ``check()`` reads the local lease only: no round trip, so it sees a lease that ran out
+        or a loss the heartbeat found, but not a key that was force-released or taken over
+        since the last extension. ``check(verify=True)`` also asks the store whether our token
+        still holds the key (one round trip, like :meth:`is_held`); when it does not, the lock
+        is marked lost (reason ``"observed"``) and ``LockLostError`` is raised at once.
+        """
+        if self._outer is not None:
+            self._outer.check(verify)
+            return
         self._refresh()
         if self._state == "lost":
             raise LockLostError(self.key, self._lost_reason or "expired") from self._lost_cause
         if self._state != "held":
             raise LockStateError(f"lock {self.key!r} is {self._state}, not held")
+        if verify and not self.is_held():
+            # is_held() marked the lock lost (or its lease lapsed during the round trip).
+            raise LockLostError(self.key, self._lost_reason or "observed") from self._lost_cause
 
     # -- context manager and outcome order -----------------------------------------------------
 
@@ -566,10 +659,11 @@ class Lock(GuardedBlock):
             return
         # A release that found the key not ours marked the lock lost; a lock the block released
         # itself reads "released" and is no loss, although the release on exit answers False.
-        if self._state == "lost":
+        lease = self._outer if self._outer is not None else self
+        if lease._state == "lost":
             raise LockLostError(
-                self.key, self._lost_reason or "release", completed=True, result=result
-            ) from self._lost_cause
+                lease.key, lease._lost_reason or "release", completed=True, result=result
+            ) from lease._lost_cause
 
     def _stop_heartbeat(self) -> None:
         """No more extensions; the lapse timer stays, so the end is still reported."""

@@ -23,9 +23,11 @@ from .clock import LeaseClock
 from .errors import LockHeldError, LockLostError, LockStateError, RateLimitedError, ValidationError
 from .events import EventHook, wanted
 from .heartbeat import Heartbeat
+from .leadership import Leadership
 from .lock import LEASE_MARGIN, Lock
 from .lockset import LockSet
 from .options import LOCK_OPTIONS, LockOptions, check_extend_interval
+from .reentry import ThreadHolds
 from .retry import DEFAULT_RETRY, Retry, RetryState
 from .validation import (
     check_bool,
@@ -70,7 +72,9 @@ class Locker:
     front of every key; ``fencing=True`` gives every grant a fence; ``owner`` is the label stored
     beside each lease (default ``"<hostname>:<pid>"``); ``on_event`` receives every
     :class:`~lease_lock.LockEvent`; ``clock`` replaces the lease clock (tests);
-    ``token_factory`` makes tokens (default: the backend's preferred form).
+    ``token_factory`` makes tokens (default: the backend's preferred form); ``reentrant=True``
+    makes a nested acquire of a key that the same thread already holds through this locker join
+    that hold instead of contending with it (also a per-call option; see :meth:`acquire`).
     """
 
     def __init__(
@@ -86,10 +90,11 @@ class Locker:
         on_event: Optional[EventHook] = None,
         clock: Optional[Callable[[], float]] = None,
         token_factory: Optional[Callable[[], str]] = None,
+        reentrant: bool = False,
     ) -> None:
         settings = self.check_settings(
             ttl=ttl, max_hold=max_hold, retry=retry, key_prefix=key_prefix, fencing=fencing,
-            owner=owner, on_event=on_event, clock=clock, token_factory=token_factory,
+            owner=owner, on_event=on_event, clock=clock, token_factory=token_factory, reentrant=reentrant,
         )
         if not isinstance(backend, Backend):
             raise ValidationError(f"backend must be a lease_lock Backend, not {type(backend).__name__}")
@@ -101,6 +106,8 @@ class Locker:
         self.retry: Retry = DEFAULT_RETRY.merged(retry)
         self.key_prefix: str = key_prefix
         self.fencing: bool = fencing
+        self.reentrant: bool = settings["reentrant"]
+        self._thread_holds = ThreadHolds()
         self.owner: str = owner if owner is not None else f"{socket.gethostname()}:{os.getpid()}"
         self._default_owner = owner is None
         self._on_event = on_event
@@ -118,7 +125,10 @@ class Locker:
     def check_settings(**settings: Any) -> dict[str, Any]:
         """Validate ``Locker`` keyword settings without building anything (``connect()`` uses
         this so that bad settings fail before a backend is created)."""
-        known = {"ttl", "max_hold", "retry", "key_prefix", "fencing", "owner", "on_event", "clock", "token_factory"}
+        known = {
+            "ttl", "max_hold", "retry", "key_prefix", "fencing", "owner", "on_event", "clock", "token_factory",
+            "reentrant",
+        }
         unknown = set(settings) - known
         if unknown:
             raise ValidationError(f"unknown Locker option(s): {', '.join(sorted(unknown))}")
@@ -134,6 +144,7 @@ class Locker:
         if prefix:
             check_key(prefix, "key_prefix")
         checked["fencing"] = check_bool(settings.get("fencing", False), "fencing")
+        checked["reentrant"] = check_bool(settings.get("reentrant", False), "reentrant")
         if settings.get("owner") is not None:
             check_owner(settings["owner"])
         for name in ("on_event", "clock", "token_factory"):
@@ -192,6 +203,7 @@ class Locker:
             lock._forked()
         self._held = weakref.WeakSet()
         self._dispatcher.after_fork()
+        self._thread_holds = ThreadHolds()
         if self._default_owner:
             self.owner = f"{socket.gethostname()}:{os.getpid()}"
 
@@ -214,7 +226,14 @@ class Locker:
         return Lock(self, full_key, lease, options, token)
 
     def acquire(self, key: str, ttl: Optional[float] = None, **opts: Any) -> Lock:
-        """A held :class:`Lock`; raises ``LockHeldError`` when the retry budget is spent."""
+        """A held :class:`Lock`; raises ``LockHeldError`` when the retry budget is spent.
+
+        With ``reentrant=True`` (here or on the Locker), when the calling thread already holds
+        ``key`` through this locker the returned lock joins that lease without asking the
+        store: one more hold, given up by its own ``release()`` or ``with`` exit; the key is
+        released when the last hold is. Without it a nested acquire contends with the outer
+        hold like any other holder, and its ``LockHeldError`` says so.
+        """
         lock = self.lock(key, ttl, **opts)
         self._acquire_lock(lock, lock._options, raise_on_contention=True)
         return lock
@@ -281,10 +300,14 @@ class Locker:
 
         ``timeout`` covers the whole set and ``retry.retries`` applies to each key. On failure
         the locks already taken are released and ``LockHeldError`` is raised. After the last
-        grant the earlier leases are extended so that all of them overlap.
+        grant the earlier leases are extended so that all of them overlap. A set never joins
+        holds of the calling thread (``reentrant`` does not apply).
         """
         if "token" in opts:
             raise ValidationError("token cannot be given to acquire_many: each lock needs its own")
+        if opts.get("reentrant"):
+            raise ValidationError("reentrant=True cannot be given to acquire_many: a set holds its own leases")
+        opts = {**opts, "reentrant": False}
         if isinstance(keys, str) or not isinstance(keys, Iterable):
             raise ValidationError("keys must be an iterable of str (not a single str)")
         options = LockOptions.from_kwargs(opts)
@@ -322,19 +345,45 @@ class Locker:
             raise
         return LockSet(tuple(taken))
 
+    def elect(
+        self,
+        key: str,
+        *,
+        on_elected: Optional[Callable[[Lock], object]] = None,
+        on_revoked: Optional[Callable[[str], object]] = None,
+        ttl: Optional[float] = None,
+    ) -> Leadership:
+        """Campaign for leadership of ``key`` in the background; see :class:`~lease_lock.Leadership`.
+
+        The holder of ``key`` is the leader; it keeps the key with the heartbeat, calls
+        ``on_revoked(reason)`` when the lease is lost and campaigns again. With
+        ``fencing=True`` each term has a larger fence than the one before.
+        """
+        self._check_open()
+        return Leadership(self, key, on_elected=on_elected, on_revoked=on_revoked, ttl=ttl)
+
     # -- acquisition ---------------------------------------------------------------------------
 
     def _acquire_lock(self, lock: Lock, options: LockOptions, *, raise_on_contention: bool) -> bool:
         self._check_open()
         lock._start_acquiring()
         try:
+            reentrant = self.reentrant if options.reentrant is None else options.reentrant
+            if reentrant:
+                outer = self._thread_holds.find(lock.key)
+                if outer is not None and lock._join(outer):
+                    return True
             self._attempt(lock, options)
-        except LockHeldError:
-            if raise_on_contention:
+        except LockHeldError as error:
+            if not raise_on_contention:
+                return False
+            explained = self._thread_holds.explain(lock.key, error)
+            if explained is error:
                 raise
-            return False
+            raise explained from None
         finally:
             lock._stop_acquiring()
+        self._thread_holds.note(lock)
         return True
 
     def _max_hold_for(self, options: LockOptions) -> Optional[float]:

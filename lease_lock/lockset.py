@@ -75,10 +75,14 @@ class LockSet(GuardedBlock):
             return "held"
         return states[0]
 
-    def check(self) -> None:
-        """Raise ``LockLostError`` if any lock is lost, ``LockStateError`` if any is not held."""
+    def check(self, verify: bool = False) -> None:
+        """Raise ``LockLostError`` if any lock is lost, ``LockStateError`` if any is not held;
+        local, unless ``verify=True`` also asks the store about every key (see ``Lock.check``)."""
         for lock in self.locks:
             lock.check()
+        if verify:
+            for lock in self.locks:
+                lock.check(verify=True)
 
     def extend(self, ttl: Optional[float] = None) -> None:
         """Extend every lease (see ``Lock.extend``)."""

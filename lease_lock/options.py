@@ -19,7 +19,10 @@ __all__ = ["LOCK_OPTIONS", "LockOptions", "check_extend_interval"]
 
 #: Every option name ``lock()``, ``acquire()`` and friends accept.
 LOCK_OPTIONS = frozenset(
-    {"retry", "timeout", "blocking", "cancel", "auto_extend", "max_hold", "extend_interval", "token", "request_id"}
+    {
+        "retry", "timeout", "blocking", "cancel", "auto_extend", "max_hold", "extend_interval", "token",
+        "request_id", "reentrant",
+    }
 )
 
 
@@ -35,6 +38,9 @@ class LockOptions:
     extend_interval: Optional[float] = None
     token: Optional[str] = field(default=None, repr=False)
     request_id: Optional[str] = None
+    #: Join a hold of the same key by the same thread through the same locker (None: the
+    #: locker's default).
+    reentrant: Optional[bool] = None
 
     @classmethod
     def from_kwargs(cls, options: Mapping[str, Any], *, allowed: frozenset[str] = LOCK_OPTIONS) -> LockOptions:
@@ -54,6 +60,7 @@ class LockOptions:
         if request_id is not None and (not isinstance(request_id, str) or not request_id or len(request_id) > 128):
             raise ValidationError("request_id must be a non-empty str of at most 128 characters")
         token = options.get("token")
+        reentrant = options.get("reentrant")
         return cls(
             retry=retry,
             blocking=check_bool(options.get("blocking", True), "blocking"),
@@ -63,6 +70,7 @@ class LockOptions:
             extend_interval=check_optional_duration(options.get("extend_interval"), "extend_interval"),
             token=None if token is None else check_token(token),
             request_id=request_id,
+            reentrant=None if reentrant is None else check_bool(reentrant, "reentrant"),
         )
 
     def with_attempt_budget(self, blocking: Optional[bool], timeout: Optional[float]) -> LockOptions:

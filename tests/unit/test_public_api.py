@@ -22,10 +22,12 @@ CORE_MODULES = [
     "lease_lock.errors",
     "lease_lock.events",
     "lease_lock.heartbeat",
+    "lease_lock.leadership",
     "lease_lock.lock",
     "lease_lock.locker",
     "lease_lock.lockset",
     "lease_lock.options",
+    "lease_lock.reentry",
     "lease_lock.retry",
     "lease_lock.testing",
     "lease_lock.validation",
@@ -65,7 +67,7 @@ def test_every_core_module_declares_all_and_documents_it() -> None:
 
 
 def test_public_methods_are_documented() -> None:
-    for cls in (lease_lock.Locker, lease_lock.Lock, lease_lock.LockSet, lease_lock.Retry):
+    for cls in (lease_lock.Locker, lease_lock.Lock, lease_lock.LockSet, lease_lock.Retry, lease_lock.Leadership):
         for attribute, value in vars(cls).items():
             if attribute.startswith("_") or not (callable(value) or isinstance(value, property)):
                 continue

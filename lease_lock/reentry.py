@@ -1,0 +1,77 @@
+"""Which key each thread holds through one Locker: re-entrant holds, and telling a thread that
+it is waiting for itself.
+
+A :class:`ThreadHolds` index maps ``(thread, key)`` to the lock that thread was granted, so that
+a nested acquire of a key the same thread already holds through the same locker can join that
+lease (``reentrant=True``), or, without it, fail with an error that says what happened instead
+of "held elsewhere".
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import TYPE_CHECKING, Optional
+
+from .errors import LockHeldError
+
+if TYPE_CHECKING:
+    from .lock import Lock
+
+__all__ = ["ThreadHolds"]
+
+_Entry = tuple["weakref.ref[threading.Thread]", "weakref.ref[Lock]"]
+
+
+class ThreadHolds:
+    """The locks granted to each thread, by key, for one Locker. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._entries: dict[tuple[int, str], _Entry] = {}
+
+    def note(self, lock: Lock) -> None:
+        """``lock`` was just granted to the calling thread."""
+        slot = (threading.get_ident(), lock.key)
+
+        def forget(reference: weakref.ref[Lock]) -> None:
+            # A lock collected while noted: drop its entry unless a newer grant replaced it.
+            with self._mutex:
+                entry = self._entries.get(slot)
+                if entry is not None and entry[1] is reference:
+                    del self._entries[slot]
+
+        entry = (weakref.ref(threading.current_thread()), weakref.ref(lock, forget))
+        with self._mutex:
+            self._entries[slot] = entry
+
+    def find(self, key: str) -> Optional[Lock]:
+        """The lock the calling thread holds on ``key`` (read against the clock), else ``None``."""
+        slot = (threading.get_ident(), key)
+        with self._mutex:
+            entry = self._entries.get(slot)
+        if entry is None:
+            return None
+        thread, reference = entry
+        lock = reference()
+        # A thread id can be reused once its thread ended: the entry must be this very thread's.
+        if thread() is not threading.current_thread() or lock is None or lock.state != "held":
+            return None
+        return lock
+
+    def explain(self, key: str, error: LockHeldError) -> LockHeldError:
+        """``error``, or a clearer one when the calling thread itself holds ``key``."""
+        if error.reason not in ("held", "timeout") or self.find(key) is None:
+            return error
+        name = threading.current_thread().name
+        return LockHeldError(
+            key,
+            attempts=error.attempts,
+            elapsed=error.elapsed,
+            reason=error.reason,
+            holder=(
+                f"is held by this very thread ({name!r}) through this Locker; a nested acquire "
+                "contends with the outer hold unless reentrant=True is given (to the Locker or "
+                "to the call), which joins the outer hold instead"
+            ),
+        )

@@ -1,0 +1,209 @@
+"""Re-entrant holds: a nested acquire of a key the same thread holds through the same Locker
+joins that lease with ``reentrant=True``; without it, it contends and its error says why.
+
+Run on the recording memory backend (every store call counted) and on real SQLite and Redis.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+from lease_lock import Locker, LockHeldError, LockLostError, LockStateError, MemoryBackend, ValidationError, connect
+from lease_lock.backends.base import Backend
+
+from ..support.polling import wait_until
+from .fakes import EventLog, RecordingBackend
+
+GRANTS = ("acquire", "acquire_fenced")
+
+
+def grants(backend: RecordingBackend) -> int:
+    return sum(len(backend.called(method)) for method in GRANTS)
+
+
+def test_nested_with_one_grant_one_release_at_the_end(
+    locker: Locker, backend: RecordingBackend, events: EventLog
+) -> None:
+    with locker.lock("k", reentrant=True) as outer:
+        assert outer.holds == 1
+        with locker.lock("k", reentrant=True) as inner:
+            assert (inner.token, inner.fence, inner.state) == (outer.token, outer.fence, "held")
+            assert outer.holds == inner.holds == 2
+            with locker.lock("k", reentrant=True) as innermost:
+                assert outer.holds == 3
+                innermost.check()
+            assert outer.holds == 2
+            assert backend.called("release") == []
+        assert outer.holds == 1 and backend.called("release") == []
+        assert inner.state == "held", "a joined handle reads the shared lease"
+    assert grants(backend) == 1
+    assert backend.called("release") == [("release", "k", None)]
+    assert events.types() == ["acquired", "released"]
+    assert outer.state == inner.state == "released" and outer.holds == 0
+
+
+def test_locker_option_and_every_acquire_form(backend: RecordingBackend, clock: Any) -> None:
+    locker = Locker(backend, clock=clock, reentrant=True)
+    try:
+        outer = locker.acquire("k")
+        again = locker.acquire("k")
+        tried = locker.try_acquire("k")
+        handle = locker.lock("k")
+        assert handle.acquire() is True
+        assert tried is not None and outer.holds == 4
+
+        @locker.locked("k")
+        def nested() -> int:
+            return outer.holds
+
+        assert nested() == 5
+        assert grants(backend) == 1
+        # Released out of order: the key goes back with the last hold, whichever it is.
+        assert outer.release() is True
+        assert outer.release() is False, "a hold is given up once"
+        assert handle.release() is True and tried.release() is True
+        assert backend.called("release") == []
+        assert again.release() is True
+        assert backend.called("release") == [("release", "k", None)]
+        assert again.release() is False and outer.state == "released"
+        with pytest.raises(LockStateError):
+            handle.acquire()
+        # A per-call False overrides the locker's True.
+        with locker.lock("k"):
+            assert locker.try_acquire("k", reentrant=False) is None
+    finally:
+        locker.close()
+
+
+def test_without_reentrant_a_nested_acquire_contends_and_names_this_thread() -> None:
+    backend = MemoryBackend()
+    with Locker(backend) as locker, locker.lock("k"):
+        assert locker.try_acquire("k") is None
+        with pytest.raises(LockHeldError) as raised:
+            locker.acquire("k", timeout=0.3)
+        error = raised.value
+        assert error.reason == "timeout" and error.attempts >= 1, "the blocking acquire spent its budget"
+        message = str(error)
+        assert "this very thread" in message and threading.current_thread().name in message
+        assert "reentrant=True" in message and "elsewhere" not in message
+        nested = locker.lock("k", blocking=False)
+        assert nested.acquire() is False
+        # Held by another holder, the message is the usual one.
+        with Locker(backend) as elsewhere, pytest.raises(LockHeldError, match="held elsewhere"):
+            elsewhere.acquire("k", blocking=False)
+
+
+def test_another_thread_still_waits(backend: RecordingBackend) -> None:
+    locker = Locker(backend, reentrant=True, ttl=30.0)
+    try:
+        outcome: list[object] = []
+        started = threading.Event()
+
+        def other() -> None:
+            started.set()
+            lock = locker.acquire("k", timeout=30.0)
+            outcome.append(lock.holds)
+            lock.release()
+
+        with locker.lock("k") as outer:
+            with locker.lock("k"):
+                worker = threading.Thread(target=other)
+                worker.start()
+                assert started.wait(30)
+                wait_until(lambda: len(backend.called("acquire")) >= 2, "the other thread's attempt")
+                assert outcome == []
+            assert outer.holds == 1 and outcome == []
+            # Nor does another thread join this thread's hold through try_acquire.
+            result: list[object] = []
+            probe = threading.Thread(target=lambda: result.append(locker.try_acquire("k")))
+            probe.start()
+            probe.join(30)
+            assert result == [None]
+        worker.join(30)
+        assert outcome == [1], "the other thread got its own lease once the key was released"
+    finally:
+        locker.close()
+
+
+def test_a_lost_lease_is_lost_for_every_hold(locker: Locker, backend: RecordingBackend) -> None:
+    def nested() -> None:
+        with locker.lock("k", reentrant=True) as outer, locker.lock("k", reentrant=True) as inner:
+            locker.force_release("k")
+            assert inner.is_held() is False
+            assert outer.state == "lost"
+
+    with pytest.raises(LockLostError) as raised:
+        nested()
+    assert raised.value.completed and raised.value.reason == "observed"
+
+
+def test_no_join_after_the_outer_lease_ended(locker: Locker, backend: RecordingBackend) -> None:
+    outer = locker.acquire("k")
+    outer.release()
+    again = locker.acquire("k", reentrant=True)
+    assert again is not outer and again.holds == 1
+    assert grants(backend) == 2
+    again.release()
+
+
+def test_bad_values_and_acquire_many(locker: Locker, backend: RecordingBackend) -> None:
+    with pytest.raises(ValidationError, match="reentrant"):
+        locker.lock("k", reentrant="yes")
+    with pytest.raises(ValidationError, match="reentrant"):
+        Locker(backend, reentrant=1)  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="acquire_many"):
+        locker.acquire_many(["a", "b"], reentrant=True)
+    with locker.lock("a"), pytest.raises(LockHeldError, match="this very thread"):
+        locker.acquire_many(["a", "b"], blocking=False)
+
+
+# -- real backends -----------------------------------------------------------------------------
+
+
+class CountingBackend:
+    """Wraps a real backend's grant and release calls to count them."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.counts = {"acquire": 0, "release": 0}
+        for name in self.counts:
+            original: Callable[..., Any] = getattr(backend, name)
+
+            def counted(*args: Any, _name: str = name, _original: Callable[..., Any] = original) -> Any:
+                self.counts[_name] += 1
+                return _original(*args)
+
+            setattr(backend, name, counted)
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def real_locker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Locker]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'locks.db'}"
+    else:
+        url = request.getfixturevalue("redis_server").url
+    locker = connect(url, reentrant=True, ttl=10.0)
+    yield locker
+    locker.close()
+
+
+def test_real_backend_nested_with_one_grant_one_release(real_locker: Locker, request: Any) -> None:
+    key = f"reentrant-{request.node.name}"
+    counter = CountingBackend(real_locker.backend)
+    with real_locker.lock(key) as outer:
+        with real_locker.lock(key) as inner:
+            assert inner.holds == 2 and inner.token == outer.token
+            assert real_locker.get(key).held
+        assert real_locker.get(key).held
+    assert counter.counts == {"acquire": 1, "release": 1}
+    assert not real_locker.get(key).held
+
+
+def test_real_backend_without_reentrant_names_this_thread(real_locker: Locker, request: Any) -> None:
+    key = f"plain-{request.node.name}"
+    with real_locker.lock(key, reentrant=False):
+        with pytest.raises(LockHeldError, match=r"this very thread.*reentrant=True"):
+            real_locker.acquire(key, reentrant=False, timeout=0.3)
+        assert real_locker.try_acquire(key, reentrant=False) is None
