@@ -10,12 +10,12 @@ from typing import Any, Optional
 from ...connect import connect
 from ...errors import ValidationError
 from ...locker import Locker
-from .._config import LOCKER_SETTINGS, connect_options
+from .._config import LOCKER_SETTINGS, METRICS_SETTING, connect_options
 
 __all__ = ["DJANGO_SCHEME", "database_url", "lock_settings", "lock_table", "locker_from_settings"]
 
 DJANGO_SCHEME = "django://"
-_OTHER_KEYS = frozenset({"URL", "OPTIONS"})
+_OTHER_KEYS = frozenset({"URL", "OPTIONS", METRICS_SETTING})
 # Keys of a PostgreSQL DATABASES entry's OPTIONS that Django consumes itself; the rest are
 # libpq connection parameters.
 _LIBPQ_SETTINGS = (
