@@ -9,23 +9,28 @@ a key printed by :func:`held_locks` can be passed back to ``Locker.get`` or
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timezone
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TextIO
 
 from .backends.base import LockState
 from .errors import ValidationError
 from .locker import Locker
+from .validation import check_key
 
 __all__ = [
     "LOST_REASONS",
+    "NO_ANSWER",
     "CannotListError",
+    "ask",
     "describe_holder",
     "describe_lost_reason",
     "held_locks",
     "locks_json",
     "locks_table",
+    "release_keys",
     "release_prefix",
     "state_json",
 ]
@@ -42,6 +47,10 @@ LOST_REASONS: dict[str, str] = {
     "closed": "the locker was closed",
     "forked": "the process forked (a child never owns its parent's locks)",
 }
+
+
+#: Why nothing was released when a question got no answer (stdin closed or empty).
+NO_ANSWER = "no answer on stdin; nothing released (pass --yes to skip the question)"
 
 
 class CannotListError(ValidationError):
@@ -110,8 +119,15 @@ def held_locks(locker: Locker, prefix: str = "") -> list[LockState]:
     """
     if not locker.backend.capabilities.scan:
         raise CannotListError(f"the {type(locker.backend).__name__} store cannot list its keys")
+    if not isinstance(prefix, str):
+        raise ValidationError(f"prefix must be a str, not {type(prefix).__name__}")
+    if locker.key_prefix + prefix:
+        check_key(locker.key_prefix + prefix, "prefix")
+    # The backend's states rather than Locker.list's: an operator sees the fences even when
+    # this locker does not use them.
     cut = len(locker.key_prefix)
-    states = [replace(state, key=state.key[cut:]) for state in locker.list(prefix) if state.held]
+    scanned = locker.backend.scan(locker.key_prefix + prefix)
+    states = [replace(state, key=state.key[cut:]) for state in scanned if state.held]
     return sorted(states, key=lambda state: state.key)
 
 
@@ -169,3 +185,47 @@ def release_prefix(
     dropped = sum(1 for state in states if locker.force_release(state.key))
     write(f"released {dropped} key(s) under {prefix!r}")
     return dropped
+
+
+def release_keys(
+    locker: Locker,
+    keys: Sequence[str],
+    *,
+    confirm: Optional[Callable[[str], bool]],
+    write: Callable[[str], None],
+) -> Optional[int]:
+    """Drop each of ``keys`` whoever holds it; return how many leases were dropped, or
+    ``None`` when ``confirm`` said no (nothing dropped).
+
+    Free keys are reported as such; the held ones are listed and ``confirm(question)`` is asked
+    once for all of them (``None``: the caller already agreed). Each key's outcome is one line,
+    ``KEY: released`` or ``KEY: free, nothing to release``.
+    """
+    states = [locker.get(key) for key in keys]
+    held = [replace(state, key=key) for key, state in zip(keys, states) if state.held]
+    if held:
+        write(locks_table(held))
+        if confirm is not None and not confirm(f"force-release these {len(held)} key(s)?"):
+            return None
+    dropped = 0
+    for key in keys:
+        if locker.force_release(key):
+            dropped += 1
+            write(f"{key}: released")
+        else:
+            write(f"{key}: free, nothing to release")
+    return dropped
+
+
+def ask(question: str, *, stdin: Optional[TextIO] = None, stderr: Optional[TextIO] = None) -> Optional[bool]:
+    """Ask ``question`` on ``stderr`` and read the answer from ``stdin`` (default: the
+    process's); ``True`` for y/yes, ``None`` when there is no answer (closed stdin)."""
+    stdin = sys.stdin if stdin is None else stdin
+    stderr = sys.stderr if stderr is None else stderr
+    stderr.write(f"{question} [y/N] ")
+    stderr.flush()
+    answer = stdin.readline() if stdin is not None else ""
+    if not answer:
+        stderr.write("\n")
+        return None
+    return answer.strip().lower() in ("y", "yes")

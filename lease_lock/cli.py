@@ -34,7 +34,9 @@ from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional
 
 from . import __version__
 from .admin import (
+    NO_ANSWER,
     CannotListError,
+    ask,
     describe_holder,
     describe_lost_reason,
     held_locks,
@@ -624,13 +626,10 @@ def _add_force_release_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _confirm(question: str) -> bool:
     """Ask on stderr, read the answer from stdin; no answer (closed stdin) refuses."""
-    sys.stderr.write(f"{question} [y/N] ")
-    sys.stderr.flush()
-    answer = sys.stdin.readline() if sys.stdin is not None else ""
-    if not answer:
-        sys.stderr.write("\n")
-        raise CommandError("no answer on stdin; nothing released (pass --yes to skip the question)", 1)
-    return answer.strip().lower() in ("y", "yes")
+    answer = ask(question)
+    if answer is None:
+        raise CommandError(NO_ANSWER, 1)
+    return answer
 
 
 def _force_release(args: argparse.Namespace) -> int:
