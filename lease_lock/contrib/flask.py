@@ -14,8 +14,9 @@
             ...
 
 Configuration keys: ``LEASE_LOCK_URL`` (default: ``connect()``'s default), ``LEASE_LOCK_TTL``,
-``LEASE_LOCK_MAX_HOLD``, ``LEASE_LOCK_KEY_PREFIX``, ``LEASE_LOCK_FENCING`` and
-``LEASE_LOCK_OPTIONS`` (a dict of backend options such as ``table``).
+``LEASE_LOCK_MAX_HOLD``, ``LEASE_LOCK_KEY_PREFIX``, ``LEASE_LOCK_FENCING``,
+``LEASE_LOCK_OPTIONS`` (a dict of backend options such as ``table``) and ``LEASE_LOCK_METRICS``
+(``"prometheus"`` or ``"opentelemetry"``: record lock metrics).
 """
 
 from __future__ import annotations
