@@ -198,3 +198,22 @@ def test_flask_and_django_settings_switch_the_exporters_on(url: str) -> None:
     assert [event.type for event in seen] == ["acquired", "released"]
     with pytest.raises(ValidationError, match="METRICS setting must be 'prometheus' or 'opentelemetry'"):
         connect_options({"LEASE_LOCK_METRICS": "statsd"}, {}, prefix="LEASE_LOCK_", options_name="LEASE_LOCK_OPTIONS")
+
+
+def test_the_documented_alert_rules_use_series_the_exporter_writes(url: str) -> None:
+    import re
+
+    import yaml
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operating.md").read_text()
+    (block,) = re.findall(r"```yaml\n(.*?)```", text, flags=re.DOTALL)
+    rules = yaml.safe_load(block)["groups"][0]["rules"]
+    assert {rule["alert"] for rule in rules} >= {"LeaseLockLost", "LeaseLockHeldTooLong"}
+    registry = CollectorRegistry()
+    scripted(url, [PrometheusMetrics(registry=registry)])
+    written = {sample.name: sample.labels for metric in registry.collect() for sample in metric.samples}
+    for rule in rules:
+        for name in re.findall(r"lease_lock_\w+", rule["expr"]):
+            assert name in written, (rule["alert"], name)
+        for bound in re.findall(r'le="([^"]+)"', rule["expr"]):
+            assert registry.get_sample_value("lease_lock_hold_seconds_bucket", {"le": bound}) is not None
