@@ -394,14 +394,16 @@ class _WaitingLine:
     def _draw(self) -> None:
         start = time.monotonic()
         drawn = False
-        while not self._done.wait(0 if not drawn else 1.0):
+        # The first draw waits a little, so that a key that is free at once draws nothing.
+        while not self._done.wait(1.0 if drawn else 0.25):
             holder = _describe_holder(self._locker, self._key).strip(" ()") or "busy"
             waited = int(time.monotonic() - start)
             self._stream.write(f"\r\x1b[K{_PROG}: waiting for {self._key!r} ({waited}s): {holder}\u2026")
             self._stream.flush()
             drawn = True
-        self._stream.write("\r\x1b[K")
-        self._stream.flush()
+        if drawn:
+            self._stream.write("\r\x1b[K")
+            self._stream.flush()
 
 
 def _take(locker: Locker, args: argparse.Namespace, signals: _Signals) -> Optional[Lock]:
