@@ -350,3 +350,18 @@ def test_api_key_option_for_http_only(lock_service: Any, tmp_path: Path, request
     sqlite = Cli(backend_url("sqlite", request, tmp_path), tmp_path)
     wrong = sqlite.run("status", "k", "--api-key", "secret")
     assert wrong.returncode == 2 and "--api-key is for http:// and https:// URLs only" in wrong.stderr
+
+
+def test_prefix_release_over_http_takes_underscore_literally(lock_service: Any, tmp_path: Path, prefix: str) -> None:
+    http = Cli(lock_service.url, tmp_path)
+    http.env["LEASE_LOCK_API_KEY"] = lock_service.keys["alpha"]
+    keys = [f"{prefix}job_1", f"{prefix}job_2", f"{prefix}jobX1", f"{prefix}job.1"]
+    holders = Holders(http, {"a": keys})
+    try:
+        result = http.run("force-release", "--prefix", f"{prefix}job_", "--yes")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines()[-1] == f"released 2 key(s) under {prefix + 'job_'!r}"
+        left = [state["key"] for state in json.loads(http.run("ls", prefix, "--json").stdout)]
+        assert left == [f"{prefix}job.1", f"{prefix}jobX1"]
+    finally:
+        holders.stop()
