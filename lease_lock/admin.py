@@ -78,18 +78,15 @@ def _seconds(value: Optional[float]) -> str:
     return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
-def describe_holder(state: LockState, held_for: Optional[float] = None) -> str:
-    """Who holds the key and for how long the current lease lasts, in words that do not
-    suggest the key frees itself then (the holder renews its lease while it works):
-    ``held by vm:26622 sh for 8s, lease renewed by its holder; current lease ends in 4.6s``.
-
-    ``held_for`` is how long the holder has had the key, when known. ``""`` for a free key.
+def describe_holder(state: LockState) -> str:
+    """Who holds the key and when its current lease ends, in words that do not suggest the key
+    frees itself then (the holder renews its lease while it works):
+    ``held by vm:26622 sh, lease renewed by its holder; current lease ends in 4.6s``.
+    ``""`` for a free key.
     """
     if not state.held:
         return ""
     text = f"held by {state.owner}" if state.owner else "held"
-    if held_for is not None:
-        text += f" for {_seconds(held_for)}"
     if state.expires_in is not None:
         text += f", lease renewed by its holder; current lease ends in {_seconds(state.expires_in)}"
     return text
