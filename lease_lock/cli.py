@@ -391,6 +391,13 @@ class _WaitingLine:
             self._done.set()
             self._thread.join()
 
+    def _width(self) -> int:
+        try:
+            columns = os.get_terminal_size(self._stream.fileno()).columns
+        except (OSError, ValueError):
+            columns = 0
+        return columns or 80  # a terminal that does not know its size reports 0
+
     def _draw(self) -> None:
         start = time.monotonic()
         drawn = False
@@ -398,7 +405,10 @@ class _WaitingLine:
         while not self._done.wait(1.0 if drawn else 0.25):
             holder = _describe_holder(self._locker, self._key).strip(" ()") or "busy"
             waited = int(time.monotonic() - start)
-            self._stream.write(f"\r\x1b[K{_PROG}: waiting for {self._key!r} ({waited}s): {holder}\u2026")
+            line = f"{_PROG}: waiting for {self._key!r} ({waited}s): {holder}"
+            # Cut to the terminal's width: a wrapped line could not be redrawn in place.
+            width = self._width()
+            self._stream.write(f"\r\x1b[K{line[: max(10, width - 2)]}\u2026")
             self._stream.flush()
             drawn = True
         if drawn:

@@ -5,12 +5,15 @@ held by real processes, and the command read as a person meets it (a pty for the
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import pty
 import select
+import struct
 import subprocess
 import sys
+import termios
 import textwrap
 import time
 import uuid
@@ -253,9 +256,14 @@ def read_until(fd: int, needle: bytes, deadline: float) -> bytes:
     return seen
 
 
+def set_width(fd: int, columns: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+
+
 @pytest.fixture
 def terminal() -> Iterator[tuple[int, int]]:
     parent, child = pty.openpty()
+    set_width(child, 200)
     yield parent, child
     for fd in (parent, child):
         with contextlib.suppress(OSError):
@@ -279,6 +287,14 @@ def test_waiting_line_on_a_terminal_only(
         assert "lease-lock: waiting for 'report' (" in shown
         assert "held by " in shown and " sh, lease renewed by its holder" in shown
         assert "\n" not in shown, "one line, redrawn in place"
+        # On a narrow terminal the line is cut to fit, so that it can still be redrawn in place.
+        set_width(child, 40)
+        end = time.monotonic() + DEADLINE
+        drawn = ""
+        while time.monotonic() < end and not 0 < len(drawn) <= 40:
+            # Draws made before the resize may still be in the pty's buffer: read on.
+            drawn = read_until(parent, b"\xe2\x80\xa6", DEADLINE).decode().split("\r\x1b[K")[-1]
+        assert drawn.startswith("lease-lock: waiting for 'r") and len(drawn) <= 40, drawn
         go.touch()
         out, _ = waiter.communicate(timeout=DEADLINE)
         assert waiter.returncode == 0 and out == b"ran\n"
