@@ -32,9 +32,9 @@ class Site:
         )
         self.workdir = tmp_path
 
-    def manage(self, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    def manage(self, *args: str, input: str | None = None, command: str = "locks") -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, str(MANAGE), "locks", *args],
+            [sys.executable, str(MANAGE), command, *args],
             env=self.env, cwd=self.workdir, input=input,
             stdin=None if input is not None else subprocess.DEVNULL,
             capture_output=True, text=True, timeout=DEADLINE, check=False,
@@ -107,3 +107,21 @@ def test_locks_release_by_key_and_by_prefix(store: tuple[str, str], tmp_path: Pa
     finally:
         holders.stop()
 
+
+
+def test_metrics_setting_records_prometheus_metrics(tmp_path: Path) -> None:
+    site = Site(tmp_path, f"sqlite:///{tmp_path / 'site.db'}", "django://default", "")
+    site.env["LEASE_LOCK_TEST_METRICS"] = "prometheus"
+    code = (
+        "import prometheus_client\n"
+        "from lease_lock.contrib.django import locker\n"
+        "locker.acquire('nightly').release()\n"
+        "value = prometheus_client.REGISTRY.get_sample_value\n"
+        "print(value('lease_lock_acquisitions_total', {'outcome': 'acquired'}), value('lease_lock_held'))\n"
+    )
+    result = site.manage("-c", code, command="shell")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1].split() == ["1.0", "0.0"]
+    site.env["LEASE_LOCK_TEST_METRICS"] = "statsd"
+    wrong = site.manage("-c", code, command="shell")
+    assert wrong.returncode != 0 and "METRICS setting must be 'prometheus' or 'opentelemetry'" in wrong.stderr

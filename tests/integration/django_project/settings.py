@@ -1,7 +1,8 @@
 """Settings for running the test project as a real ``manage.py`` process.
 
 ``DJANGO_TEST_SQLITE`` names the SQLite file of the ``default`` database; ``LEASE_LOCK_TEST_URL``
-(default ``django://default``) and ``LEASE_LOCK_TEST_PREFIX`` fill ``LEASE_LOCK``.
+(default ``django://default``), ``LEASE_LOCK_TEST_PREFIX`` and ``LEASE_LOCK_TEST_METRICS`` fill
+``LEASE_LOCK``.
 """
 
 import os
@@ -15,4 +16,5 @@ DATABASES = {
 LEASE_LOCK = {
     "URL": os.environ.get("LEASE_LOCK_TEST_URL", "django://default"),
     "KEY_PREFIX": os.environ.get("LEASE_LOCK_TEST_PREFIX", ""),
+    "METRICS": os.environ.get("LEASE_LOCK_TEST_METRICS") or None,
 }
