@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import json
 import math
 import os
 import signal
@@ -27,13 +26,25 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import timezone
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional
 
 from . import __version__
+from .admin import (
+    NO_ANSWER,
+    CannotListError,
+    ask,
+    describe_holder,
+    describe_lost_reason,
+    held_locks,
+    locks_json,
+    locks_table,
+    release_prefix,
+    state_json,
+)
 from .errors import LeaseLockError, LockHeldError, ValidationError
 from .validation import check_key, parse_duration
 
@@ -73,11 +84,15 @@ _EXIT_TABLE = """\
 exit status:
   the command's own  it ran with the lock held and the lock was never lost
   128+N              the command died of signal N
-  75                 the key was busy (or --wait --timeout ran out); see --busy-exit
+  75                 the key was busy (or the -w/--timeout wait ran out); see --busy-exit
   70                 the lock was lost while the command ran; see --lost-exit
   69                 the backend cannot be reached
   2                  usage error: bad option, duration, key or URL
   126, 127           the command could not be started / was not found
+"""
+_DURATIONS = """\
+durations: 30 or 30s (seconds), 250ms, 5m, 1.5h, 2d, or compound from the largest
+unit down: 1h30m, 2m30s
 """
 
 
@@ -173,6 +188,10 @@ def add_url_argument(parser: argparse.ArgumentParser) -> None:
         help="backend URL (default: $LEASE_LOCK_URL, else the embedded SQLite file "
         "$XDG_STATE_HOME/lease-lock/locks.db)",
     )
+    parser.add_argument(
+        "--api-key", metavar="KEY",
+        help="service key for an http(s):// URL (default: $LEASE_LOCK_API_KEY)",
+    )
 
 
 @contextlib.contextmanager
@@ -196,25 +215,33 @@ def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
-def _connect(url: Optional[str], **options: Any) -> Locker:
-    from .connect import connect
+def _connect(args: argparse.Namespace, **options: Any) -> Locker:
+    """The locker of ``--url`` (and ``--api-key``, for an HTTP URL)."""
+    from .connect import connect, default_url
 
+    if getattr(args, "api_key", None) is not None:
+        if not (args.url or default_url()).startswith(("http://", "https://")):
+            raise CommandError("--api-key is for http:// and https:// URLs only", EXIT_USAGE)
+        options["api_key"] = args.api_key
     with backend_errors():
-        return connect(url, **options)
+        return connect(args.url, **options)
 
 
 # -- run ---------------------------------------------------------------------------------------
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("key", metavar="KEY", type=_key, help="the lock key")
+    parser.usage = f"{_PROG} run KEY [options] -- COMMAND [ARGS...]"
+    parser.epilog = f"{_EXIT_TABLE}\n{_DURATIONS}"
+    # Optional here so that a missing KEY gets the same message as a missing COMMAND.
+    parser.add_argument("key", metavar="KEY", nargs="?", type=_key, help="the lock key")
     add_url_argument(parser)
     parser.add_argument(
-        "--ttl", type=duration("--ttl"), default=30.0,
+        "--ttl", type=duration("--ttl"), default=30.0, metavar="DURATION",
         help="lease length; the heartbeat renews it every third of it (default 30s)",
     )
     parser.add_argument(
-        "--max-hold", type=duration("--max-hold"), default=86400.0,
+        "--max-hold", type=duration("--max-hold"), default=86400.0, metavar="DURATION",
         help="stop the command when it has held the lock this long (default 24h)",
     )
     parser.add_argument(
@@ -222,10 +249,19 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="wait for a busy key (for ever, or until --timeout) instead of one attempt",
     )
     parser.add_argument(
-        "--timeout", type=duration("--timeout"), help="with --wait: give up after this long"
+        "-w", "--timeout", type=duration("--timeout"), metavar="DURATION",
+        help="wait for a busy key, giving up after this long (implies --wait, as flock -w)",
     )
     parser.add_argument(
-        "--busy-exit", type=_exit_code("--busy-exit"), default=EXIT_BUSY, metavar="CODE",
+        "-n", "--nonblock", action="store_true",
+        help="one attempt, no waiting (the default; as flock -n)",
+    )
+    parser.add_argument(
+        "-q", "--quiet", action="store_true",
+        help="no waiting line and no busy message (errors are still printed)",
+    )
+    parser.add_argument(
+        "-E", "--busy-exit", type=_exit_code("--busy-exit"), default=EXIT_BUSY, metavar="CODE",
         help=f"exit status when the key is busy (default {EXIT_BUSY})",
     )
     parser.add_argument(
@@ -233,7 +269,7 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"exit status when the lock is lost while the command runs (default {EXIT_LOST})",
     )
     parser.add_argument(
-        "--grace", type=duration("--grace"), default=10.0,
+        "--grace", type=duration("--grace"), default=10.0, metavar="DURATION",
         help="after a loss, SIGKILL the command this long after SIGTERM (default 10s)",
     )
     # Words before "--" that are not options: caught to explain where the command goes.
@@ -329,12 +365,55 @@ def _describe_holder(locker: Locker, key: str) -> str:
         state = locker.get(key)
     except Exception:  # noqa: BLE001 - it only decorates the message; the answer is known
         return ""
-    if not state.held:
-        return ""
-    parts = [f"held by {state.owner}" if state.owner else "held"]
-    if state.expires_in is not None:
-        parts.append(f"expires in {state.expires_in:.1f}s")
-    return f" ({', '.join(parts)})"
+    return f" ({describe_holder(state)})" if state.held else ""
+
+
+class _WaitingLine:
+    """While ``run`` waits for a busy key, one line on the terminal saying for whom, redrawn
+    every second and erased when the wait ends. Nothing when stderr is not a terminal."""
+
+    def __init__(self, locker: Locker, key: str, enabled: bool) -> None:
+        self._locker = locker
+        self._key = key
+        self._stream = sys.stderr
+        self._enabled = enabled and self._stream.isatty()
+        self._done = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def __enter__(self) -> _WaitingLine:
+        if self._enabled:
+            self._thread = threading.Thread(target=self._draw, name="lease-lock-waiting", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._thread is not None:
+            self._done.set()
+            self._thread.join()
+
+    def _width(self) -> int:
+        try:
+            columns = os.get_terminal_size(self._stream.fileno()).columns
+        except (OSError, ValueError):
+            columns = 0
+        return columns or 80  # a terminal that does not know its size reports 0
+
+    def _draw(self) -> None:
+        start = time.monotonic()
+        drawn = False
+        # The first draw waits a little, so that a key that is free at once draws nothing.
+        while not self._done.wait(1.0 if drawn else 0.25):
+            holder = _describe_holder(self._locker, self._key).strip(" ()") or "busy"
+            waited = int(time.monotonic() - start)
+            line = f"{_PROG}: waiting for {self._key!r} ({waited}s): {holder}"
+            # Cut to the terminal's width: a wrapped line could not be redrawn in place.
+            width = self._width()
+            self._stream.write(f"\r\x1b[K{line[: max(10, width - 2)]}\u2026")
+            self._stream.flush()
+            drawn = True
+        if drawn:
+            self._stream.write("\r\x1b[K")
+            self._stream.flush()
 
 
 def _take(locker: Locker, args: argparse.Namespace, signals: _Signals) -> Optional[Lock]:
@@ -344,7 +423,8 @@ def _take(locker: Locker, args: argparse.Namespace, signals: _Signals) -> Option
             if not args.wait:
                 return locker.try_acquire(args.key)
             timeout = math.inf if args.timeout is None else args.timeout
-            return locker.acquire(args.key, timeout=timeout, cancel=signals.cancel)
+            with _WaitingLine(locker, args.key, enabled=not args.quiet):
+                return locker.acquire(args.key, timeout=timeout, cancel=signals.cancel)
         except LockHeldError as error:
             if error.reason == "cancelled" and signals.received:
                 raise CommandError(
@@ -419,7 +499,7 @@ def _stop(child: subprocess.Popen[bytes], grace: float, lock: Lock) -> None:
 
 
 def _report_loss(lock: Lock, what: str) -> None:
-    _error(f"lost the lock on {lock.key!r} (reason: {lock.lost_reason}); {what}")
+    _error(f"lost the lock on {lock.key!r}: {describe_lost_reason(lock.lost_reason)}; {what}")
 
 
 def _release(lock: Lock) -> bool:
@@ -439,19 +519,24 @@ def _run(args: argparse.Namespace) -> int:
         raise CommandError(
             f"put the command after --: {_PROG} run KEY [options] -- COMMAND [ARGS...]", EXIT_USAGE
         )
-    if not args.run_command:
-        raise CommandError(f"no command after --: {_PROG} run KEY [options] -- COMMAND", EXIT_USAGE)
-    if args.timeout is not None and not args.wait:
-        raise CommandError("--timeout needs --wait (without it there is one attempt)", EXIT_USAGE)
+    if args.key is None or not args.run_command:
+        raise CommandError(
+            f"KEY and COMMAND are required: {_PROG} run KEY [options] -- COMMAND [ARGS...]", EXIT_USAGE
+        )
+    if args.nonblock and (args.wait or args.timeout is not None):
+        raise CommandError("--nonblock is one attempt; it cannot go with --wait or --timeout", EXIT_USAGE)
+    # As flock -w: a timeout means waiting for that long.
+    args.wait = args.wait or args.timeout is not None
     with _Signals() as signals:
         locker = _connect(
-            args.url, ttl=args.ttl, max_hold=args.max_hold, fencing=True, owner=_owner(args.run_command)
+            args, ttl=args.ttl, max_hold=args.max_hold, fencing=True, owner=_owner(args.run_command)
         )
         try:
             lock = _take(locker, args, signals)
             if lock is None:
-                holder = _describe_holder(locker, args.key)
-                _error(f"{args.key!r} is busy{holder}; not running the command")
+                holder = "" if args.quiet else _describe_holder(locker, args.key)
+                if not args.quiet:
+                    _error(f"{args.key!r} is busy{holder}; not running the command")
                 return int(args.busy_exit)
             if signals.received:
                 _release(lock)
@@ -467,7 +552,7 @@ def _run(args: argparse.Namespace) -> int:
             locker.close()
 
 
-# -- status and force-release -------------------------------------------------------------------
+# -- status, ls and force-release ----------------------------------------------------------------
 
 
 def _add_status_arguments(parser: argparse.ArgumentParser) -> None:
@@ -476,66 +561,96 @@ def _add_status_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print a JSON array, one object per key")
 
 
-def _state_json(state: LockState) -> dict[str, Any]:
-    expires_at = state.expires_at
-    return {
-        "key": state.key,
-        "held": state.held,
-        "expires_at": (
-            None if expires_at is None
-            else expires_at.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
-        ),
-        "expires_in": None if state.expires_in is None else round(state.expires_in, 3),
-        "fence": state.fence,
-        "owner": state.owner,
-    }
-
-
 def _state_line(state: LockState) -> str:
     if not state.held:
         return f"{state.key}: free"
-    fields = _state_json(state)
-    parts = [f"held by {state.owner}" if state.owner else "held"]
-    if fields["expires_in"] is not None:
-        parts.append(f"expires in {fields['expires_in']:.1f}s ({fields['expires_at']})")
+    line = f"{state.key}: {describe_holder(state)}"
+    expires_at = state_json(state)["expires_at"]
+    if expires_at is not None:
+        line += f" ({expires_at})"
     if state.fence is not None:
-        parts.append(f"fence {state.fence}")
-    return f"{state.key}: {', '.join(parts)}"
+        line += f", fence {state.fence}"
+    return line
 
 
 def _status(args: argparse.Namespace) -> int:
-    locker = _connect(args.url, fencing=True)
+    locker = _connect(args, fencing=True)
     try:
         with backend_errors():
             states = [locker.get(key) for key in args.keys]
     finally:
         locker.close()
     if args.json:
-        print(json.dumps([_state_json(state) for state in states]))
+        print(locks_json(states))
     else:
         for state in states:
             print(_state_line(state))
     return 0
 
 
+def _add_ls_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "prefix", metavar="PREFIX", nargs="?", default="",
+        help="only keys starting with this (taken literally: no wildcards)",
+    )
+    add_url_argument(parser)
+    parser.add_argument(
+        "--json", action="store_true", help="print a JSON array with the fields of status --json"
+    )
+
+
+@contextlib.contextmanager
+def _listing() -> Iterator[None]:
+    """``backend_errors``, and a store that cannot list keys as a usage error (status 2)."""
+    try:
+        with backend_errors():
+            yield
+    except CannotListError as error:
+        raise CommandError(f"{error}; use status KEY... instead", EXIT_USAGE) from None
+
+
+def _ls(args: argparse.Namespace) -> int:
+    locker = _connect(args, fencing=True)
+    try:
+        with _listing():
+            states = held_locks(locker, args.prefix)
+    finally:
+        locker.close()
+    if args.json:
+        print(locks_json(states))
+    elif states:
+        print(locks_table(states))
+    else:
+        print(f"no held keys under {args.prefix!r}" if args.prefix else "no held keys")
+    return 0
+
+
 def _add_force_release_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("key", metavar="KEY", type=_key, help="the key to drop")
+    parser.usage = f"{_PROG} force-release (KEY | --prefix PREFIX) [--yes] [--url URL]"
+    parser.add_argument("key", metavar="KEY", nargs="?", type=_key, help="the key to drop")
+    parser.add_argument(
+        "--prefix",
+        help="drop every key held under PREFIX (taken literally: no wildcards); lists them first",
+    )
     add_url_argument(parser)
     parser.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
 
 
 def _confirm(question: str) -> bool:
-    sys.stderr.write(f"{question} [y/N] ")
-    sys.stderr.flush()
-    answer = sys.stdin.readline()
-    if not answer.endswith("\n"):
-        sys.stderr.write("\n")
-    return answer.strip().lower() in ("y", "yes")
+    """Ask on stderr, read the answer from stdin; no answer (closed stdin) refuses."""
+    answer = ask(question)
+    if answer is None:
+        raise CommandError(NO_ANSWER, 1)
+    return answer
 
 
 def _force_release(args: argparse.Namespace) -> int:
-    locker = _connect(args.url, fencing=True)
+    if (args.key is None) == (args.prefix is None):
+        raise CommandError("give either KEY or --prefix PREFIX", EXIT_USAGE)
+    locker = _connect(args, fencing=True)
     try:
+        if args.prefix is not None:
+            return _force_release_prefix(locker, args)
         with backend_errors():
             state = locker.get(args.key)
             if not state.held:
@@ -548,6 +663,16 @@ def _force_release(args: argparse.Namespace) -> int:
     finally:
         locker.close()
     print(f"{args.key}: released" if dropped else f"{args.key}: free, nothing to release")
+    return 0
+
+
+def _force_release_prefix(locker: Locker, args: argparse.Namespace) -> int:
+    with _listing():
+        dropped = release_prefix(
+            locker, args.prefix, confirm=None if args.yes else _confirm, write=print
+        )
+    if dropped is None:
+        raise CommandError("aborted; nothing released", 1)
     return 0
 
 
@@ -565,9 +690,15 @@ register_command(
 )
 register_command(
     "force-release",
-    help="drop KEY whoever holds it",
+    help="drop KEY, or every key under --prefix, whoever holds it",
     add_arguments=_add_force_release_arguments,
     run=_force_release,
+)
+register_command(
+    "ls",
+    help="list the held keys (under PREFIX) with owner, fence and lease",
+    add_arguments=_add_ls_arguments,
+    run=_ls,
 )
 
 

@@ -9,10 +9,13 @@ dropped (and logged at debug level) so that a broken hook cannot break locking.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
-__all__ = ["EVENT_TYPES", "EventHook", "LockEvent", "emit", "logger", "wanted"]
+from .errors import ValidationError
+
+__all__ = ["EVENT_TYPES", "EventHook", "LockEvent", "combine", "emit", "logger", "wanted"]
 
 logger = logging.getLogger("lease_lock")
 # A library must not print through the last-resort handler; applications configure logging.
@@ -22,6 +25,7 @@ logger.addHandler(logging.NullHandler())
 EVENT_TYPES = {
     "acquired": logging.DEBUG,
     "contended": logging.DEBUG,
+    "timed_out": logging.DEBUG,
     "extended": logging.DEBUG,
     "extend_failed": logging.WARNING,
     "released": logging.DEBUG,
@@ -36,7 +40,8 @@ class LockEvent:
 
     Always set: ``type``, ``key`` (prefix included), ``ttl`` (the latest). By type:
     ``acquired``: ``waited``, ``attempts``; ``contended``: ``attempt``, ``elapsed``, ``reason``
-    (``"held"`` or ``"late"``); ``extended``: ``held_for``; ``extend_failed``: ``held_for``,
+    (``"held"`` or ``"late"``); ``timed_out`` (a wait for the key ran out of time): ``attempts``,
+    ``elapsed``; ``extended``: ``held_for``; ``extend_failed``: ``held_for``,
     ``error``; ``released``: ``held_for``; ``lost``: ``held_for``, ``reason``;
     ``release_failed``: ``held_for``, ``error``. Fields that do not apply are ``None``.
     """
@@ -64,6 +69,40 @@ class LockEvent:
 
 #: The signature of an ``on_event`` hook.
 EventHook = Callable[[LockEvent], None]
+
+
+def combine(*hooks: Union[EventHook, Iterable[EventHook], None]) -> Optional[EventHook]:
+    """One ``on_event`` hook that hands each event to every hook given, in order.
+
+    Arguments may be hooks, iterables of hooks or ``None`` (skipped). A hook that raises does
+    not keep the event from the hooks after it (the error is logged at debug level). Returns
+    ``None`` when there is no hook at all, and the hook itself when there is exactly one.
+    """
+    flat: list[EventHook] = []
+    for item in hooks:
+        if item is None:
+            continue
+        if callable(item):
+            flat.append(item)
+            continue
+        for hook in item:
+            if not callable(hook):
+                raise ValidationError(f"on_event hooks must be callable, not {type(hook).__name__}")
+            flat.append(hook)
+    if not flat:
+        return None
+    if len(flat) == 1:
+        return flat[0]
+    chain = tuple(flat)
+
+    def fan_out(event: LockEvent) -> None:
+        for hook in chain:
+            try:
+                hook(event)
+            except Exception:
+                logger.debug("on_event hook %r raised for %s; dropped", hook, event.type, exc_info=True)
+
+    return fan_out
 
 
 def wanted(hook: Optional[EventHook], event_type: str) -> bool:

@@ -16,12 +16,12 @@ import time
 import weakref
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar, Union, cast
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVar, Union, cast
 
 from .backends.base import Backend, LockState
 from .clock import LeaseClock
 from .errors import LockHeldError, LockLostError, LockStateError, RateLimitedError, ValidationError
-from .events import EventHook, wanted
+from .events import EventHook, combine, wanted
 from .heartbeat import Heartbeat
 from .leadership import Leadership
 from .lock import LEASE_MARGIN, Lock
@@ -71,10 +71,11 @@ class Locker:
     ``retry`` merges over the built-in policy (wait up to ten seconds); ``key_prefix`` is put in
     front of every key; ``fencing=True`` gives every grant a fence; ``owner`` is the label stored
     beside each lease (default ``"<hostname>:<pid>"``); ``on_event`` receives every
-    :class:`~lease_lock.LockEvent`; ``clock`` replaces the lease clock (tests);
-    ``token_factory`` makes tokens (default: the backend's preferred form); ``reentrant=True``
-    makes a nested acquire of a key that the same thread already holds through this locker join
-    that hold instead of contending with it (also a per-call option; see :meth:`acquire`).
+    :class:`~lease_lock.LockEvent` (given a list of hooks, each receives every event);
+    ``clock`` replaces the lease clock (tests); ``token_factory`` makes tokens (default: the
+    backend's preferred form); ``reentrant=True`` makes a nested acquire of a key that the same
+    thread already holds through this locker join that hold instead of contending with it (also
+    a per-call option; see :meth:`acquire`).
     """
 
     def __init__(
@@ -87,7 +88,7 @@ class Locker:
         key_prefix: str = "",
         fencing: bool = False,
         owner: Optional[str] = None,
-        on_event: Optional[EventHook] = None,
+        on_event: Union[EventHook, Sequence[EventHook], None] = None,
         clock: Optional[Callable[[], float]] = None,
         token_factory: Optional[Callable[[], str]] = None,
         reentrant: bool = False,
@@ -110,7 +111,7 @@ class Locker:
         self._thread_holds = ThreadHolds()
         self.owner: str = owner if owner is not None else f"{socket.gethostname()}:{os.getpid()}"
         self._default_owner = owner is None
-        self._on_event = on_event
+        self._on_event: Optional[EventHook] = settings.get("on_event")
         self._clock: Callable[[], float] = clock or LeaseClock()
         self._token_factory = token_factory
         self._heartbeat = Heartbeat(backend, self._clock)
@@ -147,10 +148,15 @@ class Locker:
         checked["reentrant"] = check_bool(settings.get("reentrant", False), "reentrant")
         if settings.get("owner") is not None:
             check_owner(settings["owner"])
-        for name in ("on_event", "clock", "token_factory"):
+        if isinstance(settings.get("on_event"), (list, tuple)):
+            # A list of hooks: each receives every event (see events.combine).
+            checked["on_event"] = combine(settings["on_event"])
+        for name in ("clock", "token_factory"):
             value = settings.get(name)
             if value is not None and not callable(value):
                 raise ValidationError(f"{name} must be callable")
+        if checked.get("on_event") is not None and not callable(checked["on_event"]):
+            raise ValidationError("on_event must be callable or a list of callables")
         return checked
 
     # -- plumbing ------------------------------------------------------------------------------
@@ -489,7 +495,10 @@ class Locker:
         finally:
             if wake is not None:
                 self._dispatcher.unregister(lock.key, wake)
-        raise LockHeldError(lock.key, attempts=attempts, elapsed=self._clock() - start, reason=reason)
+        elapsed = self._clock() - start
+        if reason == "timeout":
+            lock._emit("timed_out", attempts=attempts, elapsed=elapsed)
+        raise LockHeldError(lock.key, attempts=attempts, elapsed=elapsed, reason=reason)
 
     def _ask(self, lock: Lock, requested: float) -> tuple[bool, Optional[int]]:
         """One grant request to the backend: whether it granted, and the fence if fencing."""

@@ -143,14 +143,30 @@ def describe_token(token: Any) -> str:
     return f"{text[:4]}…" if text else "''"
 
 
+_DURATION_UNITS = ("d", "h", "m", "s", "ms")
+
+
 def parse_duration(text: str, name: str = "duration") -> float:
-    """Parse ``30``, ``30s``, ``1.5m``, ``5m``, ``1h``, ``2d`` (or ``250ms``) into seconds."""
-    match = _DURATION_PATTERN.fullmatch(text.strip()) if isinstance(text, str) else None
-    if match is None:
+    """Parse ``30``, ``30s``, ``1.5m``, ``5m``, ``1h``, ``2d``, ``250ms`` or a compound of
+    units from the largest down, such as ``1h30m`` or ``2m30s``, into seconds."""
+    stripped = text.strip() if isinstance(text, str) else ""
+    parts = list(_DURATION_PATTERN.finditer(stripped))
+    units = [part["unit"] for part in parts]
+    valid = (
+        bool(parts)
+        and "".join(part.group(0) for part in parts) == stripped
+        # A compound names every unit once, from the largest down (1h30m, not 30m1h or 1h30).
+        and (len(parts) == 1 or (
+            None not in units
+            and [_DURATION_UNITS.index(unit) for unit in units]
+            == sorted({_DURATION_UNITS.index(unit) for unit in units})
+        ))
+    )
+    if not valid:
         raise ValidationError(
-            f"{name} must look like 30, 30s, 5m, 1h or 2d, got {text!r}"
+            f"{name} must look like 30, 30s, 5m, 1h, 2d or 1h30m, got {text!r}"
         )
-    seconds = float(match["number"]) * _UNIT_SECONDS[match["unit"]]
+    seconds = sum(float(part["number"]) * _UNIT_SECONDS[part["unit"]] for part in parts)
     return check_duration(seconds, name)
 
 

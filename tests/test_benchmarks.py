@@ -43,6 +43,14 @@ def table_rows(output: str, *names: str) -> dict[str, list[str]]:
     return rows
 
 
+def test_metrics_overhead_prints_every_row() -> None:
+    output = run_benchmark("metrics_overhead", "--cycles", "200", "--repeat", "1")
+    names = ("no on_event hook", "PrometheusMetrics", "OpenTelemetryMetrics", "both, as an on_event list")
+    rows = table_rows(output, *names)
+    assert rows["no on_event hook"][-1] == "1.00x"
+    assert all(float(rows[name][0]) > 0 for name in names)
+
+
 def test_overhead_prints_every_cycle() -> None:
     output = run_benchmark("overhead", "--cycles", "200", "--repeat", "1")
     rows = table_rows(output, "backend.acquire + release (floor)", "locker.acquire + lock.release")

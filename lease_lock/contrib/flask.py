@@ -20,6 +20,7 @@ order: ``LEASE_LOCK_URL`` in the config, the ``LEASE_LOCK_URL`` environment vari
 ``SQLALCHEMY_DATABASE_URI`` when it is PostgreSQL or a SQLite file; with none of them,
 ``init_app`` raises ``ValidationError``. ``init_app`` also refuses options the backend does not
 take, so bad settings fail at start-up rather than on the first request.
+``LEASE_LOCK_METRICS`` (``"prometheus"`` or ``"opentelemetry"``) records lock metrics.
 """
 
 from __future__ import annotations

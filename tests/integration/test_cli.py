@@ -230,7 +230,7 @@ def test_lost_lock_stops_the_child(any_cli: Cli, key: str) -> None:
     code, _, err = finish(holder)
     assert code == 70
     assert termed.exists()
-    assert "reason: extend" in one_line_error(err)
+    assert "the key was force-released or taken by another holder" in one_line_error(err)
     assert not go.exists()
 
 
@@ -350,9 +350,9 @@ def test_force_release_asks_first(any_cli: Cli, key: str) -> None:
         (["run", "k", "--ttl", "0", "--", "true"], "--ttl must be > 0"),
         (["run", "k", "--max-hold", "-1h", "--", "true"], "--max-hold"),
         (["run", "k", "--busy-exit", "300", "--", "true"], "--busy-exit must be an exit status"),
-        (["run", "k", "--timeout", "5", "--", "true"], "--timeout needs --wait"),
+        (["run", "k", "-n", "--timeout", "5", "--", "true"], "--nonblock is one attempt"),
         (["run", "k", "true"], "put the command after --"),
-        (["run", "k", "--"], "no command after --"),
+        (["run", "k", "--"], "KEY and COMMAND are required"),
         (["run", "--", "true"], "KEY"),
         (["run", "k", "--bogus", "--", "true"], "unrecognized arguments: --bogus"),
         (["run", "k", "--url", "nope://x", "--", "true"], "unknown URL scheme 'nope'"),
@@ -403,5 +403,5 @@ def test_max_hold_stops_the_command(cli: Cli, key: str) -> None:
     assert wait_until(started.exists, DEADLINE)
     code, _, err = finish(holder)
     assert code == 70
-    assert "reason: max-hold" in one_line_error(err)
+    assert "held for the longest time allowed" in one_line_error(err)
     assert not go.exists()

@@ -14,6 +14,7 @@ import lease_lock
 
 CORE_MODULES = [
     "lease_lock",
+    "lease_lock.admin",
     "lease_lock.backends",
     "lease_lock.backends.base",
     "lease_lock.backends.memory",

@@ -6,6 +6,7 @@ Configure with a ``LEASE_LOCK`` dict in the settings::
         "URL": "django://default",     # a DATABASES alias (PostgreSQL or SQLite), or any URL
         "TTL": 30, "MAX_HOLD": 3600, "KEY_PREFIX": "shop:", "FENCING": False,
         "OPTIONS": {"create_table": False},   # backend options
+        "METRICS": "prometheus",              # or "opentelemetry": record lock metrics
     }
 
 then ``from lease_lock.contrib.django import locker`` and ``with locker.lock("key"):``. The

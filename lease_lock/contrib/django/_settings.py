@@ -12,7 +12,7 @@ from django.db import DEFAULT_DB_ALIAS
 from ...connect import connect
 from ...errors import ValidationError
 from ...locker import Locker
-from .._config import LOCKER_SETTINGS, connect_options, resolve_url
+from .._config import LOCKER_SETTINGS, METRICS_SETTING, connect_options, resolve_url
 
 __all__ = [
     "DJANGO_SCHEME",
@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 DJANGO_SCHEME = "django://"
-_OTHER_KEYS = frozenset({"URL", "OPTIONS"})
+_OTHER_KEYS = frozenset({"URL", "OPTIONS", METRICS_SETTING})
 # Keys of a PostgreSQL DATABASES entry's OPTIONS that Django consumes itself; the rest are
 # libpq connection parameters.
 _LIBPQ_SETTINGS = (

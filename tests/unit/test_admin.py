@@ -1,0 +1,86 @@
+"""The listing and clearing code shared by ``lease-lock`` and ``manage.py locks``, on the
+memory backend (the real stores are in tests/integration/test_cli_admin.py)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+from lease_lock import Locker
+from lease_lock.admin import (
+    describe_holder,
+    describe_lost_reason,
+    held_locks,
+    locks_json,
+    locks_table,
+    release_keys,
+    release_prefix,
+)
+from lease_lock.backends.base import LockState
+from lease_lock.backends.memory import MemoryBackend
+from lease_lock.errors import ValidationError
+
+
+@pytest.fixture
+def locker() -> Iterator[Locker]:
+    with Locker(MemoryBackend(), key_prefix="app:", owner="web-1:42 job") as made:
+        yield made
+
+
+def test_table_is_sorted_aligned_with_dashes_for_the_unknown(locker: Locker) -> None:
+    for key in ("b-long-key-name", "a", "c"):
+        locker.acquire(key, ttl=90)
+    with Locker(locker.backend, owner="other-host:7 x") as other:
+        other.acquire("app-outside")
+        states = held_locks(locker)
+    assert [state.key for state in states] == ["a", "b-long-key-name", "c"]
+    lines = locks_table(states).splitlines()
+    owner_column = lines[0].index("OWNER")
+    assert owner_column == len("b-long-key-name") + 2
+    for line in lines[1:]:
+        assert line[owner_column:].startswith("web-1:42 job")
+        # No fencing on this locker's grants, and no store knows when a holder first took a key.
+        assert line.split()[3:5] == ["-", "-"]
+        assert line.split()[5] in ("1m29s", "1m30s")
+    first = json.loads(locks_json(states))[0]
+    assert set(first) == {"key", "held", "expires_at", "expires_in", "fence", "owner"}
+    assert (first["key"], first["held"], first["fence"], first["owner"]) == ("a", True, None, "web-1:42 job")
+
+
+def test_durations_read_as_people_write_them() -> None:
+    def ends(seconds: float) -> str:
+        return describe_holder(LockState("k", True, owner="o", expires_in=seconds)).rsplit(" ", 1)[1]
+
+    assert [ends(s) for s in (4.64, 12.9, 303, 7500)] == ["4.6s", "12s", "5m03s", "2h05m"]
+    assert describe_holder(LockState.free("k")) == ""
+    assert describe_holder(LockState("k", True)) == "held"
+
+
+def test_lost_reasons_in_plain_words() -> None:
+    assert describe_lost_reason("observed") == "the key was force-released or taken by another holder"
+    assert describe_lost_reason("extend") == describe_lost_reason("release") == describe_lost_reason("observed")
+    assert describe_lost_reason("max-hold").startswith("it was held for the longest time")
+    assert describe_lost_reason("something-new") == "something-new"
+
+
+def test_release_asks_once_and_a_no_drops_nothing(locker: Locker) -> None:
+    for key in ("job:1", "job:2", "jobs"):
+        locker.acquire(key)
+    written: list[str] = []
+    questions: list[str] = []
+
+    def say_no(question: str) -> bool:
+        questions.append(question)
+        return False
+
+    assert release_prefix(locker, "job:", confirm=say_no, write=written.append) is None
+    assert questions == ["force-release these 2 key(s)?"]
+    assert len(held_locks(locker)) == 3
+    assert release_prefix(locker, "job:", confirm=lambda question: True, write=written.append) == 2
+    assert written[-1] == "released 2 key(s) under 'job:'"
+    assert [state.key for state in held_locks(locker)] == ["jobs"]
+    assert release_keys(locker, ["jobs", "nope"], confirm=None, write=written.append) == 1
+    assert written[-2:] == ["jobs: released", "nope: free, nothing to release"]
+    with pytest.raises(ValidationError, match="must not be empty"):
+        release_prefix(locker, "", confirm=None, write=written.append)
