@@ -20,12 +20,6 @@ __all__ = ["ConnectionSource", "LazyPool", "check_dsn", "connect_parameters"]
 
 _IDLE = psycopg2.extensions.TRANSACTION_STATUS_IDLE
 
-#: Connections a forked child inherited from its parent. They are kept referenced for the
-#: child's whole life and never used: closing (or garbage-collecting) one would send libpq's
-#: goodbye on the parent's socket and end the parent's session; using one would interleave the
-#: two processes' queries and replies on that socket.
-_INHERITED: list[Any] = []
-
 #: Every pool and connection source alive, renewed in a forked child (see ``_after_fork``).
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -57,7 +51,6 @@ class LazyPool:
         self.closed = False
         self._idle: list[Any] = []
         self._lock = threading.Lock()
-        self._pid = os.getpid()
         _LIVE.add(self)
 
     def getconn(self) -> Any:
@@ -88,13 +81,16 @@ class LazyPool:
             conn.close()
 
     def _after_fork(self) -> None:
-        # Runs in a forked child, single-threaded: the parent's idle connections are set aside
-        # unclosed (see _INHERITED) and the lock, which another thread may have held at the
-        # fork, is replaced.
-        _INHERITED.extend(self._idle)
-        self._idle = []
+        # Runs in a forked child, single-threaded. The parent's idle connections share their
+        # sockets with the parent: using one would interleave the two processes' queries and
+        # replies, and closing one as is would send libpq's goodbye on the parent's session
+        # and end it. So the child's copy of each socket is first swapped for /dev/null (the
+        # parent's stays open), then the connection is closed here, harmlessly. The lock,
+        # which another thread may have held at the fork, is replaced.
+        idle, self._idle = self._idle, []
         self._lock = threading.Lock()
-        self._pid = os.getpid()
+        for conn in idle:
+            _close_inherited(conn)
 
     def closeall(self) -> None:
         """Close every idle connection; connections still lent out close when returned."""
@@ -103,6 +99,28 @@ class LazyPool:
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+
+
+#: Inherited connections whose socket could not be swapped out: kept referenced for the
+#: child's life, because freeing one would end the parent's session (see ``_close_inherited``).
+_KEPT_INHERITED: list[Any] = []
+
+
+def _close_inherited(conn: Any) -> None:
+    """Close a connection a forked child inherited, without touching the parent's session."""
+    if conn.closed:
+        return
+    try:
+        devnull = os.open(os.devnull, os.O_RDWR)
+        try:
+            os.dup2(devnull, conn.fileno())
+        finally:
+            os.close(devnull)
+    except (OSError, psycopg2.Error):
+        _KEPT_INHERITED.append(conn)
+        return
+    with contextlib.suppress(psycopg2.Error):
+        conn.close()
 
 
 class ConnectionSource:
@@ -268,8 +286,10 @@ def check_dsn(dsn: str) -> None:
     try:
         psycopg2.extensions.parse_dsn(dsn)
     except psycopg2.ProgrammingError as exc:
-        # libpq quotes the offending part, which may be the password itself ("invalid
-        # percent-encoded token"): the message is scrubbed, and the driver's error, which
-        # carries the same text, is not chained.
         detail = scrub(" ".join(str(exc).split()), dsn)
-        raise ValidationError(f"invalid PostgreSQL DSN {redact_url(dsn)}: {detail}".strip()) from None
+    else:
+        return
+    # libpq quotes the offending part, which may be the password itself ("invalid
+    # percent-encoded token"): the message is scrubbed, and raised outside the handler so
+    # that the driver's error, which carries the same text, is neither cause nor context.
+    raise ValidationError(f"invalid PostgreSQL DSN {redact_url(dsn)}: {detail}".strip())
