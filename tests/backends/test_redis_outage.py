@@ -316,3 +316,20 @@ def test_forked_children_never_use_the_parents_connection(private_server: RedisS
         assert backend.release("parent", TOKEN)
     finally:
         backend.close()
+
+
+def test_sentinel_url_takes_redis_py_options(redis_factory: RedisFactory) -> None:
+    primary = redis_factory.server()
+    sentinel = redis_factory.sentinel(primary, "leases")
+    url = f"redis+sentinel://127.0.0.1:{sentinel.port}/leases/1?db=3&max_connections=4&protocol=3"
+    backend = RedisBackend.from_url(url)
+    direct = primary.client(db=3)
+    try:
+        assert backend.db == 3
+        assert backend.client.connection_pool.max_connections == 4
+        assert backend.acquire("sentinel-options", TOKEN, 30, "o")
+        assert direct.get("sentinel-options") == f"{TOKEN}||o".encode()
+        assert backend.release("sentinel-options", TOKEN)
+    finally:
+        direct.close()
+        backend.close()

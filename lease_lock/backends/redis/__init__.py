@@ -259,8 +259,15 @@ class RedisBackend(Backend):
         Options (query string or keyword): ``wait_for_replicas=REPLICAS,TIMEOUT``,
         ``cluster=true`` (a RedisCluster from any node's URL), ``socket_timeout``,
         ``socket_connect_timeout``, ``health_check_interval``, ``client_name``, ``username``,
-        ``password``, ``ssl_cert_reqs``, ``ssl_ca_certs``, ``sentinel_password``. The backend
-        owns the client it builds and closes it in :meth:`close`.
+        ``password``, ``ssl_cert_reqs``, ``ssl_ca_certs``, ``sentinel_password``, and the
+        options of redis-py's own URLs (``max_connections``, ``protocol``, ``db``,
+        ``retry_on_timeout``, ``socket_keepalive``, ``socket_read_size``, ``timeout``, and for
+        ``rediss://`` ``ssl_check_hostname`` and ``ssl_min_version``), which go to redis-py;
+        any other name is a ``ValidationError``. The client retries twice on a fresh
+        connection after a connection error or a timeout, 50 to 500 ms apart (every operation
+        may be repeated safely, see :meth:`release`); a failure that outlasts the retries
+        raises :class:`~lease_lock.errors.BackendUnavailableError`. The backend owns the
+        client it builds and closes it in :meth:`close`.
         """
         parsed = check_option_types(parse_url_options(url, URL_OPTIONS, options, backend="redis"))
         replicas = parsed.pop("wait_for_replicas", None)

@@ -180,6 +180,8 @@ def _sentinel_client(url: str, options: dict[str, Any]) -> Any:
         db = int(path[1]) if len(path) == 2 else 0
     except ValueError as exc:
         raise ValidationError(f"redis+sentinel URL database {path[1]!r} is not a number") from exc
+    # ?db= overrides the path, as it does in redis-py's own URLs.
+    db = options.pop("db", db)
     if parts.password is not None:
         options.setdefault("password", urllib.parse.unquote(parts.password))
     if parts.username:
@@ -258,7 +260,7 @@ def build_client(url: str, options: dict[str, Any]) -> Any:
     options.setdefault("socket_connect_timeout", DEFAULT_SOCKET_TIMEOUT)
     scheme = urllib.parse.urlsplit(url).scheme.lower()
     cluster = bool(options.pop("cluster", False))
-    if scheme == "redis":
+    if scheme != "rediss":
         for name in _TLS_ONLY:
             if name in options:
                 raise ValidationError(
