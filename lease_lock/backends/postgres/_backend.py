@@ -90,15 +90,29 @@ class PostgresBackend(Backend):
     statement and restores the caller's setting afterwards, and refuses a connection that is
     inside a transaction (``ValidationError``), because a lock taken inside a transaction would
     vanish with its rollback. With a single connection, threads take turns on it; with a pool,
-    up to ``maxconn`` statements run at once and a broken connection is replaced on the next
-    call, which a single connection cannot do.
+    up to ``maxconn`` statements run at once.
+
+    A connection found broken (a restart, a failover, a killed session) is closed and never
+    lent again, and the statement is tried again on a fresh connection of the pool: every
+    statement may be repeated safely (see :meth:`release` for how a repeated release reads
+    its answer). When the server cannot be reached, or the fresh connection fails too,
+    :class:`~lease_lock.errors.BackendUnavailableError` is raised from the driver's error;
+    errors of the statement itself (permissions, a cancelled query, ...) pass through as
+    psycopg2 raised them. A single connection cannot be replaced. A pool built by
+    :meth:`from_url` is safe across ``fork()``: the child closes its copies of the parent's
+    connections without touching the parent's sessions and opens its own.
 
     The table (default ``lease_lock``; ``schema.table`` or ``schema=`` to qualify it) holds one
     row per key: ``key`` (stored as given, prefix included), ``token``, ``expires_at``,
-    ``fence`` and ``owner``. Fences come from the sequence ``<table>_fence``; counters live in
+    ``fence`` and ``owner``. A fence is the largest of the server clock in microseconds, the
+    next value of the sequence ``<table>_fence`` and the key's previous fence plus one, taken
+    in the grant's own statement, so fences keep rising when the sequence is restarted or
+    dropped (a dropped one is recreated by the next grant). Counters live in
     ``<table>_count``; releases are announced on the NOTIFY channel ``<table>_freed`` with the
-    key as payload. With ``create_table=True`` the first call creates what is missing; with
-    ``False`` it only checks, and a failed check is repeated on the next call.
+    key as payload. With ``create_table=True`` the first write creates what is missing; with
+    ``False`` it only checks, and a failed check is repeated on the next call. Reads
+    (``inspect``, ``is_held``, ``scan``) never create anything: on a missing table they raise
+    ``ValidationError`` saying so.
     ``synchronous_commit=False`` commits each write without waiting for its WAL flush (see the
     docs for what a server crash then loses). ``pool`` and ``connection`` are what the backend
     uses (one of them is ``None``); ``names`` has the quoted names of every object.
