@@ -214,6 +214,9 @@ def test_fences_keep_rising_after_the_sequence_restarts_or_is_dropped(
     try:
         first = backend.acquire_fenced("k", TOKEN, 60, "o")
         assert first is not None and backend.release("k", TOKEN)
+        # The sequence was moved up to the fence, so a server clock stepped back later still
+        # draws larger fences from it.
+        assert _sql(postgres_server, f'SELECT last_value FROM "{table}_fence"')[0][0] >= first
         _sql(postgres_server, f'ALTER SEQUENCE "{table}_fence" RESTART WITH 1')
         second = backend.acquire_fenced("k", TOKEN, 60, "o")
         assert second is not None and second > first

@@ -107,7 +107,9 @@ class PostgresBackend(Backend):
     ``fence`` and ``owner``. A fence is the largest of the server clock in microseconds, the
     next value of the sequence ``<table>_fence`` and the key's previous fence plus one, taken
     in the grant's own statement, so fences keep rising when the sequence is restarted or
-    dropped (a dropped one is recreated by the next grant). Counters live in
+    dropped (a dropped one is recreated by the next grant). A role with UPDATE on the sequence
+    also moves it up to each clock-based fence, so fences keep rising even if the server
+    clock is later stepped back. Counters live in
     ``<table>_count``; releases are announced on the NOTIFY channel ``<table>_freed`` with the
     key as payload. With ``create_table=True`` the first write creates what is missing; with
     ``False`` it only checks, and a failed check is repeated on the next call. Reads
@@ -508,12 +510,22 @@ def _statements(names: Names, write_prefix: str) -> dict[str, str]:
     """Every statement of the backend, for one table. Each is headed by inputs and result."""
     t, seq, counters = names.table, names.sequence_literal, names.counters
     lease = "clock_timestamp() + %(ttl)s * interval '1 second'"
-    # A fence is at least the server clock in microseconds, and at least the sequence's next
-    # value, so it keeps rising when the sequence is restarted (a restored backup, a failover
-    # to a lagging replica) or dropped and recreated; a take-over also beats the row's own.
-    new_fence = (
-        f"GREATEST(nextval({seq}::regclass),"
-        " floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint)"
+    # A fence is the larger of the sequence's next value and the server clock in
+    # microseconds, so it keeps rising when the sequence is restarted (a restored backup, a
+    # failover to a lagging replica) or dropped and recreated; a take-over also beats the
+    # row's own fence. When the clock wins, the sequence is moved up to the fence, so that a
+    # server clock stepped back later still draws larger fences from the sequence. (Two grants
+    # of different keys racing between nextval and setval can leave the sequence at the
+    # smaller of their two fences, microseconds apart; only a step back of the clock in that
+    # window could then matter.) setval needs UPDATE on the sequence; a role granted only
+    # USAGE gets the same fences without the move.
+    fence_drawn = (
+        " fence AS MATERIALIZED (SELECT CASE WHEN drawn.clock <= drawn.next THEN drawn.next"
+        f" WHEN has_sequence_privilege({seq}::regclass, 'UPDATE')"
+        f" THEN setval({seq}::regclass, drawn.clock) ELSE drawn.clock END AS value"
+        f" FROM (SELECT nextval({seq}::regclass) AS next,"
+        " floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS clock"
+        f" FROM gate WHERE {{free}}) AS drawn)"
     )
     # A same-token re-acquire keeps its fence only while its lease is live: once it lapsed the
     # key was free, so the grant is a new one and must carry a new, larger fence.
@@ -548,11 +560,13 @@ def _statements(names: Names, write_prefix: str) -> dict[str, str]:
         # The transaction-scoped advisory lock (gate, slot) is taken first, in the same
         # statement, and the fence is computed from the gate's row, so the grants of one key
         # draw their fences one after the other.
+        # The CTEs run in order (each reads the one before): the lock, then the fence, drawn
+        # only when the key looks free.
         "acquire_fenced": (
-            "WITH gate AS MATERIALIZED (SELECT pg_advisory_xact_lock(%(gate)s, %(slot)s))"
-            f" INSERT INTO {t} AS held (key, token, expires_at, fence, owner)"
-            f" SELECT %(key)s, %(token)s, {lease}, {new_fence}, %(owner)s"
-            f" FROM gate WHERE {free} "
+            "WITH gate AS MATERIALIZED (SELECT pg_advisory_xact_lock(%(gate)s, %(slot)s)),"
+            + fence_drawn.format(free=free)
+            + f" INSERT INTO {t} AS held (key, token, expires_at, fence, owner)"
+            f" SELECT %(key)s, %(token)s, {lease}, fence.value, %(owner)s FROM fence "
             + take_over.format(
                 fence=f"CASE WHEN {still_ours} THEN COALESCE(held.fence, EXCLUDED.fence)"
                 " ELSE GREATEST(EXCLUDED.fence, held.fence + 1) END"
