@@ -348,6 +348,25 @@ def _child_cycles(backend: PostgresBackend, server: PostgresServer, table: str, 
     return wrong
 
 
+def _exit_codes(children: list[int], timeout: float = 60) -> list[int]:
+    """The children's exit codes, sorted; a child still running at the timeout is killed (-9)."""
+    codes: dict[int, int] = {}
+    deadline = time.monotonic() + timeout
+    while len(codes) < len(children) and time.monotonic() < deadline:
+        for pid in children:
+            if pid not in codes:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    codes[pid] = os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    for pid in children:
+        if pid not in codes:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            codes[pid] = -9
+    return sorted(codes.values())
+
+
 def test_forked_children_never_use_the_parents_connection(
     postgres_server: PostgresServer, table: str
 ) -> None:
@@ -368,20 +387,7 @@ def test_forked_children_never_use_the_parents_connection(
         for cycle in range(100):
             assert backend.is_held("parent", TOKEN), cycle
             assert backend.extend("parent", TOKEN, 60), cycle
-        statuses = {}
-        deadline = time.monotonic() + 60
-        while len(statuses) < len(children) and time.monotonic() < deadline:
-            for pid in children:
-                if pid not in statuses:
-                    done, status = os.waitpid(pid, os.WNOHANG)
-                    if done:
-                        statuses[pid] = os.waitstatus_to_exitcode(status)
-            time.sleep(0.05)
-        for pid in children:
-            if pid not in statuses:
-                os.kill(pid, 9)
-                os.waitpid(pid, 0)
-        assert sorted(statuses.values()) == [0, 0, 0, 0], statuses
+        assert _exit_codes(children) == [0, 0, 0, 0]
         assert backend.release("parent", TOKEN)
     finally:
         backend.close()
@@ -412,3 +418,33 @@ def test_a_single_connection_is_refused_in_a_forked_child(
     finally:
         backend.close()
         conn.close()
+
+
+def test_a_locker_built_before_fork_serves_every_child(postgres_server: PostgresServer, table: str) -> None:
+    locker = lease_lock.connect(f"{postgres_server.url}?table={table}", fencing=True, ttl=30)
+    try:
+        locker.acquire("warm").release()
+        children = []
+        for _child in range(4):
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the child reports through its exit status
+                code = 99
+                try:
+                    check = psycopg2.connect(postgres_server.dsn)
+                    check.autocommit = True
+                    wrong = 0
+                    for cycle in range(30):
+                        lock = locker.acquire(f"fork-{cycle % 3}", timeout=30)
+                        with check.cursor() as cursor:
+                            cursor.execute(f'SELECT token, fence FROM "{table}" WHERE key = %s', (lock.key,))
+                            wrong += cursor.fetchall() != [(lock.token, lock.fence)]
+                        wrong += not lock.release()
+                    code = min(wrong, 90)
+                finally:
+                    os._exit(code)
+            children.append(pid)
+        for _cycle in range(30):
+            locker.acquire("parent").release()
+        assert _exit_codes(children) == [0, 0, 0, 0]
+    finally:
+        locker.close()
