@@ -285,10 +285,16 @@ class PostgresBackend(Backend):
             if self._table_seen:
                 return
             with self._source.ready_lock, conn.cursor() as cursor:
-                _raise_problems(
-                    self.names,
-                    _table_problems(cursor, self.names.table, "key", _LOCK_COLUMNS, ("SELECT",)),
+                problems = _table_problems(
+                    cursor, self.names.table, "key", _LOCK_COLUMNS, ("SELECT",)
                 )
+            if problems == [f"table {self.names.table} does not exist"]:
+                raise ValidationError(
+                    f"PostgreSQL lock table {self.names.label!r}: table {self.names.table} does "
+                    "not exist (reading never creates it); check the table= and schema= "
+                    "options, or take a lock first, which creates it with create_table=true"
+                )
+            _raise_problems(self.names, problems)
             self._table_seen = True
             return
         with self._source.ready_lock, conn.cursor() as cursor:
