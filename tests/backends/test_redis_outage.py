@@ -333,3 +333,19 @@ def test_sentinel_url_takes_redis_py_options(redis_factory: RedisFactory) -> Non
     finally:
         direct.close()
         backend.close()
+
+
+def test_a_write_to_a_replica_is_unavailable_and_reads_still_work(redis_factory: RedisFactory) -> None:
+    primary = redis_factory.server()
+    replica = redis_factory.replica(primary)
+    backend = RedisBackend.from_url(replica.url)
+    try:
+        # What a client still talking to a demoted primary sees after a failover.
+        with pytest.raises(BackendUnavailableError) as caught:
+            backend.acquire("readonly", TOKEN, 30, "o")
+        assert isinstance(caught.value.__cause__, redis.exceptions.ReadOnlyError)
+        assert backend.is_held("readonly", TOKEN) is False
+    finally:
+        backend.close()
+        replica.stop()
+        primary.stop()
