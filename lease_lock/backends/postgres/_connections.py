@@ -133,10 +133,11 @@ class ConnectionSource:
     borrower gets a fresh one. The caller's autocommit setting is restored on return.
 
     After ``fork()`` the child renews its locks and semaphore (another thread may have held
-    them at the fork). A :class:`LazyPool` sets the parent's connections aside and opens its
-    own; a single connection passed in belongs to the parent, so the child refuses to use it
-    (``ValidationError``) rather than share its socket. A ``psycopg2.pool`` pool is the
-    application's, to be created after the fork like any psycopg2 pool.
+    them at the fork). A :class:`LazyPool` closes its copies of the parent's idle connections
+    without ending the parent's sessions, and opens its own; a single connection passed in
+    belongs to the parent, so the child refuses to use it (``ValidationError``) rather than
+    share its socket. A ``psycopg2.pool`` pool is the application's, to be created after the
+    fork like any psycopg2 pool.
     """
 
     def __init__(self, conn_or_pool: Any) -> None:
