@@ -12,7 +12,7 @@ import psycopg2.pool
 import pytest
 from lease_lock.backends import backend_from_url
 from lease_lock.backends.postgres import PostgresBackend, ddl
-from lease_lock.errors import ValidationError
+from lease_lock.errors import BackendUnavailableError, ValidationError
 from lease_lock.testing import BackendContract, wait_until
 
 from tests.support.postgres_server import PostgresServer
@@ -327,9 +327,18 @@ def test_unknown_keyword_option() -> None:
         PostgresBackend.from_url("postgresql://127.0.0.1:1/db", tabel="x")
 
 
-def test_unreachable_server_raises_the_driver_error() -> None:
-    with pytest.raises(psycopg2.OperationalError):
-        PostgresBackend.from_url("postgresql://nobody@127.0.0.1:1/none?connect_timeout=5")
+def test_unreachable_server_raises_backend_unavailable_from_the_driver_error() -> None:
+    with pytest.raises(BackendUnavailableError) as caught:
+        PostgresBackend.from_url("postgresql://nobody:Sup3rSecretPw@127.0.0.1:1/none?connect_timeout=5")
+    assert caught.value.backend == "postgresql"
+    assert isinstance(caught.value.__cause__, psycopg2.OperationalError)
+    assert "PostgreSQL" in str(caught.value) and "Sup3rSecretPw" not in str(caught.value)
+
+
+def test_a_refused_login_passes_through_as_the_driver_error(postgres_server: PostgresServer) -> None:
+    with pytest.raises(psycopg2.OperationalError) as caught:
+        PostgresBackend.from_url(postgres_server.url.rsplit("/", 1)[0] + "/no_such_database_xyz")
+    assert not isinstance(caught.value, BackendUnavailableError)
 
 
 def test_refuses_what_is_not_a_connection() -> None:

@@ -15,7 +15,7 @@ import redis
 from lease_lock.backends import backend_from_url
 from lease_lock.backends.base import ExtendRequest
 from lease_lock.backends.redis import RedisBackend, fence_key, hash_tag, is_fence_key
-from lease_lock.errors import ValidationError
+from lease_lock.errors import BackendUnavailableError, ValidationError
 from lease_lock.testing import BackendContract, wait_until
 
 from tests.support.redis_server import RedisServer
@@ -169,13 +169,15 @@ def test_extend_many_is_pipelined(backend: RedisBackend, client: Any, key: str) 
     assert not {"cmdstat_script", "cmdstat_eval"} & set(stats)
 
 
-def test_driver_errors_pass_through(client: Any, key: str) -> None:
+def test_unreachable_is_backend_unavailable_and_other_driver_errors_pass_through(client: Any, key: str) -> None:
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
     broken = RedisBackend(redis.Redis(host="127.0.0.1", port=1, retry=Retry(NoBackoff(), 0)))
-    with pytest.raises(redis.ConnectionError):
+    with pytest.raises(BackendUnavailableError) as caught:
         broken.acquire(key, TOKEN_A, 30, "o")
+    assert caught.value.backend == "redis" and "Redis" in str(caught.value)
+    assert isinstance(caught.value.__cause__, redis.ConnectionError)
     client.set(key, "x")
     client.expire(key, 30)
     client.rpush(f"{key}:list", "x")

@@ -160,8 +160,9 @@ class RedisServer:
             except OSError:
                 time.sleep(0.01)
                 continue
-            # A server still loading (or a foreign process on the port) does not answer PONG.
-            if reply.startswith(b"+PONG"):
+            # A server still loading (or a foreign process on the port) does not answer PONG;
+            # one started with --requirepass answers NOAUTH.
+            if reply.startswith((b"+PONG", b"-NOAUTH")):
                 return True
             time.sleep(0.01)
         return False

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import threading
 import urllib.parse
 from datetime import timezone
 from typing import Any, Callable, ClassVar, Iterator, Optional, Sequence
+
+import psycopg2
+import psycopg2.errors
 
 from ...errors import ValidationError
 from ...validation import check_bool
@@ -19,6 +21,7 @@ from ..base import (
     parse_url_options,
 )
 from ._connections import ConnectionSource, LazyPool, check_dsn
+from ._errors import is_connect_failure, is_connection_failure, unavailable
 from ._sql import Names, ddl, resolve_names
 from ._watch import PostgresReleaseWatcher
 
@@ -87,15 +90,31 @@ class PostgresBackend(Backend):
     statement and restores the caller's setting afterwards, and refuses a connection that is
     inside a transaction (``ValidationError``), because a lock taken inside a transaction would
     vanish with its rollback. With a single connection, threads take turns on it; with a pool,
-    up to ``maxconn`` statements run at once and a broken connection is replaced on the next
-    call, which a single connection cannot do.
+    up to ``maxconn`` statements run at once.
+
+    A connection found broken (a restart, a failover, a killed session) is closed and never
+    lent again, and the statement is tried again on a fresh connection of the pool: every
+    statement may be repeated safely (see :meth:`release` for how a repeated release reads
+    its answer). When the server cannot be reached, or the fresh connection fails too,
+    :class:`~lease_lock.errors.BackendUnavailableError` is raised from the driver's error;
+    errors of the statement itself (permissions, a cancelled query, ...) pass through as
+    psycopg2 raised them. A single connection cannot be replaced. A pool built by
+    :meth:`from_url` is safe across ``fork()``: the child closes its copies of the parent's
+    connections without touching the parent's sessions and opens its own.
 
     The table (default ``lease_lock``; ``schema.table`` or ``schema=`` to qualify it) holds one
     row per key: ``key`` (stored as given, prefix included), ``token``, ``expires_at``,
-    ``fence`` and ``owner``. Fences come from the sequence ``<table>_fence``; counters live in
+    ``fence`` and ``owner``. A fence is the largest of the server clock in microseconds, the
+    next value of the sequence ``<table>_fence`` and the key's previous fence plus one, taken
+    in the grant's own statement, so fences keep rising when the sequence is restarted or
+    dropped (a dropped one is recreated by the next grant). A role with UPDATE on the sequence
+    also moves it up to each clock-based fence, so fences keep rising even if the server
+    clock is later stepped back. Counters live in
     ``<table>_count``; releases are announced on the NOTIFY channel ``<table>_freed`` with the
-    key as payload. With ``create_table=True`` the first call creates what is missing; with
-    ``False`` it only checks, and a failed check is repeated on the next call.
+    key as payload. With ``create_table=True`` the first write creates what is missing; with
+    ``False`` it only checks, and a failed check is repeated on the next call. Reads
+    (``inspect``, ``is_held``, ``scan``) never create anything: on a missing table they raise
+    ``ValidationError`` saying so.
     ``synchronous_commit=False`` commits each write without waiting for its WAL flush (see the
     docs for what a server crash then loses). ``pool`` and ``connection`` are what the backend
     uses (one of them is ``None``); ``names`` has the quoted names of every object.
@@ -135,8 +154,8 @@ class PostgresBackend(Backend):
         self.connection: Any = self._source.connection
         self._owns_pool = False
         self._listen_dsn: Optional[str] = None
-        self._ready_lock = threading.Lock()
         self._tables_ready = False
+        self._table_seen = False
         self._counters_ready = False
         self._watchers: list[PostgresReleaseWatcher] = []
         self._sql = _statements(self.names, "" if synchronous_commit else _ASYNC_COMMIT)
@@ -180,9 +199,15 @@ class PostgresBackend(Backend):
         except ValueError as exc:
             raise ValidationError(f"invalid PostgreSQL DSN: {exc}") from exc
         pool = LazyPool(max_connections, dsn)
-        # Connect once now: an unreachable server or a refused login fails here, with the
-        # driver's own error, rather than on the first lock.
-        pool.putconn(pool.getconn())
+        # Connect once now: an unreachable server (BackendUnavailableError) or a refused login
+        # (the driver's own error) fails here rather than on the first lock.
+        try:
+            pool.putconn(pool.getconn())
+        except psycopg2.Error as exc:
+            if is_connect_failure(exc):
+                label = settings.get("table", "lease_lock")
+                raise unavailable(exc, dsn, str(label)) from exc
+            raise
         try:
             backend = cls(pool, **settings)
         except BaseException:
@@ -194,25 +219,85 @@ class PostgresBackend(Backend):
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    def _run(self, statement: str, parameters: dict[str, Any], *, counters: bool = False) -> Any:
+    def _run(
+        self,
+        statement: str,
+        parameters: dict[str, Any],
+        *,
+        counters: bool = False,
+        write: bool = True,
+    ) -> tuple[int, list[Any], bool]:
         """Run one statement on a borrowed connection and return its cursor's results.
 
-        Returns ``(rowcount, rows)``; rows are fetched only when the statement returns any.
-        """
-        conn, switched = self._source.take()
-        try:
-            self._ensure_ready(conn, counters=counters)
-            with conn.cursor() as cursor:
-                cursor.execute(statement, parameters)
-                rows = cursor.fetchall() if cursor.description is not None else []
-                return cursor.rowcount, rows
-        finally:
-            self._source.give_back(conn, switched)
+        Returns ``(rowcount, rows, retried)``; rows are fetched only when the statement returns
+        any. ``retried`` is ``True`` when an earlier try broke after the statement may have
+        reached the server, so its outcome is unknown (every statement here may be repeated:
+        a grant by the same token keeps its fence, an extension sets the same deadline, a
+        release or read finds the truth; only a release must read its answer in that light).
 
-    def _ensure_ready(self, conn: Any, *, counters: bool) -> None:
+        A connection found broken is closed and never lent again, and the statement is tried
+        on a fresh one (see :attr:`ConnectionSource.attempts`); when that fails too, or no
+        connection can be opened, :class:`~lease_lock.errors.BackendUnavailableError` is
+        raised from the driver's error. A missing table or fence sequence is checked again
+        (and, for a write with ``create_table``, created) once before the error is reported.
+        """
+        retried = False
+        rechecked = False
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                conn, switched = self._source.take()
+            except psycopg2.Error as exc:
+                if is_connect_failure(exc):
+                    raise unavailable(exc, self._listen_dsn, self.names.label) from exc
+                raise
+            try:
+                self._ensure_ready(conn, counters=counters, write=write)
+                with conn.cursor() as cursor:
+                    cursor.execute(statement, parameters)
+                    rows = cursor.fetchall() if cursor.description is not None else []
+                    return cursor.rowcount, rows, retried
+            except psycopg2.errors.UndefinedTable:
+                # Dropped under a running backend (the table, or only its fence sequence):
+                # forget what was checked and look again once, which recreates it for a write
+                # with create_table=True and otherwise names what is missing.
+                if rechecked:
+                    raise
+                rechecked = True
+                self._tables_ready = self._table_seen = self._counters_ready = False
+            except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+                if not is_connection_failure(exc, conn):
+                    raise
+                self._source.discard(conn)
+                if attempt >= self._source.attempts:
+                    raise unavailable(exc, self._listen_dsn, self.names.label) from exc
+                retried = True
+            finally:
+                self._source.give_back(conn, switched)
+
+    def _ensure_ready(self, conn: Any, *, counters: bool, write: bool = True) -> None:
         if self._tables_ready and (self._counters_ready or not counters):
             return
-        with self._ready_lock, conn.cursor() as cursor:
+        if not write:
+            # Reading never writes: a read checks that the lock table exists and can be read,
+            # and creates nothing (a mistyped table name must say so, not read as "free").
+            if self._table_seen:
+                return
+            with self._source.ready_lock, conn.cursor() as cursor:
+                problems = _table_problems(
+                    cursor, self.names.table, "key", _LOCK_COLUMNS, ("SELECT",)
+                )
+            if problems == [f"table {self.names.table} does not exist"]:
+                raise ValidationError(
+                    f"PostgreSQL lock table {self.names.label!r}: table {self.names.table} does "
+                    "not exist (reading never creates it); check the table= and schema= "
+                    "options, or take a lock first, which creates it with create_table=true"
+                )
+            _raise_problems(self.names, problems)
+            self._table_seen = True
+            return
+        with self._source.ready_lock, conn.cursor() as cursor:
             if self.create_table and not self._tables_ready:
                 # One implicit transaction under an advisory lock: processes starting together
                 # would otherwise race on CREATE ... IF NOT EXISTS and fail on the catalog.
@@ -235,33 +320,44 @@ class PostgresBackend(Backend):
 
     def acquire(self, key: str, token: str, ttl: float, owner: str) -> bool:
         """Grant ``key`` to ``token`` for ``ttl`` seconds if free, expired or already ours."""
-        count, _ = self._run(self._sql["acquire"], _grant_parameters(key, token, ttl, owner))
+        count, _, _ = self._run(self._sql["acquire"], _grant_parameters(key, token, ttl, owner))
         return bool(count)
 
     def acquire_fenced(self, key: str, token: str, ttl: float, owner: str) -> Optional[int]:
         """Like :meth:`acquire` and return the grant's fence (``None`` on contention)."""
         parameters = _grant_parameters(key, token, ttl, owner)
         parameters.update(gate=self.names.gate, slot=_key_slot(key))
-        _, rows = self._run(self._sql["acquire_fenced"], parameters)
+        _, rows, _ = self._run(self._sql["acquire_fenced"], parameters)
         return int(rows[0][0]) if rows else None
 
     def release(self, key: str, token: str) -> bool:
-        """Delete ``key`` if ``token`` holds it and announce the release to listeners."""
-        _, rows = self._run(
+        """Delete ``key`` if ``token`` holds it and announce the release to listeners.
+
+        When a first try broke with its outcome unknown and the retry no longer finds the
+        token on the key, the answer is ``True`` (released): the first try may well have
+        deleted the row (and a waiter may already hold the key again), and nothing left in the
+        table can tell that from a loss. Reporting a loss there would be wrong whenever the
+        first try did commit, which is the usual case when a reply is lost on its way back.
+        The answer can hide a loss only when the lease ran out or was force-released during
+        that one failing call.
+        """
+        _, rows, retried = self._run(
             self._sql["release"], {"key": key, "token": token, "channel": self.names.channel}
         )
-        return bool(rows) and bool(rows[0][0])
+        if not rows:
+            return retried
+        return bool(rows[0][0])
 
     def extend(self, key: str, token: str, ttl: float) -> bool:
         """Set ``key``'s lease to ``ttl`` seconds from now if ``token`` holds a live lease."""
-        count, _ = self._run(self._sql["extend"], {"key": key, "token": token, "ttl": ttl})
+        count, _, _ = self._run(self._sql["extend"], {"key": key, "token": token, "ttl": ttl})
         return bool(count)
 
     def extend_many(self, requests: Sequence[ExtendRequest]) -> list[bool]:
         """Extend every request's lease in one statement; one answer per request, in order."""
         if not requests:
             return []
-        _, rows = self._run(
+        _, rows, _ = self._run(
             self._sql["extend_many"],
             {
                 "keys": [item.key for item in requests],
@@ -274,22 +370,24 @@ class PostgresBackend(Backend):
 
     def is_held(self, key: str, token: str) -> bool:
         """``True`` if ``token`` holds a live lease on ``key``."""
-        _, rows = self._run(self._sql["is_held"], {"key": key, "token": token})
+        _, rows, _ = self._run(self._sql["is_held"], {"key": key, "token": token}, write=False)
         return bool(rows)
 
     def inspect(self, key: str) -> LockState:
         """The state of ``key``; ``expires_in`` is measured on the server."""
-        _, rows = self._run(self._sql["inspect"], {"key": key})
+        _, rows, _ = self._run(self._sql["inspect"], {"key": key}, write=False)
         return _state(rows[0]) if rows else LockState.free(key)
 
     def force_release(self, key: str) -> bool:
         """Delete ``key`` whoever holds it; ``True`` when a live lease was dropped."""
-        _, rows = self._run(self._sql["force_release"], {"key": key, "channel": self.names.channel})
+        _, rows, _ = self._run(
+            self._sql["force_release"], {"key": key, "channel": self.names.channel}
+        )
         return bool(rows) and bool(rows[0][0])
 
     def scan(self, prefix: str) -> Iterator[LockState]:
         """Live leases whose key starts with ``prefix``, in key order."""
-        _, rows = self._run(self._sql["scan"], {"prefix": prefix})
+        _, rows, _ = self._run(self._sql["scan"], {"prefix": prefix}, write=False)
         return iter([_state(row) for row in rows])
 
     def sweep_expired(self) -> int:
@@ -297,12 +395,12 @@ class PostgresBackend(Backend):
 
         Expired rows never block a grant; sweeping only keeps the table small.
         """
-        count, _ = self._run(self._sql["sweep"], {})
+        count, _, _ = self._run(self._sql["sweep"], {})
         return int(count)
 
     def count_in_window(self, name: str, window: float) -> tuple[int, float]:
         """Count one event for ``name`` in the current ``window``-second window (server clock)."""
-        _, rows = self._run(
+        _, rows, _ = self._run(
             self._sql["count"], {"name": name, "window": float(window)}, counters=True
         )
         count, remaining = rows[0]
@@ -311,11 +409,14 @@ class PostgresBackend(Backend):
     def watch_releases(self, callback: Callable[[str], None]) -> ReleaseWatcher:
         """Listen for releases on a dedicated connection; ``callback(key)`` runs on its thread."""
         # The table must exist before anyone waits on it; this also fails fast on a bad setup.
-        with self._source.borrow() as conn:
-            self._ensure_ready(conn, counters=False)
-        parameters = (
-            {"dsn": self._listen_dsn} if self._listen_dsn is not None else self._source.parameters()
-        )
+        self._run("SELECT 1", {})
+        if self._listen_dsn is not None:
+            parameters = {"dsn": self._listen_dsn}
+        else:
+            try:
+                parameters = self._source.parameters()
+            except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+                raise unavailable(exc, None, self.names.label) from exc
         watcher = PostgresReleaseWatcher(parameters, self.names.channel, callback)
         self._watchers.append(watcher)
         return watcher
@@ -415,8 +516,25 @@ def _statements(names: Names, write_prefix: str) -> dict[str, str]:
     """Every statement of the backend, for one table. Each is headed by inputs and result."""
     t, seq, counters = names.table, names.sequence_literal, names.counters
     lease = "clock_timestamp() + %(ttl)s * interval '1 second'"
+    # A fence is the larger of the sequence's next value and the server clock in
+    # microseconds, so it keeps rising when the sequence is restarted (a restored backup, a
+    # failover to a lagging replica) or dropped and recreated; a take-over also beats the
+    # row's own fence. When the clock wins, the sequence is moved up to the fence, so that a
+    # server clock stepped back later still draws larger fences from the sequence. (Two grants
+    # of different keys racing between nextval and setval can leave the sequence at the
+    # smaller of their two fences, microseconds apart; only a step back of the clock in that
+    # window could then matter.) setval needs UPDATE on the sequence; a role granted only
+    # USAGE gets the same fences without the move.
+    fence_drawn = (
+        " fence AS MATERIALIZED (SELECT CASE WHEN drawn.clock <= drawn.next THEN drawn.next"
+        f" WHEN has_sequence_privilege({seq}::regclass, 'UPDATE')"
+        f" THEN setval({seq}::regclass, drawn.clock) ELSE drawn.clock END AS value"
+        f" FROM (SELECT nextval({seq}::regclass) AS next,"
+        " floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS clock"
+        f" FROM gate WHERE {{free}}) AS drawn)"
+    )
     # A same-token re-acquire keeps its fence only while its lease is live: once it lapsed the
-    # key was free, so the grant is a new one and must carry a new, larger fence (SPEC 8).
+    # key was free, so the grant is a new one and must carry a new, larger fence.
     still_ours = "held.token = EXCLUDED.token AND held.expires_at > clock_timestamp()"
     take_over = (
         "ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token,"
@@ -448,13 +566,16 @@ def _statements(names: Names, write_prefix: str) -> dict[str, str]:
         # The transaction-scoped advisory lock (gate, slot) is taken first, in the same
         # statement, and the fence is computed from the gate's row, so the grants of one key
         # draw their fences one after the other.
+        # The CTEs run in order (each reads the one before): the lock, then the fence, drawn
+        # only when the key looks free.
         "acquire_fenced": (
-            "WITH gate AS MATERIALIZED (SELECT pg_advisory_xact_lock(%(gate)s, %(slot)s))"
-            f" INSERT INTO {t} AS held (key, token, expires_at, fence, owner)"
-            f" SELECT %(key)s, %(token)s, {lease}, nextval({seq}::regclass), %(owner)s"
-            f" FROM gate WHERE {free} "
+            "WITH gate AS MATERIALIZED (SELECT pg_advisory_xact_lock(%(gate)s, %(slot)s)),"
+            + fence_drawn.format(free=free)
+            + f" INSERT INTO {t} AS held (key, token, expires_at, fence, owner)"
+            f" SELECT %(key)s, %(token)s, {lease}, fence.value, %(owner)s FROM fence "
             + take_over.format(
-                fence=f"CASE WHEN {still_ours} THEN COALESCE(held.fence, EXCLUDED.fence) ELSE EXCLUDED.fence END"
+                fence=f"CASE WHEN {still_ours} THEN COALESCE(held.fence, EXCLUDED.fence)"
+                " ELSE GREATEST(EXCLUDED.fence, held.fence + 1) END"
             )
             + " RETURNING fence"
         ),

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
+import weakref
 from typing import Any, Iterator, Union
 
 import psycopg2
@@ -11,10 +13,15 @@ import psycopg2.extensions
 import psycopg2.pool
 
 from ...errors import ValidationError
+from ...validation import redact_url
+from ._errors import scrub
 
 __all__ = ["ConnectionSource", "LazyPool", "check_dsn", "connect_parameters"]
 
 _IDLE = psycopg2.extensions.TRANSACTION_STATUS_IDLE
+
+#: Every pool and connection source alive, renewed in a forked child (see ``_after_fork``).
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _refuse_busy(conn: Any, origin: str) -> None:
@@ -44,6 +51,7 @@ class LazyPool:
         self.closed = False
         self._idle: list[Any] = []
         self._lock = threading.Lock()
+        _LIVE.add(self)
 
     def getconn(self) -> Any:
         """An idle connection, or a new one."""
@@ -63,6 +71,27 @@ class LazyPool:
         if not keep and not conn.closed:
             conn.close()
 
+    def discard_idle(self) -> None:
+        """Close every idle connection: one was found broken, and what broke it (a restart, a
+        failover, an idle-session kill) most likely broke them all, so the next borrower must
+        get a fresh connection rather than draw the dead ones one by one."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+    def _after_fork(self) -> None:
+        # Runs in a forked child, single-threaded. The parent's idle connections share their
+        # sockets with the parent: using one would interleave the two processes' queries and
+        # replies, and closing one as is would send libpq's goodbye on the parent's session
+        # and end it. So the child's copy of each socket is first swapped for /dev/null (the
+        # parent's stays open), then the connection is closed here, harmlessly. The lock,
+        # which another thread may have held at the fork, is replaced.
+        idle, self._idle = self._idle, []
+        self._lock = threading.Lock()
+        for conn in idle:
+            _close_inherited(conn)
+
     def closeall(self) -> None:
         """Close every idle connection; connections still lent out close when returned."""
         with self._lock:
@@ -70,6 +99,28 @@ class LazyPool:
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+
+
+#: Inherited connections whose socket could not be swapped out: kept referenced for the
+#: child's life, because freeing one would end the parent's session (see ``_close_inherited``).
+_KEPT_INHERITED: list[Any] = []
+
+
+def _close_inherited(conn: Any) -> None:
+    """Close a connection a forked child inherited, without touching the parent's session."""
+    if conn.closed:
+        return
+    try:
+        devnull = os.open(os.devnull, os.O_RDWR)
+        try:
+            os.dup2(devnull, conn.fileno())
+        finally:
+            os.close(devnull)
+    except (OSError, psycopg2.Error):
+        _KEPT_INHERITED.append(conn)
+        return
+    with contextlib.suppress(psycopg2.Error):
+        conn.close()
 
 
 class ConnectionSource:
@@ -80,6 +131,13 @@ class ConnectionSource:
     its ``maxconn`` so that threads wait for a free connection instead of getting
     ``PoolError``; a connection that broke is handed back with ``close=True``, so the next
     borrower gets a fresh one. The caller's autocommit setting is restored on return.
+
+    After ``fork()`` the child renews its locks and semaphore (another thread may have held
+    them at the fork). A :class:`LazyPool` closes its copies of the parent's idle connections
+    without ending the parent's sessions, and opens its own; a single connection passed in
+    belongs to the parent, so the child refuses to use it (``ValidationError``) rather than
+    share its socket. A ``psycopg2.pool`` pool is the application's, to be created after the
+    fork like any psycopg2 pool.
     """
 
     def __init__(self, conn_or_pool: Any) -> None:
@@ -103,6 +161,44 @@ class ConnectionSource:
             )
         # SimpleConnectionPool is not thread-safe; a lock of our own makes every pool safe.
         self._pool_lock = threading.Lock()
+        #: Serialises the first-use table checks of the backend that owns this source.
+        self.ready_lock = threading.Lock()
+        #: The process that owns the single connection (None with a pool).
+        self._owner_pid = os.getpid() if self.pool is None else None
+        _LIVE.add(self)
+
+    @property
+    def attempts(self) -> int:
+        """How many connections one statement may try before its failure is reported.
+
+        A :class:`LazyPool` drops every idle connection when one is found broken, so the
+        second try runs on a fresh connection. Any other pool may hand out its dead idle
+        connections one after the other: each broken one is closed, so ``maxconn + 1`` tries
+        reach a fresh connection. A single connection cannot be replaced: one try.
+        """
+        if self.pool is None:
+            return 1
+        if isinstance(self.pool, LazyPool):
+            return 2
+        return max(1, int(self.pool.maxconn)) + 1
+
+    def discard(self, conn: Any) -> None:
+        """``conn`` was found broken: close it, and with a :class:`LazyPool` every idle one."""
+        if self.pool is None:
+            return
+        with contextlib.suppress(psycopg2.Error):
+            conn.close()
+        if isinstance(self.pool, LazyPool):
+            self.pool.discard_idle()
+
+    def _after_fork(self) -> None:
+        # In the forked child: no other thread exists, so every lock is renewed as free.
+        if self.pool is None:
+            self._slots = threading.Lock()
+        else:
+            self._slots = threading.BoundedSemaphore(max(1, int(self.pool.maxconn)))
+        self._pool_lock = threading.Lock()
+        self.ready_lock = threading.Lock()
 
     def take(self) -> tuple[Any, bool]:
         """An idle connection in autocommit mode, lent until :meth:`give_back`.
@@ -147,6 +243,13 @@ class ConnectionSource:
 
     def _take(self) -> Any:
         if self.pool is None:
+            if self._owner_pid != os.getpid():
+                raise ValidationError(
+                    f"this PostgreSQL connection was opened by process {self._owner_pid} before "
+                    "fork(); a child process must not share its socket: give each process its "
+                    "own connection, or use lease_lock.connect('postgresql://...'), whose pool "
+                    "reconnects in a child"
+                )
             return self.connection
         with self._pool_lock:
             return self.pool.getconn()
@@ -163,6 +266,14 @@ class ConnectionSource:
             return connect_parameters(conn)
 
 
+def _after_fork_in_child() -> None:
+    for item in list(_LIVE):
+        item._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def connect_parameters(conn: Any) -> dict[str, str]:
     """The libpq parameters of an open connection, password included, empty ones left out."""
     parameters = {name: value for name, value in conn.info.dsn_parameters.items() if value}
@@ -176,4 +287,10 @@ def check_dsn(dsn: str) -> None:
     try:
         psycopg2.extensions.parse_dsn(dsn)
     except psycopg2.ProgrammingError as exc:
-        raise ValidationError(f"invalid PostgreSQL DSN: {exc}".strip()) from exc
+        detail = scrub(" ".join(str(exc).split()), dsn)
+    else:
+        return
+    # libpq quotes the offending part, which may be the password itself ("invalid
+    # percent-encoded token"): the message is scrubbed, and raised outside the handler so
+    # that the driver's error, which carries the same text, is neither cause nor context.
+    raise ValidationError(f"invalid PostgreSQL DSN {redact_url(dsn)}: {detail}".strip())

@@ -100,7 +100,7 @@ def ddl(table: str = "lease_lock", *, schema: Optional[str] = None, unlogged: bo
     given, must already exist. ``unlogged=True`` makes the lock table ``UNLOGGED`` (faster
     writes; every lease is lost when the server crashes, see the docs). The fence sequence
     starts at the server's clock in microseconds, so a sequence that is ever dropped and
-    recreated still hands out larger fences than before (SPEC 8).
+    recreated still hands out larger fences than before.
     """
     names = resolve_names(table, schema)
     check_bool(unlogged, "unlogged")

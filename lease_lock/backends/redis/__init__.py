@@ -14,12 +14,13 @@ does not step back past the last fence.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional, TypeVar, cast
 
-from ...errors import ReplicationError, ValidationError
+from ...errors import BackendUnavailableError, ReplicationError, ValidationError
 from ...validation import check_duration
 from ..base import (
     Backend,
@@ -31,7 +32,13 @@ from ..base import (
 )
 from . import _scripts
 from ._scripts import Script
-from ._url import URL_OPTIONS, build_client, check_option_types
+from ._url import (
+    URL_OPTIONS,
+    build_client,
+    check_option_types,
+    retries_seen,
+    start_counting_retries,
+)
 from ._watch import RedisReleaseWatcher, release_channel
 
 __all__ = ["RedisBackend", "fence_key", "hash_tag", "is_fence_key"]
@@ -71,6 +78,55 @@ def is_fence_key(key: str) -> bool:
     if hash_tag(base) is not None and fence_key(base) == key:
         return True
     return base.startswith("{") and base.endswith("}") and fence_key(base[1:-1]) == key
+
+
+_Call = TypeVar("_Call", bound=Callable[..., Any])
+
+#: Replies of a server that cannot serve now but will: still loading its dataset, running a
+#: script past its time limit, its primary down, its cluster down or resharding.
+_UNAVAILABLE_REPLIES = ("LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN")
+
+
+def _is_unavailable(exc: BaseException) -> bool:
+    """``True`` for a connection-level failure; a refused login or a bad command is not one."""
+    from redis import exceptions
+
+    if isinstance(exc, (exceptions.AuthenticationError, exceptions.AuthorizationError)):
+        return False
+    if isinstance(exc, (exceptions.ConnectionError, exceptions.TimeoutError)):
+        return True
+    if isinstance(exc, exceptions.ReadOnlyError):
+        # A write that reached a replica: the client still talks to a primary that failed
+        # over (Sentinel and cluster clients find the new one on the next call).
+        return True
+    if isinstance(exc, (exceptions.ClusterDownError, exceptions.TryAgainError)):
+        return True
+    if isinstance(exc, exceptions.ResponseError):
+        return str(exc).split(" ", 1)[0] in _UNAVAILABLE_REPLIES
+    return False
+
+
+def _unavailable(exc: BaseException) -> BackendUnavailableError:
+    # redis-py's messages name host and port, never the password.
+    detail = " ".join(str(exc).split()) or type(exc).__name__
+    return BackendUnavailableError(f"Redis backend unavailable: {detail}", backend="redis")
+
+
+def _reports_unavailable(method: _Call) -> _Call:
+    """Raise :class:`BackendUnavailableError` from a connection-level driver error."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except BackendUnavailableError:
+            raise
+        except Exception as exc:
+            if _is_unavailable(exc):
+                raise _unavailable(exc) from exc
+            raise
+
+    return cast(_Call, wrapper)
 
 
 def _millis(seconds: float) -> int:
@@ -203,8 +259,15 @@ class RedisBackend(Backend):
         Options (query string or keyword): ``wait_for_replicas=REPLICAS,TIMEOUT``,
         ``cluster=true`` (a RedisCluster from any node's URL), ``socket_timeout``,
         ``socket_connect_timeout``, ``health_check_interval``, ``client_name``, ``username``,
-        ``password``, ``ssl_cert_reqs``, ``ssl_ca_certs``, ``sentinel_password``. The backend
-        owns the client it builds and closes it in :meth:`close`.
+        ``password``, ``ssl_cert_reqs``, ``ssl_ca_certs``, ``sentinel_password``, and the
+        options of redis-py's own URLs (``max_connections``, ``protocol``, ``db``,
+        ``retry_on_timeout``, ``socket_keepalive``, ``socket_read_size``, ``timeout``, and for
+        ``rediss://`` ``ssl_check_hostname`` and ``ssl_min_version``), which go to redis-py;
+        any other name is a ``ValidationError``. The client retries twice on a fresh
+        connection after a connection error or a timeout, 50 to 500 ms apart (every operation
+        may be repeated safely, see :meth:`release`); a failure that outlasts the retries
+        raises :class:`~lease_lock.errors.BackendUnavailableError`. The backend owns the
+        client it builds and closes it in :meth:`close`.
         """
         parsed = check_option_types(parse_url_options(url, URL_OPTIONS, options, backend="redis"))
         replicas = parsed.pop("wait_for_replicas", None)
@@ -322,10 +385,12 @@ class RedisBackend(Backend):
             raise self._replication_error(acknowledged, f"acquiring {key!r}")
         return str(reply.decode("ascii"))
 
+    @_reports_unavailable
     def acquire(self, key: str, token: str, ttl: float, owner: str) -> bool:
         """Grant ``key`` to ``token`` (or renew it for the same token) in one script."""
         return self._grant(key, token, ttl, owner, fenced=False) is not None
 
+    @_reports_unavailable
     def acquire_fenced(self, key: str, token: str, ttl: float, owner: str) -> Optional[int]:
         """Grant ``key`` with a fence of at least the server time in microseconds.
 
@@ -335,15 +400,28 @@ class RedisBackend(Backend):
         fence = self._grant(key, token, ttl, owner, fenced=True)
         return None if fence is None else int(fence)
 
+    @_reports_unavailable
     def release(self, key: str, token: str) -> bool:
-        """Delete ``key`` if ``token`` holds it and announce the release to watchers."""
-        reply = _scripts.RELEASE(self.client, [key], [f"{token}|", self._channel, key])
-        return bool(reply)
+        """Delete ``key`` if ``token`` holds it and announce the release to watchers.
 
+        A client built by :meth:`from_url` tries again on a fresh connection after a
+        connection error or a timeout. When such a retry no longer finds the token on the key,
+        the answer is ``True`` (released): the failed try may have run the script and lost
+        only its reply (a waiter may even hold the key again by then), and nothing left in
+        Redis tells that from a loss; reporting a loss would be wrong in that common case.
+        It can hide a loss only when the lease ran out or was force-released during that one
+        failing call. (A client passed in retries as it was configured, unseen here.)
+        """
+        start_counting_retries()
+        reply = _scripts.RELEASE(self.client, [key], [f"{token}|", self._channel, key])
+        return bool(reply) or retries_seen() > 0
+
+    @_reports_unavailable
     def extend(self, key: str, token: str, ttl: float) -> bool:
         """Replace the lease of ``key`` with ``ttl`` seconds from now if ``token`` holds it."""
         return self.extend_many([ExtendRequest(key, token, ttl)])[0]
 
+    @_reports_unavailable
     def extend_many(self, requests: Sequence[ExtendRequest]) -> list[bool]:
         """Extend several leases in pipelined round trips; one answer per request, in order.
 
@@ -366,6 +444,7 @@ class RedisBackend(Backend):
                 raise self._replication_error(acknowledged, f"extending {len(requests)} lease(s)")
         return [bool(reply) for reply in replies]
 
+    @_reports_unavailable
     def is_held(self, key: str, token: str) -> bool:
         """``True`` if ``token`` holds a live lease on ``key`` (one ``GET``)."""
         parsed = _parse_value(self.client.execute_command("GET", key))
@@ -390,10 +469,12 @@ class RedisBackend(Backend):
             expires_in=int(pttl) / 1000,
         )
 
+    @_reports_unavailable
     def inspect(self, key: str) -> LockState:
         """The holder's fence, owner and remaining lease (PTTL), read in one script."""
         return self._state(key, _scripts.INSPECT(self.client, [key], []))
 
+    @_reports_unavailable
     def force_release(self, key: str) -> bool:
         """Delete ``key`` whoever holds it and announce the release to watchers."""
         return bool(_scripts.FORCE_RELEASE(self.client, [key], [self._channel, key]))
@@ -409,6 +490,7 @@ class RedisBackend(Backend):
 
     # -- optional capabilities -----------------------------------------------------------------
 
+    @_reports_unavailable
     def scan(self, prefix: str) -> Iterator[LockState]:
         """Held keys starting with ``prefix``, sorted; SCAN on every primary, then pipelined reads.
 
@@ -437,6 +519,7 @@ class RedisBackend(Backend):
             self._watchers = [item for item in self._watchers if not item.closed] + [watcher]
         return watcher
 
+    @_reports_unavailable
     def count_in_window(self, name: str, window: float) -> tuple[int, float]:
         """Count one event for ``name`` in the current window, atomically on the server clock.
 

@@ -2,7 +2,7 @@
 
 A lease is one string key holding ``<token>|<fence>|<owner>`` with a Redis expiry (``PX``), so
 ``PTTL <key>`` shows the lease and Redis's own clock ends it. ``<fence>`` is empty for an
-unfenced grant. Tokens never contain ``|`` (SPEC 1), so ``<token>|`` is an unambiguous prefix;
+unfenced grant. Tokens never contain ``|``, so ``<token>|`` is an unambiguous prefix;
 the owner label is last and may contain anything.
 
 Lua numbers are doubles and ``tostring`` prints them with 14 significant digits, which loses

@@ -2,19 +2,23 @@
 
 Query-string options go through one parser table (``URL_OPTIONS``); keyword options override
 them. The backend takes ``wait_for_replicas`` and ``cluster``
-for itself; the rest configure the redis-py client.
+for itself; the rest configure the redis-py client. The options redis-py's own URL parser
+knows (``max_connections``, ``protocol``, ``retry_on_timeout``, ``ssl_check_hostname``, ...)
+are in the table too, checked here and handed to redis-py, so a URL copied from Celery or
+django-redis settings works; a name that neither knows is refused.
 """
 
 from __future__ import annotations
 
+import threading
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any, Callable
 
 from ...errors import ValidationError
-from ...validation import check_bool, check_duration, parse_duration
+from ...validation import check_bool, check_duration, parse_duration, redact_url
 
-__all__ = ["URL_OPTIONS", "build_client", "parse_replicas"]
+__all__ = ["URL_OPTIONS", "build_client", "parse_replicas", "retries_seen", "start_counting_retries"]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -41,6 +45,45 @@ def _parse_seconds(text: str) -> float:
     return parse_duration(text, "timeout")
 
 
+def _parse_count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("must be 0 or more")
+    return value
+
+
+def _parse_positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be at least 1")
+    return value
+
+
+def _parse_protocol(text: str) -> int:
+    value = int(text)
+    if value not in (2, 3):
+        raise ValueError("must be 2 (RESP2) or 3 (RESP3)")
+    return value
+
+
+#: Options of redis-py's own URL parser (``redis.connection.URL_QUERY_ARGUMENT_PARSERS``) that
+#: lease_lock does not define itself: checked here, then handed to redis-py unchanged.
+REDIS_PY_OPTIONS: Mapping[str, Callable[[str], Any]] = {
+    "db": _parse_count,
+    "max_connections": _parse_positive,
+    "protocol": _parse_protocol,
+    "retry_on_timeout": _parse_bool,
+    "socket_keepalive": _parse_bool,
+    "socket_read_size": _parse_positive,
+    "ssl_check_hostname": _parse_bool,
+    "ssl_min_version": _parse_count,
+    "timeout": _parse_seconds,
+}
+
+#: redis-py passes these to a TLS connection only; a plain connection fails on its first use.
+_TLS_ONLY = ("ssl_check_hostname", "ssl_min_version")
+
+
 #: Every option a Redis URL's query string may carry, with its text parser.
 URL_OPTIONS: Mapping[str, Callable[[str], Any]] = {
     "wait_for_replicas": parse_replicas,
@@ -54,6 +97,7 @@ URL_OPTIONS: Mapping[str, Callable[[str], Any]] = {
     "ssl_cert_reqs": str,
     "ssl_ca_certs": str,
     "sentinel_password": str,
+    **REDIS_PY_OPTIONS,
 }
 
 
@@ -70,6 +114,17 @@ def check_option_types(options: dict[str, Any]) -> dict[str, Any]:
     for name in ("client_name", "username", "password", "ssl_cert_reqs", "ssl_ca_certs", "sentinel_password"):
         if name in options and not isinstance(options[name], str):
             raise ValidationError(f"{name} must be a str, not {type(options[name]).__name__}")
+    for name in ("retry_on_timeout", "socket_keepalive", "ssl_check_hostname"):
+        if name in options:
+            check_bool(options[name], name)
+    for name in ("db", "max_connections", "protocol", "socket_read_size", "ssl_min_version"):
+        value = options.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValidationError(f"{name} must be an int, not {type(value).__name__}")
+    if "protocol" in options and options["protocol"] not in (2, 3):
+        raise ValidationError("protocol must be 2 (RESP2) or 3 (RESP3)")
+    if "timeout" in options:
+        options["timeout"] = check_duration(options["timeout"], "timeout")
     return options
 
 
@@ -83,10 +138,14 @@ def check_url(url: str) -> None:
     try:
         parts.port  # noqa: B018 - urlsplit parses the port lazily and raises here
     except ValueError as exc:
-        raise ValidationError(f"Redis URL {url!r} has a bad port: {exc}") from exc
+        # Neither the URL (its password) nor the driver's error (which quotes the URL's
+        # netloc) may reach the message.
+        raise ValidationError(f"Redis URL {redact_url(url)} has a bad port: {exc}") from None
     database = parts.path.strip("/")
     if database and not database.isdigit():
-        raise ValidationError(f"Redis URL {url!r}: the path must be a database number such as /0")
+        raise ValidationError(
+            f"Redis URL {redact_url(url)}: the path must be a database number such as /0"
+        )
 
 
 def _without_query(url: str) -> str:
@@ -121,6 +180,8 @@ def _sentinel_client(url: str, options: dict[str, Any]) -> Any:
         db = int(path[1]) if len(path) == 2 else 0
     except ValueError as exc:
         raise ValidationError(f"redis+sentinel URL database {path[1]!r} is not a number") from exc
+    # ?db= overrides the path, as it does in redis-py's own URLs.
+    db = options.pop("db", db)
     if parts.password is not None:
         options.setdefault("password", urllib.parse.unquote(parts.password))
     if parts.username:
@@ -140,6 +201,49 @@ def _sentinel_client(url: str, options: dict[str, Any]) -> Any:
     )
 
 
+_COUNTER = threading.local()
+
+
+def start_counting_retries() -> None:
+    """Start counting, on this thread, the failed tries of URL-built clients (see below)."""
+    _COUNTER.failures = 0
+
+
+def retries_seen() -> int:
+    """Failed tries of URL-built clients on this thread since :func:`start_counting_retries`.
+
+    A try that failed after its command was sent leaves the command's outcome unknown: the
+    backend reads a release's answer in that light (see ``RedisBackend.release``).
+    """
+    return int(getattr(_COUNTER, "failures", 0))
+
+
+def _retry_policy() -> Any:
+    """The retry policy of URL-built clients: two more tries on a fresh connection after a
+    connection error or a timeout, 50 ms then up to 500 ms apart (redis-py's own default makes
+    ten tries over several seconds, which would stall a down server's every call)."""
+    from redis.backoff import ExponentialWithJitterBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+    from redis.retry import Retry
+
+    class CountingRetry(Retry):
+        """redis-py's Retry that also counts, per thread, the tries that failed."""
+
+        def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
+            def counted(error: Exception, *rest: Any) -> Any:
+                _COUNTER.failures = retries_seen() + 1
+                return fail(error, *rest)
+
+            return super().call_with_retry(do, counted, *args, **kwargs)
+
+    return CountingRetry(
+        ExponentialWithJitterBackoff(base=0.05, cap=0.5),
+        2,
+        supported_errors=(RedisConnectionError, RedisTimeoutError, OSError),
+    )
+
+
 #: Socket timeouts of clients built from a URL unless the URL sets them. redis-py waits for ever
 #: by default, and the heartbeat thread makes its calls itself: one blackholed connection would
 #: stop every lease of the locker from being extended until TCP gave up, hours later.
@@ -156,6 +260,16 @@ def build_client(url: str, options: dict[str, Any]) -> Any:
     options.setdefault("socket_connect_timeout", DEFAULT_SOCKET_TIMEOUT)
     scheme = urllib.parse.urlsplit(url).scheme.lower()
     cluster = bool(options.pop("cluster", False))
+    if scheme != "rediss":
+        for name in _TLS_ONLY:
+            if name in options:
+                raise ValidationError(
+                    f"Redis URL option {name} applies to TLS connections only: use a "
+                    "rediss:// URL, or drop the option"
+                )
+    if not cluster:
+        # A cluster client takes no retry object for its nodes; it has its own retries.
+        options.setdefault("retry", _retry_policy())
     if scheme == "redis+sentinel":
         if cluster:
             raise ValidationError("cluster=true cannot be combined with a redis+sentinel URL")
