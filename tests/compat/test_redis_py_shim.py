@@ -74,7 +74,7 @@ def test_no_timeout_is_a_heartbeat_lease(r: Any, name: str) -> None:
 
 def test_given_token(r: Any, name: str) -> None:
     lock = make(r, name, timeout=10)
-    assert lock.acquire(blocking=False, token="test")
+    assert lock.acquire(blocking=False, token="test")  # noqa: S106 - a lock token, not a password
     assert r.get(name) == b"test"
     assert lock.local.token == b"test"
     lock.release()
@@ -84,7 +84,7 @@ def test_given_token(r: Any, name: str) -> None:
 
 def test_given_short_token_without_timeout(r: Any, name: str) -> None:
     lock = make(r, name, thread_local=False)
-    assert lock.acquire(blocking=False, token="test")
+    assert lock.acquire(blocking=False, token="test")  # noqa: S106 - a lock token, not a password
     assert r.get(name) == b"test"
     lock.release()
     assert r.get(name) is None
