@@ -223,6 +223,9 @@ class Lock:
         lease = locker.lock(self._name, ttl=ttl, token=lease_token(value))
         # Same token, so this renews the key just written and starts the heartbeat on it.
         if not lease.acquire(blocking=False):
+            # The key changed hands in between, or the grant came back late: give back what
+            # may still be ours rather than leave it to run out.
+            self._store.release_peer(self._name, value)
             return False
         self._lease = lease
         return True

@@ -157,6 +157,9 @@ class Lock:
         lease = heartbeat_locker(self.redis).lock(self.name, ttl=self.lease_ttl, token=lease_token(token))
         # Same token, so this renews the key just written and starts the heartbeat on it.
         if not lease.acquire(blocking=False):
+            # The key changed hands in between, or the grant came back late: give back what
+            # may still be ours rather than leave it to run out.
+            self._store.release_peer(self.name, token)
             return False
         self.local.lease = lease
         return True

@@ -7,6 +7,7 @@ in another, on the same name, each woken by the other's release through the sign
 
 from __future__ import annotations
 
+import gc
 import threading
 from typing import Any
 
@@ -259,6 +260,15 @@ def test_auto_renewal_keeps_the_lock(r: Any, name: str) -> None:
     assert r.get(f"lock:{name}") == lock.id.encode()
     lock.release()
     assert lock.lease is None
+
+
+def test_renewal_stops_when_the_lock_is_garbage_collected(r: Any, name: str) -> None:
+    lock = Lock(r, name, expire=1, auto_renewal=True)
+    assert lock.acquire()
+    del lock
+    gc.collect()
+    # Nobody renews it any more: the key runs out on the server.
+    assert wait_until(lambda: not r.exists(f"lock:{name}"), EVENT_WAIT)
 
 
 @pytest.mark.parametrize("signal_expire", [1000, 1500])
