@@ -18,9 +18,11 @@ python-redis-lock does: the signal list of the key is replaced by one element an
 
 from __future__ import annotations
 
+import hashlib
 import math
 import threading
 import weakref
+from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, ClassVar, Optional
 
@@ -105,6 +107,12 @@ local now = redis.call('time')
 return {redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1]), now[1], now[2]}
 """
 
+# The SHA1 each script is cached under on the server.
+_SHA = {
+    script: hashlib.sha1(script.encode()).hexdigest()  # noqa: S324 - the name Redis gives a script
+    for script in (_ACQUIRE, _RELEASE, _FORCE_RELEASE, _EXTEND, _INSPECT)
+}
+
 
 def lease_token(token: bytes) -> str:
     """The lease_lock token that stands for the peer token ``token`` (see :func:`peer_token`)."""
@@ -155,17 +163,23 @@ class PeerRedisBackend(Backend):
         signal_of: Optional[Callable[[str], str]] = None,
         signal_expire_ms: int = 1000,
     ) -> None:
-        if not callable(getattr(client, "register_script", None)):
+        if not callable(getattr(client, "evalsha", None)):
             raise ValidationError(f"client must be a redis.Redis, not {type(client).__name__}")
         #: The redis-py client the backend talks through.
         self.client = client
         self.signal_of = signal_of
         self.signal_expire_ms = signal_expire_ms
-        self._acquire = client.register_script(_ACQUIRE)
-        self._release = client.register_script(_RELEASE)
-        self._force_release = client.register_script(_FORCE_RELEASE)
-        self._extend = client.register_script(_EXTEND)
-        self._inspect = client.register_script(_INSPECT)
+
+    def _run(self, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        # By hash first; after a restart or SCRIPT FLUSH the server has forgotten the script,
+        # and EVAL runs (and caches) it again. Not redis-py's register_script: its Script
+        # objects keep the client alive, and the heartbeat's backend holds the client weakly.
+        from redis.exceptions import NoScriptError
+
+        try:
+            return self.client.evalsha(_SHA[script], len(keys), *keys, *args)
+        except NoScriptError:
+            return self.client.eval(script, len(keys), *keys, *args)
 
     def _keys(self, key: str) -> list[str]:
         return [key] if self.signal_of is None else [key, self.signal_of(key)]
@@ -179,11 +193,11 @@ class PeerRedisBackend(Backend):
 
     def release_peer(self, key: str, token: bytes) -> bool:
         """Delete ``key`` if ``token`` holds it (and wake one waiter); ``True`` when it did."""
-        return bool(self._release(keys=self._keys(key), args=[token, self.signal_expire_ms]))
+        return bool(self._run(_RELEASE, self._keys(key), [token, self.signal_expire_ms]))
 
     def force_release_peer(self, key: str) -> bool:
         """Delete ``key`` whoever holds it, and wake one waiter; ``True`` when a key was deleted."""
-        return bool(self._force_release(keys=self._keys(key), args=[self.signal_expire_ms]))
+        return bool(self._run(_FORCE_RELEASE, self._keys(key), [self.signal_expire_ms]))
 
     def extend_peer(self, key: str, token: bytes, ttl: float, *, add: bool = False, strict: bool = True) -> int:
         """Set (or with ``add``, lengthen) the expiry of ``key`` if ``token`` holds it.
@@ -192,7 +206,7 @@ class PeerRedisBackend(Backend):
         expiry and ``strict`` refuses to give it one.
         """
         mode = "1" if add else ("0" if strict else "-")
-        return int(self._extend(keys=[key], args=[token, _millis(ttl), mode]))
+        return int(self._run(_EXTEND, [key], [token, _millis(ttl), mode]))
 
     def value(self, key: str) -> Optional[bytes]:
         """The token stored at ``key`` as bytes, or ``None`` when the key is free."""
@@ -205,7 +219,7 @@ class PeerRedisBackend(Backend):
 
     def acquire(self, key: str, token: str, ttl: float, owner: str) -> bool:
         """Grant ``key`` to ``token`` for ``ttl`` seconds, or renew it for its holder."""
-        return bool(self._acquire(keys=[key], args=[peer_token(token), _millis(ttl)]))
+        return bool(self._run(_ACQUIRE, [key], [peer_token(token), _millis(ttl)]))
 
     def acquire_fenced(self, key: str, token: str, ttl: float, owner: str) -> Optional[int]:
         """Not offered: the peer layout has no room for a fence (``capabilities.fencing`` is off)."""
@@ -225,7 +239,7 @@ class PeerRedisBackend(Backend):
 
     def inspect(self, key: str) -> LockState:
         """Whether ``key`` is held and for how long; no fence or owner is stored."""
-        value, pttl, seconds, micros = self._inspect(keys=[key], args=[])
+        value, pttl, seconds, micros = self._run(_INSPECT, [key], [])
         if value is None or int(pttl) == -2:
             return LockState.free(key)
         if int(pttl) < 0:
@@ -272,6 +286,11 @@ def heartbeat_locker(client: Any, *, signal_prefix: Optional[str] = None, signal
                     # python-redis-lock names the list after the lock's name, without "lock:".
                     return prefix + key.split(":", 1)[1]
 
-            backend = PeerRedisBackend(client, signal_of=signal_of, signal_expire_ms=signal_expire_ms)
+            # The backend holds the client weakly, so that this cache does not keep it alive; when
+            # the client goes, so does its heartbeat thread.
+            backend = PeerRedisBackend(
+                weakref.proxy(client), signal_of=signal_of, signal_expire_ms=signal_expire_ms
+            )
             locker = per_client[settings] = Locker(backend, max_hold=math.inf)
+            weakref.finalize(client, locker.close)
         return locker

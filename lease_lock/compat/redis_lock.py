@@ -156,8 +156,9 @@ class Lock:
         # Built on first use: python-redis-lock lets a Lock be made on any object with
         # strict=False, and only touches the client when the lock is used.
         if self._store_instance is None:
+            signal = self._signal  # not self: a cycle would keep a dropped lock (and its lease) alive
             self._store_instance = PeerRedisBackend(
-                self._client, signal_of=lambda _key: self._signal, signal_expire_ms=self._signal_expire
+                self._client, signal_of=lambda _key: signal, signal_expire_ms=self._signal_expire
             )
         return self._store_instance
 

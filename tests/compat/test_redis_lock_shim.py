@@ -180,9 +180,11 @@ def test_double_acquire(r: Any, name: str) -> None:
 
 
 def test_enter_held_lock_without_blocking(r: Any, name: str) -> None:
-    assert Lock(r, name).acquire()
+    holder = Lock(r, name)
+    assert holder.acquire()
     with pytest.raises(NotAcquired), Lock(r, name, blocking=False):
         pass
+    holder.release()
 
 
 def test_reset(r: Any, name: str) -> None:
@@ -230,6 +232,9 @@ def test_bogus_release_and_release_by_id(r: Any, name: str) -> None:
     lock.acquire()
     Lock(r, name, id=lock.id).release()
     assert not lock.locked()
+    # The holder learns it on its own release, and its heartbeat stops.
+    with pytest.raises(NotAcquired):
+        lock.release()
 
 
 def test_release_leaves_one_signal(r: Any, name: str) -> None:
@@ -309,6 +314,8 @@ def test_resets_wake_waiters(r: Any, name: str, method: str) -> None:
     assert acquired.wait(EVENT_WAIT)
     thread.join(EVENT_WAIT)
     waiter.release()
+    with pytest.raises(NotAcquired):
+        holder.release()
 
 
 def test_given_id(r: Any, name: str) -> None:

@@ -7,12 +7,14 @@ another, on the same name.
 
 from __future__ import annotations
 
+import gc
 import threading
 from typing import Any
 
 import pytest
 import redis
 from lease_lock.compat import redis_py
+from lease_lock.compat._store import heartbeat_locker
 from lease_lock.compat.redis_py import Lock
 from lease_lock.testing import wait_until
 from redis.exceptions import LockError, LockNotOwnedError
@@ -352,3 +354,18 @@ def test_mixed_fleet_hand_off(redis_server: RedisServer, name: str, holder_impl:
         holder.kill()
         if waiter is not None:
             waiter.kill()
+
+
+def test_a_dropped_client_takes_its_heartbeat_with_it(redis_server: RedisServer, name: str) -> None:
+    client = redis_server.client()
+    lock = Lock(client, name, lease_ttl=5.0)
+    assert lock.acquire(blocking=False)
+    locker = heartbeat_locker(client)
+    thread = locker.heartbeat.thread
+    assert thread is not None and thread.is_alive()
+    lock.release()
+    client.close()
+    del lock, client
+    gc.collect()
+    # The cache of heartbeat lockers holds the client weakly: its locker is closed with it.
+    assert wait_until(lambda: locker.closed and not thread.is_alive(), EVENT_WAIT)
