@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from lease_lock import Lock, Locker, LockEvent, MemoryBackend
 from lease_lock.backends.base import ExtendRequest
 
+from benchmarks.measure import add_json_argument, write_json
+
 __all__ = ["main"]
 
 
@@ -118,7 +120,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 10000])
     parser.add_argument("--ttl", type=float, default=1.5)
     parser.add_argument("--seconds", type=float, default=10.0)
+    add_json_argument(parser)
     args = parser.parse_args(argv)
+    rows = []
     print(f"MemoryBackend, ttl={args.ttl:g}s (heartbeat every {args.ttl / 3:g}s), held {args.seconds:g}s per row")
     header = (
         f"{'locks':>7} {'threads':>7} {'hb thr':>6} {'RSS/lock':>9} {'CPU':>6} {'ext/s':>9} "
@@ -128,12 +132,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("-" * len(header))
     for size in args.sizes:
         row = run(size, args.ttl, args.seconds)
+        rows.append(row)
         print(
             f"{row['locks']:>7} {row['threads']:>7} {row['extra_threads']:>6} "
             f"{row['rss_per_lock'] / 1024:>7.2f}KB {row['cpu']:>6.1%} {row['ext_per_s']:>9.0f} "
             f"{row['lost']:>5} {row['batches']:>8} {row['mean_batch']:>10.1f} {row['singles']:>7}"
         )
     print("threads: the process while holding; hb thr: threads the locker added (the heartbeat).")
+    write_json(args.json, "heartbeat_scale", argv, {"ttl": args.ttl, "seconds": args.seconds, "rows": rows})
 
 
 if __name__ == "__main__":

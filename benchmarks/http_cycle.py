@@ -20,7 +20,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import requests
 
@@ -30,6 +30,8 @@ from lease_lock.backends import backend_from_url
 from lease_lock.backends.http import HttpBackend
 from lease_lock.server import create_app, create_key
 from tests.support.http_server import ThreadedServer
+
+from benchmarks.measure import add_json_argument, write_json
 
 
 def _rate(cycle: Callable[[int], None], seconds: float) -> float:
@@ -48,12 +50,13 @@ def _empty_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> l
     return [b"{}"]
 
 
-def main() -> None:
+def main(argv: Optional[list[str]] = None) -> None:
     """Run the three measurements and print them side by side."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", default="memory://", help="backend behind the service (default %(default)s)")
     parser.add_argument("--seconds", type=float, default=3.0, help="seconds per measurement")
-    args = parser.parse_args()
+    add_json_argument(parser)
+    args = parser.parse_args(argv)
 
     direct = backend_from_url(args.url)
     token = direct.new_token()
@@ -102,6 +105,11 @@ def main() -> None:
     floor_ms = 1000 / rows[1][1] / 2
     service_ms = 1000 / rows[2][1] / 2
     print(f"service overhead per request over the HTTP floor: {service_ms - floor_ms:.3f} ms")
+    write_json(args.json, "http_cycle", argv, {
+        "backend": args.url,
+        "rows": [{"name": name, "rate": rate, "requests": count} for name, rate, count in rows],
+        "overhead_ms_per_request": service_ms - floor_ms,
+    })
 
 
 if __name__ == "__main__":

@@ -9,12 +9,21 @@ cycle so that neither side always runs on a connection that has just been warmed
 
 from __future__ import annotations
 
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
 import statistics
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
 
-__all__ = ["Pairing", "paired", "percentile"]
+__all__ = ["Pairing", "add_json_argument", "machine", "paired", "percentile", "write_json"]
 
 _WARM_UP_CYCLES = 100
 
@@ -74,3 +83,34 @@ def percentile(values: list[float], fraction: float) -> float:
     """The value below which ``fraction`` of ``values`` lie (nearest rank)."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def add_json_argument(parser: argparse.ArgumentParser) -> None:
+    """Give a benchmark the ``--json PATH`` option (results for ``benchmarks/plot.py``)."""
+    parser.add_argument("--json", metavar="PATH", help="also write the results to PATH as JSON")
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on: enough to tell two machines' results apart."""
+    return {
+        "host": platform.node(),
+        "system": f"{platform.system()} {platform.release()}",
+        "cpus": os.cpu_count(),
+        "processor": platform.machine(),
+        "python": platform.python_version(),
+    }
+
+
+def write_json(path: Optional[str], benchmark: str, argv: Optional[Sequence[str]], results: Any) -> None:
+    """Write ``results`` with the command, machine and date that produced them; no-op without a path."""
+    if not path:
+        return
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    document = {
+        "benchmark": benchmark,
+        "command": shlex.join(["python", "-m", f"benchmarks.{benchmark}", *arguments]),
+        "machine": machine(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "results": results,
+    }
+    Path(path).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")

@@ -48,7 +48,7 @@ from lease_lock.backends.postgres._backend import _key_slot
 from lease_lock.locker import Locker
 from lease_lock.retry import Retry
 
-from benchmarks.measure import paired, percentile
+from benchmarks.measure import add_json_argument, paired, percentile, write_json
 
 __all__ = ["main"]
 
@@ -179,7 +179,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--url", default="postgresql://postgres@127.0.0.1:5432/test")
     parser.add_argument("--seconds", type=float, default=4.0, help="per contestant")
     parser.add_argument("--handoffs", type=int, default=100)
+    add_json_argument(parser)
     args = parser.parse_args(argv)
+    output: dict[str, Any] = {"cycles": [], "handoffs": []}
 
     admin = _connect(args.url)
     tables = {"logged": f"bench_pg_{uuid.uuid4().hex[:6]}", "unlogged": f"bench_pgu_{uuid.uuid4().hex[:6]}"}
@@ -253,6 +255,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     for name, cycle, floor in contestants:
         pairing = paired(floor, cycle, args.seconds)
         print(f"{name:<38} {pairing.rate:>9,.0f} {pairing.floor_rate:>8,.0f} {pairing.ratio:>8.2f}x")
+        output["cycles"].append({"name": name, "rate": pairing.rate, "floor_rate": pairing.floor_rate,
+                                 "ratio": pairing.ratio})
 
     notified = Locker(backend(logged), ttl=TTL)
     polling_conn = _connect(args.url)
@@ -267,6 +271,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     print(f"{'contestant':<38} {'p50 ms':>9} {'p99 ms':>9}")
     for name, latencies in results.items():
         print(f"{name:<38} {percentile(latencies, 0.5) * 1000:>9.2f} {percentile(latencies, 0.99) * 1000:>9.2f}")
+        output["handoffs"].append({"name": name, "p50_ms": percentile(latencies, 0.5) * 1000,
+                                   "p99_ms": percentile(latencies, 0.99) * 1000})
+    write_json(args.json, "postgres_cycle", argv, output)
 
     notified.close()
     polling.close()

@@ -36,7 +36,7 @@ import redis
 from lease_lock.backends.redis import RedisBackend
 from lease_lock.locker import Locker
 
-from benchmarks.measure import paired, percentile
+from benchmarks.measure import add_json_argument, paired, percentile, write_json
 
 __all__ = ["main"]
 
@@ -327,7 +327,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--seconds", type=float, default=6.0, help="cycle time per pairing")
     parser.add_argument("--handoffs", type=int, default=100, help="hand-off samples each")
+    add_json_argument(parser)
     args = parser.parse_args(argv)
+    results: dict[str, Any] = {"cycles": [], "handoffs": []}
 
     client = redis.Redis.from_url(args.url)
     info = client.info("server")
@@ -347,6 +349,8 @@ def main(argv: list[str] | None = None) -> None:
             continue
         pairing = paired(floor_cycle, cycle, args.seconds)
         print(f"{name:<36} {pairing.rate:>10,.0f} {pairing.floor_rate:>10,.0f} {pairing.ratio:>8.2f}x")
+        results["cycles"].append({"name": name, "rate": pairing.rate, "floor": floor_name,
+                                  "floor_rate": pairing.floor_rate, "ratio": pairing.ratio})
 
     print(f"\nHand-off latency, release -> waiter holds ({args.handoffs} samples)")
     print(f"{'contestant':<36} {'p50 ms':>9} {'p99 ms':>9}")
@@ -355,6 +359,8 @@ def main(argv: list[str] | None = None) -> None:
         p50 = statistics.median(samples) * 1000
         p99 = percentile(samples, 0.99) * 1000
         print(f"{name:<36} {p50:>9.2f} {p99:>9.2f}")
+        results["handoffs"].append({"name": name, "p50_ms": p50, "p99_ms": p99})
+    write_json(args.json, "redis_cycle", argv, results)
 
 
 if __name__ == "__main__":

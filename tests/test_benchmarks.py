@@ -7,6 +7,7 @@ quote. Each runs as ``python -m benchmarks.<name>`` from the repository root, as
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -101,3 +102,27 @@ def test_heartbeat_scale_in_miniature() -> None:
     (cells,) = (line.split() for line in output.splitlines() if line.split()[:1] == ["10"])
     assert cells[2] == "1", output
     assert cells[6] == "0", output
+
+
+def test_json_results_become_figures(tmp_path: Path, redis_server: RedisServer) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    run_benchmark("heartbeat_scale", "--sizes", "10", "--seconds", "1", "--json", str(data / "heartbeat_scale.json"))
+    run_benchmark("http_cycle", "--seconds", "0.2", "--json", str(data / "http_cycle.json"))
+    run_benchmark(
+        "redis_cycle", "--url", redis_server.url, "--seconds", "0.2", "--handoffs", "3",
+        "--json", str(data / "redis_cycle.json"),
+    )
+    document = json.loads((data / "redis_cycle.json").read_text())
+    assert document["benchmark"] == "redis_cycle"
+    assert "--seconds 0.2" in document["command"] and document["machine"]["cpus"] >= 1 and document["date"]
+    assert {row["name"] for row in document["results"]["handoffs"]} >= {"lease_lock Locker"}
+    assert all(row["ratio"] > 0 for row in document["results"]["cycles"])
+    out = tmp_path / "figures"
+    printed = run_benchmark("plot", "--data", str(data), "--out", str(out))
+    written = sorted(path.name for path in out.glob("*.svg"))
+    # No PostgreSQL data: its cycle figure is left out, and the hand-off figure shows Redis only.
+    assert written == ["handoff-latency.svg", "heartbeat-scale.svg", "http-service.svg", "redis-cycles.svg"]
+    assert printed.count(".svg") == 4
+    svg = (out / "redis-cycles.svg").read_text()
+    assert "benchmarks.redis_cycle" in svg and document["date"] in svg

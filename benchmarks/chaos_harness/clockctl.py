@@ -9,7 +9,7 @@ two offsets kept in a 16-byte file that the injector maps too:
 - ``hidden`` is subtracted from the monotonic clock: while the worker is stopped the injector
   adds the length of the stop, so the worker's monotonic clock never sees the pause but its wall
   clock does. That is what a VM frozen by its hypervisor looks like from inside, and it is the
-  case the pause detector of SPEC 6 exists for.
+  case the lease clock's pause detector exists for.
 
 The offsets are aligned 8-byte doubles, so a reader never sees a torn value on the platforms
 we run on.

@@ -180,7 +180,7 @@ class Worker:
     def release(self, hold: str, lock: Lock) -> None:
         """Give the key back, logging the outcome.
 
-        A release that raises leaves the lock held with its heartbeat running (SPEC 4), so a
+        A release that raises leaves the lock held with its heartbeat running, so a
         careful holder tries again until it succeeds or the lock reads lost; giving up silently
         would hide a loss from the holder, and from the checker.
         """
@@ -190,7 +190,7 @@ class Worker:
             t0 = host_now()
             try:
                 released = lock.release()
-            except Exception as error:  # noqa: BLE001 - retried below, as SPEC 4 intends
+            except Exception as error:  # noqa: BLE001 - retried below: the lock stays held
                 self.log.write("release-error", hold=hold, key=lock.key, t0=t0, error=repr(error))
                 if lock.lost.wait(0.05):
                     # Lost: the lease runs out on its own, nothing is left to give back.

@@ -194,8 +194,8 @@ def test_ddl_is_idempotent_sql_for_migrations(admin: Any, postgres_server: Postg
             _sql(admin, statement)
     backend = PostgresBackend.from_url(postgres_server.url, table=table, create_table=False)
     first = backend.acquire_fenced("k", TOKEN, 30, "o")
-    # The fence sequence starts at the server clock in microseconds (SPEC 8: fences keep
-    # rising even if the sequence is ever recreated).
+    # The fence sequence starts at the server clock in microseconds (fences keep rising
+    # even if the sequence is ever recreated).
     assert first is not None and 10**15 < first < 2**53
     backend.close()
 

@@ -213,7 +213,7 @@ def test_bad_locker_settings_are_refused(world: Any, setting: dict[str, Any]) ->
 @FAST
 @given(name=st.text(alphabet="xyz", min_size=1, max_size=8))
 def test_unknown_connect_options_are_refused(world: Any, name: str) -> None:
-    # SPEC 2: connect() refuses an unknown option; Locker() itself raises Python's TypeError.
+    # connect() refuses an unknown option; Locker() itself raises Python's TypeError.
     refused(world, lambda: lease_lock.connect("memory://", **{name: 1}))
 
 

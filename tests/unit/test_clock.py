@@ -1,4 +1,4 @@
-"""The lease clock (SPEC 6): monotonic time plus the pauses only the wall clock saw."""
+"""The lease clock: monotonic time plus the pauses only the wall clock saw."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Errors (SPEC 9): stable codes, attributes, builtins mixed in, pickling."""
+"""Errors: stable codes, attributes, builtins mixed in, pickling."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Events and the ``lease_lock`` logger (SPEC 10)."""
+"""Events and the ``lease_lock`` logger."""
 
 from __future__ import annotations
 

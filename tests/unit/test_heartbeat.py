@@ -1,4 +1,4 @@
-"""The heartbeat (SPEC 5): when it extends, what it asks for, how each loss reads.
+"""The heartbeat: when it extends, what it asks for, how each loss reads.
 
 The fixtures' locker uses ttl 30 s, so the heartbeat fires every 10 s; the local lease ends 1%
 early (at 29.7 s). Fake time starts at START.

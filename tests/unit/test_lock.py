@@ -1,4 +1,4 @@
-"""The Lock object (SPEC 4): states, release, extend, is_held, check and misuse."""
+"""The Lock object: states, release, extend, is_held, check and misuse."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Locker calls (SPEC 3): try_acquire, acquire_many, re-acquire with a token, inspection."""
+"""Locker calls: try_acquire, acquire_many, re-acquire with a token, inspection."""
 
 from __future__ import annotations
 

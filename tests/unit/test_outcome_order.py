@@ -1,4 +1,4 @@
-"""What leaving a protected block raises (SPEC 4), for ``with lock``, ``with lockset`` and
+"""What leaving a protected block raises, for ``with lock``, ``with lockset`` and
 ``@locker.locked``.
 
 1. The block raised: that exception propagates; a release failure becomes ``release_failed``.

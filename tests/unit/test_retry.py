@@ -1,4 +1,4 @@
-"""Retry and waiting (SPEC 7): per-field merge, delays, the timeout, cancellation, late grants."""
+"""Retry and waiting: per-field merge, delays, the timeout, cancellation, late grants."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Bad input (SPEC 1): every public call raises ValidationError naming the argument, before
+"""Bad input: every public call raises ValidationError naming the argument, before
 anything reaches the backend."""
 
 from __future__ import annotations

@@ -1,0 +1,82 @@
+"""The install the README documents works for type checkers: ``mypy --strict`` on a user's file
+finds the package, and its types, after a strict editable install; ``py.typed`` ships."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+USER_FILE = """\
+import lease_lock
+
+locker: lease_lock.Locker = lease_lock.connect("memory://")
+with locker.lock("report") as lock:
+    fence: "int | None" = lock.fence
+"""
+
+WRONG_USER_FILE = """\
+import lease_lock
+
+fence: str = lease_lock.connect("memory://").lock("report").fence
+"""
+
+
+def _copy_project(target: Path) -> None:
+    """The files an install reads, so the install's build tree stays out of the checkout."""
+    for name in ("setup.cfg", "pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, target / name)
+    shutil.copytree(ROOT / "lease_lock", target / "lease_lock", ignore=shutil.ignore_patterns("__pycache__"))
+
+
+def _mypy(python: Path, source: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--python-executable", str(python), str(source)],
+        cwd=source.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        # The user's environment, not this checkout's: no PYTHONPATH leading mypy to the source.
+        env={name: value for name, value in os.environ.items() if name not in ("PYTHONPATH", "MYPYPATH")},
+        check=False,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_mypy_sees_the_strict_editable_install(tmp_path: Path) -> None:
+    project = tmp_path / "checkout"
+    project.mkdir()
+    _copy_project(project)
+    environment = tmp_path / "env"
+    # The machine's pip, setuptools and wheel build the install, so the test needs no network.
+    venv.create(environment, system_site_packages=True, with_pip=False)
+    python = environment / "bin" / "python"
+    install = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", str(project),
+         "--config-settings", "editable_mode=strict"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert install.returncode == 0, install.stdout + install.stderr
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "app.py").write_text(USER_FILE, encoding="utf-8")
+    checked = _mypy(python, user / "app.py")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    # It really read the package's annotations: a wrong type is caught.
+    (user / "wrong.py").write_text(WRONG_USER_FILE, encoding="utf-8")
+    wrong = _mypy(python, user / "wrong.py")
+    assert wrong.returncode == 1 and "Incompatible types in assignment" in wrong.stdout, wrong.stdout
+
+
+def test_py_typed_ships() -> None:
+    setup = (ROOT / "setup.cfg").read_text(encoding="utf-8")
+    assert "lease_lock = py.typed" in setup
+    assert (ROOT / "lease_lock" / "py.typed").is_file()
