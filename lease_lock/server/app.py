@@ -6,7 +6,8 @@ Every answer is JSON (``{"error", "code"}`` for errors) except the bodiless 204s
 store gives 503 ``unavailable`` (fail closed); no input can produce a 5xx.
 
 Order of checks: credential (401, counts for no project) -> budget (429; every authenticated
-request counts, rejected ones included) -> route (404/405) -> scope (403) -> inputs (400/413)
+request counts against one of its project's budgets, rejected ones included, see
+:func:`budget_of`) -> route (404/405) -> scope (403) -> inputs (400/413)
 -> the lock operation (201/200/204/409/503).
 """
 
@@ -39,7 +40,7 @@ from .wire import (
     MIN_TTL,
 )
 
-__all__ = ["LockServiceApp", "create_app", "format_time"]
+__all__ = ["BUDGETS", "LockServiceApp", "budget_of", "create_app", "format_time"]
 
 _log = logging.getLogger("lease_lock.server")
 _MAX_OWNER = 200
@@ -61,6 +62,26 @@ _REASONS = {
 }
 
 StartResponse = Callable[..., Any]
+
+#: The separate per-project budgets, each of ``rate_limit`` requests per window.
+BUDGETS = ("read", "acquire", "hold")
+
+
+def budget_of(method: str, *, write_allowed: bool) -> str:
+    """The budget a request of ``method`` spends: ``read``, ``acquire`` or ``hold``.
+
+    Renewals and releases (``PATCH``/``DELETE``) spend ``hold``, acquisitions ``acquire`` and
+    everything else ``read``, so that neither a flood of reads nor a crowd of would-be holders
+    can starve the renewals that keep granted leases alive. A key that may not write spends
+    ``read`` whatever it sends: a read-only key can never touch the writers' budgets.
+    """
+    if not write_allowed:
+        return "read"
+    if method == "POST":
+        return "acquire"
+    if method in ("PATCH", "DELETE"):
+        return "hold"
+    return "read"
 
 
 @dataclass
@@ -180,6 +201,10 @@ class LockServiceApp:
             headers.append(("Content-Length", str(len(payload))))
         headers.append(("Cache-Control", "no-store"))
         start_response(f"{response.status} {_REASONS[response.status]}", headers)
+        if environ.get("REQUEST_METHOD") == "HEAD":
+            # RFC 9110: an answer to HEAD has headers only; a body would be read as the start
+            # of the next response on a kept-alive connection.
+            return []
         return [payload]
 
     # -- the steps of one request --------------------------------------------------------------
@@ -187,15 +212,16 @@ class LockServiceApp:
     def _handle(self, environ: dict[str, Any], context: dict[str, str]) -> _Response:
         record = self._authenticate(environ)
         context["project"] = record.project
-        budget = self._store(lambda: self.limiter.hit(record.project))
+        method = environ.get("REQUEST_METHOD", "")
+        budget_name = budget_of(method, write_allowed=record.allows(True))
+        budget = self._store(lambda: self.limiter.hit(f"{record.project}/{budget_name}"))
         if not budget.allowed:
             raise _Reject(
                 429,
                 "lock_rate_limited",
-                f"project budget of {self.limiter.limit} requests per window is spent",
+                f"project {budget_name} budget of {self.limiter.limit} requests per window is spent",
                 [("Retry-After", str(budget.retry_after))],
             )
-        method = environ.get("REQUEST_METHOD", "")
         segments = _raw_path(environ).split("/")
         request_id = _uuid(
             _header(environ, HEADER_REQUEST_ID), HEADER_REQUEST_ID, "invalid_request"
@@ -285,7 +311,8 @@ class LockServiceApp:
         data = environ["wsgi.input"].read(length) if length > 0 else b""
         try:
             return json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            # Deeply nested arrays exhaust the parser's recursion well inside the size limit.
             raise _Reject(400, "invalid_request", "body must be a JSON object") from None
 
     def _ttl(self, environ: dict[str, Any]) -> int:

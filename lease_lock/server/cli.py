@@ -15,6 +15,7 @@ import sys
 from typing import Any, Optional, Sequence
 
 from ..errors import ValidationError
+from .serving import DEFAULT_CHANNEL_TIMEOUT, DEFAULT_CONNECTION_LIMIT
 
 __all__ = ["add_keys_parser", "add_serve_parser", "main", "parse_bind", "register"]
 
@@ -30,21 +31,43 @@ def parse_bind(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _configure_logging() -> None:
+    """Send the service's log (access lines, store errors, keys file errors) to stderr.
+
+    Only when nobody configured logging already: an embedding program keeps its own setup.
+    """
+    logger = logging.getLogger("lease_lock")
+    configured = [*logger.handlers, *logging.getLogger().handlers]
+    # The library's own NullHandler does not count: it only keeps Python's last-resort output away.
+    if any(not isinstance(handler, logging.NullHandler) for handler in configured):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
 def _serve(args: argparse.Namespace) -> int:
-    import waitress
-
     from .app import create_app
+    from .serving import make_server, require_waitress
 
+    require_waitress()
     host, port = parse_bind(args.bind)
+    for name in ("threads", "connection_limit", "channel_timeout"):
+        value = getattr(args, name)
+        if value < 1:
+            raise ValidationError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    _configure_logging()
     app = create_app(args.url, args.keys, rate_limit=args.rate_limit)
     # waitress refuses bodies above this with its own plain-text 413; the app's JSON 413
     # covers everything between its own (smaller) limit and this one.
-    server = waitress.create_server(
+    server = make_server(
         app,
-        host=host,
-        port=port,
+        host,
+        port,
         threads=args.threads,
-        ident="lease-lock",
+        connection_limit=args.connection_limit,
+        channel_timeout=args.channel_timeout,
         max_request_body_size=_MAX_BODY_ON_THE_SOCKET,
     )
     shown_host = f"[{host}]" if ":" in host else host
@@ -108,6 +131,18 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="requests per project per minute (default %(default)s)",
     )
     parser.add_argument("--threads", type=int, default=8, help="worker threads (default %(default)s)")
+    parser.add_argument(
+        "--connection-limit",
+        type=int,
+        default=DEFAULT_CONNECTION_LIMIT,
+        help="open connections per process at most (default %(default)s)",
+    )
+    parser.add_argument(
+        "--channel-timeout",
+        type=int,
+        default=DEFAULT_CHANNEL_TIMEOUT,
+        help="seconds a silent connection (idle, or headers unfinished) stays open (default %(default)s)",
+    )
 
 
 def _keys_arguments(parser: argparse.ArgumentParser) -> None:

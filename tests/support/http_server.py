@@ -88,15 +88,20 @@ class ThreadedServer:
             channel.close()
 
 
-def start_serve(tmp: Path, backend_url: str, keys_file: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str, Path]:
-    """Start ``python -m lease_lock.server serve`` and wait until it says where it listens."""
+def start_serve(
+    tmp: Path, backend_url: str, keys_file: Path, *extra: str, module: str = "lease_lock.server"
+) -> tuple[subprocess.Popen[bytes], str, Path]:
+    """Start ``python -m <module> serve`` and wait until it says where it listens.
+
+    ``module="lease_lock"`` runs the ``lease-lock`` command itself.
+    """
     log = tmp / f"serve-{time.monotonic_ns()}.log"
     handle = log.open("wb")
     process = subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "lease_lock.server",
+            module,
             "serve",
             "--url",
             backend_url,

@@ -1,0 +1,76 @@
+"""The waitress server of ``lease-lock serve``, with the settings a public lock service needs.
+
+waitress's defaults suit an application behind a proxy, not a service facing many clients:
+at most 100 connections, and an idle or half-sent connection keeps its slot for 120 seconds,
+so a hundred silent sockets stop the server for everyone. :func:`make_server` raises the
+connection limit, closes connections that stay silent for ``channel_timeout`` seconds (idle
+keep-alive connections and unfinished request headers alike; a request being answered is never
+cut), and polls its sockets with ``poll()`` so that more than 1024 of them work.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ValidationError
+
+__all__ = ["DEFAULT_CHANNEL_TIMEOUT", "DEFAULT_CONNECTION_LIMIT", "make_server", "require_waitress"]
+
+#: Connections one server process keeps open at most (waitress's own default is 100).
+DEFAULT_CONNECTION_LIMIT = 1000
+#: Seconds a connection may stay silent (no request being answered) before it is closed.
+DEFAULT_CHANNEL_TIMEOUT = 10
+
+
+def require_waitress() -> Any:
+    """The ``waitress`` module, or a :class:`ValidationError` naming the extra to install."""
+    try:
+        import waitress
+    except ImportError as exc:
+        raise ValidationError(
+            "lease-lock serve needs waitress: pip install 'lease_lock[server]'"
+        ) from exc
+    return waitress
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValidationError(f"{name} must be a whole number of at least 1, got {value!r}")
+    return value
+
+
+def make_server(
+    app: Any,
+    host: str,
+    port: int,
+    *,
+    threads: int = 8,
+    connection_limit: int = DEFAULT_CONNECTION_LIMIT,
+    channel_timeout: int = DEFAULT_CHANNEL_TIMEOUT,
+    max_request_body_size: int = 1024 * 1024,
+    **adjustments: Any,
+) -> Any:
+    """A waitress server for ``app`` on ``host:port`` (port 0 picks one); call ``run()``.
+
+    Every number is checked first (``ValidationError`` naming it): ``threads`` answering
+    requests, ``connection_limit`` open connections, ``channel_timeout`` seconds of silence
+    before a connection is closed. ``adjustments`` pass through to ``waitress.create_server``.
+    """
+    waitress = require_waitress()
+    _positive_int(threads, "threads")
+    _positive_int(connection_limit, "connection_limit")
+    _positive_int(channel_timeout, "channel_timeout")
+    return waitress.create_server(
+        app,
+        host=host,
+        port=port,
+        threads=threads,
+        connection_limit=connection_limit,
+        channel_timeout=channel_timeout,
+        # Silent connections are found by a sweep every cleanup_interval seconds.
+        cleanup_interval=max(1, channel_timeout // 2),
+        asyncore_use_poll=True,
+        ident="lease-lock",
+        max_request_body_size=max_request_body_size,
+        **adjustments,
+    )
