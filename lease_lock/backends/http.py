@@ -8,10 +8,14 @@ caller asked for.
 Answers: 409 is a plain "no" (``None``/``False``); 429 raises
 :class:`~lease_lock.errors.RateLimitedError`; 400 raises
 :class:`~lease_lock.errors.ValidationError`; 401/403 raise
-:class:`~lease_lock.errors.AccessDeniedError`. Anything else unexpected raises ``requests``'
-``HTTPError``, and transport failures are ``requests``' own exceptions, never wrapped.
+:class:`~lease_lock.errors.AccessDeniedError`. A transport failure (refused, reset, timed out)
+or a 503 raises :class:`~lease_lock.errors.BackendUnavailableError` with ``requests``' exception
+as ``__cause__``; anything else unexpected raises ``requests``' ``HTTPError``.
 An acquisition is retried exactly once, with the same token, TTL, request id and credential,
 after a transport failure or a 503: the token makes the repeat safe.
+
+A backend used before ``fork()`` is safe in the child: the child builds its own session on its
+first request and never touches a connection its parent opened.
 """
 
 from __future__ import annotations
@@ -23,14 +27,16 @@ import threading
 import time
 import urllib.parse
 import uuid
+import weakref
 from collections.abc import Iterator, Mapping
 from datetime import datetime, timezone
 from typing import Any, Callable, ClassVar, ContextManager, Optional
 
 import requests
 
-from ..errors import AccessDeniedError, RateLimitedError, ValidationError
+from ..errors import AccessDeniedError, BackendUnavailableError, RateLimitedError, ValidationError
 from ..server import wire
+from ..validation import redact_url
 from .base import Backend, Capabilities, LockState, parse_url_options
 
 __all__ = ["HttpBackend"]
@@ -53,6 +59,19 @@ def _parse_time(text: Any) -> datetime:
     # ``fromisoformat`` reads a trailing ``Z`` only from Python 3.11 on.
     moment = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
     return moment.astimezone(timezone.utc)
+
+
+# Backends alive in this process; a forked child gives each a new session (see _after_fork).
+_LIVE: weakref.WeakSet[HttpBackend] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for backend in list(_LIVE):
+        backend._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _forget_after(now: float, ttl: float) -> float:
@@ -93,11 +112,13 @@ class HttpBackend(Backend):
     ) -> None:
         parts = urllib.parse.urlsplit(base_url) if isinstance(base_url, str) else None
         if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValidationError(f"base_url must be an http:// or https:// URL with a host, got {base_url!r}")
+            shown = redact_url(base_url) if isinstance(base_url, str) else repr(base_url)
+            raise ValidationError(f"base_url must be an http:// or https:// URL with a host, got {shown}")
         try:
             parts.port  # noqa: B018 - urlsplit parses the port lazily and raises here
         except ValueError as exc:
-            raise ValidationError(f"base_url {base_url!r} has a bad port: {exc}") from exc
+            # The URL may carry ?api_key=...: show it only redacted.
+            raise ValidationError(f"base_url {redact_url(base_url)} has a bad port: {exc}") from None
         if not isinstance(api_key, str) or not api_key or not api_key.isprintable():
             raise ValidationError("api_key must be a non-empty printable str (a service key)")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
@@ -111,6 +132,19 @@ class HttpBackend(Backend):
         self._scope = threading.local()
         # (key, token) -> (fence, monotonic time after which the grant surely ended)
         self._fences: dict[tuple[str, str], tuple[int, float]] = {}
+        # A parent's sessions, kept referenced in a forked child: closing them there could
+        # disturb the parent's connections (a TLS close_notify on a shared socket).
+        self._inherited: list[requests.Session] = []
+        _LIVE.add(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: a new session and fresh locks, never the parent's connections."""
+        self._inherited.append(self._session)
+        self._session = requests.Session()
+        # The child's session is its own, whoever owned the parent's.
+        self._own_session = True
+        self._mutex = threading.Lock()
+        self._scope = threading.local()
 
     def __repr__(self) -> str:
         return f"HttpBackend({self.base_url!r})"
@@ -161,10 +195,32 @@ class HttpBackend(Backend):
         return path + "/lease" if lease else path
 
     def _send(self, method: str, url: str, **kwargs: Any) -> requests.Response:
+        """One request; a transport failure raises ``requests``' own exception."""
         headers = kwargs.pop("headers", {})
         headers["Authorization"] = self._authorization
         headers.setdefault(wire.HEADER_REQUEST_ID, str(uuid.uuid4()))
         return self._session.request(method, url, headers=headers, timeout=self.timeout, **kwargs)
+
+    def _unavailable(self, cause: BaseException) -> BackendUnavailableError:
+        # ``base_url`` never carries the key (it travels in a header) and has no query.
+        return BackendUnavailableError(
+            f"lock service at {redact_url(self.base_url)} unreachable ({type(cause).__name__})",
+            backend="http",
+        )
+
+    def _call(self, method: str, url: str, **kwargs: Any) -> requests.Response:
+        """One attempt; a transport failure or a 503 raises ``BackendUnavailableError``."""
+        try:
+            response = self._send(method, url, **kwargs)
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            raise self._unavailable(exc) from exc
+        self._raise_if_unavailable(response)
+        return response
+
+    def _raise_if_unavailable(self, response: requests.Response) -> None:
+        if response.status_code == 503:
+            error = requests.HTTPError(f"503 from {redact_url(response.url)}", response=response)
+            raise self._unavailable(error) from error
 
     @staticmethod
     def _raise_for(response: requests.Response, expected: int) -> None:
@@ -234,10 +290,10 @@ class HttpBackend(Backend):
         try:
             response = self._send("POST", url, headers=dict(headers), json=body)
         except (requests.ConnectionError, requests.Timeout):
-            response = self._send("POST", url, headers=dict(headers), json=body)
+            response = self._call("POST", url, headers=dict(headers), json=body)
         else:
             if response.status_code == 503:
-                response = self._send("POST", url, headers=dict(headers), json=body)
+                response = self._call("POST", url, headers=dict(headers), json=body)
         if response.status_code == 409:
             return None
         self._raise_for(response, 201)
@@ -272,7 +328,7 @@ class HttpBackend(Backend):
         """Drop our lease (``DELETE /locks/{key}/lease``); ``True`` when one was dropped."""
         self.check_key(key)
         self.check_token(token)
-        response = self._send("DELETE", self._url(key, lease=True), headers={wire.HEADER_TOKEN: token})
+        response = self._call("DELETE", self._url(key, lease=True), headers={wire.HEADER_TOKEN: token})
         if response.status_code == 409:
             return False
         self._raise_for(response, 204)
@@ -285,7 +341,7 @@ class HttpBackend(Backend):
         self.check_key(key)
         self.check_token(token)
         wire_ttl = self.wire_ttl(ttl)
-        response = self._send(
+        response = self._call(
             "PATCH",
             self._url(key, lease=True),
             headers={wire.HEADER_TOKEN: token},
@@ -329,14 +385,14 @@ class HttpBackend(Backend):
     def inspect(self, key: str) -> LockState:
         """The state of ``key`` (``GET /locks/{key}``)."""
         self.check_key(key)
-        response = self._send("GET", self._url(key))
+        response = self._call("GET", self._url(key))
         self._raise_for(response, 200)
         return self._state(key, response.json(), response.headers.get(wire.HEADER_EXPIRES_IN))
 
     def force_release(self, key: str) -> bool:
         """Drop whatever lease holds ``key`` (``DELETE /locks/{key}``)."""
         self.check_key(key)
-        response = self._send("DELETE", self._url(key))
+        response = self._call("DELETE", self._url(key))
         self._raise_for(response, 204)
         self._forget(key)
         return response.headers.get(wire.HEADER_RELEASED, "true").lower() == "true"
@@ -345,7 +401,7 @@ class HttpBackend(Backend):
         """Held keys under ``prefix`` (``GET /locks?prefix=``, a lease_lock server extension)."""
         if prefix:
             self.check_key(prefix)
-        response = self._send("GET", self._url(None), params={"prefix": prefix})
+        response = self._call("GET", self._url(None), params={"prefix": prefix})
         self._raise_for(response, 200)
         states = [self._state(item["key"], item, str(item.get("expires_in", 0.0))) for item in response.json()["locks"]]
         return iter(states)

@@ -2,8 +2,11 @@
 
 No web framework: one callable that parses the request, checks the credential, counts the
 request against its project's budget, validates every input, and asks :class:`LockService`.
-Every answer is JSON (``{"error", "code"}`` for errors) except the bodiless 204s. A failing
-store gives 503 ``unavailable`` (fail closed); no input can produce a 5xx.
+Every answer is JSON (``{"error", "code"}`` for errors) except the bodiless 204s. A store that
+cannot be reached (:class:`~lease_lock.errors.BackendUnavailableError`) gives 503
+``unavailable`` (fail closed); any other exception is a bug of ours or of the store and gives a
+500 ``internal`` whose body says nothing more (the traceback goes to the log). No input can
+produce a 5xx.
 
 Order of checks: credential (401, counts for no project) -> budget (429; every authenticated
 request counts against one of its project's budgets, rejected ones included, see
@@ -25,6 +28,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 
 from ..backends import backend_from_url
 from ..backends.base import Backend
+from ..errors import BackendUnavailableError
 from ..validation import check_owner
 from .keys import KeyFile, KeyRecord, PathLike
 from .ratelimit import RateLimiter
@@ -352,8 +356,8 @@ class LockServiceApp:
             raise _Reject(409, conflict.code, conflict.message) from None
         except NotImplementedError as exc:
             raise _Reject(501, "not_implemented", str(exc)) from None
-        except Exception:  # noqa: BLE001 - every driver's errors, whatever the backend
-            # Whatever the store's driver raised: fail closed, and keep the cause in the log.
+        except BackendUnavailableError:
+            # Fail closed; the cause (the driver's exception) stays in the log only.
             _log.exception("lock store unavailable")
             raise _Reject(503, "unavailable", "the lock store is unavailable") from None
 

@@ -81,18 +81,17 @@ def test_a_read_only_key_cannot_starve_the_writers_renewals(tmp_path: Path) -> N
         assert writer.delete(lease, headers=token, timeout=10).status_code == 204
 
 
-def test_lease_lock_serve_logs_requests_store_errors_and_keys_file_errors(tmp_path: Path) -> None:
+def test_lease_lock_serve_logs_every_request(tmp_path: Path) -> None:
     keys_file = tmp_path / "keys.toml"
     keys = make_keys(keys_file)
-    process, url, log = start_serve(tmp_path, "redis://127.0.0.1:1/0", keys_file, module="lease_lock")
+    process, url, log = start_serve(tmp_path, "memory://", keys_file, module="lease_lock")
     try:
         answer = requests.get(f"{url}/locks/k", headers=_bearer(keys["alpha"]), timeout=30)
-        assert answer.status_code == 503
-        assert wait_until(lambda: "lock store unavailable" in log.read_text(), 10)
+        assert answer.status_code == 200
+        assert wait_until(lambda: "GET /locks/k -> 200 project=alpha" in log.read_text(), 10)
     finally:
         stop_serve(process)
     text = log.read_text()
-    assert "Traceback" in text and "GET /locks/k -> 503 project=alpha" in text
     assert all(key.split(".", 1)[1] not in text for key in keys.values())
 
 

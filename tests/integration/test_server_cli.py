@@ -81,3 +81,18 @@ def test_serve_logs_requests_but_never_keys_or_tokens(tmp_path: Path) -> None:
     text = log.read_text()
     assert "POST /locks/job/lease -> 201 project=p" in text
     assert key.split(".", 1)[1] not in text and token not in text
+
+
+def test_serve_without_waitress_names_the_extra_and_exits_2(tmp_path: Path) -> None:
+    from tests.support.http_server import make_keys
+
+    keys_file = tmp_path / "keys.toml"
+    make_keys(keys_file)
+    # ``None`` in sys.modules makes ``import waitress`` fail as if it were not installed.
+    program = (
+        "import sys; sys.modules['waitress'] = None; from lease_lock.cli import main; "
+        f"sys.exit(main(['serve', '--url', 'memory://', '--keys', {str(keys_file)!r}, '--bind', '127.0.0.1:0']))"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "pip install 'lease_lock[server]'" in done.stderr and "Traceback" not in done.stderr
