@@ -6,10 +6,16 @@ so a hundred silent sockets stop the server for everyone. :func:`make_server` ra
 connection limit, closes connections that stay silent for ``channel_timeout`` seconds (idle
 keep-alive connections and unfinished request headers alike; a request being answered is never
 cut), and polls its sockets with ``poll()`` so that more than 1024 of them work.
+
+It also keeps connections open after bodiless answers: waitress closes the connection after
+every ``204`` (it looks for a ``Content-Length``, which a 204 may not carry), so each release
+cost the next request a new TCP connection. A 204 ends with its headers, so an HTTP/1.1
+connection stays open unless the client asked to close it.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from ..errors import ValidationError
@@ -31,6 +37,40 @@ def require_waitress() -> Any:
             "lease-lock serve needs waitress: pip install 'lease_lock[server]'"
         ) from exc
     return waitress
+
+
+@functools.lru_cache(maxsize=1)
+def _channel_class() -> Any:
+    """waitress's connection class, keeping HTTP/1.1 connections open after a 204."""
+    from waitress.channel import HTTPChannel
+    from waitress.task import WSGITask
+
+    class KeepAliveTask(WSGITask):  # type: ignore[misc] # waitress has no type hints
+        """A task that does not close the connection just because an answer has no body."""
+
+        _bodiless = False
+
+        def build_response_header(self) -> bytes:
+            self._bodiless = not self.has_body
+            try:
+                header: bytes = super().build_response_header()
+            finally:
+                self._bodiless = False
+            return header
+
+        def set_close_on_finish(self) -> None:
+            wants_close = self.request.headers.get("CONNECTION", "").lower() == "close"
+            if self._bodiless and self.version == "1.1" and not wants_close:
+                # Called only because no Content-Length was found; a bodiless answer needs none.
+                return
+            super().set_close_on_finish()
+
+    class Channel(HTTPChannel):  # type: ignore[misc] # waitress has no type hints
+        """A connection whose requests run as :class:`KeepAliveTask`."""
+
+        task_class = KeepAliveTask
+
+    return Channel
 
 
 def _positive_int(value: Any, name: str) -> int:
@@ -60,7 +100,7 @@ def make_server(
     _positive_int(threads, "threads")
     _positive_int(connection_limit, "connection_limit")
     _positive_int(channel_timeout, "channel_timeout")
-    return waitress.create_server(
+    server = waitress.create_server(
         app,
         host=host,
         port=port,
@@ -74,3 +114,5 @@ def make_server(
         max_request_body_size=max_request_body_size,
         **adjustments,
     )
+    server.channel_class = _channel_class()
+    return server

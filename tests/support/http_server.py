@@ -48,19 +48,13 @@ def make_keys(keys_file: Path) -> dict[str, str]:
 
 
 class ThreadedServer:
-    """A WSGI app served by waitress on a free loopback port, in a daemon thread."""
+    """A WSGI app served like ``lease-lock serve`` on a free loopback port, in a daemon thread."""
 
-    def __init__(self, app: Any, threads: int = 8) -> None:
-        import waitress
+    def __init__(self, app: Any, threads: int = 8, **settings: Any) -> None:
+        from lease_lock.server.serving import make_server
 
-        self.server = waitress.create_server(
-            app,
-            host="127.0.0.1",
-            port=0,
-            threads=threads,
-            ident="lease-lock-test",
-            asyncore_loop_timeout=0.1,
-        )
+        # The settings of ``lease-lock serve``, so tests see what its users see.
+        self.server = make_server(app, "127.0.0.1", 0, threads=threads, asyncore_loop_timeout=0.1, **settings)
         self.url = f"http://127.0.0.1:{self.server.effective_port}"
         self._thread = threading.Thread(target=self._run, name="test-waitress", daemon=True)
 
