@@ -9,9 +9,15 @@ the main CLI imports it through ``COMMAND_MODULES``). :func:`add_serve_parser` a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
+import signal
+import socket
 import sys
+import time
+import urllib.parse
 from typing import Any, Optional, Sequence
 
 from ..errors import ValidationError
@@ -42,23 +48,46 @@ def _configure_logging() -> None:
     if any(not isinstance(handler, logging.NullHandler) for handler in configured):
         return
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    # The process id tells the lines of --workers processes apart.
+    handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"))
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
 
 
 def _serve(args: argparse.Namespace) -> int:
     from .app import create_app
-    from .serving import make_server, require_waitress
+    from .serving import require_waitress
 
     require_waitress()
     host, port = parse_bind(args.bind)
-    for name in ("threads", "connection_limit", "channel_timeout"):
+    for name in ("threads", "connection_limit", "channel_timeout", "workers"):
         value = getattr(args, name)
         if value < 1:
             raise ValidationError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if args.workers > 1 and urllib.parse.urlsplit(args.url).scheme == "memory":
+        raise ValidationError("--workers above 1 needs a shared store: memory:// lives in one process")
     _configure_logging()
-    app = create_app(args.url, args.keys, rate_limit=args.rate_limit)
+    if args.workers == 1:
+        app = create_app(args.url, args.keys, rate_limit=args.rate_limit)
+        return _run_server(args, app, host, port, None)
+    # Check the keys file and the URL once, before any worker starts.
+    create_app(args.url, args.keys, rate_limit=args.rate_limit).service.backend.close()
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.create_server((host, port), family=family, backlog=1024)
+    return _supervise(args, listener)
+
+
+def _announce(host: str, port: int, workers: int) -> None:
+    shown_host = f"[{host}]" if ":" in host else host
+    suffix = f" with {workers} worker processes" if workers > 1 else ""
+    print(f"lease-lock: serving on http://{shown_host}:{port}{suffix}", file=sys.stderr, flush=True)
+
+
+def _run_server(
+    args: argparse.Namespace, app: Any, host: str, port: int, listener: Optional[socket.socket]
+) -> int:
+    from .serving import make_server
+
     # waitress refuses bodies above this with its own plain-text 413; the app's JSON 413
     # covers everything between its own (smaller) limit and this one.
     server = make_server(
@@ -69,13 +98,10 @@ def _serve(args: argparse.Namespace) -> int:
         connection_limit=args.connection_limit,
         channel_timeout=args.channel_timeout,
         max_request_body_size=_MAX_BODY_ON_THE_SOCKET,
+        sock=listener,
     )
-    shown_host = f"[{host}]" if ":" in host else host
-    print(
-        f"lease-lock: serving on http://{shown_host}:{server.effective_port}",
-        file=sys.stderr,
-        flush=True,
-    )
+    if listener is None:
+        _announce(host, server.effective_port, 1)
     try:
         server.run()
     except KeyboardInterrupt:
@@ -83,6 +109,66 @@ def _serve(args: argparse.Namespace) -> int:
     finally:
         server.close()
         app.service.backend.close()
+    return 0
+
+
+def _worker(args: argparse.Namespace, listener: socket.socket) -> None:
+    """A forked worker: its own store connection and threads, accepting on the shared socket."""
+    from .app import create_app
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    status = 1
+    try:
+        host, port = listener.getsockname()[:2]
+        app = create_app(args.url, args.keys, rate_limit=args.rate_limit)
+        status = _run_server(args, app, host, port, listener)
+    except BaseException:  # a worker reports and exits, never returns to the CLI
+        logging.getLogger("lease_lock.server").exception("worker %d failed", os.getpid())
+    finally:
+        os._exit(status)
+
+
+def _supervise(args: argparse.Namespace, listener: socket.socket) -> int:
+    """Fork ``--workers`` processes on ``listener``; replace any that dies until told to stop.
+
+    Every worker keeps its own connection to the store, so rate limits and keys hold across
+    them exactly as across separate servers sharing that store.
+    """
+    log = logging.getLogger("lease_lock.server")
+    workers: set[int] = set()
+    stopping = False
+
+    def stop(signum: int, _frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    def spawn() -> None:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child never returns from _worker
+            _worker(args, listener)
+        workers.add(pid)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    for _ in range(args.workers):
+        spawn()
+    host, port = listener.getsockname()[:2]
+    _announce(host, port, args.workers)
+    while workers:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            break
+        workers.discard(pid)
+        if not stopping:
+            log.error("worker %d exited (status %d); starting another", pid, status)
+            time.sleep(1.0)  # a worker that fails at once must not make a hot loop
+            if not stopping:
+                spawn()
+    listener.close()
     return 0
 
 
@@ -130,7 +216,13 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=600,
         help="requests per project per minute (default %(default)s)",
     )
-    parser.add_argument("--threads", type=int, default=8, help="worker threads (default %(default)s)")
+    parser.add_argument("--threads", type=int, default=8, help="threads per process (default %(default)s)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="server processes sharing the port and the store (default %(default)s)",
+    )
     parser.add_argument(
         "--connection-limit",
         type=int,
@@ -204,7 +296,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     add_serve_parser(subparsers)
     add_keys_parser(subparsers)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
     try:
         status: int = args.handler(args)
     except ValidationError as exc:

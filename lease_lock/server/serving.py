@@ -16,7 +16,8 @@ connection stays open unless the client asked to close it.
 from __future__ import annotations
 
 import functools
-from typing import Any
+import socket
+from typing import Any, Optional
 
 from ..errors import ValidationError
 
@@ -88,22 +89,25 @@ def make_server(
     connection_limit: int = DEFAULT_CONNECTION_LIMIT,
     channel_timeout: int = DEFAULT_CHANNEL_TIMEOUT,
     max_request_body_size: int = 1024 * 1024,
+    sock: Optional[socket.socket] = None,
     **adjustments: Any,
 ) -> Any:
     """A waitress server for ``app`` on ``host:port`` (port 0 picks one); call ``run()``.
 
     Every number is checked first (``ValidationError`` naming it): ``threads`` answering
     requests, ``connection_limit`` open connections, ``channel_timeout`` seconds of silence
-    before a connection is closed. ``adjustments`` pass through to ``waitress.create_server``.
+    before a connection is closed. ``sock`` is a listening socket to accept on instead of
+    binding ``host:port`` (how several worker processes share one port).
+    ``adjustments`` pass through to ``waitress.create_server``.
     """
     waitress = require_waitress()
     _positive_int(threads, "threads")
     _positive_int(connection_limit, "connection_limit")
     _positive_int(channel_timeout, "channel_timeout")
+    where: dict[str, Any] = {"sockets": [sock]} if sock is not None else {"host": host, "port": port}
     server = waitress.create_server(
         app,
-        host=host,
-        port=port,
+        **where,
         threads=threads,
         connection_limit=connection_limit,
         channel_timeout=channel_timeout,
