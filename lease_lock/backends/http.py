@@ -34,8 +34,8 @@ from typing import Any, Callable, ClassVar, ContextManager, Optional
 
 import requests
 
+from .. import wire
 from ..errors import AccessDeniedError, BackendUnavailableError, RateLimitedError, ValidationError
-from ..server import wire
 from ..validation import redact_url
 from .base import Backend, Capabilities, LockState, parse_url_options
 

@@ -30,10 +30,7 @@ from ..backends import backend_from_url
 from ..backends.base import Backend
 from ..errors import BackendUnavailableError
 from ..validation import check_owner
-from .keys import KeyFile, KeyRecord, PathLike
-from .ratelimit import RateLimiter
-from .service import Conflict, Grant, Holder, LockService
-from .wire import (
+from ..wire import (
     HEADER_EXPIRES_IN,
     HEADER_OWNER,
     HEADER_RELEASED,
@@ -43,6 +40,9 @@ from .wire import (
     MAX_TTL,
     MIN_TTL,
 )
+from .keys import KeyFile, KeyRecord, PathLike
+from .ratelimit import RateLimiter
+from .service import Conflict, Grant, Holder, LockService
 
 __all__ = ["BUDGETS", "LockServiceApp", "budget_of", "create_app", "format_time"]
 

@@ -232,3 +232,15 @@ def test_a_backend_used_before_fork_gives_each_child_its_own_connection(lock_ser
         assert backend.inspect(_key()).held is False
     finally:
         backend.close()
+
+
+def test_importing_the_client_loads_nothing_of_the_server() -> None:
+    import subprocess
+    import sys
+
+    program = (
+        "import sys, lease_lock.backends.http; "
+        "print(sorted(m for m in sys.modules if m.startswith('lease_lock.server')))"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "[]"
