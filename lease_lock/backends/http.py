@@ -37,7 +37,7 @@ import requests
 from .. import wire
 from ..errors import AccessDeniedError, BackendUnavailableError, RateLimitedError, ValidationError
 from ..validation import redact_url
-from .base import Backend, Capabilities, LockState, parse_url_options
+from .base import Backend, Capabilities, LockState, ReleaseWatcher, parse_url_options
 
 __all__ = ["HttpBackend"]
 
@@ -74,6 +74,49 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+# Longest server-side wait one watching request asks for: short, so that a watch nobody needs
+# any more holds a server's waiting slot briefly.
+_WATCH_WAIT = 5
+# A key is watched while an acquisition of it failed this recently (a waiting Locker retries
+# at least every second while notifications flow).
+_INTEREST_WINDOW = 3.0
+
+
+class _WaitWatcher(ReleaseWatcher):
+    """Release notifications: this backend's own releases, and the server's wait extension.
+
+    Releases and force releases made through the backend are reported at once. A key is watched
+    once an acquisition of it through this backend was refused (409): a thread asks the server
+    to hold ``GET /locks/{key}`` until the key is free, and reports the key released when the
+    answer says so. Threads run only while the server announces the
+    extension. The watcher reports itself active in any case: a waiting Locker then sleeps until
+    the holder's lease ends or one second passes, whichever is sooner (never its retry delay
+    after delay), and a notification cuts that sleep short when the server offers one.
+    """
+
+    def __init__(self, callback: Callable[[str], None]) -> None:
+        self._callback = callback
+        self._closed = threading.Event()
+
+    @property
+    def active(self) -> bool:
+        """``True`` until closed (see the class documentation)."""
+        return not self._closed.is_set()
+
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran."""
+        return self._closed.is_set()
+
+    def notify(self, key: str) -> None:
+        """Report ``key`` released (from a watching thread)."""
+        if not self._closed.is_set():
+            self._callback(key)
+
+    def close(self) -> None:
+        """Stop watching; threads end after their current request."""
+        self._closed.set()
+
+
 def _forget_after(now: float, ttl: float) -> float:
     # The grace second plus a wide margin for a slow reply: only then is the grant surely over.
     return now + ttl + wire.TAKEOVER_GRACE + 60.0
@@ -94,6 +137,8 @@ class HttpBackend(Backend):
         server_clock=True,
         fencing=True,
         scan=True,
+        # Through the server's wait extension, when the server offers it (see watch_releases).
+        release_notify=True,
         min_ttl=float(wire.MIN_TTL),
         clock="the lock service's clock (its store's clock for a lease_lock server)",
     )
@@ -135,6 +180,11 @@ class HttpBackend(Backend):
         # A parent's sessions, kept referenced in a forked child: closing them there could
         # disturb the parent's connections (a TLS close_notify on a shared socket).
         self._inherited: list[requests.Session] = []
+        # The longest wait the server offers (0 until it announced the extension).
+        self._wait_offered = 0
+        self._watchers: list[_WaitWatcher] = []
+        self._interest: dict[str, float] = {}
+        self._watching: set[str] = set()
         _LIVE.add(self)
 
     def _after_fork(self) -> None:
@@ -145,6 +195,10 @@ class HttpBackend(Backend):
         self._own_session = True
         self._mutex = threading.Lock()
         self._scope = threading.local()
+        # The parent's watching threads do not exist here.
+        self._watchers = []
+        self._interest = {}
+        self._watching = set()
 
     def __repr__(self) -> str:
         return f"HttpBackend({self.base_url!r})"
@@ -199,7 +253,12 @@ class HttpBackend(Backend):
         headers = kwargs.pop("headers", {})
         headers["Authorization"] = self._authorization
         headers.setdefault(wire.HEADER_REQUEST_ID, str(uuid.uuid4()))
-        return self._session.request(method, url, headers=headers, timeout=self.timeout, **kwargs)
+        timeout = kwargs.pop("timeout", self.timeout)
+        response = self._session.request(method, url, headers=headers, timeout=timeout, **kwargs)
+        offered = response.headers.get(wire.HEADER_WAIT)
+        if offered is not None:
+            self._wait_offered = int(offered) if offered.isdigit() else 0
+        return response
 
     def _unavailable(self, cause: BaseException) -> BackendUnavailableError:
         # ``base_url`` never carries the key (it travels in a header) and has no query.
@@ -295,6 +354,7 @@ class HttpBackend(Backend):
             if response.status_code == 503:
                 response = self._call("POST", url, headers=dict(headers), json=body)
         if response.status_code == 409:
+            self._watch(key)
             return None
         self._raise_for(response, 201)
         fence = response.json()["fencing_token"]
@@ -334,7 +394,10 @@ class HttpBackend(Backend):
         self._raise_for(response, 204)
         self._forget(key, token)
         # Against a server without the extension header a 204 can only be read as a drop.
-        return response.headers.get(wire.HEADER_RELEASED, "true").lower() == "true"
+        dropped = response.headers.get(wire.HEADER_RELEASED, "true").lower() == "true"
+        if dropped:
+            self._notify(key)  # waiters of this process need no server to hear of it
+        return dropped
 
     def extend(self, key: str, token: str, ttl: float) -> bool:
         """Renew our lease to ``ttl`` from now (``PATCH /locks/{key}/lease``)."""
@@ -395,7 +458,10 @@ class HttpBackend(Backend):
         response = self._call("DELETE", self._url(key))
         self._raise_for(response, 204)
         self._forget(key)
-        return response.headers.get(wire.HEADER_RELEASED, "true").lower() == "true"
+        dropped = response.headers.get(wire.HEADER_RELEASED, "true").lower() == "true"
+        if dropped:
+            self._notify(key)
+        return dropped
 
     def scan(self, prefix: str) -> Iterator[LockState]:
         """Held keys under ``prefix`` (``GET /locks?prefix=``, a lease_lock server extension)."""
@@ -406,7 +472,84 @@ class HttpBackend(Backend):
         states = [self._state(item["key"], item, str(item.get("expires_in", 0.0))) for item in response.json()["locks"]]
         return iter(states)
 
+    # -- release notifications through the wait extension -------------------------------------
+
+    def watch_releases(self, callback: Callable[[str], None]) -> ReleaseWatcher:
+        """Report releases of the keys this backend's acquisitions wait for.
+
+        Uses the server's ``Prefer: wait`` extension: the watcher is ``active`` only while the
+        server announces it (``X-Lease-Lock-Wait``), and a key is watched from its first refused
+        acquisition until a few seconds after the last one.
+        """
+        watcher = _WaitWatcher(callback)
+        with self._mutex:
+            self._watchers = [w for w in self._watchers if not w.closed()] + [watcher]
+        # The refusal that made the caller start watching came just before: watch its key now.
+        now = time.monotonic()
+        with self._mutex:
+            recent = [key for key, seen in self._interest.items() if now - seen <= _INTEREST_WINDOW]
+        for key in recent:
+            self._watch(key)
+        return watcher
+
+    def _watch(self, key: str) -> None:
+        """Note a refused acquisition of ``key``; start its watching thread if none runs."""
+        now = time.monotonic()
+        with self._mutex:
+            if len(self._interest) > 1024:  # forget keys nobody waits for any more
+                self._interest = {k: t for k, t in self._interest.items() if now - t <= _INTEREST_WINDOW}
+            self._interest[key] = now
+            if not self._listening() or self._wait_offered <= 0 or key in self._watching:
+                return
+            self._watching.add(key)
+        thread = threading.Thread(target=self._watch_loop, args=(key,), name="lease-lock-http-watch", daemon=True)
+        thread.start()
+
+    def _listening(self) -> bool:
+        return any(not watcher.closed() for watcher in self._watchers)
+
+    def _notify(self, key: str) -> None:
+        """Tell every open watcher that ``key`` was released."""
+        with self._mutex:
+            watchers = list(self._watchers)
+        for watcher in watchers:
+            watcher.notify(key)
+
+    def _watch_loop(self, key: str) -> None:
+        try:
+            while self._listening():
+                with self._mutex:
+                    if time.monotonic() - self._interest.get(key, 0.0) > _INTEREST_WINDOW:
+                        return
+                wait = min(_WATCH_WAIT, self._wait_offered)
+                if wait <= 0:
+                    return
+                response = self._call(
+                    "GET",
+                    self._url(key),
+                    headers={wire.HEADER_PREFER: f"wait={wait}"},
+                    timeout=(self.timeout, self.timeout + wait),
+                )
+                self._raise_for(response, 200)
+                if not response.json().get("held"):
+                    # The waiters retry now; a refused retry starts a new watch.
+                    self._notify(key)
+                    return
+                if wire.HEADER_PREFERENCE_APPLIED not in response.headers:
+                    # The server had no free waiting slot and answered at once: the waiters'
+                    # own schedule (at most a second) covers this key until the next try.
+                    return
+        except Exception:  # noqa: BLE001 - a watch is an optimisation; the waiters retry anyway
+            return
+        finally:
+            with self._mutex:
+                self._watching.discard(key)
+
     def close(self) -> None:
         """Close the session if this backend created it."""
+        with self._mutex:
+            watchers, self._watchers = self._watchers, []
+        for watcher in watchers:
+            watcher.close()
         if self._own_session:
             self._session.close()

@@ -33,9 +33,12 @@ from ..validation import check_owner
 from ..wire import (
     HEADER_EXPIRES_IN,
     HEADER_OWNER,
+    HEADER_PREFER,
+    HEADER_PREFERENCE_APPLIED,
     HEADER_RELEASED,
     HEADER_REQUEST_ID,
     HEADER_TOKEN,
+    HEADER_WAIT,
     KEY_PATTERN,
     MAX_TTL,
     MIN_TTL,
@@ -43,6 +46,7 @@ from ..wire import (
 from .keys import KeyFile, KeyRecord, PathLike
 from .ratelimit import RateLimiter
 from .service import Conflict, Grant, Holder, LockService
+from .waits import WaitRoom, parse_wait_preference
 
 __all__ = ["BUDGETS", "LockServiceApp", "budget_of", "create_app", "format_time"]
 
@@ -169,11 +173,19 @@ class LockServiceApp:
         limiter: RateLimiter,
         *,
         max_body: int = 16 * 1024,
+        waits: Optional[WaitRoom] = None,
     ) -> None:
         self.service = service
         self.keys = keys
         self.limiter = limiter
         self.max_body = max_body
+        self.waits = waits
+        self._announce = [(HEADER_WAIT, str(int(waits.max_wait)))] if waits is not None and waits.max_waits else []
+
+    def close(self) -> None:
+        """Stop the release notifications of the wait extension (the store stays open)."""
+        if self.waits is not None:
+            self.waits.close()
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
         """Serve one request."""
@@ -204,6 +216,7 @@ class LockServiceApp:
             # RFC 9110: a 204 carries no Content-Length.
             headers.append(("Content-Length", str(len(payload))))
         headers.append(("Cache-Control", "no-store"))
+        headers.extend(self._announce)
         start_response(f"{response.status} {_REASONS[response.status]}", headers)
         if environ.get("REQUEST_METHOD") == "HEAD":
             # RFC 9110: an answer to HEAD has headers only; a body would be read as the start
@@ -251,9 +264,10 @@ class LockServiceApp:
         self._scope(record, write=method != "GET")
         key = self._key(segments[2])
         project = record.project
+        wait = parse_wait_preference(_header(environ, HEADER_PREFER)) if self.waits is not None else None
         if not lease:
             if method == "GET":
-                return self._read(project, key)
+                return self._read(project, key, wait)
             return self._released(self._store(lambda: self.service.force_release(project, key)))
         token = _uuid(_header(environ, HEADER_TOKEN), HEADER_TOKEN, "invalid_token")
         if token is None:
@@ -263,8 +277,7 @@ class LockServiceApp:
         ttl = self._ttl(environ)
         if method == "POST":
             owner = self._owner(environ)
-            grant = self._store(lambda: self.service.acquire(project, key, token, ttl, owner))
-            return _Response(201, _lease_body(grant))
+            return self._acquire(project, key, token, ttl, owner, wait)
         grant = self._store(lambda: self.service.renew(project, key, token, ttl))
         return _Response(200, _lease_body(grant))
 
@@ -365,9 +378,48 @@ class LockServiceApp:
     def _released(dropped: bool) -> _Response:
         return _Response(204, None, [(HEADER_RELEASED, "true" if dropped else "false")])
 
-    def _read(self, project: str, key: str) -> _Response:
+    def _wait_free(self, project: str, key: str, wait: Optional[int]) -> list[tuple[str, str]]:
+        """Honour ``Prefer: wait=N`` on a held key; the ``Preference-Applied`` header if it was."""
+        if self.waits is None or not wait:
+            return []
+        waits = self.waits
+
+        def held_for() -> Optional[float]:
+            holder = self.service.read(project, key)
+            return (holder.takeover_in or 0.0) if holder.held else None
+
+        store_key = self.service.store_key(project, key)
+        waited = self._store(lambda: waits.wait_until_free(store_key, held_for, wait))
+        return [] if waited is None else [(HEADER_PREFERENCE_APPLIED, f"wait={wait}")]
+
+    def _acquire(
+        self, project: str, key: str, token: str, ttl: int, owner: str, wait: Optional[int]
+    ) -> _Response:
+        try:
+            grant = self._store(lambda: self.service.acquire(project, key, token, ttl, owner))
+        except _Reject as reject:
+            if reject.response.status != 409 or not wait or reject.response.body is None:
+                raise
+            if reject.response.body.get("code") != "lock_held":
+                raise
+            applied = self._wait_free(project, key, wait)
+            if not applied:
+                raise
+            try:
+                grant = self._store(lambda: self.service.acquire(project, key, token, ttl, owner))
+            except _Reject as again:
+                again.response.headers.extend(applied)
+                raise
+            return _Response(201, _lease_body(grant), applied)
+        return _Response(201, _lease_body(grant))
+
+    def _read(self, project: str, key: str, wait: Optional[int] = None) -> _Response:
         holder: Holder = self._store(lambda: self.service.read(project, key))
         headers = []
+        if holder.held and wait:
+            headers = self._wait_free(project, key, wait)
+            if headers:
+                holder = self._store(lambda: self.service.read(project, key))
         if holder.held and holder.takeover_in is not None:
             headers.append((HEADER_EXPIRES_IN, f"{holder.takeover_in:.3f}"))
         return _Response(200, _holder_body(holder), headers)
@@ -394,13 +446,18 @@ def create_app(
     rate_window: float = 60.0,
     max_body: int = 16 * 1024,
     key_prefix: str = "locks/",
+    max_waits: int = 4,
+    max_wait: float = 30.0,
 ) -> LockServiceApp:
     """The WSGI application serving the locks of ``backend_url`` to the keys of ``keys_file``.
 
     ``backend_url`` is any lease_lock backend URL (or a backend object, which stays the
-    caller's to close). ``rate_limit`` requests per project per fixed ``rate_window`` seconds;
-    ``max_body`` bytes per request body; ``key_prefix`` namespaces the service's keys in the
-    store (followed by ``<project>/``).
+    caller's to close). ``rate_limit`` requests per project per fixed ``rate_window`` seconds
+    in each of the budgets of :func:`budget_of`; ``max_body`` bytes per request body;
+    ``key_prefix`` namespaces the service's keys in the store (followed by ``<project>/``).
+    ``max_waits`` requests of this process may wait at once under ``Prefer: wait=N``, for
+    ``max_wait`` seconds at most (``max_waits=0`` turns the extension off); keep ``max_waits``
+    below the WSGI server's thread count.
     """
     from ..errors import ValidationError
 
@@ -416,6 +473,11 @@ def create_app(
     backend = backend_from_url(backend_url) if isinstance(backend_url, str) else backend_url
     if not backend.capabilities.fencing:
         raise ValidationError(f"{type(backend).__name__} cannot fence; the service needs fences")
+    if isinstance(max_waits, bool) or not isinstance(max_waits, int) or max_waits < 0:
+        raise ValidationError("max_waits must be a whole number >= 0 (0 turns waiting off)")
+    if isinstance(max_wait, bool) or not isinstance(max_wait, (int, float)) or not 0 < max_wait <= 3600:
+        raise ValidationError("max_wait must be > 0 and at most 3600 seconds")
     service = LockService(backend, key_prefix=key_prefix)
     limiter = RateLimiter(backend, limit=rate_limit, window=float(rate_window))
-    return LockServiceApp(service, keys, limiter, max_body=max_body)
+    waits = WaitRoom(backend, max_waits=max_waits, max_wait=float(max_wait))
+    return LockServiceApp(service, keys, limiter, max_body=max_body, waits=waits)

@@ -55,7 +55,6 @@ def _configure_logging() -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .app import create_app
     from .serving import require_waitress
 
     require_waitress()
@@ -68,13 +67,22 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValidationError("--workers above 1 needs a shared store: memory:// lives in one process")
     _configure_logging()
     if args.workers == 1:
-        app = create_app(args.url, args.keys, rate_limit=args.rate_limit)
-        return _run_server(args, app, host, port, None)
+        return _run_server(args, _app(args), host, port, None)
     # Check the keys file and the URL once, before any worker starts.
-    create_app(args.url, args.keys, rate_limit=args.rate_limit).service.backend.close()
+    _app(args).service.backend.close()
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     listener = socket.create_server((host, port), family=family, backlog=1024)
     return _supervise(args, listener)
+
+
+def _app(args: argparse.Namespace) -> Any:
+    from .app import create_app
+
+    # Waiters may take half the threads by default, so waiting never starves other requests.
+    max_waits = args.max_waits if args.max_waits is not None else max(1, args.threads // 2)
+    return create_app(
+        args.url, args.keys, rate_limit=args.rate_limit, max_waits=max_waits, max_wait=args.max_wait
+    )
 
 
 def _announce(host: str, port: int, workers: int) -> None:
@@ -108,20 +116,19 @@ def _run_server(
         pass
     finally:
         server.close()
+        app.close()
         app.service.backend.close()
     return 0
 
 
 def _worker(args: argparse.Namespace, listener: socket.socket) -> None:
     """A forked worker: its own store connection and threads, accepting on the shared socket."""
-    from .app import create_app
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     status = 1
     try:
         host, port = listener.getsockname()[:2]
-        app = create_app(args.url, args.keys, rate_limit=args.rate_limit)
-        status = _run_server(args, app, host, port, listener)
+        status = _run_server(args, _app(args), host, port, listener)
     except BaseException:  # a worker reports and exits, never returns to the CLI
         logging.getLogger("lease_lock.server").exception("worker %d failed", os.getpid())
     finally:
@@ -222,6 +229,19 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         help="server processes sharing the port and the store (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-waits",
+        type=int,
+        default=None,
+        help="requests of one process that may wait under 'Prefer: wait=N' at once "
+        "(default: half of --threads; 0 turns the extension off)",
+    )
+    parser.add_argument(
+        "--max-wait",
+        type=float,
+        default=30.0,
+        help="longest wait granted to 'Prefer: wait=N', in seconds (default %(default)s)",
     )
     parser.add_argument(
         "--connection-limit",
