@@ -44,6 +44,7 @@ from ..wire import (
     MIN_TTL,
 )
 from .keys import KeyFile, KeyRecord, PathLike
+from .metrics import Metrics
 from .ratelimit import RateLimiter
 from .service import Conflict, Grant, Holder, LockService
 from .waits import WaitRoom, parse_wait_preference
@@ -51,6 +52,8 @@ from .waits import WaitRoom, parse_wait_preference
 __all__ = ["BUDGETS", "LockServiceApp", "budget_of", "create_app", "format_time"]
 
 _log = logging.getLogger("lease_lock.server")
+# Read by the readiness probe; never written.
+_READY_PROBE_KEY = "lease-lock-readyz"
 _MAX_OWNER = 200
 _REASONS = {
     200: "OK",
@@ -97,6 +100,7 @@ class _Response:
     status: int
     body: Optional[dict[str, Any]] = None
     headers: list[tuple[str, str]] = field(default_factory=list)
+    text: Optional[str] = None  # a plain-text body instead of JSON (the metrics)
 
 
 class _Reject(Exception):
@@ -139,6 +143,18 @@ def _raw_path(environ: dict[str, Any]) -> str:
     return path[len(script) :] if script and path.startswith(script) else path
 
 
+def _route_of(path: str) -> str:
+    """The route template of ``path`` for logs and metrics (``-`` when none matches)."""
+    segments = path.split("/")
+    if segments[:2] != ["", "locks"]:
+        return "-"
+    if len(segments) == 2:
+        return "/locks"
+    if len(segments) == 3:
+        return "/locks/{key}"
+    return "/locks/{key}/lease" if segments[3:] == ["lease"] else "-"
+
+
 def _uuid(value: Optional[str], what: str, code: str) -> Optional[str]:
     if value is None:
         return None
@@ -174,12 +190,14 @@ class LockServiceApp:
         *,
         max_body: int = 16 * 1024,
         waits: Optional[WaitRoom] = None,
+        metrics: bool = False,
     ) -> None:
         self.service = service
         self.keys = keys
         self.limiter = limiter
         self.max_body = max_body
         self.waits = waits
+        self.metrics = Metrics(lambda: waits.waiting if waits is not None else 0) if metrics else None
         self._announce = [(HEADER_WAIT, str(int(waits.max_wait)))] if waits is not None and waits.max_waits else []
 
     def close(self) -> None:
@@ -190,26 +208,29 @@ class LockServiceApp:
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
         """Serve one request."""
         started = time.monotonic()
-        context: dict[str, str] = {"project": "-"}
+        context: dict[str, str] = {"project": "-", "route": "-"}
+        method = environ.get("REQUEST_METHOD", "")
         try:
             response = self._handle(environ, context)
         except _Reject as reject:
             response = reject.response
         except Exception:  # noqa: BLE001 - the last line of defence of a server thread
             # A bug of ours, never a bad input: those are all rejected above with a 4xx.
-            _log.exception("internal error on %s", environ.get("REQUEST_METHOD"))
+            _log.exception("internal error on %s %s", method, context["route"])
             response = _Response(500, {"error": "internal server error", "code": "internal"})
-        _log.info(
-            "%s %s -> %d project=%s request_id=%s %.1fms",
-            environ.get("REQUEST_METHOD"),
-            _raw_path(environ),
-            response.status,
-            context["project"],
-            context.get("request_id", "-"),
-            (time.monotonic() - started) * 1000,
-        )
-        payload = b"" if response.body is None else json.dumps(response.body).encode()
+        # Every answer names its request: the client's id, or one made here for the log.
+        request_id = context.get("request_id") or str(uuid.uuid4())
+        duration = time.monotonic() - started
+        self._access_log(method, context, response.status, request_id, duration)
+        if self.metrics is not None:
+            self.metrics.observe(context["route"], method, response.status, context["project"], duration)
         headers = list(response.headers)
+        headers.append((HEADER_REQUEST_ID, request_id))
+        if response.text is not None:
+            payload = response.text.encode()
+            headers.append(("Content-Type", "text/plain; version=0.0.4; charset=utf-8"))
+        else:
+            payload = b"" if response.body is None else json.dumps(response.body).encode()
         if response.body is not None:
             headers.append(("Content-Type", "application/json"))
         if response.status != 204:
@@ -224,9 +245,55 @@ class LockServiceApp:
             return []
         return [payload]
 
+    @staticmethod
+    def _access_log(method: str, context: dict[str, str], status: int, request_id: str, seconds: float) -> None:
+        # The route template, never the path: lock names stay out of the log.
+        fields = {
+            "method": method,
+            "route": context["route"],
+            "status": status,
+            "project": context["project"],
+            "request_id": request_id,
+            "duration_ms": round(seconds * 1000, 1),
+        }
+        _log.info(
+            "%s %s -> %d project=%s request_id=%s %.1fms",
+            method,
+            context["route"],
+            status,
+            context["project"],
+            request_id,
+            seconds * 1000,
+            extra={"access": fields},
+        )
+
     # -- the steps of one request --------------------------------------------------------------
 
+    def _operations(self, path: str, method: str, context: dict[str, str]) -> Optional[_Response]:
+        """The routes without a service key: health, readiness and (when on) the metrics."""
+        if path not in ("/healthz", "/readyz") and not (path == "/metrics" and self.metrics is not None):
+            return None
+        context["route"] = path
+        self._allow(method, ("GET",))
+        if path == "/healthz":
+            return _Response(200, {"status": "ok"})
+        if path == "/metrics" and self.metrics is not None:
+            return _Response(200, text=self.metrics.render())
+        try:
+            # A read of a key nobody uses: the store answers, and nothing is written.
+            self.service.backend.inspect(_READY_PROBE_KEY)
+        except Exception:  # noqa: BLE001 - whatever stops the store from answering means "not ready"
+            _log.exception("readiness probe: the lock store does not answer")
+            if self.metrics is not None:
+                self.metrics.store_error()
+            raise _Reject(503, "unavailable", "the lock store is unavailable") from None
+        return _Response(200, {"status": "ready"})
+
     def _handle(self, environ: dict[str, Any], context: dict[str, str]) -> _Response:
+        operations = self._operations(_raw_path(environ), environ.get("REQUEST_METHOD", ""), context)
+        if operations is not None:
+            return operations
+        context["route"] = _route_of(_raw_path(environ))
         record = self._authenticate(environ)
         context["project"] = record.project
         method = environ.get("REQUEST_METHOD", "")
@@ -361,8 +428,7 @@ class LockServiceApp:
             )
         return owner
 
-    @staticmethod
-    def _store(operation: Callable[[], Any]) -> Any:
+    def _store(self, operation: Callable[[], Any]) -> Any:
         try:
             return operation()
         except Conflict as conflict:
@@ -372,6 +438,8 @@ class LockServiceApp:
         except BackendUnavailableError:
             # Fail closed; the cause (the driver's exception) stays in the log only.
             _log.exception("lock store unavailable")
+            if self.metrics is not None:
+                self.metrics.store_error()
             raise _Reject(503, "unavailable", "the lock store is unavailable") from None
 
     @staticmethod
@@ -448,6 +516,7 @@ def create_app(
     key_prefix: str = "locks/",
     max_waits: int = 4,
     max_wait: float = 30.0,
+    metrics: bool = False,
 ) -> LockServiceApp:
     """The WSGI application serving the locks of ``backend_url`` to the keys of ``keys_file``.
 
@@ -457,7 +526,7 @@ def create_app(
     ``key_prefix`` namespaces the service's keys in the store (followed by ``<project>/``).
     ``max_waits`` requests of this process may wait at once under ``Prefer: wait=N``, for
     ``max_wait`` seconds at most (``max_waits=0`` turns the extension off); keep ``max_waits``
-    below the WSGI server's thread count.
+    below the WSGI server's thread count. ``metrics`` serves ``GET /metrics`` (Prometheus text).
     """
     from ..errors import ValidationError
 
@@ -480,4 +549,4 @@ def create_app(
     service = LockService(backend, key_prefix=key_prefix)
     limiter = RateLimiter(backend, limit=rate_limit, window=float(rate_window))
     waits = WaitRoom(backend, max_waits=max_waits, max_wait=float(max_wait))
-    return LockServiceApp(service, keys, limiter, max_body=max_body, waits=waits)
+    return LockServiceApp(service, keys, limiter, max_body=max_body, waits=waits, metrics=metrics)

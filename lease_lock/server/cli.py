@@ -1,4 +1,4 @@
-"""The ``lease-lock serve`` and ``lease-lock keys`` subcommands.
+"""The ``lease-lock serve`` and ``lease-lock service-keys`` subcommands (``keys``: deprecated alias).
 
 Importing this module registers both with ``lease-lock`` (``lease_lock.cli.register_command``;
 the main CLI imports it through ``COMMAND_MODULES``). :func:`add_serve_parser` and
@@ -37,7 +37,25 @@ def parse_bind(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _configure_logging() -> None:
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, and an access line's fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as one line of JSON."""
+        entry: dict[str, Any] = {
+            "time": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "process": record.process,
+            "message": record.getMessage(),
+        }
+        entry.update(getattr(record, "access", {}))
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def _configure_logging(log_format: str = "text") -> None:
     """Send the service's log (access lines, store errors, keys file errors) to stderr.
 
     Only when nobody configured logging already: an embedding program keeps its own setup.
@@ -48,8 +66,11 @@ def _configure_logging() -> None:
     if any(not isinstance(handler, logging.NullHandler) for handler in configured):
         return
     handler = logging.StreamHandler(sys.stderr)
-    # The process id tells the lines of --workers processes apart.
-    handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"))
+    if log_format == "json":
+        handler.setFormatter(JsonLogFormatter())
+    else:
+        # The process id tells the lines of --workers processes apart.
+        handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"))
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
 
@@ -65,7 +86,7 @@ def _serve(args: argparse.Namespace) -> int:
             raise ValidationError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     if args.workers > 1 and urllib.parse.urlsplit(args.url).scheme == "memory":
         raise ValidationError("--workers above 1 needs a shared store: memory:// lives in one process")
-    _configure_logging()
+    _configure_logging(args.log_format)
     if args.workers == 1:
         return _run_server(args, _app(args), host, port, None)
     # Check the keys file and the URL once, before any worker starts.
@@ -81,7 +102,12 @@ def _app(args: argparse.Namespace) -> Any:
     # Waiters may take half the threads by default, so waiting never starves other requests.
     max_waits = args.max_waits if args.max_waits is not None else max(1, args.threads // 2)
     return create_app(
-        args.url, args.keys, rate_limit=args.rate_limit, max_waits=max_waits, max_wait=args.max_wait
+        args.url,
+        args.keys,
+        rate_limit=args.rate_limit,
+        max_waits=max_waits,
+        max_wait=args.max_wait,
+        metrics=args.metrics,
     )
 
 
@@ -216,7 +242,7 @@ def _keys_revoke(args: argparse.Namespace) -> int:
 def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", required=True, help="backend URL, e.g. redis://localhost:6379/0")
     parser.add_argument("--bind", default="127.0.0.1:8080", help="HOST:PORT (default %(default)s)")
-    parser.add_argument("--keys", required=True, help="keys file (TOML) made by `lease-lock keys create`")
+    parser.add_argument("--keys", required=True, help="keys file (TOML) made by `lease-lock service-keys create`")
     parser.add_argument(
         "--rate-limit",
         type=int,
@@ -229,6 +255,15 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         help="server processes sharing the port and the store (default %(default)s)",
+    )
+    parser.add_argument(
+        "--metrics", action="store_true", help="serve GET /metrics (Prometheus text, no service key)"
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="log lines as text or as one JSON object each (default %(default)s)",
     )
     parser.add_argument(
         "--max-waits",
@@ -271,7 +306,7 @@ def _keys_arguments(parser: argparse.ArgumentParser) -> None:
     listing.add_argument("--json", action="store_true", help="print a JSON array")
     revoke = commands.add_parser("revoke", help="delete a key by id")
     revoke.add_argument("--keys", required=True, help="keys file")
-    revoke.add_argument("id", help="the key id shown by `keys list`")
+    revoke.add_argument("id", help="the key id shown by `service-keys list`")
 
 
 def _keys(args: argparse.Namespace) -> int:
@@ -283,6 +318,13 @@ def _keys(args: argparse.Namespace) -> int:
 
 _SERVE_HELP = "serve the HTTP lock service with waitress (needs the 'server' extra)"
 _KEYS_HELP = "create, list and revoke the lock service's keys (only hashes are stored)"
+_KEYS_ALIAS_HELP = "deprecated name of service-keys"
+
+
+def _keys_deprecated(args: argparse.Namespace) -> int:
+    # "keys" read as lock keys to users; the command manages service keys.
+    print("lease-lock: `keys` is deprecated, use `service-keys`", file=sys.stderr)
+    return _keys(args)
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -293,28 +335,35 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def add_keys_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``keys create|list|revoke`` to an ``argparse`` subparsers object."""
-    parser: argparse.ArgumentParser = subparsers.add_parser("keys", help=_KEYS_HELP, description=_KEYS_HELP)
+def add_keys_parser(subparsers: Any, name: str = "service-keys") -> argparse.ArgumentParser:
+    """Add ``service-keys create|list|revoke`` to an ``argparse`` subparsers object.
+
+    ``name="keys"`` adds the deprecated alias, which says so on stderr when used.
+    """
+    deprecated = name == "keys"
+    help_text = _KEYS_ALIAS_HELP if deprecated else _KEYS_HELP
+    parser: argparse.ArgumentParser = subparsers.add_parser(name, help=help_text, description=help_text)
     _keys_arguments(parser)
-    parser.set_defaults(handler=_keys)
+    parser.set_defaults(handler=_keys_deprecated if deprecated else _keys)
     return parser
 
 
 def register() -> None:
-    """Register ``serve`` and ``keys`` with ``lease-lock`` (``lease_lock.cli``)."""
+    """Register ``serve``, ``service-keys`` and its old name ``keys`` with ``lease-lock``."""
     from ..cli import register_command
 
     register_command("serve", help=_SERVE_HELP, add_arguments=_serve_arguments, run=_serve)
-    register_command("keys", help=_KEYS_HELP, add_arguments=_keys_arguments, run=_keys)
+    register_command("service-keys", help=_KEYS_HELP, add_arguments=_keys_arguments, run=_keys)
+    register_command("keys", help=_KEYS_ALIAS_HELP, add_arguments=_keys_arguments, run=_keys_deprecated)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run ``serve`` or ``keys`` from ``argv``; returns the exit status."""
+    """Run ``serve`` or ``service-keys`` (or ``keys``) from ``argv``; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m lease_lock.server")
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_serve_parser(subparsers)
     add_keys_parser(subparsers)
+    add_keys_parser(subparsers, "keys")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
     try:

@@ -134,7 +134,7 @@ def _write(path: Path, records: dict[str, KeyRecord]) -> None:
             for record in records.values()
         }
     }
-    text = "# lease-lock service keys: hashes only; manage with `lease-lock keys`.\n"
+    text = "# lease-lock service keys: hashes only; manage with `lease-lock service-keys`.\n"
     text += tomli_w.dumps(document)
     directory = path.parent if str(path.parent) else Path(".")
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
@@ -154,7 +154,7 @@ def _write(path: Path, records: dict[str, KeyRecord]) -> None:
 
 @contextlib.contextmanager
 def _exclusive(path: Path) -> Iterator[None]:
-    """Serialise read-modify-write cycles of ``keys create`` / ``revoke`` on one file."""
+    """Serialise read-modify-write cycles of ``service-keys create`` / ``revoke`` on one file."""
     import fcntl
 
     with open(f"{path}.lock", "a") as guard:
@@ -200,7 +200,7 @@ def list_keys(path: PathLike) -> list[KeyRecord]:
 def revoke_key(path: PathLike, key_id: str) -> bool:
     """Delete key ``key_id``; ``False`` when there was no such key."""
     if not isinstance(key_id, str) or not _ID_PATTERN.fullmatch(key_id):
-        raise ValidationError("key id must be the 12 hex digits `keys list` shows")
+        raise ValidationError("key id must be the 12 hex digits `service-keys list` shows")
     file = Path(path)
     with _exclusive(file):
         records = _read(file)

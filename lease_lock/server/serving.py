@@ -5,7 +5,9 @@ at most 100 connections, and an idle or half-sent connection keeps its slot for 
 so a hundred silent sockets stop the server for everyone. :func:`make_server` raises the
 connection limit, closes connections that stay silent for ``channel_timeout`` seconds (idle
 keep-alive connections and unfinished request headers alike; a request being answered is never
-cut), and polls its sockets with ``poll()`` so that more than 1024 of them work.
+cut), refuses request headers over 64 KiB, answers what waitress refuses by itself (bodies and
+headers too large, malformed requests) with the service's JSON errors, and polls its sockets
+with ``poll()`` so that more than 1024 of them work.
 
 It also keeps connections open after bodiless answers: waitress closes the connection after
 every ``204`` (it looks for a ``Content-Length``, which a 204 may not carry), so each release
@@ -16,6 +18,7 @@ connection stays open unless the client asked to close it.
 from __future__ import annotations
 
 import functools
+import json
 import socket
 from typing import Any, Optional
 
@@ -27,6 +30,10 @@ __all__ = ["DEFAULT_CHANNEL_TIMEOUT", "DEFAULT_CONNECTION_LIMIT", "make_server",
 DEFAULT_CONNECTION_LIMIT = 1000
 #: Seconds a connection may stay silent (no request being answered) before it is closed.
 DEFAULT_CHANNEL_TIMEOUT = 10
+#: Request line and headers together, in bytes, at most (waitress's own default is 256 KiB).
+MAX_HEADER_BYTES = 64 * 1024
+# Codes of the JSON errors for what waitress refuses before the application sees it.
+_ERROR_CODES = {413: "payload_too_large", 431: "headers_too_large", 400: "invalid_request", 501: "not_implemented"}
 
 
 def require_waitress() -> Any:
@@ -44,7 +51,7 @@ def require_waitress() -> Any:
 def _channel_class() -> Any:
     """waitress's connection class, keeping HTTP/1.1 connections open after a 204."""
     from waitress.channel import HTTPChannel
-    from waitress.task import WSGITask
+    from waitress.task import ErrorTask, WSGITask
 
     class KeepAliveTask(WSGITask):  # type: ignore[misc] # waitress has no type hints
         """A task that does not close the connection just because an answer has no body."""
@@ -66,10 +73,25 @@ def _channel_class() -> Any:
                 return
             super().set_close_on_finish()
 
+    class JsonErrorTask(ErrorTask):  # type: ignore[misc] # waitress has no type hints
+        """waitress's own refusals (too large, malformed) as JSON errors with a code."""
+
+        def execute(self) -> None:
+            error = self.request.error
+            code = _ERROR_CODES.get(error.code, "invalid_request")
+            body = json.dumps({"error": str(error.reason).lower(), "code": code}).encode()
+            self.status = f"{error.code} {error.reason}"
+            self.response_headers.extend([("Content-Type", "application/json"), ("Cache-Control", "no-store")])
+            # The request was not read to its end: the connection cannot carry another one.
+            self.set_close_on_finish()
+            self.content_length = len(body)
+            self.write(body)
+
     class Channel(HTTPChannel):  # type: ignore[misc] # waitress has no type hints
         """A connection whose requests run as :class:`KeepAliveTask`."""
 
         task_class = KeepAliveTask
+        error_task_class = JsonErrorTask
 
     return Channel
 
@@ -116,6 +138,7 @@ def make_server(
         asyncore_use_poll=True,
         ident="lease-lock",
         max_request_body_size=max_request_body_size,
+        max_request_header_size=MAX_HEADER_BYTES,
         **adjustments,
     )
     server.channel_class = _channel_class()

@@ -88,7 +88,7 @@ def test_lease_lock_serve_logs_every_request(tmp_path: Path) -> None:
     try:
         answer = requests.get(f"{url}/locks/k", headers=_bearer(keys["alpha"]), timeout=30)
         assert answer.status_code == 200
-        assert wait_until(lambda: "GET /locks/k -> 200 project=alpha" in log.read_text(), 10)
+        assert wait_until(lambda: "GET /locks/{key} -> 200 project=alpha" in log.read_text(), 10)
     finally:
         stop_serve(process)
     text = log.read_text()

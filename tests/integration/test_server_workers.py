@@ -14,7 +14,7 @@ from lease_lock.testing import wait_until
 from tests.support.http_server import make_keys, start_serve, stop_serve
 from tests.support.redis_server import RedisFactory
 
-_ACCESS = re.compile(r" (\d+) lease_lock\.server INFO GET /locks/k -> (\d{3})")
+_ACCESS = re.compile(r" (\d+) lease_lock\.server INFO GET /locks/\{key\} -> (\d{3})")
 
 
 def _get(url: str, key: str) -> int:
