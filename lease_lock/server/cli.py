@@ -9,14 +9,9 @@ the main CLI imports it through ``COMMAND_MODULES``). :func:`add_serve_parser` a
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
-import os
-import signal
-import socket
 import sys
-import time
 import urllib.parse
 from typing import Any, Optional, Sequence
 
@@ -76,7 +71,7 @@ def _configure_logging(log_format: str = "text") -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .serving import require_waitress
+    from .serving import require_waitress, serve
 
     require_waitress()
     host, port = parse_bind(args.bind)
@@ -87,13 +82,30 @@ def _serve(args: argparse.Namespace) -> int:
     if args.workers > 1 and urllib.parse.urlsplit(args.url).scheme == "memory":
         raise ValidationError("--workers above 1 needs a shared store: memory:// lives in one process")
     _configure_logging(args.log_format)
-    if args.workers == 1:
-        return _run_server(args, _app(args), host, port, None)
-    # Check the keys file and the URL once, before any worker starts.
-    _app(args).service.backend.close()
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.create_server((host, port), family=family, backlog=1024)
-    return _supervise(args, listener)
+    # Check the keys file and the URL before anything listens (each worker builds its own app).
+    first = _app(args)
+    if args.workers > 1:
+        _close_app(first)
+    built = iter([first] if args.workers == 1 else [])
+    return serve(
+        lambda: next(built, None) or _app(args),
+        host,
+        port,
+        workers=args.workers,
+        threads=args.threads,
+        connection_limit=args.connection_limit,
+        channel_timeout=args.channel_timeout,
+        # waitress refuses bodies above this with its own 413 (JSON too, see serving); the
+        # app's 413 covers everything between its own (smaller) limit and this one.
+        max_request_body_size=_MAX_BODY_ON_THE_SOCKET,
+        close_app=_close_app,
+        announce=_announce,
+    )
+
+
+def _close_app(app: Any) -> None:
+    app.close()
+    app.service.backend.close()
 
 
 def _app(args: argparse.Namespace) -> Any:
@@ -111,98 +123,9 @@ def _app(args: argparse.Namespace) -> Any:
     )
 
 
-def _announce(host: str, port: int, workers: int) -> None:
-    shown_host = f"[{host}]" if ":" in host else host
+def _announce(url: str, workers: int) -> None:
     suffix = f" with {workers} worker processes" if workers > 1 else ""
-    print(f"lease-lock: serving on http://{shown_host}:{port}{suffix}", file=sys.stderr, flush=True)
-
-
-def _run_server(
-    args: argparse.Namespace, app: Any, host: str, port: int, listener: Optional[socket.socket]
-) -> int:
-    from .serving import make_server
-
-    # waitress refuses bodies above this with its own plain-text 413; the app's JSON 413
-    # covers everything between its own (smaller) limit and this one.
-    server = make_server(
-        app,
-        host,
-        port,
-        threads=args.threads,
-        connection_limit=args.connection_limit,
-        channel_timeout=args.channel_timeout,
-        max_request_body_size=_MAX_BODY_ON_THE_SOCKET,
-        sock=listener,
-    )
-    if listener is None:
-        _announce(host, server.effective_port, 1)
-    try:
-        server.run()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.close()
-        app.close()
-        app.service.backend.close()
-    return 0
-
-
-def _worker(args: argparse.Namespace, listener: socket.socket) -> None:
-    """A forked worker: its own store connection and threads, accepting on the shared socket."""
-
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    status = 1
-    try:
-        host, port = listener.getsockname()[:2]
-        status = _run_server(args, _app(args), host, port, listener)
-    except BaseException:  # a worker reports and exits, never returns to the CLI
-        logging.getLogger("lease_lock.server").exception("worker %d failed", os.getpid())
-    finally:
-        os._exit(status)
-
-
-def _supervise(args: argparse.Namespace, listener: socket.socket) -> int:
-    """Fork ``--workers`` processes on ``listener``; replace any that dies until told to stop.
-
-    Every worker keeps its own connection to the store, so rate limits and keys hold across
-    them exactly as across separate servers sharing that store.
-    """
-    log = logging.getLogger("lease_lock.server")
-    workers: set[int] = set()
-    stopping = False
-
-    def stop(signum: int, _frame: Any) -> None:
-        nonlocal stopping
-        stopping = True
-        for pid in workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-
-    def spawn() -> None:
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child never returns from _worker
-            _worker(args, listener)
-        workers.add(pid)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    for _ in range(args.workers):
-        spawn()
-    host, port = listener.getsockname()[:2]
-    _announce(host, port, args.workers)
-    while workers:
-        try:
-            pid, status = os.wait()
-        except ChildProcessError:
-            break
-        workers.discard(pid)
-        if not stopping:
-            log.error("worker %d exited (status %d); starting another", pid, status)
-            time.sleep(1.0)  # a worker that fails at once must not make a hot loop
-            if not stopping:
-                spawn()
-    listener.close()
-    return 0
+    print(f"lease-lock: serving on {url}{suffix}", file=sys.stderr, flush=True)
 
 
 def _keys_create(args: argparse.Namespace) -> int:

@@ -17,14 +17,19 @@ connection stays open unless the client asked to close it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import logging
+import os
+import signal
 import socket
-from typing import Any, Optional
+import time
+from typing import Any, Callable, Optional
 
 from ..errors import ValidationError
 
-__all__ = ["DEFAULT_CHANNEL_TIMEOUT", "DEFAULT_CONNECTION_LIMIT", "make_server", "require_waitress"]
+__all__ = ["DEFAULT_CHANNEL_TIMEOUT", "DEFAULT_CONNECTION_LIMIT", "make_server", "require_waitress", "serve"]
 
 #: Connections one server process keeps open at most (waitress's own default is 100).
 DEFAULT_CONNECTION_LIMIT = 1000
@@ -143,3 +148,111 @@ def make_server(
     )
     server.channel_class = _channel_class()
     return server
+
+
+def serve(
+    build_app: Callable[[], Any],
+    host: str,
+    port: int,
+    *,
+    workers: int = 1,
+    close_app: Optional[Callable[[Any], None]] = None,
+    announce: Optional[Callable[[str, int], None]] = None,
+    **settings: Any,
+) -> int:
+    """Serve ``build_app()`` on ``host:port`` until ``SIGTERM``/``SIGINT``; returns 0.
+
+    With ``workers`` above 1 the port is bound once and that many processes are forked to
+    accept on it, each calling ``build_app()`` for an application of its own (its own store
+    connection); a worker that dies is replaced, and a signal to this process stops them all.
+    ``close_app(app)`` runs in each process when it stops; ``announce(url, workers)`` once the
+    port accepts connections. ``settings`` are :func:`make_server`'s.
+    """
+    _positive_int(workers, "workers")
+    if workers == 1:
+        return _run(build_app(), host, port, None, close_app, announce, settings)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.create_server((host, port), family=family, backlog=1024)
+    return _supervise(build_app, listener, workers, close_app, announce, settings)
+
+
+def _shown(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _run(
+    app: Any,
+    host: str,
+    port: int,
+    listener: Optional[socket.socket],
+    close_app: Optional[Callable[[Any], None]],
+    announce: Optional[Callable[[str, int], None]],
+    settings: dict[str, Any],
+) -> int:
+    server = make_server(app, host, port, sock=listener, **settings)
+    if listener is None and announce is not None:
+        announce(_shown(host, server.effective_port), 1)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+        if close_app is not None:
+            close_app(app)
+    return 0
+
+
+def _supervise(
+    build_app: Callable[[], Any],
+    listener: socket.socket,
+    workers: int,
+    close_app: Optional[Callable[[Any], None]],
+    announce: Optional[Callable[[str, int], None]],
+    settings: dict[str, Any],
+) -> int:
+    log = logging.getLogger("lease_lock.server")
+    host, port = listener.getsockname()[:2]
+    children: set[int] = set()
+    stopping = False
+
+    def stop(_signum: int, _frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    def spawn() -> None:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child, which never returns
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            status = 1
+            try:
+                status = _run(build_app(), host, port, listener, close_app, None, settings)
+            except BaseException:  # a worker reports and exits, never returns to the caller
+                log.exception("worker %d failed", os.getpid())
+            finally:
+                os._exit(status)
+        children.add(pid)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    for _ in range(workers):
+        spawn()
+    if announce is not None:
+        announce(_shown(host, port), workers)
+    while children:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            break
+        children.discard(pid)
+        if not stopping:
+            log.error("worker %d exited (status %d); starting another", pid, status)
+            time.sleep(1.0)  # a worker that fails at once must not make a hot loop
+            if not stopping:
+                spawn()
+    listener.close()
+    return 0
