@@ -6,7 +6,8 @@ sessions) runs first against a **bare WSGI app** that answers the same statuses 
 (201 with a fence, 204) at once, then against ``lease-lock serve``. Both run under the same
 server code and settings (``lease_lock.server.serving.serve``: waitress, keep-alive, the same
 threads and worker processes) and the same clients; the ratio is service/bare cycles per second.
-Clients are spread over up to 8 processes so that the client's own GIL does not cap the figure.
+The two sides run in alternating slices (three each) so that a busy stretch of a shared
+machine lands on both. Clients are spread over up to 8 processes so that the client's own GIL does not cap the figure.
 
 Hand-off: a waiter blocked in ``Locker.acquire`` while another client releases; latency from
 the release call to the waiter's grant, with the ``Prefer: wait`` extension and without it
@@ -142,8 +143,28 @@ def _client_process(url: str, key: str, threads: int, start: float, seconds: flo
     out.put([t for times in per_thread for t in times])
 
 
-def _load(url: str, key: str, clients: int, seconds: float) -> tuple[float, float, float]:
-    """Cycles per second of ``clients`` concurrent clients, and the p50/p99 cycle in ms."""
+def _alternating(
+    bare_url: str, service_url: str, key: str, clients: int, seconds: float
+) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+    """Bare and service loads in alternating slices, so a busy stretch of a shared machine
+    falls on both; each side's cycles/s and p50/p99 (ms) over all its slices."""
+    slices = 3
+    times: dict[str, list[float]] = {bare_url: [], service_url: []}
+    for index in range(slices):
+        order = (bare_url, service_url) if index % 2 == 0 else (service_url, bare_url)
+        for url in order:
+            times[url] += _cycle_times(url, key, clients, seconds / slices)
+    results = []
+    for url in (bare_url, service_url):
+        observed = times[url]
+        if not observed:
+            raise RuntimeError("no cycle completed")
+        results.append((len(observed) / seconds, percentile(observed, 0.5) * 1000, percentile(observed, 0.99) * 1000))
+    return results[0], results[1]
+
+
+def _cycle_times(url: str, key: str, clients: int, seconds: float) -> list[float]:
+    """The cycle times of ``clients`` concurrent clients running for ``seconds``."""
     context = multiprocessing.get_context("fork")
     processes = min(clients, _MAX_CLIENT_PROCESSES)
     queue = context.Queue()
@@ -158,9 +179,7 @@ def _load(url: str, key: str, clients: int, seconds: float) -> tuple[float, floa
     times = [t for _ in spawned for t in queue.get(timeout=120 + seconds)]
     for process in spawned:
         process.join(30)
-    if not times:
-        raise RuntimeError("no cycle completed")
-    return len(times) / seconds, percentile(times, 0.5) * 1000, percentile(times, 0.99) * 1000
+    return times
 
 
 # -- hand-off ----------------------------------------------------------------------------------
@@ -225,10 +244,10 @@ def main() -> None:
                 if store == "memory" and workers > 1:
                     continue  # one process's memory is not shared
                 for count in clients:
-                    with _bare_server(workers, tmp) as url:
-                        bare = _load(url, key, count, args.seconds)
-                    with _service(stores[store], keys_file, workers, tmp) as url:
-                        served = _load(url, key, count, args.seconds)
+                    with _bare_server(workers, tmp) as bare_url, _service(
+                        stores[store], keys_file, workers, tmp
+                    ) as service_url:
+                        bare, served = _alternating(bare_url, service_url, key, count, args.seconds)
                     print(
                         f"{store:<8}{workers:>6}{count:>8}{bare[0]:>10.0f}{served[0]:>12.0f}"
                         f"{served[0] / bare[0]:>7.2f}{served[1]:>8.2f}{served[2]:>8.2f}{bare[1]:>9.2f}{bare[2]:>9.2f}"
