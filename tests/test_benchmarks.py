@@ -82,15 +82,13 @@ def test_postgres_cycle_and_handoffs(postgres_server: PostgresServer) -> None:
 
 def test_http_cycle_against_the_bare_floor_and_handoffs(redis_server: RedisServer) -> None:
     output = run_benchmark(
-        "http_cycle", "--seconds", "0.3", "--clients", "1,2", "--processes", "1,2",
+        "http_cycle", "--seconds", "0.3", "--clients", "2", "--processes", "1,2",
         "--stores", "memory,redis", "--redis-url", redis_server.url, "--handoffs", "2",
     )
     cycles = [line.split() for line in output.splitlines() if line.startswith(("memory ", "redis "))]
-    # memory: one server process only; redis: 1 and 2, each with 1 and 2 clients.
-    assert [(row[0], row[1], row[2]) for row in cycles] == [
-        ("memory", "1", "1"), ("memory", "1", "2"),
-        ("redis", "1", "1"), ("redis", "1", "2"), ("redis", "2", "1"), ("redis", "2", "2"),
-    ]
+    # memory: one server process only; redis: 1 and 2.
+    configurations = [(row[0], row[1], row[2]) for row in cycles]
+    assert configurations == [("memory", "1", "2"), ("redis", "1", "2"), ("redis", "2", "2")]
     assert all(float(row[3]) > 0 and float(row[4]) > 0 for row in cycles)
     handoff = table_rows(output.split("Hand-off latency", 1)[1], "with Prefer: wait", "without (--max-waits 0)")
     assert all(len(cells) == 2 for cells in handoff.values())
