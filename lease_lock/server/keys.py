@@ -236,6 +236,12 @@ class KeyFile:
         self.path = Path(path)
         if not self.path.exists():
             raise ValidationError(f"keys file {self.path} does not exist (create a key first)")
+        try:
+            _read(self.path)  # a file broken from the start is a setup error, not a reload problem
+        except ValidationError:
+            raise
+        except (OSError, ValueError) as exc:
+            raise ValidationError(f"keys file {self.path} cannot be read: {exc}") from exc
         self._mutex = threading.Lock()
         self._signature: Optional[tuple[int, int, int]] = None
         self._records: dict[str, KeyRecord] = {}

@@ -161,12 +161,19 @@ def test_head_is_answered_without_a_body_on_a_kept_connection(lock_service: Serv
 
 def test_keys_file_projects_are_validated(tmp_path: Path) -> None:
     keys_file = tmp_path / "keys.toml"
-    _record, key = create_key(keys_file, "teamx", "full")
-    keys_file.write_text(keys_file.read_text().replace('"teamx"', '"team/x"'))
-    with pytest.raises(ValidationError, match="invalid project"):
-        list_keys(keys_file)
+    _record, team = create_key(keys_file, "team", "full")
+    _record, other = create_key(keys_file, "teamx", "full")
     with ThreadedServer(create_app(MemoryBackend(), keys_file)) as server:
-        assert requests.get(f"{server.url}/locks", headers=_bearer(key), timeout=10).status_code == 401
+        # A hand edit puts a "/" into a project name: it must never reach into "team"'s locks.
+        keys_file.write_text(keys_file.read_text().replace('"teamx"', '"team/x"'))
+        with pytest.raises(ValidationError, match="invalid project"):
+            list_keys(keys_file)
+        token = {"X-Volcano-Lock-Token": str(uuid.uuid4()), **_bearer(other)}
+        requests.post(f"{server.url}/locks/secret-job/lease", json={"ttl_seconds": 30}, headers=token, timeout=10)
+        listed = requests.get(f"{server.url}/locks", headers=_bearer(team), timeout=10)
+        assert listed.status_code == 200 and listed.json() == {"locks": []}
+    with pytest.raises(ValidationError, match="invalid project"):
+        create_app(MemoryBackend(), keys_file)
 
 
 def test_the_owner_length_of_the_document_is_the_servers(lock_service: ServiceInfo) -> None:
@@ -182,3 +189,14 @@ def test_the_owner_length_of_the_document_is_the_servers(lock_service: ServiceIn
             timeout=10,
         )
         assert answer.status_code == status, answer.text
+
+
+def test_serve_refuses_a_keys_file_broken_from_the_start(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.toml"
+    keys_file.write_text("[keys.0123456789ab\nproject = 'x'\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "lease_lock", "serve", "--url", "memory://", "--keys", str(keys_file),
+         "--bind", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=30, check=False,
+    )
+    assert done.returncode == 2 and "keys file" in done.stderr
