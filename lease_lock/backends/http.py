@@ -201,7 +201,7 @@ class HttpBackend(Backend):
         self._watching = set()
 
     def __repr__(self) -> str:
-        return f"HttpBackend({self.base_url!r})"
+        return f"HttpBackend({redact_url(self.base_url)!r})"
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> HttpBackend:

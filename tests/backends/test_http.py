@@ -244,3 +244,11 @@ def test_importing_the_client_loads_nothing_of_the_server() -> None:
     )
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_repr_never_shows_a_password_of_the_url() -> None:
+    backend = HttpBackend("http://user:Sup3rSecretPw@127.0.0.1:8080/base", "key")
+    try:
+        assert "Sup3rSecretPw" not in repr(backend) and "127.0.0.1:8080" in repr(backend)
+    finally:
+        backend.close()
