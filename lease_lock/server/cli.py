@@ -288,7 +288,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     add_keys_parser(subparsers)
     add_keys_parser(subparsers, "keys")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
     try:
         status: int = args.handler(args)
     except ValidationError as exc:
