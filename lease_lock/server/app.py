@@ -8,6 +8,10 @@ cannot be reached (:class:`~lease_lock.errors.BackendUnavailableError`) gives 50
 500 ``internal`` whose body says nothing more (the traceback goes to the log). No input can
 produce a 5xx.
 
+``GET /healthz``, ``GET /readyz`` and (with ``metrics=True``) ``GET /metrics`` need no
+credential and spend no budget. Every answer carries the request id (the client's or a new
+one), and each request makes one access-log line with its route template, never its path.
+
 Order of checks: credential (401, counts for no project) -> budget (429; every authenticated
 request counts against one of its project's budgets, rejected ones included, see
 :func:`budget_of`) -> route (404/405) -> scope (403) -> inputs (400/413)
