@@ -1,115 +1,276 @@
-"""Acquire+release cycles per second through the HTTP lock service, beside its floors.
+"""Acquire+release cycles through the HTTP lock service against a bare WSGI floor, and hand-offs.
 
-Three rows, measured in one run on loopback:
+Cycles: for each store, number of server processes and number of concurrent clients, the same
+client load (``HttpBackend.acquire_fenced`` + ``release``, one key per client, keep-alive
+sessions) runs first against a **bare WSGI app** that answers the same statuses and bodies
+(201 with a fence, 204) at once, then against ``lease-lock serve``. Both run under the same
+server code and settings (``lease_lock.server.serving.serve``: waitress, keep-alive, the same
+threads and worker processes) and the same clients; the ratio is service/bare cycles per second.
+The two sides run in alternating slices (three each) so that a busy stretch of a shared
+machine lands on both. Clients are spread over up to 8 processes so that the client's own GIL does not cap the figure.
 
-- ``store direct``: the same backend called in-process (no HTTP at all);
-- ``HTTP floor``: two bare HTTP requests per cycle to a WSGI app that answers 204 at once,
-  through the same waitress and ``requests`` session (the cost of the transport alone);
-- ``lock service``: ``HttpBackend.acquire_fenced`` + ``release`` against ``create_app``.
+Hand-off: a waiter blocked in ``Locker.acquire`` while another client releases; latency from
+the release call to the waiter's grant, with the ``Prefer: wait`` extension and without it
+(``--max-waits 0``: the waiter sleeps until the holder's expiry or one second).
 
-The overhead per request is the service's time per request minus the floor's.
+    python -m benchmarks.http_cycle [--seconds 3] [--clients 1,8,32] [--processes 1,2]
+        [--stores memory,redis] [--redis-url redis://127.0.0.1:6379/0] [--handoffs 30]
 
-    python -m benchmarks.http_cycle [--url memory://] [--seconds 3]
+``memory://`` lives in one process, so it is measured with one server process only.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import requests
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from lease_lock.backends import backend_from_url
+from lease_lock import Locker
 from lease_lock.backends.http import HttpBackend
-from lease_lock.server import create_app, create_key
-from tests.support.http_server import ThreadedServer
+from lease_lock.server import create_key
 
-from benchmarks.measure import add_json_argument, write_json
+from benchmarks.measure import add_json_argument, percentile, write_json
 
-
-def _rate(cycle: Callable[[int], None], seconds: float) -> float:
-    for index in range(20):  # warm the connection pool and the code paths
-        cycle(index)
-    done, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        cycle(done)
-        done += 1
-    return done / (time.perf_counter() - start)
+_THREADS = 8
+_MAX_CLIENT_PROCESSES = 8
 
 
-def _empty_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+# -- the floor: a bare WSGI app answering like the service -------------------------------------
+
+
+def bare_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+    """Answers a grant with 201 and a fence, a release with 204, a read with 200: no store."""
     environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
-    start_response("200 OK", [("Content-Length", "2"), ("Content-Type", "application/json")])
-    return [b"{}"]
+    method = environ["REQUEST_METHOD"]
+    if method == "POST":
+        body = json.dumps({"expires_at": "2099-01-01T00:00:00.000Z", "fencing_token": 1}).encode()
+        start_response(
+            "201 Created",
+            [("Content-Type", "application/json"), ("Content-Length", str(len(body))), ("Cache-Control", "no-store")],
+        )
+        return [body]
+    if method == "DELETE":
+        start_response("204 No Content", [("X-Lease-Lock-Released", "true"), ("Cache-Control", "no-store")])
+        return [b""]
+    body = b'{"held": false}'
+    start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+    return [body]
+
+
+def _serve_bare(workers: int) -> None:
+    from lease_lock.server.serving import serve
+
+    def announce(url: str, _workers: int) -> None:
+        print(f"bare: serving on {url}", file=sys.stderr, flush=True)
+
+    serve(lambda: bare_app, "127.0.0.1", 0, workers=workers, threads=_THREADS, announce=announce)
+
+
+@contextmanager
+def _server(command: list[str], log: Path) -> Iterator[str]:
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            text = log.read_text(errors="replace")
+            if "serving on " in text:
+                yield text.split("serving on ", 1)[1].split()[0]
+                break
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"server did not start:\n{text}")
+            time.sleep(0.05)
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def _bare_server(workers: int, tmp: Path) -> Any:
+    command = [sys.executable, "-m", "benchmarks.http_cycle", "--serve-bare", "--workers", str(workers)]
+    return _server(command, tmp / f"bare-{workers}.log")
+
+
+def _service(store: str, keys_file: Path, workers: int, tmp: Path, *extra: str) -> Any:
+    command = [
+        sys.executable, "-m", "lease_lock", "serve", "--url", store, "--keys", str(keys_file),
+        "--bind", "127.0.0.1:0", "--workers", str(workers), "--threads", str(_THREADS),
+        "--rate-limit", "1000000000", *extra,
+    ]
+    return _server(command, tmp / f"service-{workers}-{time.monotonic_ns()}.log")
+
+
+# -- the client load -------------------------------------------------------------------------
+
+
+def _client_process(url: str, key: str, threads: int, start: float, seconds: float, out: Any) -> None:
+    def loop(index: int, times: list[float]) -> None:
+        backend = HttpBackend(url, key)
+        name, token = f"cycle.{uuid.uuid4().hex[:12]}.{index}", backend.new_token()
+        for _ in range(20):  # warm the connection and the code paths
+            backend.acquire_fenced(name, token, 30, "bench")
+            backend.release(name, token)
+        time.sleep(max(0.0, start - time.monotonic()))
+        clock, deadline = time.perf_counter, start + seconds
+        while time.monotonic() < deadline:
+            began = clock()
+            backend.acquire_fenced(name, token, 30, "bench")
+            backend.release(name, token)
+            times.append(clock() - began)
+        backend.close()
+
+    per_thread: list[list[float]] = [[] for _ in range(threads)]
+    workers = [threading.Thread(target=loop, args=(i, per_thread[i])) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    out.put([t for times in per_thread for t in times])
+
+
+def _alternating(
+    bare_url: str, service_url: str, key: str, clients: int, seconds: float
+) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+    """Bare and service loads in alternating slices, so a busy stretch of a shared machine
+    falls on both; each side's cycles/s and p50/p99 (ms) over all its slices."""
+    slices = 3
+    times: dict[str, list[float]] = {bare_url: [], service_url: []}
+    for index in range(slices):
+        order = (bare_url, service_url) if index % 2 == 0 else (service_url, bare_url)
+        for url in order:
+            times[url] += _cycle_times(url, key, clients, seconds / slices)
+    results = []
+    for url in (bare_url, service_url):
+        observed = times[url]
+        if not observed:
+            raise RuntimeError("no cycle completed")
+        results.append((len(observed) / seconds, percentile(observed, 0.5) * 1000, percentile(observed, 0.99) * 1000))
+    return results[0], results[1]
+
+
+def _cycle_times(url: str, key: str, clients: int, seconds: float) -> list[float]:
+    """The cycle times of ``clients`` concurrent clients running for ``seconds``."""
+    context = multiprocessing.get_context("fork")
+    processes = min(clients, _MAX_CLIENT_PROCESSES)
+    queue = context.Queue()
+    # Every client starts measuring at the same moment (CLOCK_MONOTONIC is system-wide).
+    start = time.monotonic() + 1.0 + 0.05 * clients
+    spawned = []
+    for index in range(processes):
+        threads = clients // processes + (1 if index < clients % processes else 0)
+        process = context.Process(target=_client_process, args=(url, key, threads, start, seconds, queue))
+        process.start()
+        spawned.append(process)
+    times = [t for _ in spawned for t in queue.get(timeout=120 + seconds)]
+    for process in spawned:
+        process.join(30)
+    return times
+
+
+# -- hand-off ----------------------------------------------------------------------------------
+
+
+def _handoffs(url: str, key: str, rounds: int) -> list[float]:
+    holder = Locker(HttpBackend(url, key), ttl=30)
+    waiter = Locker(HttpBackend(url, key), ttl=30)
+    latencies: list[float] = []
+    try:
+        for index in range(rounds):
+            name = f"handoff.{uuid.uuid4().hex[:12]}.{index}"
+            held = holder.acquire(name)
+            granted: list[float] = []
+
+            def wait_for_it(lock_name: str = name, into: list[float] = granted) -> None:
+                lock = waiter.acquire(lock_name, timeout=60)
+                into.append(time.perf_counter())
+                lock.release()
+
+            thread = threading.Thread(target=wait_for_it)
+            thread.start()
+            time.sleep(0.3)  # the waiter is blocked (and watching) before the release
+            released = time.perf_counter()
+            held.release()
+            thread.join(60)
+            latencies.append(granted[0] - released)
+    finally:
+        holder.close()
+        waiter.close()
+    return latencies
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """Run the three measurements and print them side by side."""
+    """Run the measurements and print the tables (and write them as JSON with ``--json``)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", default="memory://", help="backend behind the service (default %(default)s)")
     parser.add_argument("--seconds", type=float, default=3.0, help="seconds per measurement")
+    parser.add_argument("--clients", default="1,8,32", help="concurrent clients (comma-separated)")
+    parser.add_argument("--processes", default="1,2", help="server processes (comma-separated)")
+    parser.add_argument("--stores", default="memory,redis", help="memory and/or redis")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--handoffs", type=int, default=30, help="hand-offs per row (0: skip)")
+    parser.add_argument("--serve-bare", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     add_json_argument(parser)
     args = parser.parse_args(argv)
+    if args.serve_bare:
+        _serve_bare(args.workers)
+        return
 
-    direct = backend_from_url(args.url)
-    token = direct.new_token()
-    prefix = uuid.uuid4().hex
-
-    def direct_cycle(index: int) -> None:
-        key = f"bench:{prefix}:{index % 64}"
-        direct.acquire_fenced(key, token, 30, "bench")
-        direct.release(key, token)
-
-    rows = [("store direct", _rate(direct_cycle, args.seconds), 0)]
-
-    with ThreadedServer(_empty_app) as floor_server:
-        session = requests.Session()
-
-        def floor_cycle(index: int) -> None:
-            session.post(f"{floor_server.url}/locks/k/lease", json={"ttl_seconds": 30}, timeout=10)
-            session.post(f"{floor_server.url}/locks/k/lease", timeout=10)
-
-        rows.append(("HTTP floor (2 requests)", _rate(floor_cycle, args.seconds), 2))
-        session.close()
-
-    with tempfile.TemporaryDirectory() as tmp:
-        keys_file = Path(tmp) / "keys.toml"
-        _, key = create_key(keys_file, "bench", "full")
-        store = backend_from_url(args.url)
-        app = create_app(store, keys_file, rate_limit=10**9)
-        with ThreadedServer(app) as server:
-            client = HttpBackend(server.url, key)
-
-            def service_cycle(index: int) -> None:
-                name = f"bench.{prefix}.{index % 64}"
-                client.acquire_fenced(name, token_http, 30, "bench")
-                client.release(name, token_http)
-
-            token_http = client.new_token()
-            rows.append(("lock service (2 requests)", _rate(service_cycle, args.seconds), 2))
-            client.close()
-        store.close()
-    direct.close()
-
-    print(f"backend: {args.url}; {args.seconds:.1f} s per row; one client thread")
-    print(f"{'row':<28}{'cycles/s':>10}{'ms/cycle':>10}{'vs direct':>11}")
-    for name, rate, _requests in rows:
-        print(f"{name:<28}{rate:>10.0f}{1000 / rate:>10.3f}{rows[0][1] / rate:>10.1f}x")
-    floor_ms = 1000 / rows[1][1] / 2
-    service_ms = 1000 / rows[2][1] / 2
-    print(f"service overhead per request over the HTTP floor: {service_ms - floor_ms:.3f} ms")
-    write_json(args.json, "http_cycle", argv, {
-        "backend": args.url,
-        "rows": [{"name": name, "rate": rate, "requests": count} for name, rate, count in rows],
-        "overhead_ms_per_request": service_ms - floor_ms,
-    })
+    clients = [int(n) for n in args.clients.split(",")]
+    processes = [int(n) for n in args.processes.split(",")]
+    stores = {"memory": "memory://", "redis": args.redis_url}
+    with tempfile.TemporaryDirectory() as directory:
+        tmp = Path(directory)
+        keys_file = tmp / "keys.toml"
+        _, key = create_key(keys_file, f"bench-{uuid.uuid4().hex[:8]}", "full")
+        print(f"acquire+release cycles, {args.seconds:.1f} s each, {_THREADS} threads per server process")
+        header = f"{'store':<8}{'procs':>6}{'clients':>8}{'bare c/s':>10}{'service c/s':>12}{'ratio':>7}"
+        print(header + f"{'p50 ms':>8}{'p99 ms':>8}{'bare p50':>9}{'bare p99':>9}")
+        rows: list[dict[str, Any]] = []
+        handoffs: list[dict[str, Any]] = []
+        for store in args.stores.split(","):
+            for workers in processes:
+                if store == "memory" and workers > 1:
+                    continue  # one process's memory is not shared
+                for count in clients:
+                    with _bare_server(workers, tmp) as bare_url, _service(
+                        stores[store], keys_file, workers, tmp
+                    ) as service_url:
+                        bare, served = _alternating(bare_url, service_url, key, count, args.seconds)
+                    rows.append({
+                        "store": store, "processes": workers, "clients": count, "bare_rate": bare[0],
+                        "service_rate": served[0], "ratio": served[0] / bare[0], "p50_ms": served[1],
+                        "p99_ms": served[2], "bare_p50_ms": bare[1], "bare_p99_ms": bare[2],
+                    })
+                    print(
+                        f"{store:<8}{workers:>6}{count:>8}{bare[0]:>10.0f}{served[0]:>12.0f}"
+                        f"{served[0] / bare[0]:>7.2f}{served[1]:>8.2f}{served[2]:>8.2f}{bare[1]:>9.2f}{bare[2]:>9.2f}"
+                    )
+        if args.handoffs:
+            print(f"\nHand-off latency (ms), {args.handoffs} hand-offs, one server process")
+            print(f"{'row':<40}{'p50':>8}{'p99':>8}")
+            first_store = stores[args.stores.split(",")[0]]
+            for label, extra in (("with Prefer: wait", ()), ("without (--max-waits 0)", ("--max-waits", "0"))):
+                with _service(first_store, keys_file, 1, tmp, *extra) as url:
+                    latencies = _handoffs(url, key, args.handoffs)
+                p50, p99 = statistics.median(latencies) * 1000, percentile(latencies, 0.99) * 1000
+                print(f"{label:<40}{p50:>8.2f}{p99:>8.2f}")
+                handoffs.append({"mode": label, "p50_ms": p50, "p99_ms": p99})
+    write_json(args.json, "http_cycle", argv, {"rows": rows, "handoffs": handoffs})
 
 
 if __name__ == "__main__":

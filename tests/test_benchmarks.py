@@ -89,11 +89,18 @@ def test_postgres_cycle_and_handoffs(postgres_server: PostgresServer) -> None:
     table_rows(output.split("Hand-off latency", 1)[1], "bare LISTEN/NOTIFY wake-up", "Locker hand-off, LISTEN/NOTIFY")
 
 
-def test_http_cycle_through_the_service() -> None:
-    output = run_benchmark("http_cycle", "--seconds", "0.2")
-    rows = table_rows(output, "store direct", "HTTP floor (2 requests)", "lock service (2 requests)")
-    assert float(rows["lock service (2 requests)"][0]) > 0
-    assert "service overhead per request" in output
+def test_http_cycle_against_the_bare_floor_and_handoffs(redis_server: RedisServer) -> None:
+    output = run_benchmark(
+        "http_cycle", "--seconds", "0.3", "--clients", "2", "--processes", "1,2",
+        "--stores", "memory,redis", "--redis-url", redis_server.url, "--handoffs", "2",
+    )
+    cycles = [line.split() for line in output.splitlines() if line.startswith(("memory ", "redis "))]
+    # memory: one server process only; redis: 1 and 2.
+    configurations = [(row[0], row[1], row[2]) for row in cycles]
+    assert configurations == [("memory", "1", "2"), ("redis", "1", "2"), ("redis", "2", "2")]
+    assert all(float(row[3]) > 0 and float(row[4]) > 0 for row in cycles)
+    handoff = table_rows(output.split("Hand-off latency", 1)[1], "with Prefer: wait", "without (--max-waits 0)")
+    assert all(len(cells) == 2 for cells in handoff.values())
 
 
 def test_heartbeat_scale_in_miniature() -> None:
@@ -108,7 +115,10 @@ def test_json_results_become_figures(tmp_path: Path, redis_server: RedisServer) 
     data = tmp_path / "data"
     data.mkdir()
     run_benchmark("heartbeat_scale", "--sizes", "10", "--seconds", "1", "--json", str(data / "heartbeat_scale.json"))
-    run_benchmark("http_cycle", "--seconds", "0.2", "--json", str(data / "http_cycle.json"))
+    run_benchmark(
+        "http_cycle", "--seconds", "0.2", "--clients", "1", "--processes", "1", "--stores", "memory",
+        "--handoffs", "3", "--json", str(data / "http_cycle.json"),
+    )
     run_benchmark(
         "redis_cycle", "--url", redis_server.url, "--seconds", "0.2", "--handoffs", "3",
         "--json", str(data / "redis_cycle.json"),

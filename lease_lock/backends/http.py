@@ -8,10 +8,14 @@ caller asked for.
 Answers: 409 is a plain "no" (``None``/``False``); 429 raises
 :class:`~lease_lock.errors.RateLimitedError`; 400 raises
 :class:`~lease_lock.errors.ValidationError`; 401/403 raise
-:class:`~lease_lock.errors.AccessDeniedError`. Anything else unexpected raises ``requests``'
-``HTTPError``, and transport failures are ``requests``' own exceptions, never wrapped.
+:class:`~lease_lock.errors.AccessDeniedError`. A transport failure (refused, reset, timed out)
+or a 503 raises :class:`~lease_lock.errors.BackendUnavailableError` with ``requests``' exception
+as ``__cause__``; anything else unexpected raises ``requests``' ``HTTPError``.
 An acquisition is retried exactly once, with the same token, TTL, request id and credential,
 after a transport failure or a 503: the token makes the repeat safe.
+
+A backend used before ``fork()`` is safe in the child: the child builds its own session on its
+first request and never touches a connection its parent opened.
 """
 
 from __future__ import annotations
@@ -23,15 +27,17 @@ import threading
 import time
 import urllib.parse
 import uuid
+import weakref
 from collections.abc import Iterator, Mapping
 from datetime import datetime, timezone
 from typing import Any, Callable, ClassVar, ContextManager, Optional
 
 import requests
 
-from ..errors import AccessDeniedError, RateLimitedError, ValidationError
-from ..server import wire
-from .base import Backend, Capabilities, LockState, parse_url_options
+from .. import wire
+from ..errors import AccessDeniedError, BackendUnavailableError, RateLimitedError, ValidationError
+from ..validation import redact_url
+from .base import Backend, Capabilities, LockState, ReleaseWatcher, parse_url_options
 
 __all__ = ["HttpBackend"]
 
@@ -55,6 +61,62 @@ def _parse_time(text: Any) -> datetime:
     return moment.astimezone(timezone.utc)
 
 
+# Backends alive in this process; a forked child gives each a new session (see _after_fork).
+_LIVE: weakref.WeakSet[HttpBackend] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for backend in list(_LIVE):
+        backend._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# Longest server-side wait one watching request asks for: short, so that a watch nobody needs
+# any more holds a server's waiting slot briefly.
+_WATCH_WAIT = 5
+# A key is watched while an acquisition of it failed this recently (a waiting Locker retries
+# at least every second while notifications flow).
+_INTEREST_WINDOW = 3.0
+
+
+class _WaitWatcher(ReleaseWatcher):
+    """Release notifications: this backend's own releases, and the server's wait extension.
+
+    Releases and force releases made through the backend are reported at once. A key is watched
+    once an acquisition of it through this backend was refused (409): a thread asks the server
+    to hold ``GET /locks/{key}`` until the key is free, and reports the key released when the
+    answer says so. Threads run only while the server announces the
+    extension. The watcher reports itself active in any case: a waiting Locker then sleeps until
+    the holder's lease ends or one second passes, whichever is sooner (never its retry delay
+    after delay), and a notification cuts that sleep short when the server offers one.
+    """
+
+    def __init__(self, callback: Callable[[str], None]) -> None:
+        self._callback = callback
+        self._closed = threading.Event()
+
+    @property
+    def active(self) -> bool:
+        """``True`` until closed (see the class documentation)."""
+        return not self._closed.is_set()
+
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran."""
+        return self._closed.is_set()
+
+    def notify(self, key: str) -> None:
+        """Report ``key`` released (from a watching thread)."""
+        if not self._closed.is_set():
+            self._callback(key)
+
+    def close(self) -> None:
+        """Stop watching; threads end after their current request."""
+        self._closed.set()
+
+
 def _forget_after(now: float, ttl: float) -> float:
     # The grace second plus a wide margin for a slow reply: only then is the grant surely over.
     return now + ttl + wire.TAKEOVER_GRACE + 60.0
@@ -75,6 +137,8 @@ class HttpBackend(Backend):
         server_clock=True,
         fencing=True,
         scan=True,
+        # Through the server's wait extension, when the server offers it (see watch_releases).
+        release_notify=True,
         min_ttl=float(wire.MIN_TTL),
         clock="the lock service's clock (its store's clock for a lease_lock server)",
     )
@@ -93,11 +157,13 @@ class HttpBackend(Backend):
     ) -> None:
         parts = urllib.parse.urlsplit(base_url) if isinstance(base_url, str) else None
         if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValidationError(f"base_url must be an http:// or https:// URL with a host, got {base_url!r}")
+            shown = redact_url(base_url) if isinstance(base_url, str) else repr(base_url)
+            raise ValidationError(f"base_url must be an http:// or https:// URL with a host, got {shown}")
         try:
             parts.port  # noqa: B018 - urlsplit parses the port lazily and raises here
         except ValueError as exc:
-            raise ValidationError(f"base_url {base_url!r} has a bad port: {exc}") from exc
+            # The URL may carry ?api_key=...: show it only redacted.
+            raise ValidationError(f"base_url {redact_url(base_url)} has a bad port: {exc}") from None
         if not isinstance(api_key, str) or not api_key or not api_key.isprintable():
             raise ValidationError("api_key must be a non-empty printable str (a service key)")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
@@ -111,9 +177,31 @@ class HttpBackend(Backend):
         self._scope = threading.local()
         # (key, token) -> (fence, monotonic time after which the grant surely ended)
         self._fences: dict[tuple[str, str], tuple[int, float]] = {}
+        # A parent's sessions, kept referenced in a forked child: closing them there could
+        # disturb the parent's connections (a TLS close_notify on a shared socket).
+        self._inherited: list[requests.Session] = []
+        # The longest wait the server offers (0 until it announced the extension).
+        self._wait_offered = 0
+        self._watchers: list[_WaitWatcher] = []
+        self._interest: dict[str, float] = {}
+        self._watching: set[str] = set()
+        _LIVE.add(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: a new session and fresh locks, never the parent's connections."""
+        self._inherited.append(self._session)
+        self._session = requests.Session()
+        # The child's session is its own, whoever owned the parent's.
+        self._own_session = True
+        self._mutex = threading.Lock()
+        self._scope = threading.local()
+        # The parent's watching threads do not exist here.
+        self._watchers = []
+        self._interest = {}
+        self._watching = set()
 
     def __repr__(self) -> str:
-        return f"HttpBackend({self.base_url!r})"
+        return f"HttpBackend({redact_url(self.base_url)!r})"
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> HttpBackend:
@@ -161,10 +249,37 @@ class HttpBackend(Backend):
         return path + "/lease" if lease else path
 
     def _send(self, method: str, url: str, **kwargs: Any) -> requests.Response:
+        """One request; a transport failure raises ``requests``' own exception."""
         headers = kwargs.pop("headers", {})
         headers["Authorization"] = self._authorization
         headers.setdefault(wire.HEADER_REQUEST_ID, str(uuid.uuid4()))
-        return self._session.request(method, url, headers=headers, timeout=self.timeout, **kwargs)
+        timeout = kwargs.pop("timeout", self.timeout)
+        response = self._session.request(method, url, headers=headers, timeout=timeout, **kwargs)
+        offered = response.headers.get(wire.HEADER_WAIT)
+        if offered is not None:
+            self._wait_offered = int(offered) if offered.isdigit() else 0
+        return response
+
+    def _unavailable(self, cause: BaseException) -> BackendUnavailableError:
+        # ``base_url`` never carries the key (it travels in a header) and has no query.
+        return BackendUnavailableError(
+            f"lock service at {redact_url(self.base_url)} unreachable ({type(cause).__name__})",
+            backend="http",
+        )
+
+    def _call(self, method: str, url: str, **kwargs: Any) -> requests.Response:
+        """One attempt; a transport failure or a 503 raises ``BackendUnavailableError``."""
+        try:
+            response = self._send(method, url, **kwargs)
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            raise self._unavailable(exc) from exc
+        self._raise_if_unavailable(response)
+        return response
+
+    def _raise_if_unavailable(self, response: requests.Response) -> None:
+        if response.status_code == 503:
+            error = requests.HTTPError(f"503 from {redact_url(response.url)}", response=response)
+            raise self._unavailable(error) from error
 
     @staticmethod
     def _raise_for(response: requests.Response, expected: int) -> None:
@@ -234,11 +349,12 @@ class HttpBackend(Backend):
         try:
             response = self._send("POST", url, headers=dict(headers), json=body)
         except (requests.ConnectionError, requests.Timeout):
-            response = self._send("POST", url, headers=dict(headers), json=body)
+            response = self._call("POST", url, headers=dict(headers), json=body)
         else:
             if response.status_code == 503:
-                response = self._send("POST", url, headers=dict(headers), json=body)
+                response = self._call("POST", url, headers=dict(headers), json=body)
         if response.status_code == 409:
+            self._watch(key)
             return None
         self._raise_for(response, 201)
         fence = response.json()["fencing_token"]
@@ -272,20 +388,23 @@ class HttpBackend(Backend):
         """Drop our lease (``DELETE /locks/{key}/lease``); ``True`` when one was dropped."""
         self.check_key(key)
         self.check_token(token)
-        response = self._send("DELETE", self._url(key, lease=True), headers={wire.HEADER_TOKEN: token})
+        response = self._call("DELETE", self._url(key, lease=True), headers={wire.HEADER_TOKEN: token})
         if response.status_code == 409:
             return False
         self._raise_for(response, 204)
         self._forget(key, token)
         # Against a server without the extension header a 204 can only be read as a drop.
-        return response.headers.get(wire.HEADER_RELEASED, "true").lower() == "true"
+        dropped = response.headers.get(wire.HEADER_RELEASED, "true").lower() == "true"
+        if dropped:
+            self._notify(key)  # waiters of this process need no server to hear of it
+        return dropped
 
     def extend(self, key: str, token: str, ttl: float) -> bool:
         """Renew our lease to ``ttl`` from now (``PATCH /locks/{key}/lease``)."""
         self.check_key(key)
         self.check_token(token)
         wire_ttl = self.wire_ttl(ttl)
-        response = self._send(
+        response = self._call(
             "PATCH",
             self._url(key, lease=True),
             headers={wire.HEADER_TOKEN: token},
@@ -329,28 +448,108 @@ class HttpBackend(Backend):
     def inspect(self, key: str) -> LockState:
         """The state of ``key`` (``GET /locks/{key}``)."""
         self.check_key(key)
-        response = self._send("GET", self._url(key))
+        response = self._call("GET", self._url(key))
         self._raise_for(response, 200)
         return self._state(key, response.json(), response.headers.get(wire.HEADER_EXPIRES_IN))
 
     def force_release(self, key: str) -> bool:
         """Drop whatever lease holds ``key`` (``DELETE /locks/{key}``)."""
         self.check_key(key)
-        response = self._send("DELETE", self._url(key))
+        response = self._call("DELETE", self._url(key))
         self._raise_for(response, 204)
         self._forget(key)
-        return response.headers.get(wire.HEADER_RELEASED, "true").lower() == "true"
+        dropped = response.headers.get(wire.HEADER_RELEASED, "true").lower() == "true"
+        if dropped:
+            self._notify(key)
+        return dropped
 
     def scan(self, prefix: str) -> Iterator[LockState]:
         """Held keys under ``prefix`` (``GET /locks?prefix=``, a lease_lock server extension)."""
         if prefix:
             self.check_key(prefix)
-        response = self._send("GET", self._url(None), params={"prefix": prefix})
+        response = self._call("GET", self._url(None), params={"prefix": prefix})
         self._raise_for(response, 200)
         states = [self._state(item["key"], item, str(item.get("expires_in", 0.0))) for item in response.json()["locks"]]
         return iter(states)
 
+    # -- release notifications through the wait extension -------------------------------------
+
+    def watch_releases(self, callback: Callable[[str], None]) -> ReleaseWatcher:
+        """Report releases of the keys this backend's acquisitions wait for.
+
+        Uses the server's ``Prefer: wait`` extension: the watcher is ``active`` only while the
+        server announces it (``X-Lease-Lock-Wait``), and a key is watched from its first refused
+        acquisition until a few seconds after the last one.
+        """
+        watcher = _WaitWatcher(callback)
+        with self._mutex:
+            self._watchers = [w for w in self._watchers if not w.closed()] + [watcher]
+        # The refusal that made the caller start watching came just before: watch its key now.
+        now = time.monotonic()
+        with self._mutex:
+            recent = [key for key, seen in self._interest.items() if now - seen <= _INTEREST_WINDOW]
+        for key in recent:
+            self._watch(key)
+        return watcher
+
+    def _watch(self, key: str) -> None:
+        """Note a refused acquisition of ``key``; start its watching thread if none runs."""
+        now = time.monotonic()
+        with self._mutex:
+            if len(self._interest) > 1024:  # forget keys nobody waits for any more
+                self._interest = {k: t for k, t in self._interest.items() if now - t <= _INTEREST_WINDOW}
+            self._interest[key] = now
+            if not self._listening() or self._wait_offered <= 0 or key in self._watching:
+                return
+            self._watching.add(key)
+        thread = threading.Thread(target=self._watch_loop, args=(key,), name="lease-lock-http-watch", daemon=True)
+        thread.start()
+
+    def _listening(self) -> bool:
+        return any(not watcher.closed() for watcher in self._watchers)
+
+    def _notify(self, key: str) -> None:
+        """Tell every open watcher that ``key`` was released."""
+        with self._mutex:
+            watchers = list(self._watchers)
+        for watcher in watchers:
+            watcher.notify(key)
+
+    def _watch_loop(self, key: str) -> None:
+        try:
+            while self._listening():
+                with self._mutex:
+                    if time.monotonic() - self._interest.get(key, 0.0) > _INTEREST_WINDOW:
+                        return
+                wait = min(_WATCH_WAIT, self._wait_offered)
+                if wait <= 0:
+                    return
+                response = self._call(
+                    "GET",
+                    self._url(key),
+                    headers={wire.HEADER_PREFER: f"wait={wait}"},
+                    timeout=(self.timeout, self.timeout + wait),
+                )
+                self._raise_for(response, 200)
+                if not response.json().get("held"):
+                    # The waiters retry now; a refused retry starts a new watch.
+                    self._notify(key)
+                    return
+                if wire.HEADER_PREFERENCE_APPLIED not in response.headers:
+                    # The server had no free waiting slot and answered at once: the waiters'
+                    # own schedule (at most a second) covers this key until the next try.
+                    return
+        except Exception:  # noqa: BLE001 - a watch is an optimisation; the waiters retry anyway
+            return
+        finally:
+            with self._mutex:
+                self._watching.discard(key)
+
     def close(self) -> None:
         """Close the session if this backend created it."""
+        with self._mutex:
+            watchers, self._watchers = self._watchers, []
+        for watcher in watchers:
+            watcher.close()
         if self._own_session:
             self._session.close()

@@ -1,4 +1,4 @@
-"""``python -m lease_lock.server serve|keys ...``: the service commands without the main CLI."""
+"""``python -m lease_lock.server serve|service-keys ...``: the service commands without the main CLI."""
 
 from .cli import main
 

@@ -2,11 +2,19 @@
 
 No web framework: one callable that parses the request, checks the credential, counts the
 request against its project's budget, validates every input, and asks :class:`LockService`.
-Every answer is JSON (``{"error", "code"}`` for errors) except the bodiless 204s. A failing
-store gives 503 ``unavailable`` (fail closed); no input can produce a 5xx.
+Every answer is JSON (``{"error", "code"}`` for errors) except the bodiless 204s. A store that
+cannot be reached (:class:`~lease_lock.errors.BackendUnavailableError`) gives 503
+``unavailable`` (fail closed); any other exception is a bug of ours or of the store and gives a
+500 ``internal`` whose body says nothing more (the traceback goes to the log). No input can
+produce a 5xx.
+
+``GET /healthz``, ``GET /readyz`` and (with ``metrics=True``) ``GET /metrics`` need no
+credential and spend no budget. Every answer carries the request id (the client's or a new
+one), and each request makes one access-log line with its route template, never its path.
 
 Order of checks: credential (401, counts for no project) -> budget (429; every authenticated
-request counts, rejected ones included) -> route (404/405) -> scope (403) -> inputs (400/413)
+request counts against one of its project's budgets, rejected ones included, see
+:func:`budget_of`) -> route (404/405) -> scope (403) -> inputs (400/413)
 -> the lock operation (201/200/204/409/503).
 """
 
@@ -24,24 +32,32 @@ from typing import Any, Callable, Iterable, Optional, Union
 
 from ..backends import backend_from_url
 from ..backends.base import Backend
+from ..errors import BackendUnavailableError
 from ..validation import check_owner
-from .keys import KeyFile, KeyRecord, PathLike
-from .ratelimit import RateLimiter
-from .service import Conflict, Grant, Holder, LockService
-from .wire import (
+from ..wire import (
     HEADER_EXPIRES_IN,
     HEADER_OWNER,
+    HEADER_PREFER,
+    HEADER_PREFERENCE_APPLIED,
     HEADER_RELEASED,
     HEADER_REQUEST_ID,
     HEADER_TOKEN,
+    HEADER_WAIT,
     KEY_PATTERN,
     MAX_TTL,
     MIN_TTL,
 )
+from .keys import KeyFile, KeyRecord, PathLike
+from .metrics import Metrics
+from .ratelimit import RateLimiter
+from .service import Conflict, Grant, Holder, LockService
+from .waits import WaitRoom, parse_wait_preference
 
-__all__ = ["LockServiceApp", "create_app", "format_time"]
+__all__ = ["BUDGETS", "LockServiceApp", "budget_of", "create_app", "format_time"]
 
 _log = logging.getLogger("lease_lock.server")
+# Read by the readiness probe; never written.
+_READY_PROBE_KEY = "lease-lock-readyz"
 _MAX_OWNER = 200
 _REASONS = {
     200: "OK",
@@ -62,12 +78,33 @@ _REASONS = {
 
 StartResponse = Callable[..., Any]
 
+#: The separate per-project budgets, each of ``rate_limit`` requests per window.
+BUDGETS = ("read", "acquire", "hold")
+
+
+def budget_of(method: str, *, write_allowed: bool) -> str:
+    """The budget a request of ``method`` spends: ``read``, ``acquire`` or ``hold``.
+
+    Renewals and releases (``PATCH``/``DELETE``) spend ``hold``, acquisitions ``acquire`` and
+    everything else ``read``, so that neither a flood of reads nor a crowd of would-be holders
+    can starve the renewals that keep granted leases alive. A key that may not write spends
+    ``read`` whatever it sends: a read-only key can never touch the writers' budgets.
+    """
+    if not write_allowed:
+        return "read"
+    if method == "POST":
+        return "acquire"
+    if method in ("PATCH", "DELETE"):
+        return "hold"
+    return "read"
+
 
 @dataclass
 class _Response:
     status: int
     body: Optional[dict[str, Any]] = None
     headers: list[tuple[str, str]] = field(default_factory=list)
+    text: Optional[str] = None  # a plain-text body instead of JSON (the metrics)
 
 
 class _Reject(Exception):
@@ -110,6 +147,18 @@ def _raw_path(environ: dict[str, Any]) -> str:
     return path[len(script) :] if script and path.startswith(script) else path
 
 
+def _route_of(path: str) -> str:
+    """The route template of ``path`` for logs and metrics (``-`` when none matches)."""
+    segments = path.split("/")
+    if segments[:2] != ["", "locks"]:
+        return "-"
+    if len(segments) == 2:
+        return "/locks"
+    if len(segments) == 3:
+        return "/locks/{key}"
+    return "/locks/{key}/lease" if segments[3:] == ["lease"] else "-"
+
+
 def _uuid(value: Optional[str], what: str, code: str) -> Optional[str]:
     if value is None:
         return None
@@ -144,58 +193,123 @@ class LockServiceApp:
         limiter: RateLimiter,
         *,
         max_body: int = 16 * 1024,
+        waits: Optional[WaitRoom] = None,
+        metrics: bool = False,
     ) -> None:
         self.service = service
         self.keys = keys
         self.limiter = limiter
         self.max_body = max_body
+        self.waits = waits
+        self.metrics = Metrics(lambda: waits.waiting if waits is not None else 0) if metrics else None
+        self._announce = [(HEADER_WAIT, str(int(waits.max_wait)))] if waits is not None and waits.max_waits else []
+
+    def close(self) -> None:
+        """Stop the release notifications of the wait extension (the store stays open)."""
+        if self.waits is not None:
+            self.waits.close()
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
         """Serve one request."""
         started = time.monotonic()
-        context: dict[str, str] = {"project": "-"}
+        context: dict[str, str] = {"project": "-", "route": "-"}
+        method = environ.get("REQUEST_METHOD", "")
         try:
             response = self._handle(environ, context)
         except _Reject as reject:
             response = reject.response
         except Exception:  # noqa: BLE001 - the last line of defence of a server thread
             # A bug of ours, never a bad input: those are all rejected above with a 4xx.
-            _log.exception("internal error on %s", environ.get("REQUEST_METHOD"))
+            _log.exception("internal error on %s %s", method, context["route"])
             response = _Response(500, {"error": "internal server error", "code": "internal"})
-        _log.info(
-            "%s %s -> %d project=%s request_id=%s %.1fms",
-            environ.get("REQUEST_METHOD"),
-            _raw_path(environ),
-            response.status,
-            context["project"],
-            context.get("request_id", "-"),
-            (time.monotonic() - started) * 1000,
-        )
-        payload = b"" if response.body is None else json.dumps(response.body).encode()
+        # Every answer names its request: the client's id, or one made here for the log.
+        request_id = context.get("request_id") or str(uuid.uuid4())
+        duration = time.monotonic() - started
+        self._access_log(method, context, response.status, request_id, duration)
+        if self.metrics is not None:
+            self.metrics.observe(context["route"], method, response.status, context["project"], duration)
         headers = list(response.headers)
+        headers.append((HEADER_REQUEST_ID, request_id))
+        if response.text is not None:
+            payload = response.text.encode()
+            headers.append(("Content-Type", "text/plain; version=0.0.4; charset=utf-8"))
+        else:
+            payload = b"" if response.body is None else json.dumps(response.body).encode()
         if response.body is not None:
             headers.append(("Content-Type", "application/json"))
         if response.status != 204:
             # RFC 9110: a 204 carries no Content-Length.
             headers.append(("Content-Length", str(len(payload))))
         headers.append(("Cache-Control", "no-store"))
+        headers.extend(self._announce)
         start_response(f"{response.status} {_REASONS[response.status]}", headers)
+        if environ.get("REQUEST_METHOD") == "HEAD":
+            # RFC 9110: an answer to HEAD has headers only; a body would be read as the start
+            # of the next response on a kept-alive connection.
+            return []
         return [payload]
+
+    @staticmethod
+    def _access_log(method: str, context: dict[str, str], status: int, request_id: str, seconds: float) -> None:
+        # The route template, never the path: lock names stay out of the log.
+        fields = {
+            "method": method,
+            "route": context["route"],
+            "status": status,
+            "project": context["project"],
+            "request_id": request_id,
+            "duration_ms": round(seconds * 1000, 1),
+        }
+        _log.info(
+            "%s %s -> %d project=%s request_id=%s %.1fms",
+            method,
+            context["route"],
+            status,
+            context["project"],
+            request_id,
+            seconds * 1000,
+            extra={"access": fields},
+        )
 
     # -- the steps of one request --------------------------------------------------------------
 
+    def _operations(self, path: str, method: str, context: dict[str, str]) -> Optional[_Response]:
+        """The routes without a service key: health, readiness and (when on) the metrics."""
+        if path not in ("/healthz", "/readyz") and not (path == "/metrics" and self.metrics is not None):
+            return None
+        context["route"] = path
+        self._allow(method, ("GET",))
+        if path == "/healthz":
+            return _Response(200, {"status": "ok"})
+        if path == "/metrics" and self.metrics is not None:
+            return _Response(200, text=self.metrics.render())
+        try:
+            # A read of a key nobody uses: the store answers, and nothing is written.
+            self.service.backend.inspect(_READY_PROBE_KEY)
+        except Exception:  # noqa: BLE001 - whatever stops the store from answering means "not ready"
+            _log.exception("readiness probe: the lock store does not answer")
+            if self.metrics is not None:
+                self.metrics.store_error()
+            raise _Reject(503, "unavailable", "the lock store is unavailable") from None
+        return _Response(200, {"status": "ready"})
+
     def _handle(self, environ: dict[str, Any], context: dict[str, str]) -> _Response:
+        operations = self._operations(_raw_path(environ), environ.get("REQUEST_METHOD", ""), context)
+        if operations is not None:
+            return operations
+        context["route"] = _route_of(_raw_path(environ))
         record = self._authenticate(environ)
         context["project"] = record.project
-        budget = self._store(lambda: self.limiter.hit(record.project))
+        method = environ.get("REQUEST_METHOD", "")
+        budget_name = budget_of(method, write_allowed=record.allows(True))
+        budget = self._store(lambda: self.limiter.hit(f"{record.project}/{budget_name}"))
         if not budget.allowed:
             raise _Reject(
                 429,
                 "lock_rate_limited",
-                f"project budget of {self.limiter.limit} requests per window is spent",
+                f"project {budget_name} budget of {self.limiter.limit} requests per window is spent",
                 [("Retry-After", str(budget.retry_after))],
             )
-        method = environ.get("REQUEST_METHOD", "")
         segments = _raw_path(environ).split("/")
         request_id = _uuid(
             _header(environ, HEADER_REQUEST_ID), HEADER_REQUEST_ID, "invalid_request"
@@ -221,9 +335,10 @@ class LockServiceApp:
         self._scope(record, write=method != "GET")
         key = self._key(segments[2])
         project = record.project
+        wait = parse_wait_preference(_header(environ, HEADER_PREFER)) if self.waits is not None else None
         if not lease:
             if method == "GET":
-                return self._read(project, key)
+                return self._read(project, key, wait)
             return self._released(self._store(lambda: self.service.force_release(project, key)))
         token = _uuid(_header(environ, HEADER_TOKEN), HEADER_TOKEN, "invalid_token")
         if token is None:
@@ -233,8 +348,7 @@ class LockServiceApp:
         ttl = self._ttl(environ)
         if method == "POST":
             owner = self._owner(environ)
-            grant = self._store(lambda: self.service.acquire(project, key, token, ttl, owner))
-            return _Response(201, _lease_body(grant))
+            return self._acquire(project, key, token, ttl, owner, wait)
         grant = self._store(lambda: self.service.renew(project, key, token, ttl))
         return _Response(200, _lease_body(grant))
 
@@ -285,7 +399,8 @@ class LockServiceApp:
         data = environ["wsgi.input"].read(length) if length > 0 else b""
         try:
             return json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            # Deeply nested arrays exhaust the parser's recursion well inside the size limit.
             raise _Reject(400, "invalid_request", "body must be a JSON object") from None
 
     def _ttl(self, environ: dict[str, Any]) -> int:
@@ -317,26 +432,66 @@ class LockServiceApp:
             )
         return owner
 
-    @staticmethod
-    def _store(operation: Callable[[], Any]) -> Any:
+    def _store(self, operation: Callable[[], Any]) -> Any:
         try:
             return operation()
         except Conflict as conflict:
             raise _Reject(409, conflict.code, conflict.message) from None
         except NotImplementedError as exc:
             raise _Reject(501, "not_implemented", str(exc)) from None
-        except Exception:  # noqa: BLE001 - every driver's errors, whatever the backend
-            # Whatever the store's driver raised: fail closed, and keep the cause in the log.
+        except BackendUnavailableError:
+            # Fail closed; the cause (the driver's exception) stays in the log only.
             _log.exception("lock store unavailable")
+            if self.metrics is not None:
+                self.metrics.store_error()
             raise _Reject(503, "unavailable", "the lock store is unavailable") from None
 
     @staticmethod
     def _released(dropped: bool) -> _Response:
         return _Response(204, None, [(HEADER_RELEASED, "true" if dropped else "false")])
 
-    def _read(self, project: str, key: str) -> _Response:
+    def _wait_free(self, project: str, key: str, wait: Optional[int]) -> list[tuple[str, str]]:
+        """Honour ``Prefer: wait=N`` on a held key; the ``Preference-Applied`` header if it was."""
+        if self.waits is None or not wait:
+            return []
+        waits = self.waits
+
+        def held_for() -> Optional[float]:
+            holder = self.service.read(project, key)
+            return (holder.takeover_in or 0.0) if holder.held else None
+
+        store_key = self.service.store_key(project, key)
+        waited = self._store(lambda: waits.wait_until_free(store_key, held_for, wait))
+        return [] if waited is None else [(HEADER_PREFERENCE_APPLIED, f"wait={wait}")]
+
+    def _acquire(
+        self, project: str, key: str, token: str, ttl: int, owner: str, wait: Optional[int]
+    ) -> _Response:
+        try:
+            grant = self._store(lambda: self.service.acquire(project, key, token, ttl, owner))
+        except _Reject as reject:
+            if reject.response.status != 409 or not wait or reject.response.body is None:
+                raise
+            if reject.response.body.get("code") != "lock_held":
+                raise
+            applied = self._wait_free(project, key, wait)
+            if not applied:
+                raise
+            try:
+                grant = self._store(lambda: self.service.acquire(project, key, token, ttl, owner))
+            except _Reject as again:
+                again.response.headers.extend(applied)
+                raise
+            return _Response(201, _lease_body(grant), applied)
+        return _Response(201, _lease_body(grant))
+
+    def _read(self, project: str, key: str, wait: Optional[int] = None) -> _Response:
         holder: Holder = self._store(lambda: self.service.read(project, key))
         headers = []
+        if holder.held and wait:
+            headers = self._wait_free(project, key, wait)
+            if headers:
+                holder = self._store(lambda: self.service.read(project, key))
         if holder.held and holder.takeover_in is not None:
             headers.append((HEADER_EXPIRES_IN, f"{holder.takeover_in:.3f}"))
         return _Response(200, _holder_body(holder), headers)
@@ -363,13 +518,19 @@ def create_app(
     rate_window: float = 60.0,
     max_body: int = 16 * 1024,
     key_prefix: str = "locks/",
+    max_waits: int = 4,
+    max_wait: float = 30.0,
+    metrics: bool = False,
 ) -> LockServiceApp:
     """The WSGI application serving the locks of ``backend_url`` to the keys of ``keys_file``.
 
     ``backend_url`` is any lease_lock backend URL (or a backend object, which stays the
-    caller's to close). ``rate_limit`` requests per project per fixed ``rate_window`` seconds;
-    ``max_body`` bytes per request body; ``key_prefix`` namespaces the service's keys in the
-    store (followed by ``<project>/``).
+    caller's to close). ``rate_limit`` requests per project per fixed ``rate_window`` seconds
+    in each of the budgets of :func:`budget_of`; ``max_body`` bytes per request body;
+    ``key_prefix`` namespaces the service's keys in the store (followed by ``<project>/``).
+    ``max_waits`` requests of this process may wait at once under ``Prefer: wait=N``, for
+    ``max_wait`` seconds at most (``max_waits=0`` turns the extension off); keep ``max_waits``
+    below the WSGI server's thread count. ``metrics`` serves ``GET /metrics`` (Prometheus text).
     """
     from ..errors import ValidationError
 
@@ -385,6 +546,11 @@ def create_app(
     backend = backend_from_url(backend_url) if isinstance(backend_url, str) else backend_url
     if not backend.capabilities.fencing:
         raise ValidationError(f"{type(backend).__name__} cannot fence; the service needs fences")
+    if isinstance(max_waits, bool) or not isinstance(max_waits, int) or max_waits < 0:
+        raise ValidationError("max_waits must be a whole number >= 0 (0 turns waiting off)")
+    if isinstance(max_wait, bool) or not isinstance(max_wait, (int, float)) or not 0 < max_wait <= 3600:
+        raise ValidationError("max_wait must be > 0 and at most 3600 seconds")
     service = LockService(backend, key_prefix=key_prefix)
     limiter = RateLimiter(backend, limit=rate_limit, window=float(rate_window))
-    return LockServiceApp(service, keys, limiter, max_body=max_body)
+    waits = WaitRoom(backend, max_waits=max_waits, max_wait=float(max_wait))
+    return LockServiceApp(service, keys, limiter, max_body=max_body, waits=waits, metrics=metrics)

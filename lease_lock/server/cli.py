@@ -1,4 +1,4 @@
-"""The ``lease-lock serve`` and ``lease-lock keys`` subcommands.
+"""The ``lease-lock serve`` and ``lease-lock service-keys`` subcommands (``keys``: deprecated alias).
 
 Importing this module registers both with ``lease-lock`` (``lease_lock.cli.register_command``;
 the main CLI imports it through ``COMMAND_MODULES``). :func:`add_serve_parser` and
@@ -12,9 +12,11 @@ import argparse
 import json
 import logging
 import sys
+import urllib.parse
 from typing import Any, Optional, Sequence
 
 from ..errors import ValidationError
+from .serving import DEFAULT_CHANNEL_TIMEOUT, DEFAULT_CONNECTION_LIMIT
 
 __all__ = ["add_keys_parser", "add_serve_parser", "main", "parse_bind", "register"]
 
@@ -30,37 +32,100 @@ def parse_bind(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _serve(args: argparse.Namespace) -> int:
-    import waitress
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, and an access line's fields."""
 
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as one line of JSON."""
+        entry: dict[str, Any] = {
+            "time": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "process": record.process,
+            "message": record.getMessage(),
+        }
+        entry.update(getattr(record, "access", {}))
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def _configure_logging(log_format: str = "text") -> None:
+    """Send the service's log (access lines, store errors, keys file errors) to stderr.
+
+    Only when nobody configured logging already: an embedding program keeps its own setup.
+    """
+    logger = logging.getLogger("lease_lock")
+    configured = [*logger.handlers, *logging.getLogger().handlers]
+    # The library's own NullHandler does not count: it only keeps Python's last-resort output away.
+    if any(not isinstance(handler, logging.NullHandler) for handler in configured):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(JsonLogFormatter())
+    else:
+        # The process id tells the lines of --workers processes apart.
+        handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .serving import require_waitress, serve
+
+    require_waitress()
+    host, port = parse_bind(args.bind)
+    for name in ("threads", "connection_limit", "channel_timeout", "workers"):
+        value = getattr(args, name)
+        if value < 1:
+            raise ValidationError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if args.workers > 1 and urllib.parse.urlsplit(args.url).scheme == "memory":
+        raise ValidationError("--workers above 1 needs a shared store: memory:// lives in one process")
+    _configure_logging(args.log_format)
+    # Check the keys file and the URL before anything listens (each worker builds its own app).
+    first = _app(args)
+    if args.workers > 1:
+        _close_app(first)
+    built = iter([first] if args.workers == 1 else [])
+    return serve(
+        lambda: next(built, None) or _app(args),
+        host,
+        port,
+        workers=args.workers,
+        threads=args.threads,
+        connection_limit=args.connection_limit,
+        channel_timeout=args.channel_timeout,
+        # waitress refuses bodies above this with its own 413 (JSON too, see serving); the
+        # app's 413 covers everything between its own (smaller) limit and this one.
+        max_request_body_size=_MAX_BODY_ON_THE_SOCKET,
+        close_app=_close_app,
+        announce=_announce,
+    )
+
+
+def _close_app(app: Any) -> None:
+    app.close()
+    app.service.backend.close()
+
+
+def _app(args: argparse.Namespace) -> Any:
     from .app import create_app
 
-    host, port = parse_bind(args.bind)
-    app = create_app(args.url, args.keys, rate_limit=args.rate_limit)
-    # waitress refuses bodies above this with its own plain-text 413; the app's JSON 413
-    # covers everything between its own (smaller) limit and this one.
-    server = waitress.create_server(
-        app,
-        host=host,
-        port=port,
-        threads=args.threads,
-        ident="lease-lock",
-        max_request_body_size=_MAX_BODY_ON_THE_SOCKET,
+    # Waiters may take half the threads by default, so waiting never starves other requests.
+    max_waits = args.max_waits if args.max_waits is not None else max(1, args.threads // 2)
+    return create_app(
+        args.url,
+        args.keys,
+        rate_limit=args.rate_limit,
+        max_waits=max_waits,
+        max_wait=args.max_wait,
+        metrics=args.metrics,
     )
-    shown_host = f"[{host}]" if ":" in host else host
-    print(
-        f"lease-lock: serving on http://{shown_host}:{server.effective_port}",
-        file=sys.stderr,
-        flush=True,
-    )
-    try:
-        server.run()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.close()
-        app.service.backend.close()
-    return 0
+
+
+def _announce(url: str, workers: int) -> None:
+    suffix = f" with {workers} worker processes" if workers > 1 else ""
+    print(f"lease-lock: serving on {url}{suffix}", file=sys.stderr, flush=True)
 
 
 def _keys_create(args: argparse.Namespace) -> int:
@@ -100,14 +165,54 @@ def _keys_revoke(args: argparse.Namespace) -> int:
 def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", required=True, help="backend URL, e.g. redis://localhost:6379/0")
     parser.add_argument("--bind", default="127.0.0.1:8080", help="HOST:PORT (default %(default)s)")
-    parser.add_argument("--keys", required=True, help="keys file (TOML) made by `lease-lock keys create`")
+    parser.add_argument("--keys", required=True, help="keys file (TOML) made by `lease-lock service-keys create`")
     parser.add_argument(
         "--rate-limit",
         type=int,
         default=600,
         help="requests per project per minute (default %(default)s)",
     )
-    parser.add_argument("--threads", type=int, default=8, help="worker threads (default %(default)s)")
+    parser.add_argument("--threads", type=int, default=8, help="threads per process (default %(default)s)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="server processes sharing the port and the store (default %(default)s)",
+    )
+    parser.add_argument(
+        "--metrics", action="store_true", help="serve GET /metrics (Prometheus text, no service key)"
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="log lines as text or as one JSON object each (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-waits",
+        type=int,
+        default=None,
+        help="requests of one process that may wait under 'Prefer: wait=N' at once "
+        "(default: half of --threads; 0 turns the extension off)",
+    )
+    parser.add_argument(
+        "--max-wait",
+        type=float,
+        default=30.0,
+        help="longest wait granted to 'Prefer: wait=N', in seconds (default %(default)s)",
+    )
+    parser.add_argument(
+        "--connection-limit",
+        type=int,
+        default=DEFAULT_CONNECTION_LIMIT,
+        help="open connections per process at most (default %(default)s)",
+    )
+    parser.add_argument(
+        "--channel-timeout",
+        type=int,
+        default=DEFAULT_CHANNEL_TIMEOUT,
+        help="seconds a silent connection (idle, or headers unfinished) stays open (default %(default)s)",
+    )
 
 
 def _keys_arguments(parser: argparse.ArgumentParser) -> None:
@@ -124,7 +229,7 @@ def _keys_arguments(parser: argparse.ArgumentParser) -> None:
     listing.add_argument("--json", action="store_true", help="print a JSON array")
     revoke = commands.add_parser("revoke", help="delete a key by id")
     revoke.add_argument("--keys", required=True, help="keys file")
-    revoke.add_argument("id", help="the key id shown by `keys list`")
+    revoke.add_argument("id", help="the key id shown by `service-keys list`")
 
 
 def _keys(args: argparse.Namespace) -> int:
@@ -136,6 +241,13 @@ def _keys(args: argparse.Namespace) -> int:
 
 _SERVE_HELP = "serve the HTTP lock service with waitress (needs the 'server' extra)"
 _KEYS_HELP = "create, list and revoke the lock service's keys (only hashes are stored)"
+_KEYS_ALIAS_HELP = "deprecated name of service-keys"
+
+
+def _keys_deprecated(args: argparse.Namespace) -> int:
+    # "keys" read as lock keys to users; the command manages service keys.
+    print("lease-lock: `keys` is deprecated, use `service-keys`", file=sys.stderr)
+    return _keys(args)
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -146,30 +258,36 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def add_keys_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``keys create|list|revoke`` to an ``argparse`` subparsers object."""
-    parser: argparse.ArgumentParser = subparsers.add_parser("keys", help=_KEYS_HELP, description=_KEYS_HELP)
+def add_keys_parser(subparsers: Any, name: str = "service-keys") -> argparse.ArgumentParser:
+    """Add ``service-keys create|list|revoke`` to an ``argparse`` subparsers object.
+
+    ``name="keys"`` adds the deprecated alias, which says so on stderr when used.
+    """
+    deprecated = name == "keys"
+    help_text = _KEYS_ALIAS_HELP if deprecated else _KEYS_HELP
+    parser: argparse.ArgumentParser = subparsers.add_parser(name, help=help_text, description=help_text)
     _keys_arguments(parser)
-    parser.set_defaults(handler=_keys)
+    parser.set_defaults(handler=_keys_deprecated if deprecated else _keys)
     return parser
 
 
 def register() -> None:
-    """Register ``serve`` and ``keys`` with ``lease-lock`` (``lease_lock.cli``)."""
+    """Register ``serve``, ``service-keys`` and its old name ``keys`` with ``lease-lock``."""
     from ..cli import register_command
 
     register_command("serve", help=_SERVE_HELP, add_arguments=_serve_arguments, run=_serve)
-    register_command("keys", help=_KEYS_HELP, add_arguments=_keys_arguments, run=_keys)
+    register_command("service-keys", help=_KEYS_HELP, add_arguments=_keys_arguments, run=_keys)
+    register_command("keys", help=_KEYS_ALIAS_HELP, add_arguments=_keys_arguments, run=_keys_deprecated)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run ``serve`` or ``keys`` from ``argv``; returns the exit status."""
+    """Run ``serve`` or ``service-keys`` (or ``keys``) from ``argv``; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m lease_lock.server")
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_serve_parser(subparsers)
     add_keys_parser(subparsers)
+    add_keys_parser(subparsers, "keys")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         status: int = args.handler(args)
     except ValidationError as exc:

@@ -104,6 +104,12 @@ def _records(data: dict[str, Any], path: Path) -> dict[str, KeyRecord]:
             ) from exc
         if record.scope not in SCOPES:
             raise ValidationError(f"keys file {path}: entry {key_id!r} has unknown scope")
+        if not _PROJECT_PATTERN.fullmatch(record.project):
+            # A "/" would reach into another project's namespace in the store.
+            raise ValidationError(
+                f"keys file {path}: entry {key_id!r} has an invalid project "
+                "(1 to 64 of letters, digits, '.', '_', '-')"
+            )
         records[key_id] = record
     return records
 
@@ -128,7 +134,7 @@ def _write(path: Path, records: dict[str, KeyRecord]) -> None:
             for record in records.values()
         }
     }
-    text = "# lease-lock service keys: hashes only; manage with `lease-lock keys`.\n"
+    text = "# lease-lock service keys: hashes only; manage with `lease-lock service-keys`.\n"
     text += tomli_w.dumps(document)
     directory = path.parent if str(path.parent) else Path(".")
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
@@ -148,7 +154,7 @@ def _write(path: Path, records: dict[str, KeyRecord]) -> None:
 
 @contextlib.contextmanager
 def _exclusive(path: Path) -> Iterator[None]:
-    """Serialise read-modify-write cycles of ``keys create`` / ``revoke`` on one file."""
+    """Serialise read-modify-write cycles of ``service-keys create`` / ``revoke`` on one file."""
     import fcntl
 
     with open(f"{path}.lock", "a") as guard:
@@ -194,7 +200,7 @@ def list_keys(path: PathLike) -> list[KeyRecord]:
 def revoke_key(path: PathLike, key_id: str) -> bool:
     """Delete key ``key_id``; ``False`` when there was no such key."""
     if not isinstance(key_id, str) or not _ID_PATTERN.fullmatch(key_id):
-        raise ValidationError("key id must be the 12 hex digits `keys list` shows")
+        raise ValidationError("key id must be the 12 hex digits `service-keys list` shows")
     file = Path(path)
     with _exclusive(file):
         records = _read(file)
@@ -204,18 +210,38 @@ def revoke_key(path: PathLike, key_id: str) -> bool:
     return True
 
 
+def _still_listed(path: Path, previous: dict[str, KeyRecord]) -> dict[str, KeyRecord]:
+    """The ``previous`` records whose id and hash both still occur in the text of ``path``."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return {}
+    return {
+        key_id: record
+        for key_id, record in previous.items()
+        if f"keys.{key_id}]" in text and record.sha256 in text
+    }
+
+
 class KeyFile:
     """The keys file as a running server sees it, re-read whenever it changes on disk.
 
     A file that disappears means no key is valid (fail closed). A file that cannot be parsed
-    keeps the last good version in force and is logged, so an operator's typo does not lock
-    every client out.
+    is logged as an error and keeps in force only those previous keys whose id and hash still
+    appear in its text: an operator's typo does not lock every client out, and a key the
+    operator removed in the same edit stops working at once (fail closed for removed keys).
     """
 
     def __init__(self, path: PathLike) -> None:
         self.path = Path(path)
         if not self.path.exists():
             raise ValidationError(f"keys file {self.path} does not exist (create a key first)")
+        try:
+            _read(self.path)  # a file broken from the start is a setup error, not a reload problem
+        except ValidationError:
+            raise
+        except (OSError, ValueError) as exc:
+            raise ValidationError(f"keys file {self.path} cannot be read: {exc}") from exc
         self._mutex = threading.Lock()
         self._signature: Optional[tuple[int, int, int]] = None
         self._records: dict[str, KeyRecord] = {}
@@ -234,8 +260,13 @@ class KeyFile:
             try:
                 self._records = _read(self.path) if signature is not None else {}
             except (OSError, ValueError) as exc:
+                self._records = _still_listed(self.path, self._records)
                 _log.error(
-                    "keys file %s not reloaded, keeping the previous keys: %s", self.path, exc
+                    "keys file %s is invalid and was not reloaded: %s; keeping %d of the previous "
+                    "keys (those still in the file), fix the file to restore the others",
+                    self.path,
+                    exc,
+                    len(self._records),
                 )
             self._signature = signature
             return self._records

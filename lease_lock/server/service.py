@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from typing import Callable, Iterator, Optional
 
 from ..backends.base import Backend, LockState
-from .wire import MAX_LIFETIME, RENEW_MARGIN, TAKEOVER_GRACE
+from ..wire import MAX_LIFETIME, RENEW_MARGIN, TAKEOVER_GRACE
 
 __all__ = ["Conflict", "Grant", "Holder", "LockService"]
 

@@ -12,7 +12,7 @@ import pytest
 import requests
 from lease_lock.backends import backend_from_url
 from lease_lock.backends.http import HttpBackend
-from lease_lock.errors import AccessDeniedError, ValidationError
+from lease_lock.errors import AccessDeniedError, BackendUnavailableError, ValidationError
 from lease_lock.testing import BackendContract
 
 from tests.support.http_server import ServiceInfo
@@ -157,7 +157,7 @@ def test_unexpected_status_raises_requests_http_error(lock_service: ServiceInfo)
         backend.close()
 
 
-def test_transport_failure_is_the_drivers_own(lock_service: ServiceInfo) -> None:
+def test_transport_failure_is_backend_unavailable_with_the_drivers_cause(lock_service: ServiceInfo) -> None:
     import socket
 
     with socket.socket() as probe:
@@ -165,8 +165,10 @@ def test_transport_failure_is_the_drivers_own(lock_service: ServiceInfo) -> None
         port = probe.getsockname()[1]
     backend = HttpBackend(f"http://127.0.0.1:{port}", lock_service.keys["alpha"], timeout=2)
     try:
-        with pytest.raises(requests.ConnectionError):
+        with pytest.raises(BackendUnavailableError) as unavailable:
             backend.inspect(_key())
+        assert isinstance(unavailable.value.__cause__, requests.ConnectionError)
+        assert unavailable.value.backend == "http" and "http" in str(unavailable.value)
     finally:
         backend.close()
 
@@ -185,3 +187,68 @@ def test_caller_session_stays_open(lock_service: ServiceInfo) -> None:
 def test_bad_port_is_a_validation_error() -> None:
     with pytest.raises(ValidationError, match="bad port"):
         HttpBackend("http://127.0.0.1:notaport/", "key")
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:99999/?api_key=Sup3rSecretKey", "https://h.example:port/?api_key=Sup3rSecretKey"])
+def test_a_bad_url_never_shows_the_service_key(url: str) -> None:
+    with pytest.raises(ValidationError) as refused:
+        lease_lock.connect(url)
+    shown = str(refused.value) + repr(refused.value) + "".join(map(str, refused.value.args))
+    assert "Sup3rSecretKey" not in shown
+    assert refused.value.__cause__ is None or "Sup3rSecretKey" not in str(refused.value.__cause__)
+
+
+def _child_cycles(backend: HttpBackend, name: str, rounds: int) -> int:
+    """In a forked child: ``rounds`` grants on own keys, each checked against a fresh read."""
+    wrong = 0
+    for index in range(rounds):
+        key, token = f"fork.{name}.{index}", backend.new_token()
+        fence = backend.acquire_fenced(key, token, 30, name)
+        state = backend.inspect(key)
+        if fence is None or state.fence != fence or state.owner != name or not backend.release(key, token):
+            wrong += 1
+    return wrong
+
+
+def test_a_backend_used_before_fork_gives_each_child_its_own_connection(lock_service: ServiceInfo) -> None:
+    import os
+
+    backend = HttpBackend(lock_service.url, lock_service.keys["alpha"], timeout=10)
+    try:
+        assert backend.inspect(_key()).held is False  # the parent now has a pooled connection
+        children = []
+        for number in range(4):
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - runs in the child, reported by its exit status
+                status = 3
+                try:
+                    status = 1 if _child_cycles(backend, f"child{number}-{os.getpid()}", 20) else 0
+                finally:
+                    os._exit(status)
+            children.append(pid)
+        statuses = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children]
+        assert statuses == [0, 0, 0, 0]
+        # The parent's own connection still works after the children used theirs.
+        assert backend.inspect(_key()).held is False
+    finally:
+        backend.close()
+
+
+def test_importing_the_client_loads_nothing_of_the_server() -> None:
+    import subprocess
+    import sys
+
+    program = (
+        "import sys, lease_lock.backends.http; "
+        "print(sorted(m for m in sys.modules if m.startswith('lease_lock.server')))"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_repr_never_shows_a_password_of_the_url() -> None:
+    backend = HttpBackend("http://user:Sup3rSecretPw@127.0.0.1:8080/base", "key")
+    try:
+        assert "Sup3rSecretPw" not in repr(backend) and "127.0.0.1:8080" in repr(backend)
+    finally:
+        backend.close()

@@ -15,7 +15,7 @@ import pytest
 import requests
 from lease_lock.backends.http import HttpBackend
 from lease_lock.backends.memory import MemoryBackend
-from lease_lock.errors import RateLimitedError
+from lease_lock.errors import BackendUnavailableError, RateLimitedError
 from lease_lock.server import create_app
 
 from tests.support.http_server import ThreadedServer, make_keys
@@ -109,7 +109,10 @@ class FlakyStore(MemoryBackend):
     def inspect(self, key: str) -> Any:
         if self.failures > 0:
             self.failures -= 1
-            raise ConnectionError("store unreachable (test)")
+            try:
+                raise ConnectionError("store unreachable (test)")
+            except ConnectionError as exc:
+                raise BackendUnavailableError("memory store unreachable (test)", backend="memory") from exc
         return super().inspect(key)
 
 
@@ -154,8 +157,10 @@ def test_two_lost_replies_raise_the_transport_error(rig: Any) -> None:
     proxy = DroppingProxy(int(server.url.rsplit(":", 1)[1]), drop=2)
     backend = HttpBackend(proxy.url, keys["alpha"])
     try:
-        with pytest.raises(requests.ConnectionError):
+        with pytest.raises(BackendUnavailableError) as unavailable:
             backend.acquire("job", backend.new_token(), 30, "o")
+        assert isinstance(unavailable.value.__cause__, requests.ConnectionError)
+        assert unavailable.value.backend == "http"
         assert len(_posts(recorder)) == 2
     finally:
         backend.close()
@@ -171,9 +176,11 @@ def test_503_is_retried_once(rig: Any) -> None:
         posts = _posts(recorder)
         assert len(posts) == 2 and posts[0]["request_id"] == posts[1]["request_id"]
         store.failures = 2
-        with pytest.raises(requests.HTTPError) as failed:
+        with pytest.raises(BackendUnavailableError) as failed:
             backend.acquire("other", backend.new_token(), 30, "o")
-        assert failed.value.response is not None and failed.value.response.status_code == 503
+        cause = failed.value.__cause__
+        assert isinstance(cause, requests.HTTPError)
+        assert cause.response is not None and cause.response.status_code == 503
         assert len(_posts(recorder)) == 4
     finally:
         backend.close()
@@ -184,15 +191,15 @@ def test_other_operations_and_errors_get_one_attempt(rig: Any) -> None:
     backend = HttpBackend(server.url, keys["alpha"])
     try:
         store.failures = 1
-        with pytest.raises(requests.HTTPError):
+        with pytest.raises(BackendUnavailableError):
             backend.inspect("job")
         assert len(recorder.seen) == 1
-        for _ in range(5):
-            backend.inspect("job")  # spend the rest of the budget (6 per window)
+        for index in range(6):  # spend the acquisitions' budget (6 per window)
+            backend.acquire(f"spend{index}", backend.new_token(), 30, "o")
         # 429 is not retried.
         with pytest.raises(RateLimitedError) as limited:
             backend.acquire("job2", backend.new_token(), 30, "o")
         assert limited.value.status == 429 and 1 <= limited.value.retry_after <= 3600
-        assert len(_posts(recorder)) == 1
+        assert len(_posts(recorder)) == 7
     finally:
         backend.close()

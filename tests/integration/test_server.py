@@ -12,7 +12,7 @@ from typing import Any, Optional
 import pytest
 import requests
 from lease_lock.backends.memory import MemoryBackend
-from lease_lock.errors import ValidationError
+from lease_lock.errors import BackendUnavailableError, ValidationError
 from lease_lock.server import create_app, create_key, openapi_document, revoke_key
 from lease_lock.testing import wait_until
 
@@ -243,14 +243,49 @@ def test_rate_limit_per_project_and_recovery(limited: tuple[str, dict[str, str]]
             client.session.close()
 
 
-def test_unreachable_store_fails_closed(tmp_path: Path) -> None:
+class _UnreachableStore(MemoryBackend):
+    """A store whose lock calls fail as a backend does when its server refuses connections."""
+
+    def inspect(self, key: str) -> Any:
+        try:
+            raise ConnectionRefusedError(111, "Connection refused")
+        except ConnectionRefusedError as exc:
+            raise BackendUnavailableError("memory store unreachable (test)", backend="memory") from exc
+
+
+def test_unreachable_store_fails_closed_and_logs_the_cause(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     keys_file = tmp_path / "keys.toml"
     keys = make_keys(keys_file)
-    with ThreadedServer(create_app("redis://127.0.0.1:1/0", keys_file)) as server:
+    with ThreadedServer(create_app(_UnreachableStore(), keys_file)) as server:
         client = Client(server.url, keys["alpha"])
         try:
             _error(client.call("GET", "/locks/k"), 503, "unavailable")
             _error(client.acquire("k", str(uuid.uuid4())), 503, "unavailable")
+        finally:
+            client.session.close()
+    [record, *_] = [r for r in caplog.records if r.getMessage() == "lock store unavailable"]
+    assert record.exc_info is not None and isinstance(record.exc_info[1], BackendUnavailableError)
+
+
+class _BuggyStore(MemoryBackend):
+    """A store whose reads fail with an error that is not about reaching it."""
+
+    def inspect(self, key: str) -> Any:
+        raise RuntimeError("secret-detail of a bug")
+
+
+def test_a_store_bug_is_a_500_that_says_nothing(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.toml"
+    keys = make_keys(keys_file)
+    with ThreadedServer(create_app(_BuggyStore(), keys_file)) as server:
+        client = Client(server.url, keys["alpha"])
+        try:
+            answer = client.call("GET", "/locks/k")
+            _error(answer, 500, "internal")
+            assert "secret-detail" not in answer.text
+            assert client.call("GET", "/locks").status_code == 200  # the server goes on
         finally:
             client.session.close()
 

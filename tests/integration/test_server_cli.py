@@ -1,4 +1,4 @@
-"""``keys create|list|revoke`` and ``serve`` as commands, run as real child processes."""
+"""``service-keys create|list|revoke`` and ``serve`` as commands, run as real child processes."""
 
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_keys_create_prints_only_the_key_and_stores_only_a_hash(tmp_path: Path) -> None:
     keys_file = tmp_path / "keys.toml"
-    created = _run("keys", "create", "--keys", str(keys_file), "--project", "billing", "--scope", "locks.manage")
+    created = _run(
+        "service-keys", "create", "--keys", str(keys_file), "--project", "billing", "--scope", "locks.manage"
+    )
     assert created.returncode == 0, created.stderr
     key = created.stdout.strip()
     assert created.stdout == key + "\n" and key.startswith("llk_")
@@ -36,25 +38,27 @@ def test_keys_create_prints_only_the_key_and_stores_only_a_hash(tmp_path: Path) 
 def test_keys_list_and_revoke(tmp_path: Path) -> None:
     keys_file = tmp_path / "keys.toml"
     secrets = [
-        _run("keys", "create", "--keys", str(keys_file), "--project", "p", "--scope", scope).stdout.strip()
+        _run("service-keys", "create", "--keys", str(keys_file), "--project", "p", "--scope", scope).stdout.strip()
         for scope in ("full", "locks.read")
     ]
-    listed = _run("keys", "list", "--keys", str(keys_file), "--json")
+    listed = _run("service-keys", "list", "--keys", str(keys_file), "--json")
     rows = json.loads(listed.stdout)
     assert [(row["project"], row["scope"]) for row in rows] == [("p", "full"), ("p", "locks.read")]
-    table = _run("keys", "list", "--keys", str(keys_file)).stdout
+    table = _run("service-keys", "list", "--keys", str(keys_file)).stdout
     assert all(secret not in table and secret not in listed.stdout for secret in secrets)
     assert rows[0]["id"] in table
-    assert _run("keys", "revoke", "--keys", str(keys_file), rows[0]["id"]).returncode == 0
+    assert _run("service-keys", "revoke", "--keys", str(keys_file), rows[0]["id"]).returncode == 0
     assert [record.id for record in list_keys(keys_file)] == [rows[1]["id"]]
-    missing = _run("keys", "revoke", "--keys", str(keys_file), rows[0]["id"])
+    missing = _run("service-keys", "revoke", "--keys", str(keys_file), rows[0]["id"])
     assert missing.returncode == 1 and "no key" in missing.stderr
 
 
 def test_usage_errors_are_one_line_and_exit_2(tmp_path: Path) -> None:
-    bad_project = _run("keys", "create", "--keys", str(tmp_path / "k.toml"), "--project", "a b", "--scope", "full")
+    bad_project = _run(
+        "service-keys", "create", "--keys", str(tmp_path / "k.toml"), "--project", "a b", "--scope", "full"
+    )
     assert bad_project.returncode == 2 and bad_project.stderr.count("\n") == 1
-    bad_scope = _run("keys", "create", "--keys", str(tmp_path / "k.toml"), "--project", "a", "--scope", "root")
+    bad_scope = _run("service-keys", "create", "--keys", str(tmp_path / "k.toml"), "--project", "a", "--scope", "root")
     assert bad_scope.returncode == 2
     no_keys = _run("serve", "--url", "memory://", "--keys", str(tmp_path / "absent.toml"), "--bind", "127.0.0.1:0")
     assert no_keys.returncode == 2 and "does not exist" in no_keys.stderr
@@ -64,7 +68,7 @@ def test_usage_errors_are_one_line_and_exit_2(tmp_path: Path) -> None:
 
 def test_serve_logs_requests_but_never_keys_or_tokens(tmp_path: Path) -> None:
     keys_file = tmp_path / "keys.toml"
-    key = _run("keys", "create", "--keys", str(keys_file), "--project", "p", "--scope", "full").stdout.strip()
+    key = _run("service-keys", "create", "--keys", str(keys_file), "--project", "p", "--scope", "full").stdout.strip()
     process, url, log = start_serve(tmp_path, "memory://", keys_file)
     token = str(uuid.uuid4())
     try:
@@ -79,5 +83,34 @@ def test_serve_logs_requests_but_never_keys_or_tokens(tmp_path: Path) -> None:
     finally:
         stop_serve(process)
     text = log.read_text()
-    assert "POST /locks/job/lease -> 201 project=p" in text
+    assert "POST /locks/{key}/lease -> 201 project=p" in text
+    assert "/locks/job" not in text  # route templates only: lock names stay out of the log
     assert key.split(".", 1)[1] not in text and token not in text
+
+
+def test_serve_without_waitress_names_the_extra_and_exits_2(tmp_path: Path) -> None:
+    from tests.support.http_server import make_keys
+
+    keys_file = tmp_path / "keys.toml"
+    make_keys(keys_file)
+    # ``None`` in sys.modules makes ``import waitress`` fail as if it were not installed.
+    program = (
+        "import sys; sys.modules['waitress'] = None; from lease_lock.cli import main; "
+        f"sys.exit(main(['serve', '--url', 'memory://', '--keys', {str(keys_file)!r}, '--bind', '127.0.0.1:0']))"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "pip install 'lease_lock[server]'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_keys_is_a_deprecated_alias_of_service_keys(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.toml"
+    for command in ("keys", "service-keys"):
+        run = subprocess.run(
+            [sys.executable, "-m", "lease_lock", command, "create", "--keys", str(keys_file), "--project", "p",
+             "--scope", "full"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )
+        assert run.returncode == 0 and run.stdout.startswith("llk_"), run.stderr
+        assert ("deprecated" in run.stderr) == (command == "keys")
+    assert len(list_keys(keys_file)) == 2

@@ -10,7 +10,7 @@ import pytest
 import requests
 from lease_lock.backends.memory import MemoryBackend
 from lease_lock.server.service import Conflict, LockService
-from lease_lock.server.wire import MAX_LIFETIME
+from lease_lock.wire import MAX_LIFETIME
 
 from tests.support.http_server import make_keys, start_serve, stop_serve
 

@@ -48,19 +48,13 @@ def make_keys(keys_file: Path) -> dict[str, str]:
 
 
 class ThreadedServer:
-    """A WSGI app served by waitress on a free loopback port, in a daemon thread."""
+    """A WSGI app served like ``lease-lock serve`` on a free loopback port, in a daemon thread."""
 
-    def __init__(self, app: Any, threads: int = 8) -> None:
-        import waitress
+    def __init__(self, app: Any, threads: int = 8, **settings: Any) -> None:
+        from lease_lock.server.serving import make_server
 
-        self.server = waitress.create_server(
-            app,
-            host="127.0.0.1",
-            port=0,
-            threads=threads,
-            ident="lease-lock-test",
-            asyncore_loop_timeout=0.1,
-        )
+        # The settings of ``lease-lock serve``, so tests see what its users see.
+        self.server = make_server(app, "127.0.0.1", 0, threads=threads, asyncore_loop_timeout=0.1, **settings)
         self.url = f"http://127.0.0.1:{self.server.effective_port}"
         self._thread = threading.Thread(target=self._run, name="test-waitress", daemon=True)
 
@@ -88,15 +82,20 @@ class ThreadedServer:
             channel.close()
 
 
-def start_serve(tmp: Path, backend_url: str, keys_file: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str, Path]:
-    """Start ``python -m lease_lock.server serve`` and wait until it says where it listens."""
+def start_serve(
+    tmp: Path, backend_url: str, keys_file: Path, *extra: str, module: str = "lease_lock.server"
+) -> tuple[subprocess.Popen[bytes], str, Path]:
+    """Start ``python -m <module> serve`` and wait until it says where it listens.
+
+    ``module="lease_lock"`` runs the ``lease-lock`` command itself.
+    """
     log = tmp / f"serve-{time.monotonic_ns()}.log"
     handle = log.open("wb")
     process = subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "lease_lock.server",
+            module,
             "serve",
             "--url",
             backend_url,

@@ -1,0 +1,105 @@
+"""The wait extension: a request may ask the server to hold it until a key is free.
+
+A client sends ``Prefer: wait=N`` (RFC 7240) on ``GET /locks/{key}`` or on an acquisition. When
+the key is held, the server keeps the request for up to ``N`` seconds (at most its own
+``max_wait``), until the store reports the key released or the holder's lease and grace run out,
+whichever comes first, then reads (or tries the grant) again and answers as usual, with
+``Preference-Applied: wait=N``. The waiting is driven by the store's release notifications when
+it has them (memory, Redis, PostgreSQL); otherwise the request sleeps until the holder's lease
+would end.
+
+A waiting request is one request for the budgets, however long it waits. Each process lets at
+most ``max_waits`` requests wait at once (``serve`` defaults to half its threads), so waiters
+cannot take every thread; beyond that a request is answered at once, without the preference.
+Every answer announces the extension with ``X-Lease-Lock-Wait: <max_wait>``; clients that do not
+know it (the official SDKs) never send the preference and see no difference.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Optional
+
+from ..backends.base import Backend
+from ..waiting import ReleaseDispatcher
+
+__all__ = ["WaitRoom", "parse_wait_preference"]
+
+# Without a flowing notification stream the store is read again this often while waiting.
+_UNNOTIFIED_SLICE = 0.25
+
+
+def parse_wait_preference(header: Optional[str]) -> Optional[int]:
+    """The seconds of a ``wait=N`` preference in a ``Prefer`` header, or ``None``.
+
+    Preferences are hints (RFC 7240): a malformed one is ignored rather than refused.
+    """
+    if not header:
+        return None
+    for preference in header.split(","):
+        name, _, value = preference.split(";", 1)[0].strip().partition("=")
+        if name.strip().lower() == "wait":
+            value = value.strip().strip('"')
+            if value.isdigit() and len(value) <= 9:
+                return int(value)
+            return None
+    return None
+
+
+class WaitRoom:
+    """Holds waiting requests of one server process, at most ``max_waits`` at a time."""
+
+    def __init__(self, backend: Backend, *, max_waits: int, max_wait: float) -> None:
+        self.max_waits = max_waits
+        self.max_wait = max_wait
+        self._slots = threading.BoundedSemaphore(max_waits) if max_waits > 0 else None
+        self._dispatcher = ReleaseDispatcher(backend) if backend.capabilities.release_notify else None
+        self._mutex = threading.Lock()
+        self._waiting = 0
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting right now (for the metrics)."""
+        return self._waiting
+
+    def wait_until_free(
+        self, store_key: str, held_for: Callable[[], Optional[float]], seconds: float
+    ) -> Optional[bool]:
+        """Wait up to ``seconds`` until ``store_key`` looks free.
+
+        ``held_for`` reads the store: ``None`` when the key is free, else the seconds until
+        another token may take it. Returns ``None`` when no waiting slot was free (the caller
+        answers at once, without the preference), else whether the key was seen free.
+        """
+        if self._slots is None or not self._slots.acquire(blocking=False):
+            return None
+        with self._mutex:
+            self._waiting += 1
+        # Registered before the first read, so a release between the read and the wait is seen.
+        wake = self._dispatcher.register(store_key) if self._dispatcher is not None else None
+        try:
+            deadline = time.monotonic() + min(seconds, self.max_wait)
+            while True:
+                remaining = held_for()
+                if remaining is None:
+                    return True
+                left = min(deadline - time.monotonic(), remaining + 0.001)
+                if left <= 0:
+                    return False
+                if wake is not None and self._dispatcher is not None and self._dispatcher.active:
+                    wake.wait(left)
+                    wake.clear()
+                else:
+                    time.sleep(min(left, _UNNOTIFIED_SLICE))
+        finally:
+            if wake is not None and self._dispatcher is not None:
+                self._dispatcher.unregister(store_key, wake)
+            with self._mutex:
+                self._waiting -= 1
+            self._slots.release()
+
+    def close(self) -> None:
+        """Stop the release notifications."""
+        if self._dispatcher is not None:
+            self._dispatcher.close()

@@ -1,0 +1,213 @@
+"""Waiting without polling: the ``Prefer: wait=N`` extension on real servers, and the client."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import requests
+from lease_lock import Locker, Retry
+from lease_lock.backends.http import HttpBackend
+from lease_lock.backends.memory import MemoryBackend
+from lease_lock.server import LockServiceApp, create_app
+from lease_lock.testing import wait_until
+
+from tests.support.http_server import ThreadedServer, make_keys, start_serve, stop_serve
+
+
+class Recorder:
+    """WSGI middleware noting method, path and ``Prefer`` of every request."""
+
+    def __init__(self, app: Callable[..., Any]) -> None:
+        self.app = app
+        self.seen: list[tuple[str, str, str]] = []
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        self.seen.append((environ["REQUEST_METHOD"], environ["PATH_INFO"], environ.get("HTTP_PREFER", "")))
+        return self.app(environ, start_response)
+
+
+def _session(key: str) -> requests.Session:
+    session = requests.Session()
+    session.headers["Authorization"] = f"Bearer {key}"
+    return session
+
+
+def _acquire(session: requests.Session, url: str, key: str, token: str, **headers: str) -> requests.Response:
+    return session.post(
+        f"{url}/locks/{key}/lease",
+        json={"ttl_seconds": 30},
+        headers={"X-Volcano-Lock-Token": token, **headers},
+        timeout=60,
+    )
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[tuple[LockServiceApp, Recorder, str, dict[str, str]]]:
+    keys_file = tmp_path / "keys.toml"
+    keys = make_keys(keys_file)
+    app = create_app(MemoryBackend(), keys_file, rate_limit=1000, max_waits=4)
+    recorder = Recorder(app)
+    with ThreadedServer(recorder) as server:
+        yield app, recorder, server.url, keys
+    app.close()
+
+
+def test_a_held_read_waits_for_the_release_and_counts_once(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.toml"
+    keys = make_keys(keys_file)
+    app = create_app(MemoryBackend(), keys_file, rate_limit=2, rate_window=3600, max_waits=2)
+    with ThreadedServer(app) as server, _session(keys["alpha"]) as holder, _session(keys["alpha"]) as reader:
+        token = str(uuid.uuid4())
+        assert _acquire(holder, server.url, "k", token).headers["X-Lease-Lock-Wait"] == "30"
+        answers: list[requests.Response] = []
+        read = f"{server.url}/locks/k"
+        waiter = threading.Thread(
+            target=lambda: answers.append(reader.get(read, headers={"Prefer": "wait=20"}, timeout=60))
+        )
+        waiter.start()
+        assert wait_until(lambda: app.waits is not None and app.waits.waiting == 1, 20)
+        released = holder.delete(f"{server.url}/locks/k/lease", headers={"X-Volcano-Lock-Token": token}, timeout=10)
+        assert released.status_code == 204
+        waiter.join(30)
+        [answer] = answers
+        assert answer.status_code == 200 and answer.json() == {"held": False}
+        assert answer.headers["Preference-Applied"] == "wait=20"
+        # One request for the read budget (2 per window), however often the store was read.
+        assert reader.get(f"{server.url}/locks/k", timeout=10).status_code == 200
+        assert reader.get(f"{server.url}/locks/k", timeout=10).status_code == 429
+    app.close()
+
+
+def test_an_acquisition_may_wait_for_the_key(rig: Any) -> None:
+    app, _recorder, url, keys = rig
+    with _session(keys["alpha"]) as first, _session(keys["alpha"]) as second:
+        token = str(uuid.uuid4())
+        assert _acquire(first, url, "job", token).status_code == 201
+        answers: list[requests.Response] = []
+        waiter = threading.Thread(
+            target=lambda: answers.append(_acquire(second, url, "job", str(uuid.uuid4()), Prefer="wait=20"))
+        )
+        waiter.start()
+        assert wait_until(lambda: app.waits.waiting == 1, 20)
+        first.delete(f"{url}/locks/job/lease", headers={"X-Volcano-Lock-Token": token}, timeout=10)
+        waiter.join(30)
+        [answer] = answers
+        assert answer.status_code == 201 and answer.headers["Preference-Applied"] == "wait=20"
+
+
+def test_waits_are_capped_per_process_and_the_server_keeps_answering(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.toml"
+    keys = make_keys(keys_file)
+    # 8 threads: at most 4 requests wait at once.
+    process, url, _log = start_serve(
+        tmp_path, "memory://", keys_file, "--threads", "8", "--rate-limit", "100000", module="lease_lock"
+    )
+    try:
+        with _session(keys["alpha"]) as holder:
+            token = str(uuid.uuid4())
+            assert _acquire(holder, url, "capped", token).status_code == 201
+            answers: list[requests.Response] = []
+            lock = threading.Lock()
+
+            def wait_for_it() -> None:
+                with _session(keys["alpha"]) as session:
+                    answer = session.get(f"{url}/locks/capped", headers={"Prefer": "wait=30"}, timeout=90)
+                with lock:
+                    answers.append(answer)
+
+            waiters = [threading.Thread(target=wait_for_it) for _ in range(20)]
+            for thread in waiters:
+                thread.start()
+            # 16 are answered at once (held, without the preference); 4 wait.
+            assert wait_until(lambda: len(answers) == 16, 60)
+            assert all(a.json()["held"] and "Preference-Applied" not in a.headers for a in answers)
+            # The waiters hold 4 of the 8 threads: plain requests are still answered.
+            for _ in range(10):
+                assert holder.get(f"{url}/locks/other", timeout=10).status_code == 200
+            holder.delete(f"{url}/locks/capped/lease", headers={"X-Volcano-Lock-Token": token}, timeout=10)
+            for thread in waiters:
+                thread.join(60)
+            waited = answers[16:]
+            assert len(waited) == 4
+            assert all(a.json() == {"held": False} and a.headers["Preference-Applied"] == "wait=30" for a in waited)
+    finally:
+        stop_serve(process)
+
+
+def _locker(url: str, key: str, **options: Any) -> Locker:
+    return Locker(HttpBackend(url, key), ttl=5, **options)
+
+
+def test_a_waiting_locker_is_woken_by_the_release_without_polling(rig: Any) -> None:
+    _app, recorder, url, keys = rig
+    holder, waiter = _locker(url, keys["alpha"]), _locker(url, keys["alpha"], retry=Retry(delay=0.02, timeout=60))
+    try:
+        held = holder.acquire("handoff", ttl=30)
+        got: list[Any] = []
+        thread = threading.Thread(target=lambda: got.append(waiter.acquire("handoff")))
+        thread.start()
+        assert wait_until(lambda: any(prefer for _m, path, prefer in recorder.seen if path == "/locks/handoff"), 20)
+        posts_before = sum(1 for method, path, _p in recorder.seen if method == "POST" and "handoff" in path)
+        held.release()
+        thread.join(30)
+        assert len(got) == 1 and got[0].state == "held"
+        got[0].release()
+        # Polling every 20 ms for the whole wait would have sent hundreds of attempts.
+        assert posts_before < 20
+    finally:
+        holder.close()
+        waiter.close()
+
+
+def test_twenty_waiting_lockers_all_get_the_key(rig: Any) -> None:
+    _app, _recorder, url, keys = rig
+    lockers = [_locker(url, keys["alpha"], retry=Retry(timeout=120)) for _ in range(21)]
+    done: list[int] = []
+    failed: list[BaseException] = []
+
+    def take_turn(index: int) -> None:
+        try:
+            with lockers[index].lock("shared"):
+                done.append(index)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            failed.append(exc)
+
+    try:
+        first = lockers[20].acquire("shared")
+        threads = [threading.Thread(target=take_turn, args=(index,)) for index in range(20)]
+        for thread in threads:
+            thread.start()
+        first.release()
+        for thread in threads:
+            thread.join(150)
+        assert not failed and sorted(done) == list(range(20))
+    finally:
+        for locker in lockers:
+            locker.close()
+
+
+def test_the_client_falls_back_without_the_extension(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.toml"
+    keys = make_keys(keys_file)
+    recorder = Recorder(create_app(MemoryBackend(), keys_file, rate_limit=1000, max_waits=0))
+    with ThreadedServer(recorder) as server:
+        holder, waiter = _locker(server.url, keys["alpha"]), _locker(server.url, keys["alpha"])
+        try:
+            held = holder.acquire("plain", ttl=30)
+            got: list[Any] = []
+            thread = threading.Thread(target=lambda: got.append(waiter.acquire("plain")))
+            thread.start()
+            assert wait_until(lambda: sum(1 for m, p, _ in recorder.seen if m == "POST" and "plain" in p) >= 2, 20)
+            held.release()
+            thread.join(30)
+            assert len(got) == 1 and got[0].state == "held"
+            got[0].release()
+            assert not any(prefer for _m, _p, prefer in recorder.seen)
+        finally:
+            holder.close()
+            waiter.close()
