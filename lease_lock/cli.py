@@ -34,7 +34,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional
 
 from . import __version__
-from .errors import LeaseLockError, LockHeldError, ValidationError
+from .errors import BackendUnavailableError, LeaseLockError, LockHeldError, ValidationError
 from .validation import check_key, parse_duration
 
 if TYPE_CHECKING:
@@ -177,19 +177,22 @@ def add_url_argument(parser: argparse.ArgumentParser) -> None:
 
 @contextlib.contextmanager
 def backend_errors() -> Iterator[None]:
-    """Turn a driver's error into exit status 69 with one line naming it.
+    """Turn ``BackendUnavailableError`` into exit status 69 with one line naming it.
 
-    Anything but lease_lock's own errors raised while talking to a backend is the driver's
-    (connection refused, unknown host, database locked for too long, ...).
+    Only that error means "unreachable": every backend raises it for connection-level
+    failures. Other errors keep their own status (a ``ValidationError``, such as a missing
+    driver, is a usage error: 2), so a cron wrapper that retries on 69 never retries a setup
+    mistake.
     """
     try:
         yield
-    except (LeaseLockError, CommandError):
-        raise
-    except Exception as error:
-        raise CommandError(
-            f"backend unavailable: {type(error).__name__}: {_one_line(error)}", EXIT_UNAVAILABLE
-        ) from error
+    except BackendUnavailableError as error:
+        raise CommandError(_unavailable_message(error), EXIT_UNAVAILABLE) from error
+
+
+def _unavailable_message(error: BackendUnavailableError) -> str:
+    """The one line printed for an unreachable backend (the message never holds a secret)."""
+    return f"backend unavailable: {_one_line(error)}"
 
 
 def _one_line(error: BaseException) -> str:
@@ -628,6 +631,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValidationError as error:
         _error(str(error))
         return EXIT_USAGE
+    except BackendUnavailableError as error:
+        _error(_unavailable_message(error))
+        return EXIT_UNAVAILABLE
     except LeaseLockError as error:
         _error(f"{error.code}: {error}")
         return 1

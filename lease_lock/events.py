@@ -22,6 +22,7 @@ logger.addHandler(logging.NullHandler())
 EVENT_TYPES = {
     "acquired": logging.DEBUG,
     "contended": logging.DEBUG,
+    "attempt_failed": logging.DEBUG,
     "extended": logging.DEBUG,
     "extend_failed": logging.WARNING,
     "released": logging.DEBUG,
@@ -36,9 +37,12 @@ class LockEvent:
 
     Always set: ``type``, ``key`` (prefix included), ``ttl`` (the latest). By type:
     ``acquired``: ``waited``, ``attempts``; ``contended``: ``attempt``, ``elapsed``, ``reason``
-    (``"held"`` or ``"late"``); ``extended``: ``held_for``; ``extend_failed``: ``held_for``,
-    ``error``; ``released``: ``held_for``; ``lost``: ``held_for``, ``reason``;
-    ``release_failed``: ``held_for``, ``error``. Fields that do not apply are ``None``.
+    (``"held"`` or ``"late"``); ``attempt_failed`` (an attempt of a waiting acquire could not
+    reach the store; it keeps trying until its timeout): ``attempt``, ``elapsed``, ``reason``
+    (``"unavailable"``), ``error`` (the ``BackendUnavailableError``); ``extended``:
+    ``held_for``; ``extend_failed``: ``held_for``, ``error``; ``released``: ``held_for``;
+    ``lost``: ``held_for``, ``reason``; ``release_failed``: ``held_for``, ``error``. Fields
+    that do not apply are ``None``.
     """
 
     type: str

@@ -20,8 +20,15 @@ from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar, Union, 
 
 from .backends.base import Backend, LockState
 from .clock import LeaseClock
-from .errors import LockHeldError, LockLostError, LockStateError, RateLimitedError, ValidationError
-from .events import EventHook, wanted
+from .errors import (
+    BackendUnavailableError,
+    LockHeldError,
+    LockLostError,
+    LockStateError,
+    RateLimitedError,
+    ValidationError,
+)
+from .events import EventHook, logger, wanted
 from .heartbeat import Heartbeat
 from .lock import LEASE_MARGIN, Lock
 from .lockset import LockSet
@@ -51,6 +58,12 @@ _DEFAULT_OPTIONS = LockOptions()
 # try_acquire's options, built once: it is the hot path of skip-if-busy jobs.
 _ONE_ATTEMPT = LockOptions(blocking=False)
 _TRY_OPTION_NAMES = LOCK_OPTIONS - {"retry", "timeout", "blocking"}
+
+
+def _log_outage(key: str, error: BackendUnavailableError) -> None:
+    # Once per outage of one acquisition, not once per attempt: each attempt is an
+    # ``attempt_failed`` event (logged at debug level) already.
+    logger.warning("backend unavailable while acquiring %r; retrying until the timeout: %s", key, error)
 
 
 def _after_fork_in_child() -> None:
@@ -359,6 +372,9 @@ class Locker:
         attempts = 0
         previous_delay: Optional[float] = None
         reason = "held"
+        # The error of the latest attempt that could not reach the store (None once an attempt
+        # is answered again): the cause of a timeout, and what a spent retry budget raises.
+        outage: Optional[BackendUnavailableError] = None
         try:
             while True:
                 self._check_open()
@@ -371,6 +387,7 @@ class Locker:
                     sent = self._clock()
                 attempts += 1
                 rate_limit_pause: Optional[float] = None
+                unreachable = False
                 try:
                     if options.request_id is None:
                         granted, fence = self._ask(lock, requested)
@@ -384,8 +401,24 @@ class Locker:
                     if attempts > retries:
                         raise
                     granted, fence, rate_limit_pause = False, None, error.retry_after
+                except BackendUnavailableError as error:
+                    # While the budget lasts an outage is one more failed attempt: the waiter
+                    # rides it out on its retry schedule. A single attempt raises it at once.
+                    if attempts > retries:
+                        raise
+                    if outage is None:
+                        _log_outage(lock.key, error)
+                    granted, fence, unreachable, outage = False, None, True, error
                 received = self._clock()
-                if rate_limit_pause is not None:
+                if not unreachable and outage is not None:
+                    logger.warning("backend reachable again while acquiring %r", lock.key)
+                    outage = None
+                if unreachable:
+                    reason = "unavailable"
+                    lock._emit(
+                        "attempt_failed", attempt=attempts, elapsed=received - start, reason=reason, error=outage
+                    )
+                elif rate_limit_pause is not None:
                     reason = "held"
                 elif granted and received >= sent + requested * (1 - LEASE_MARGIN):
                     lock._give_back()
@@ -413,6 +446,9 @@ class Locker:
                     reason = "held"
                     self._emit_contended(lock, attempts, received - start, "held")
                 if attempts > retries:
+                    if outage is not None:
+                        # The last attempt could not reach the store: say so, not "held".
+                        raise outage
                     break
                 elapsed = self._clock() - start
                 left = timeout - elapsed
@@ -424,11 +460,19 @@ class Locker:
                     # acquisitions cheap. No release is missed: the holder_wait() look at the
                     # key below happens after registering and finds a key freed before it.
                     wake = self._dispatcher.register(lock.key)
+                pause = None
                 if rate_limit_pause is not None:
                     pause = rate_limit_pause
-                elif wake is not None and self._dispatcher.active:
-                    pause = self._holder_wait(lock.key) if reason == "held" else 0.0
-                else:
+                elif not unreachable and wake is not None and self._dispatcher.active:
+                    try:
+                        pause = self._holder_wait(lock.key) if reason == "held" else 0.0
+                    except BackendUnavailableError as error:
+                        # The store went away between the attempt and this look: pace the
+                        # next attempt by the retry delay, as after a failed attempt.
+                        if outage is None:
+                            _log_outage(lock.key, error)
+                        outage = error
+                if pause is None:
                     pause = policy.delay_for(RetryState(attempts, elapsed, previous_delay))
                     previous_delay = pause
                 # A rate limit must be waited out in full: a release notification cannot end it.
@@ -440,7 +484,7 @@ class Locker:
         finally:
             if wake is not None:
                 self._dispatcher.unregister(lock.key, wake)
-        raise LockHeldError(lock.key, attempts=attempts, elapsed=self._clock() - start, reason=reason)
+        raise LockHeldError(lock.key, attempts=attempts, elapsed=self._clock() - start, reason=reason) from outage
 
     def _ask(self, lock: Lock, requested: float) -> tuple[bool, Optional[int]]:
         """One grant request to the backend: whether it granted, and the fence if fencing."""

@@ -27,6 +27,7 @@ __all__ = [
     "check_token",
     "check_ttl",
     "describe_token",
+    "is_secret_option",
     "parse_duration",
     "redact_url",
 ]
@@ -159,6 +160,11 @@ _SECRET_QUERY_OPTIONS = frozenset({"password", "sentinel_password", "api_key", "
 _REDACTED = "***"
 
 
+def is_secret_option(name: str) -> bool:
+    """Whether a URL query option carries a credential, so its value must never be shown."""
+    return name.lower() in _SECRET_QUERY_OPTIONS
+
+
 def redact_url(url: str) -> str:
     """``url`` with its password and every credential-bearing query value replaced by ``***``.
 
@@ -181,6 +187,6 @@ def redact_url(url: str) -> str:
     if query:
         pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
         query = "&".join(
-            f"{name}={_REDACTED if name.lower() in _SECRET_QUERY_OPTIONS else value}" for name, value in pairs
+            f"{name}={_REDACTED if is_secret_option(name) else value}" for name, value in pairs
         )
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
