@@ -17,6 +17,7 @@ from typing import Any, Optional
 from .errors import ValidationError
 
 __all__ = [
+    "MAX_DURATION",
     "MAX_KEY_BYTES",
     "check_bool",
     "check_cancel",
@@ -34,6 +35,12 @@ __all__ = [
 
 #: The longest key (prefix included) in UTF-8 bytes.
 MAX_KEY_BYTES = 1024
+#: The longest finite duration accepted anywhere (ttl, max_hold, timeout, delays), in seconds:
+#: 365 days. Every store keeps such a lease exactly (Redis milliseconds, PostgreSQL intervals,
+#: SQLite reals) and every reader can turn it into a date; a longer one would be granted and
+#: then break ``get()``, ``list()`` and ``status`` for everyone. ``math.inf`` stays allowed
+#: where it means "no limit" (``max_hold``, ``timeout``).
+MAX_DURATION = 365 * 86400.0
 _TOKEN_PATTERN = re.compile(r"[A-Za-z0-9._:-]{16,128}")
 _DURATION_PATTERN = re.compile(r"(?P<number>\d+(?:\.\d+)?|\.\d+)\s*(?P<unit>ms|s|m|h|d)?")
 _UNIT_SECONDS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -65,7 +72,8 @@ def check_key(key: object, name: str = "key") -> str:
 def check_duration(value: object, name: str, *, allow_zero: bool = False, allow_inf: bool = False) -> float:
     """Return a duration in seconds from a number or ``timedelta``.
 
-    Booleans are refused even though they are ints: ``ttl=True`` is always a mistake.
+    Booleans are refused even though they are ints: ``ttl=True`` is always a mistake. A finite
+    duration must be at most :data:`MAX_DURATION` (365 days).
     """
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
@@ -87,6 +95,11 @@ def check_duration(value: object, name: str, *, allow_zero: bool = False, allow_
     if seconds < 0 or (seconds == 0 and not allow_zero):
         rule = ">= 0" if allow_zero else "> 0"
         raise ValidationError(f"{name} must be {rule} seconds, got {seconds!r}")
+    if seconds > MAX_DURATION:
+        unlimited = " (math.inf means no limit)" if allow_inf else ""
+        raise ValidationError(
+            f"{name} must be at most {MAX_DURATION:.0f} seconds (365 days){unlimited}, got {seconds!r}"
+        )
     return seconds
 
 
