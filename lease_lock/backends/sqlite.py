@@ -39,6 +39,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Optional, Union
 
+from .. import forksafe
 from ..errors import BackendUnavailableError, ValidationError
 from ..validation import check_duration, parse_duration, redact_url
 from .base import Backend, Capabilities, ExtendRequest, LockState, parse_url_options
@@ -245,6 +246,25 @@ class SqliteBackend(Backend):
         # Connections inherited through fork: closing one in the child could checkpoint or
         # delete the WAL under the parent, so they are kept open and never used again.
         self._inherited: list[sqlite3.Connection] = []
+        forksafe.register(self)
+
+    # Every call into SQLite happens under self._mutex. Holding it across a fork means no other
+    # thread of this backend is inside SQLite while the process is copied, so the child does
+    # not inherit SQLite's own mutexes locked (a child forked mid-call hung in its first
+    # connect). The child starts with a fresh mutex; its next call sets the parent's
+    # connection aside and opens its own.
+
+    def before_fork(self) -> None:
+        """Fork hook: wait until no thread is inside a call, and keep it so."""
+        self._mutex.acquire()
+
+    def after_fork_in_parent(self) -> None:
+        """Fork hook: let the parent's threads call again."""
+        self._mutex.release()
+
+    def after_fork(self) -> None:
+        """Fork hook, in the child: a fresh mutex (the copied one stays locked for ever)."""
+        self._mutex = threading.Lock()
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> SqliteBackend:
