@@ -13,6 +13,7 @@ import os
 import socket
 import threading
 import time
+import warnings
 import weakref
 from dataclasses import replace
 from datetime import timedelta
@@ -58,6 +59,40 @@ _DEFAULT_OPTIONS = LockOptions()
 # try_acquire's options, built once: it is the hot path of skip-if-busy jobs.
 _ONE_ATTEMPT = LockOptions(blocking=False)
 _TRY_OPTION_NAMES = LOCK_OPTIONS - {"retry", "timeout", "blocking"}
+
+
+class _Resources:
+    """What a locker must free when it is closed or dropped: everything but the locker itself,
+    so that a finalizer can hold it without keeping the locker alive."""
+
+    def __init__(self, heartbeat: Heartbeat, dispatcher: ReleaseDispatcher, backend: Backend) -> None:
+        self.heartbeat = heartbeat
+        self.dispatcher = dispatcher
+        self.backend = backend
+        self.owns_backend = False
+
+    @property
+    def holds_anything(self) -> bool:
+        """Whether freeing would end a thread, a subscription or a connection."""
+        return self.owns_backend or self.heartbeat.thread is not None or self.dispatcher.watching
+
+    def free(self, *, wait: bool) -> None:
+        self.heartbeat.stop(wait=wait)
+        self.dispatcher.close()
+        if self.owns_backend:
+            self.backend.close()
+
+
+def _dropped(resources: _Resources, description: str) -> None:
+    # The last reference to an open Locker went away (no close()). Its locks went first: each
+    # lock keeps its locker alive, so none can still be read, and their leases run out on the
+    # backend. Free the thread and connection, then warn like an unclosed file (a locker that
+    # never opened anything has nothing to warn about). Freeing comes first because the
+    # warning may be turned into an error.
+    if not resources.holds_anything:
+        return
+    resources.free(wait=False)
+    warnings.warn(f"unclosed {description}; call close() or use 'with'", ResourceWarning, stacklevel=2)
 
 
 def _log_outage(key: str, error: BackendUnavailableError) -> None:
@@ -124,8 +159,22 @@ class Locker:
         self._held: weakref.WeakSet[Lock] = weakref.WeakSet()
         self._held_mutex = threading.Lock()
         self._closed = False
-        self._owns_backend = False
+        self._resources = _Resources(self._heartbeat, self._dispatcher, backend)
+        # Holds the resources, never the locker: the heartbeat thread, the watcher and the
+        # backend do not keep a dropped locker alive, and dropping it frees them.
+        self._finalizer = weakref.finalize(self, _dropped, self._resources, repr(self))
+        # Like an unclosed file, a locker still open when the interpreter exits is not reported.
+        self._finalizer.atexit = False
         _LOCKERS.add(self)
+
+    @property
+    def _owns_backend(self) -> bool:
+        """Whether :meth:`close` (or dropping the locker) closes the backend too."""
+        return self._resources.owns_backend
+
+    @_owns_backend.setter
+    def _owns_backend(self, owns: bool) -> None:
+        self._resources.owns_backend = owns
 
     @staticmethod
     def check_settings(**settings: Any) -> dict[str, Any]:
@@ -558,6 +607,7 @@ class Locker:
         if self._closed:
             return
         self._closed = True
+        self._finalizer.detach()
         self._heartbeat.stop()
         self._dispatcher.close()
         with self._held_mutex:

@@ -31,6 +31,11 @@ class ReleaseDispatcher:
         return self._backend.capabilities.release_notify
 
     @property
+    def watching(self) -> bool:
+        """``True`` once a watcher was started (until :meth:`close`)."""
+        return self._watcher is not None
+
+    @property
     def active(self) -> bool:
         """``True`` while notifications are flowing."""
         watcher = self._watcher
