@@ -2,7 +2,7 @@
 
 The backend here is a memory backend told to fail with ``BackendUnavailableError`` (a fake, for
 speed and exact counting); the same behaviour against a real store that becomes unavailable is
-in ``tests/backends/test_sqlite_outage.py`` and ``tests/backends/test_redis_outage.py``.
+in ``tests/backends/test_sqlite_outage.py`` and ``tests/backends/test_redis_waiting_outage.py``.
 """
 
 from __future__ import annotations
