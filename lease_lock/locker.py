@@ -508,7 +508,14 @@ class Locker:
                     # Registered only once the first attempt failed, which keeps uncontended
                     # acquisitions cheap. No release is missed: the holder_wait() look at the
                     # key below happens after registering and finds a key freed before it.
-                    wake = self._dispatcher.register(lock.key)
+                    try:
+                        wake = self._dispatcher.register(lock.key)
+                    except BackendUnavailableError as error:
+                        # No notifications while the store is down: pace by the retry delay
+                        # and try to subscribe again after the next failed attempt.
+                        if outage is None:
+                            _log_outage(lock.key, error)
+                        outage = error
                 pause = None
                 if rate_limit_pause is not None:
                     pause = rate_limit_pause
