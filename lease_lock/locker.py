@@ -276,7 +276,13 @@ class Locker:
         return Lock(self, full_key, lease, options, token)
 
     def acquire(self, key: str, ttl: Optional[float] = None, **opts: Any) -> Lock:
-        """A held :class:`Lock`; raises ``LockHeldError`` when the retry budget is spent."""
+        """A held :class:`Lock`; raises ``LockHeldError`` when the retry budget is spent.
+
+        While the budget lasts, a store that cannot be reached (``BackendUnavailableError``)
+        is one more failed attempt (an ``attempt_failed`` event): the call keeps trying on its
+        retry schedule, and a timeout spent that way has the last such error as ``__cause__``.
+        A non-blocking call raises ``BackendUnavailableError`` at once.
+        """
         lock = self.lock(key, ttl, **opts)
         self._acquire_lock(lock, lock._options, raise_on_contention=True)
         return lock
@@ -285,7 +291,8 @@ class Locker:
         """Exactly one attempt: a held :class:`Lock`, or ``None`` when another holder has it.
 
         A grant that came back after its local lease ended raises
-        ``LockHeldError(reason="late-acquire")`` instead, since then nobody holds the key.
+        ``LockHeldError(reason="late-acquire")`` instead, since then nobody holds the key. A
+        store that cannot be reached raises ``BackendUnavailableError``.
         """
         if opts:
             options = replace(LockOptions.from_kwargs(opts, allowed=_TRY_OPTION_NAMES), blocking=False)
