@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import importlib
 import math
 import os
@@ -45,7 +46,7 @@ from .admin import (
     release_prefix,
     state_json,
 )
-from .errors import LeaseLockError, LockHeldError, ValidationError
+from .errors import BackendUnavailableError, LeaseLockError, LockHeldError, ValidationError
 from .validation import check_key, parse_duration
 
 if TYPE_CHECKING:
@@ -196,19 +197,22 @@ def add_url_argument(parser: argparse.ArgumentParser) -> None:
 
 @contextlib.contextmanager
 def backend_errors() -> Iterator[None]:
-    """Turn a driver's error into exit status 69 with one line naming it.
+    """Turn ``BackendUnavailableError`` into exit status 69 with one line naming it.
 
-    Anything but lease_lock's own errors raised while talking to a backend is the driver's
-    (connection refused, unknown host, database locked for too long, ...).
+    Only that error means "unreachable": every backend raises it for connection-level
+    failures. Other errors keep their own status (a ``ValidationError``, such as a missing
+    driver, is a usage error: 2), so a cron wrapper that retries on 69 never retries a setup
+    mistake.
     """
     try:
         yield
-    except (LeaseLockError, CommandError):
-        raise
-    except Exception as error:
-        raise CommandError(
-            f"backend unavailable: {type(error).__name__}: {_one_line(error)}", EXIT_UNAVAILABLE
-        ) from error
+    except BackendUnavailableError as error:
+        raise CommandError(_unavailable_message(error), EXIT_UNAVAILABLE) from error
+
+
+def _unavailable_message(error: BackendUnavailableError) -> str:
+    """The one line printed for an unreachable backend (the message never holds a secret)."""
+    return f"backend unavailable: {_one_line(error)}"
 
 
 def _one_line(error: BaseException) -> str:
@@ -433,13 +437,51 @@ def _take(locker: Locker, args: argparse.Namespace, signals: _Signals) -> Option
             return None
 
 
+#: ``prctl`` option that makes the kernel send a signal to a process when its parent dies.
+_PR_SET_PDEATHSIG = 1
+
+
+#: How often a stopping group is looked at while its grace runs.
+_GROUP_POLL = 0.05
+
+
+def _tie_to_supervisor() -> Optional[Callable[[], None]]:
+    """A ``preexec_fn`` that has the kernel SIGKILL the command when this process dies.
+
+    Without it, a supervisor killed by SIGKILL (the OOM killer, ``kill -9``) leaves the command
+    running past its lease while another holder starts. Linux only (``PR_SET_PDEATHSIG``); the
+    function is resolved here, in the parent, so the child only makes one C call before exec.
+    The kernel ties the command to the thread that started it: ``run`` starts it from its main
+    thread, which lives as long as the supervisor. Only the command's own process is tied; its
+    children die with it only if they are tied to it in turn (or when the supervisor, alive,
+    signals the whole group).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    supervisor = os.getpid()
+
+    def tie() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != supervisor:
+            # The supervisor died between the fork and the tie: nobody holds the lease.
+            os._exit(128 + signal.SIGKILL)
+
+    return tie
+
+
 def _start(command: Sequence[str], lock: Lock) -> subprocess.Popen[bytes]:
     env = dict(os.environ, LEASE_LOCK_KEY=lock.key, LEASE_LOCK_FENCE=str(lock.fence))
     group: dict[str, Any] = (
         {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
     )
     try:
-        return subprocess.Popen(list(command), env=env, **group)
+        return subprocess.Popen(list(command), env=env, preexec_fn=_tie_to_supervisor(), **group)
     except FileNotFoundError:
         raise CommandError(f"command not found: {command[0]}", 127) from None
     except OSError as error:
@@ -477,25 +519,43 @@ def _supervise(
     try:
         wake.wait()
         if child.poll() is None:
-            _stop(child, args.grace, lock)
+            _report_loss(lock, f"stopping the command (SIGTERM, SIGKILL after {args.grace:g}s)")
+            _stop_group(child, args.grace)
             return _status_of(child.returncode), True
     finally:
         terminal.take_back()
     status = _status_of(child.returncode)
     if lock.lost.is_set():
-        _report_loss(lock, "the command finished after the loss")
+        _report_loss(lock, "the command finished after the loss; stopping what is left of its process group")
+        _stop_group(child, args.grace)
         return status, True
     return status, False
 
 
-def _stop(child: subprocess.Popen[bytes], grace: float, lock: Lock) -> None:
-    _report_loss(lock, f"stopping the command (SIGTERM, SIGKILL after {grace:g}s)")
-    _signal_group(child.pid, signal.SIGTERM)
+def _group_exists(group: int) -> bool:
     try:
-        child.wait(grace)
-    except subprocess.TimeoutExpired:
-        _signal_group(child.pid, signal.SIGKILL)
-        child.wait()
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _stop_group(child: subprocess.Popen[bytes], grace: float) -> None:
+    """After a loss: SIGTERM the command's whole process group, then SIGKILL the group once
+    ``grace`` has passed, whatever the leader did (a member that ignores SIGTERM must not keep
+    running while another holder runs). Returns early when the group is gone."""
+    group = child.pid
+    _signal_group(group, signal.SIGTERM)
+    give_up = time.monotonic() + grace
+    while time.monotonic() < give_up:
+        child.poll()  # reap the leader, so that only live members keep the group in existence
+        if child.returncode is not None and not _group_exists(group):
+            return
+        time.sleep(min(_GROUP_POLL, max(0.0, give_up - time.monotonic())))
+    _signal_group(group, signal.SIGKILL)
+    child.wait()
 
 
 def _report_loss(lock: Lock, what: str) -> None:
@@ -759,6 +819,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValidationError as error:
         _error(str(error))
         return EXIT_USAGE
+    except BackendUnavailableError as error:
+        _error(_unavailable_message(error))
+        return EXIT_UNAVAILABLE
     except LeaseLockError as error:
         _error(f"{error.code}: {error}")
         return 1

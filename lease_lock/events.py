@@ -26,6 +26,7 @@ EVENT_TYPES = {
     "acquired": logging.DEBUG,
     "contended": logging.DEBUG,
     "timed_out": logging.DEBUG,
+    "attempt_failed": logging.DEBUG,
     "extended": logging.DEBUG,
     "extend_failed": logging.WARNING,
     "released": logging.DEBUG,
@@ -41,8 +42,10 @@ class LockEvent:
     Always set: ``type``, ``key`` (prefix included), ``ttl`` (the latest). By type:
     ``acquired``: ``waited``, ``attempts``; ``contended``: ``attempt``, ``elapsed``, ``reason``
     (``"held"`` or ``"late"``); ``timed_out`` (a wait for the key ran out of time): ``attempts``,
-    ``elapsed``; ``extended``: ``held_for``; ``extend_failed``: ``held_for``,
-    ``error``; ``released``: ``held_for``; ``lost``: ``held_for``, ``reason``;
+    ``elapsed``; ``attempt_failed`` (an attempt of a waiting acquire could not reach the store;
+    it keeps trying until its timeout): ``attempt``, ``elapsed``, ``reason`` (``"unavailable"``),
+    ``error`` (the ``BackendUnavailableError``); ``extended``: ``held_for``; ``extend_failed``:
+    ``held_for``, ``error``; ``released``: ``held_for``; ``lost``: ``held_for``, ``reason``;
     ``release_failed``: ``held_for``, ``error``. Fields that do not apply are ``None``.
     """
 

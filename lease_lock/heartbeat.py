@@ -194,15 +194,16 @@ class Heartbeat:
             except Exception:  # noqa: BLE001 - the thread must outlive any one bad beat
                 logger.exception("heartbeat beat failed")
 
-    def stop(self) -> None:
-        """Stop the thread and drop every timer. Idempotent."""
+    def stop(self, *, wait: bool = True) -> None:
+        """Stop the thread and drop every timer; with ``wait``, until the thread has ended.
+        Idempotent."""
         with self._condition:
             self._stopped = True
             self._heap.clear()
             self._cancelled = 0
             self._condition.notify_all()
             thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
+        if wait and thread is not None and thread is not threading.current_thread():
             thread.join(timeout=10)
 
     def after_fork(self) -> None:

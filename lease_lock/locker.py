@@ -13,6 +13,7 @@ import os
 import socket
 import threading
 import time
+import warnings
 import weakref
 from dataclasses import replace
 from datetime import timedelta
@@ -20,8 +21,15 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVa
 
 from .backends.base import Backend, LockState
 from .clock import LeaseClock
-from .errors import LockHeldError, LockLostError, LockStateError, RateLimitedError, ValidationError
-from .events import EventHook, combine, wanted
+from .errors import (
+    BackendUnavailableError,
+    LockHeldError,
+    LockLostError,
+    LockStateError,
+    RateLimitedError,
+    ValidationError,
+)
+from .events import EventHook, combine, logger, wanted
 from .heartbeat import Heartbeat
 from .leadership import Leadership
 from .lock import LEASE_MARGIN, Lock
@@ -53,6 +61,46 @@ _DEFAULT_OPTIONS = LockOptions()
 # try_acquire's options, built once: it is the hot path of skip-if-busy jobs.
 _ONE_ATTEMPT = LockOptions(blocking=False)
 _TRY_OPTION_NAMES = LOCK_OPTIONS - {"retry", "timeout", "blocking"}
+
+
+class _Resources:
+    """What a locker must free when it is closed or dropped: everything but the locker itself,
+    so that a finalizer can hold it without keeping the locker alive."""
+
+    def __init__(self, heartbeat: Heartbeat, dispatcher: ReleaseDispatcher, backend: Backend) -> None:
+        self.heartbeat = heartbeat
+        self.dispatcher = dispatcher
+        self.backend = backend
+        self.owns_backend = False
+
+    @property
+    def holds_anything(self) -> bool:
+        """Whether freeing would end a thread, a subscription or a connection."""
+        return self.owns_backend or self.heartbeat.thread is not None or self.dispatcher.watching
+
+    def free(self, *, wait: bool) -> None:
+        self.heartbeat.stop(wait=wait)
+        self.dispatcher.close()
+        if self.owns_backend:
+            self.backend.close()
+
+
+def _dropped(resources: _Resources, description: str) -> None:
+    # The last reference to an open Locker went away (no close()). Its locks went first: each
+    # lock keeps its locker alive, so none can still be read, and their leases run out on the
+    # backend. Free the thread and connection, then warn like an unclosed file (a locker that
+    # never opened anything has nothing to warn about). Freeing comes first because the
+    # warning may be turned into an error.
+    if not resources.holds_anything:
+        return
+    resources.free(wait=False)
+    warnings.warn(f"unclosed {description}; call close() or use 'with'", ResourceWarning, stacklevel=2)
+
+
+def _log_outage(key: str, error: BackendUnavailableError) -> None:
+    # Once per outage of one acquisition, not once per attempt: each attempt is an
+    # ``attempt_failed`` event (logged at debug level) already.
+    logger.warning("backend unavailable while acquiring %r; retrying until the timeout: %s", key, error)
 
 
 def _after_fork_in_child() -> None:
@@ -119,8 +167,22 @@ class Locker:
         self._held: weakref.WeakSet[Lock] = weakref.WeakSet()
         self._held_mutex = threading.Lock()
         self._closed = False
-        self._owns_backend = False
+        self._resources = _Resources(self._heartbeat, self._dispatcher, backend)
+        # Holds the resources, never the locker: the heartbeat thread, the watcher and the
+        # backend do not keep a dropped locker alive, and dropping it frees them.
+        self._finalizer = weakref.finalize(self, _dropped, self._resources, repr(self))
+        # Like an unclosed file, a locker still open when the interpreter exits is not reported.
+        self._finalizer.atexit = False
         _LOCKERS.add(self)
+
+    @property
+    def _owns_backend(self) -> bool:
+        """Whether :meth:`close` (or dropping the locker) closes the backend too."""
+        return self._resources.owns_backend
+
+    @_owns_backend.setter
+    def _owns_backend(self, owns: bool) -> None:
+        self._resources.owns_backend = owns
 
     @staticmethod
     def check_settings(**settings: Any) -> dict[str, Any]:
@@ -239,6 +301,11 @@ class Locker:
         store: one more hold, given up by its own ``release()`` or ``with`` exit; the key is
         released when the last hold is. Without it a nested acquire contends with the outer
         hold like any other holder, and its ``LockHeldError`` says so.
+
+        While the budget lasts, a store that cannot be reached (``BackendUnavailableError``)
+        is one more failed attempt (an ``attempt_failed`` event): the call keeps trying on its
+        retry schedule, and a timeout spent that way has the last such error as ``__cause__``.
+        A non-blocking call raises ``BackendUnavailableError`` at once.
         """
         lock = self.lock(key, ttl, **opts)
         self._acquire_lock(lock, lock._options, raise_on_contention=True)
@@ -248,7 +315,8 @@ class Locker:
         """Exactly one attempt: a held :class:`Lock`, or ``None`` when another holder has it.
 
         A grant that came back after its local lease ended raises
-        ``LockHeldError(reason="late-acquire")`` instead, since then nobody holds the key.
+        ``LockHeldError(reason="late-acquire")`` instead, since then nobody holds the key. A
+        store that cannot be reached raises ``BackendUnavailableError``.
         """
         if opts:
             options = replace(LockOptions.from_kwargs(opts, allowed=_TRY_OPTION_NAMES), blocking=False)
@@ -414,6 +482,9 @@ class Locker:
         attempts = 0
         previous_delay: Optional[float] = None
         reason = "held"
+        # The error of the latest attempt that could not reach the store (None once an attempt
+        # is answered again): the cause of a timeout, and what a spent retry budget raises.
+        outage: Optional[BackendUnavailableError] = None
         try:
             while True:
                 self._check_open()
@@ -426,6 +497,7 @@ class Locker:
                     sent = self._clock()
                 attempts += 1
                 rate_limit_pause: Optional[float] = None
+                unreachable = False
                 try:
                     if options.request_id is None:
                         granted, fence = self._ask(lock, requested)
@@ -439,8 +511,24 @@ class Locker:
                     if attempts > retries:
                         raise
                     granted, fence, rate_limit_pause = False, None, error.retry_after
+                except BackendUnavailableError as error:
+                    # While the budget lasts an outage is one more failed attempt: the waiter
+                    # rides it out on its retry schedule. A single attempt raises it at once.
+                    if attempts > retries:
+                        raise
+                    if outage is None:
+                        _log_outage(lock.key, error)
+                    granted, fence, unreachable, outage = False, None, True, error
                 received = self._clock()
-                if rate_limit_pause is not None:
+                if not unreachable and outage is not None:
+                    logger.warning("backend reachable again while acquiring %r", lock.key)
+                    outage = None
+                if unreachable:
+                    reason = "unavailable"
+                    lock._emit(
+                        "attempt_failed", attempt=attempts, elapsed=received - start, reason=reason, error=outage
+                    )
+                elif rate_limit_pause is not None:
                     reason = "held"
                 elif granted and received >= sent + requested * (1 - LEASE_MARGIN):
                     lock._give_back()
@@ -468,6 +556,9 @@ class Locker:
                     reason = "held"
                     self._emit_contended(lock, attempts, received - start, "held")
                 if attempts > retries:
+                    if outage is not None:
+                        # The last attempt could not reach the store: say so, not "held".
+                        raise outage
                     break
                 elapsed = self._clock() - start
                 left = timeout - elapsed
@@ -478,12 +569,27 @@ class Locker:
                     # Registered only once the first attempt failed, which keeps uncontended
                     # acquisitions cheap. No release is missed: the holder_wait() look at the
                     # key below happens after registering and finds a key freed before it.
-                    wake = self._dispatcher.register(lock.key)
+                    try:
+                        wake = self._dispatcher.register(lock.key)
+                    except BackendUnavailableError as error:
+                        # No notifications while the store is down: pace by the retry delay
+                        # and try to subscribe again after the next failed attempt.
+                        if outage is None:
+                            _log_outage(lock.key, error)
+                        outage = error
+                pause = None
                 if rate_limit_pause is not None:
                     pause = rate_limit_pause
-                elif wake is not None and self._dispatcher.active:
-                    pause = self._holder_wait(lock.key) if reason == "held" else 0.0
-                else:
+                elif not unreachable and wake is not None and self._dispatcher.active:
+                    try:
+                        pause = self._holder_wait(lock.key) if reason == "held" else 0.0
+                    except BackendUnavailableError as error:
+                        # The store went away between the attempt and this look: pace the
+                        # next attempt by the retry delay, as after a failed attempt.
+                        if outage is None:
+                            _log_outage(lock.key, error)
+                        outage = error
+                if pause is None:
                     pause = policy.delay_for(RetryState(attempts, elapsed, previous_delay))
                     previous_delay = pause
                 # A rate limit must be waited out in full: a release notification cannot end it.
@@ -498,7 +604,7 @@ class Locker:
         elapsed = self._clock() - start
         if reason == "timeout":
             lock._emit("timed_out", attempts=attempts, elapsed=elapsed)
-        raise LockHeldError(lock.key, attempts=attempts, elapsed=elapsed, reason=reason)
+        raise LockHeldError(lock.key, attempts=attempts, elapsed=elapsed, reason=reason) from outage
 
     def _ask(self, lock: Lock, requested: float) -> tuple[bool, Optional[int]]:
         """One grant request to the backend: whether it granted, and the fence if fencing."""
@@ -572,6 +678,7 @@ class Locker:
         if self._closed:
             return
         self._closed = True
+        self._finalizer.detach()
         self._heartbeat.stop()
         self._dispatcher.close()
         with self._held_mutex:

@@ -106,14 +106,22 @@ class LockSet(GuardedBlock):
             raise first_error
         return deleted
 
-    def __enter__(self) -> LockSet:
+    def _require_held(self, doing: str) -> None:
         state = self.state
         if state != "held":
-            raise LockStateError(f"cannot enter a lock set that is {state}")
+            raise LockStateError(f"cannot {doing} a lock set that is {state}")
+
+    def __enter__(self) -> LockSet:
+        self._require_held("enter")
         return self
 
     def run(self, function: Callable[..., _Result], *args: Any, **kwargs: Any) -> _Result:
-        """Run ``function`` under the set with the ``with`` outcome order; returns its result."""
+        """Run ``function`` under the set with the ``with`` outcome order; returns its result.
+
+        Like ``with lockset:``, a set that is not held (released or lost) raises
+        ``LockStateError`` and ``function`` is not called.
+        """
+        self._require_held("run under")
         return self._run(function, *args, **kwargs)
 
     def _finish(self, *, block_raised: bool, result: Any) -> None:

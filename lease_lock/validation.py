@@ -17,6 +17,7 @@ from typing import Any, Optional
 from .errors import ValidationError
 
 __all__ = [
+    "MAX_DURATION",
     "MAX_KEY_BYTES",
     "check_bool",
     "check_cancel",
@@ -27,12 +28,19 @@ __all__ = [
     "check_token",
     "check_ttl",
     "describe_token",
+    "is_secret_option",
     "parse_duration",
     "redact_url",
 ]
 
 #: The longest key (prefix included) in UTF-8 bytes.
 MAX_KEY_BYTES = 1024
+#: The longest finite duration accepted anywhere (ttl, max_hold, timeout, delays), in seconds:
+#: 365 days. Every store keeps such a lease exactly (Redis milliseconds, PostgreSQL intervals,
+#: SQLite reals) and every reader can turn it into a date; a longer one would be granted and
+#: then break ``get()``, ``list()`` and ``status`` for everyone. ``math.inf`` stays allowed
+#: where it means "no limit" (``max_hold``, ``timeout``).
+MAX_DURATION = 365 * 86400.0
 _TOKEN_PATTERN = re.compile(r"[A-Za-z0-9._:-]{16,128}")
 _DURATION_PATTERN = re.compile(r"(?P<number>\d+(?:\.\d+)?|\.\d+)\s*(?P<unit>ms|s|m|h|d)?")
 _UNIT_SECONDS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -64,7 +72,8 @@ def check_key(key: object, name: str = "key") -> str:
 def check_duration(value: object, name: str, *, allow_zero: bool = False, allow_inf: bool = False) -> float:
     """Return a duration in seconds from a number or ``timedelta``.
 
-    Booleans are refused even though they are ints: ``ttl=True`` is always a mistake.
+    Booleans are refused even though they are ints: ``ttl=True`` is always a mistake. A finite
+    duration must be at most :data:`MAX_DURATION` (365 days).
     """
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
@@ -86,6 +95,11 @@ def check_duration(value: object, name: str, *, allow_zero: bool = False, allow_
     if seconds < 0 or (seconds == 0 and not allow_zero):
         rule = ">= 0" if allow_zero else "> 0"
         raise ValidationError(f"{name} must be {rule} seconds, got {seconds!r}")
+    if seconds > MAX_DURATION:
+        unlimited = " (math.inf means no limit)" if allow_inf else ""
+        raise ValidationError(
+            f"{name} must be at most {MAX_DURATION:.0f} seconds (365 days){unlimited}, got {seconds!r}"
+        )
     return seconds
 
 
@@ -175,6 +189,11 @@ _SECRET_QUERY_OPTIONS = frozenset({"password", "sentinel_password", "api_key", "
 _REDACTED = "***"
 
 
+def is_secret_option(name: str) -> bool:
+    """Whether a URL query option carries a credential, so its value must never be shown."""
+    return name.lower() in _SECRET_QUERY_OPTIONS
+
+
 def redact_url(url: str) -> str:
     """``url`` with its password and every credential-bearing query value replaced by ``***``.
 
@@ -197,6 +216,6 @@ def redact_url(url: str) -> str:
     if query:
         pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
         query = "&".join(
-            f"{name}={_REDACTED if name.lower() in _SECRET_QUERY_OPTIONS else value}" for name, value in pairs
+            f"{name}={_REDACTED if is_secret_option(name) else value}" for name, value in pairs
         )
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))

@@ -31,19 +31,28 @@ class ReleaseDispatcher:
         return self._backend.capabilities.release_notify
 
     @property
+    def watching(self) -> bool:
+        """``True`` once a watcher was started (until :meth:`close`)."""
+        return self._watcher is not None
+
+    @property
     def active(self) -> bool:
         """``True`` while notifications are flowing."""
         watcher = self._watcher
         return watcher is not None and watcher.active
 
     def register(self, key: str) -> threading.Event:
-        """An event that is set when ``key`` is released; starts the watcher if needed."""
+        """An event that is set when ``key`` is released; starts the watcher if needed.
+
+        What starting the watcher raises (``BackendUnavailableError`` for a store that is down)
+        propagates, and nothing stays registered.
+        """
         event = threading.Event()
         with self._mutex:
-            self._waiters.setdefault(key, set()).add(event)
             start = self._watcher is None
             if start:
                 self._watcher = self._backend.watch_releases(self._on_release)
+            self._waiters.setdefault(key, set()).add(event)
         if start:
             logger.debug("release watcher started for %s", type(self._backend).__name__)
         return event

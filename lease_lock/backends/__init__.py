@@ -12,6 +12,7 @@ import urllib.parse
 from typing import Any, Union
 
 from ..errors import ValidationError
+from ..validation import redact_url
 from .base import Backend, Capabilities, ExtendRequest, LockState, ReleaseWatcher
 from .memory import MemoryBackend
 
@@ -45,6 +46,29 @@ SCHEMES: dict[str, Union[str, type[Backend]]] = {
 }
 
 
+#: Built-in backend module -> (the driver it imports, the extra that installs it). A missing
+#: driver is a setup error (``ValidationError`` naming the extra), not an outage.
+_DRIVERS: dict[str, tuple[tuple[str, ...], str]] = {
+    "lease_lock.backends.redis": (("redis",), "redis"),
+    "lease_lock.backends.postgres": (("psycopg2",), "postgres"),
+    "lease_lock.backends.http": (("requests", "urllib3"), "http"),
+}
+
+
+def _import_backend_module(module_name: str, scheme: str) -> Any:
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as error:
+        missing = (error.name or "").partition(".")[0]
+        drivers, extra = _DRIVERS.get(module_name, ((), ""))
+        if missing in drivers:
+            raise ValidationError(
+                f"{scheme}:// URLs need the {missing!r} package, which is not installed: "
+                f"pip install 'lease_lock[{extra}]'"
+            ) from error
+        raise
+
+
 def register_scheme(scheme: str, backend: Union[str, type[Backend]]) -> None:
     """Make ``connect("<scheme>://...")`` build ``backend`` (a class or ``"module:Class"``)."""
     if not isinstance(scheme, str) or not scheme or not scheme.replace("+", "").isalnum():
@@ -60,7 +84,7 @@ def _resolve(scheme: str) -> type[Backend]:
         )
     if isinstance(entry, str):
         module_name, _, class_name = entry.partition(":")
-        module = importlib.import_module(module_name)
+        module = _import_backend_module(module_name, scheme)
         resolved = getattr(module, class_name)
         if not (isinstance(resolved, type) and issubclass(resolved, Backend)):
             raise ValidationError(f"{entry} is not a Backend subclass")
@@ -74,7 +98,7 @@ def backend_class(url: str) -> type[Backend]:
         raise ValidationError("url must be a non-empty str such as 'redis://localhost:6379/0'")
     scheme = urllib.parse.urlsplit(url).scheme.lower()
     if not scheme:
-        raise ValidationError(f"url {url!r} has no scheme (expected e.g. redis://, sqlite:///)")
+        raise ValidationError(f"url {redact_url(url)!r} has no scheme (expected e.g. redis://, sqlite:///)")
     return _resolve(scheme)
 
 

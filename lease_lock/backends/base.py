@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any, Callable, ClassVar, ContextManager, Iterator, Mapping, Optional, Sequence
 
 from ..errors import ValidationError
-from ..validation import describe_token
+from ..validation import describe_token, is_secret_option
 
 __all__ = [
     "Backend",
@@ -251,6 +251,9 @@ def parse_url_options(
         except ValidationError:
             raise
         except (TypeError, ValueError) as exc:
+            if is_secret_option(name):
+                # Neither the value nor the parser's words about it may reach a message.
+                raise ValidationError(f"{backend} URL option {name} is malformed") from None
             raise ValidationError(f"{backend} URL option {name}={text!r}: {exc}") from exc
     for name, value in overrides.items():
         if name not in table:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, ClassVar, Iterator, Optional
 
+from .. import forksafe
 from .base import Backend, Capabilities, LockState, ReleaseWatcher, parse_url_options
 
 __all__ = ["MemoryBackend"]
@@ -67,6 +68,22 @@ class MemoryBackend(Backend):
         self._fences: dict[str, int] = {}
         self._watchers: list[_MemoryWatcher] = []
         self._counters: dict[str, tuple[int, int]] = {}
+        forksafe.register(self)
+
+    # The mutex is held across a fork so the child never copies a lease half-updated by
+    # another thread; the child then starts with a fresh mutex of its own.
+
+    def before_fork(self) -> None:
+        """Fork hook: wait until no thread is inside a call, and keep it so."""
+        self._mutex.acquire()
+
+    def after_fork_in_parent(self) -> None:
+        """Fork hook: let the parent's threads call again."""
+        self._mutex.release()
+
+    def after_fork(self) -> None:
+        """Fork hook, in the child: a fresh mutex (the copied one stays locked for ever)."""
+        self._mutex = threading.Lock()
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MemoryBackend:

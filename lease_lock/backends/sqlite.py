@@ -39,8 +39,9 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Optional, Union
 
-from ..errors import ValidationError
-from ..validation import check_duration, parse_duration
+from .. import forksafe
+from ..errors import BackendUnavailableError, ValidationError
+from ..validation import check_duration, parse_duration, redact_url
 from .base import Backend, Capabilities, ExtendRequest, LockState, parse_url_options
 
 __all__ = ["DEFAULT_BUSY_TIMEOUT", "HostClock", "SqliteBackend", "default_path", "default_url"]
@@ -157,6 +158,24 @@ def default_url() -> str:
     return "sqlite:///" + urllib.parse.quote(str(path))
 
 
+#: Fragments of ``sqlite3.OperationalError`` messages that mean "the store cannot be reached":
+#: another connection kept the database locked past the busy timeout, or the file cannot be
+#: opened at all. Anything else (a malformed schema, a full disk) is not an outage.
+_UNAVAILABLE_MESSAGES = ("database is locked", "database table is locked", "unable to open database file")
+
+
+@contextlib.contextmanager
+def _unavailable_on_outage() -> Iterator[None]:
+    """Raise ``BackendUnavailableError`` from the ``sqlite3`` errors that mean an outage."""
+    try:
+        yield
+    except sqlite3.OperationalError as error:
+        text = str(error)
+        if any(fragment in text for fragment in _UNAVAILABLE_MESSAGES):
+            raise BackendUnavailableError(f"sqlite database unavailable: {text}", backend="sqlite") from error
+        raise
+
+
 def _parse_busy_timeout(text: str) -> float:
     return parse_duration(text, "busy_timeout")
 
@@ -165,16 +184,18 @@ def _path_from_url(url: str) -> str:
     parts = urllib.parse.urlsplit(url)
     if parts.netloc:
         raise ValidationError(
-            f"sqlite URL {url!r} names a host; use sqlite:///relative.db or sqlite:////abs.db"
+            f"sqlite URL {redact_url(url)!r} names a host; use sqlite:///relative.db or sqlite:////abs.db"
         )
     # SQLAlchemy's rule: after "sqlite://" comes "/" and then the path, so "sqlite:///x.db" is
     # relative and "sqlite:////x.db" absolute.
     if parts.path and not parts.path.startswith("/"):
-        raise ValidationError(f"sqlite URL {url!r} must start with sqlite:/// (relative) or sqlite://// (absolute)")
+        raise ValidationError(
+            f"sqlite URL {redact_url(url)!r} must start with sqlite:/// (relative) or sqlite://// (absolute)"
+        )
     path = urllib.parse.unquote(parts.path[1:])
     if not path or path == ":memory:":
         raise ValidationError(
-            f"sqlite URL {url!r} names no file; an in-memory database is private to one "
+            f"sqlite URL {redact_url(url)!r} names no file; an in-memory database is private to one "
             "connection (use memory:// for one process)"
         )
     return path
@@ -185,8 +206,11 @@ class SqliteBackend(Backend):
 
     ``path`` is the database file (created if missing; its directory must exist). A relative
     path is resolved against the working directory once, here. ``busy_timeout`` is how long one
-    operation waits for another process's write before SQLite raises
-    ``sqlite3.OperationalError`` ("database is locked"); SQLite errors are never wrapped.
+    operation waits for another process's write before giving up.
+
+    A database still locked past the busy timeout, or a file that cannot be opened (missing
+    directory, no permission), raises :class:`~lease_lock.errors.BackendUnavailableError` with
+    the ``sqlite3`` error as ``__cause__``; every other SQLite error passes through untouched.
 
     One connection per process, guarded by a lock, serves every thread; a child made by
     ``os.fork()`` opens its own on first use and never touches the parent's.
@@ -222,6 +246,25 @@ class SqliteBackend(Backend):
         # Connections inherited through fork: closing one in the child could checkpoint or
         # delete the WAL under the parent, so they are kept open and never used again.
         self._inherited: list[sqlite3.Connection] = []
+        forksafe.register(self)
+
+    # Every call into SQLite happens under self._mutex. Holding it across a fork means no other
+    # thread of this backend is inside SQLite while the process is copied, so the child does
+    # not inherit SQLite's own mutexes locked (a child forked mid-call hung in its first
+    # connect). The child starts with a fresh mutex; its next call sets the parent's
+    # connection aside and opens its own.
+
+    def before_fork(self) -> None:
+        """Fork hook: wait until no thread is inside a call, and keep it so."""
+        self._mutex.acquire()
+
+    def after_fork_in_parent(self) -> None:
+        """Fork hook: let the parent's threads call again."""
+        self._mutex.release()
+
+    def after_fork(self) -> None:
+        """Fork hook, in the child: a fresh mutex (the copied one stays locked for ever)."""
+        self._mutex = threading.Lock()
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> SqliteBackend:
@@ -289,7 +332,7 @@ class SqliteBackend(Backend):
         The clock is read after the write lock is taken, so time spent waiting for another
         process cannot make ``now`` stale.
         """
-        with self._mutex:
+        with self._mutex, _unavailable_on_outage():
             connection = self._current()
             connection.execute("BEGIN IMMEDIATE")
             try:
@@ -303,7 +346,7 @@ class SqliteBackend(Backend):
 
     @contextlib.contextmanager
     def _read(self) -> Iterator[tuple[sqlite3.Connection, float]]:
-        with self._mutex:
+        with self._mutex, _unavailable_on_outage():
             yield self._current(), self._clock()
 
     def _live(self, row: Optional[tuple[Any, ...]], now: float) -> bool:

@@ -14,7 +14,7 @@ import pytest
 from lease_lock.backends import backend_from_url
 from lease_lock.backends.base import ExtendRequest
 from lease_lock.backends.sqlite import HostClock, SqliteBackend, default_path, default_url
-from lease_lock.errors import ValidationError
+from lease_lock.errors import BackendUnavailableError, ValidationError
 from lease_lock.testing import BackendContract
 
 TOKEN_A = "a" * 32
@@ -211,14 +211,15 @@ def test_extend_many_uses_one_transaction(db: Path) -> None:
     backend.close()
 
 
-def test_busy_database_raises_the_driver_error(db: Path) -> None:
+def test_busy_database_raises_backend_unavailable_from_the_driver_error(db: Path) -> None:
     backend = SqliteBackend(db, busy_timeout=0.2)
     assert backend.acquire("k", TOKEN_A, 30, "o")
     blocker = sqlite3.connect(db, isolation_level=None)
     blocker.execute("BEGIN IMMEDIATE")
     try:
-        with pytest.raises(sqlite3.OperationalError, match="locked"):
+        with pytest.raises(BackendUnavailableError, match="locked") as caught:
             backend.acquire("k", TOKEN_B, 30, "o")
+        assert isinstance(caught.value.__cause__, sqlite3.OperationalError)
         # Reads do not wait for the writer in WAL mode.
         assert backend.is_held("k", TOKEN_A)
     finally:

@@ -89,6 +89,7 @@ def test_an_explicit_locker_is_shared_and_contends_across_apps() -> None:
         assert first.test_client().post("/orders/3/settle").status_code == 409
         assert second.test_client().post("/orders/3/settle").status_code == 409
     assert first.test_client().post("/orders/3/settle").status_code == 200
+    shared.close()
 
 
 def test_misuse_is_reported() -> None:

@@ -121,6 +121,7 @@ def test_singleton_with_an_explicit_locker_and_its_checks() -> None:
     assert job() == "ran"
     with shared.lock("report"):
         assert job() is None
+    shared.close()
     with pytest.raises(ValidationError, match="ttl"):
         singleton(ttl=-1)
     with pytest.raises(ValidationError, match="unknown option"):

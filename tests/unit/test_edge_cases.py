@@ -177,6 +177,8 @@ def test_timedelta_retry_delay_works_in_an_acquisition(sleeps: list[float], cloc
     with pytest.raises(LockHeldError):
         locker.acquire("k")
     assert sleeps[0] == 0.25
+    holder.close()
+    locker.close()
 
 
 def test_tokens_stay_out_of_reprs(locker: Locker) -> None:

@@ -1,0 +1,111 @@
+"""A ``Locker`` dropped without ``close()`` frees its heartbeat thread and its connection, with a
+``ResourceWarning`` like an unclosed file.
+
+Regression: 50 dropped SQLite lockers left 50 heartbeat threads and 101 file descriptors behind
+(threads 1 -> 51, fds 6 -> 107), for ever.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import threading
+import warnings
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+
+from lease_lock import Locker, MemoryBackend, connect
+from lease_lock.testing import wait_until
+
+DROPPED = 50
+DEADLINE = 30.0
+
+
+@contextlib.contextmanager
+def resource_warnings() -> Iterator[list[str]]:
+    """Collect the ResourceWarning messages raised inside the block (from any thread)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        messages: list[str] = []
+        yield messages
+    messages.extend(str(item.message) for item in caught if issubclass(item.category, ResourceWarning))
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _drop_lockers(url: str, count: int) -> list[weakref.ref[Locker]]:
+    refs = []
+    for number in range(count):
+        locker = connect(url)
+        lock = locker.acquire(f"k{number}")  # starts the heartbeat thread
+        lock.release()
+        refs.append(weakref.ref(locker))
+        del lock, locker
+    return refs
+
+
+def test_dropped_sqlite_lockers_return_threads_and_fds_to_baseline(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'locks.db'}"
+    connect(url).close()  # the file exists from here on, as in a running system
+    gc.collect()
+    threads, fds = threading.active_count(), _fds()
+    with resource_warnings() as messages:
+        refs = _drop_lockers(url, DROPPED)
+        gc.collect()
+        assert wait_until(lambda: all(ref() is None for ref in refs), DEADLINE)
+    assert len(messages) == DROPPED
+    assert all(message.startswith("unclosed <Locker SqliteBackend") for message in messages)
+    assert wait_until(lambda: threading.active_count() == threads, DEADLINE), threading.enumerate()
+    gc.collect()
+    assert _fds() == fds
+
+
+def test_a_dropped_locker_with_a_held_lock_stops_extending_it() -> None:
+    backend = MemoryBackend()
+    locker = Locker(backend, ttl=5.0)
+    locker.acquire("k")
+    # The lock object is dropped at once: nothing can read it any more. The locker goes next.
+    heartbeat = locker.heartbeat
+    thread = heartbeat.thread
+    assert thread is not None
+    ref = weakref.ref(locker)
+    with resource_warnings() as messages:
+        del locker
+        gc.collect()
+        assert wait_until(lambda: ref() is None, DEADLINE)
+    assert len(messages) == 1 and messages[0].startswith("unclosed <Locker MemoryBackend")
+    thread.join(DEADLINE)
+    assert not thread.is_alive()
+    assert heartbeat.pending() == 0
+    # The lease is left to run out on the backend (nobody extends it).
+    state = backend.inspect("k")
+    assert state.held and state.expires_in is not None and state.expires_in <= 5.0
+
+
+def test_the_heartbeat_thread_does_not_keep_its_locker_alive() -> None:
+    locker = Locker(MemoryBackend())
+    lock = locker.acquire("k")
+    lock.release()
+    ref = weakref.ref(locker)
+    with resource_warnings() as messages:
+        del lock, locker
+        gc.collect()
+        assert wait_until(lambda: ref() is None, DEADLINE)
+    assert len(messages) == 1
+
+
+def test_closed_and_idle_lockers_do_not_warn(tmp_path: Path) -> None:
+    with resource_warnings() as messages:
+        with connect(f"sqlite:///{tmp_path / 'locks.db'}") as locker:
+            locker.acquire("k").release()
+        closed = connect("memory://")
+        closed.close()
+        # A locker that never opened anything has nothing to free and nothing to report.
+        idle = Locker(MemoryBackend())
+        del locker, closed, idle
+        gc.collect()
+    assert messages == []

@@ -1,0 +1,194 @@
+"""A store that cannot be reached: waiting acquisitions ride it out, single attempts raise.
+
+The backend here is a memory backend told to fail with ``BackendUnavailableError`` (a fake, for
+speed and exact counting); the same behaviour against a real store that becomes unavailable is
+in ``tests/backends/test_sqlite_outage.py`` and ``tests/backends/test_redis_waiting_outage.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable, Optional
+
+import pytest
+from lease_lock import BackendUnavailableError, Locker, LockHeldError, LockStateError, MemoryBackend, Retry
+from lease_lock.backends.base import ReleaseWatcher
+from lease_lock.testing import wait_until
+
+from .fakes import EventLog, FakeClock, SilentBackend
+
+
+class FlakyBackend(SilentBackend):
+    """Acquisitions raise ``BackendUnavailableError`` while ``down`` is above zero (each failed
+    call counts it down; ``-1`` means down for ever)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock=clock)
+        self.down = 0
+        self.raised: list[BackendUnavailableError] = []
+
+    def _fail_if_down(self) -> None:
+        if self.down:
+            if self.down > 0:
+                self.down -= 1
+            error = BackendUnavailableError("memory store unreachable (test)", backend="memory")
+            self.raised.append(error)
+            raise error
+
+    def acquire(self, key: str, token: str, ttl: float, owner: str) -> bool:
+        self._fail_if_down()
+        return super().acquire(key, token, ttl, owner)
+
+    def acquire_fenced(self, key: str, token: str, ttl: float, owner: str) -> Optional[int]:
+        self._fail_if_down()
+        return super().acquire_fenced(key, token, ttl, owner)
+
+
+@pytest.fixture
+def flaky(clock: FakeClock) -> FlakyBackend:
+    return FlakyBackend(clock)
+
+
+@pytest.fixture
+def flaky_locker(flaky: FlakyBackend, clock: FakeClock, events: EventLog, sleeps: list[float]) -> Locker:
+    return Locker(flaky, clock=clock, on_event=events, retry=Retry(delay=0.5, timeout=10.0))
+
+
+def test_a_waiting_acquire_rides_out_an_outage(
+    flaky: FlakyBackend, flaky_locker: Locker, events: EventLog, caplog: pytest.LogCaptureFixture
+) -> None:
+    flaky.down = 3
+    with caplog.at_level(logging.WARNING, logger="lease_lock"):
+        lock = flaky_locker.acquire("k")
+    assert lock.state == "held"
+    failed = events.of("attempt_failed")
+    assert [event.attempt for event in failed] == [1, 2, 3]
+    assert all(event.reason == "unavailable" for event in failed)
+    assert [event.error for event in failed] == flaky.raised
+    assert events.of("acquired")[0].attempts == 4
+    # One warning when the outage starts and one when it ends, not one per attempt.
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 2, messages
+    assert "backend unavailable while acquiring 'k'" in messages[0]
+    assert "reachable again" in messages[1]
+    flaky_locker.close()
+
+
+def test_an_outage_past_the_timeout_is_a_timeout_caused_by_the_last_error(
+    flaky: FlakyBackend, flaky_locker: Locker, sleeps: list[float]
+) -> None:
+    flaky.down = -1
+    with pytest.raises(LockHeldError) as caught:
+        flaky_locker.acquire("k", timeout=3.0)
+    assert caught.value.reason == "timeout"
+    assert caught.value.__cause__ is flaky.raised[-1]
+    assert isinstance(caught.value.__cause__, BackendUnavailableError)
+    # Every attempt followed the retry schedule (0.5 s apart, at 0 to 2.5 s); none starts at
+    # the end of the 3 s budget.
+    assert caught.value.attempts == len(flaky.raised) == 6
+    assert sum(sleeps) == pytest.approx(3.0)
+    flaky_locker.close()
+
+
+def test_single_attempts_raise_the_outage_at_once(flaky: FlakyBackend, flaky_locker: Locker) -> None:
+    flaky.down = -1
+    with pytest.raises(BackendUnavailableError):
+        flaky_locker.try_acquire("k")
+    with pytest.raises(BackendUnavailableError):
+        flaky_locker.acquire("k", blocking=False)
+    with pytest.raises(BackendUnavailableError):
+        flaky_locker.lock("k").acquire(blocking=False)
+    assert len(flaky.raised) == 3
+    flaky_locker.close()
+
+
+def test_a_spent_retry_count_raises_the_outage_not_held(flaky: FlakyBackend, flaky_locker: Locker) -> None:
+    flaky.down = -1
+    with pytest.raises(BackendUnavailableError) as caught:
+        flaky_locker.acquire("k", retry=Retry(retries=2))
+    assert caught.value is flaky.raised[-1]
+    assert len(flaky.raised) == 3
+    flaky_locker.close()
+
+
+def test_an_answered_attempt_after_an_outage_is_plain_contention(
+    flaky: FlakyBackend, flaky_locker: Locker, clock: FakeClock
+) -> None:
+    holder = Locker(flaky, clock=clock)
+    holder.acquire("k", ttl=100)
+    flaky.down = 2
+    with pytest.raises(LockHeldError) as caught:
+        flaky_locker.acquire("k", timeout=3.0)
+    assert caught.value.reason == "timeout"
+    # The last attempts were answered ("held"): the outage is over and is not the cause.
+    assert caught.value.__cause__ is None
+    holder.close()
+    flaky_locker.close()
+
+
+def test_a_cancelled_wait_during_an_outage(flaky: FlakyBackend, flaky_locker: Locker) -> None:
+    flaky.down = -1
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(LockHeldError) as caught:
+        flaky_locker.acquire("k", cancel=cancel)
+    assert caught.value.reason == "cancelled"
+    flaky_locker.close()
+
+
+def test_lockset_run_on_a_set_that_is_not_held_does_not_call(locker: Locker) -> None:
+    calls: list[str] = []
+    released = locker.acquire_many(["a", "b"])
+    released.release()
+    with pytest.raises(LockStateError):
+        released.run(calls.append, "released")
+    lost = locker.acquire_many(["c", "d"])
+    locker.force_release("c")
+    assert not lost.locks[0].is_held()
+    with pytest.raises(LockStateError):
+        lost.run(calls.append, "lost")
+    assert calls == []
+    held = locker.acquire_many(["e", "f"])
+    assert held.run(lambda: "ran") == "ran"
+    assert held.state == "released"
+
+
+class WatchlessOnce(MemoryBackend):
+    """A memory backend whose first release subscription fails as a store that is down."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.subscriptions = 0
+
+    def watch_releases(self, callback: Callable[[str], None]) -> ReleaseWatcher:
+        self.subscriptions += 1
+        if self.subscriptions == 1:
+            raise BackendUnavailableError("cannot subscribe (test)", backend="memory")
+        return super().watch_releases(callback)
+
+
+def test_a_failed_subscription_while_waiting_is_retried_not_raised() -> None:
+    backend = WatchlessOnce()
+    with Locker(backend) as holder, Locker(backend, retry=Retry(delay=0.05)) as waiter:
+        held = holder.acquire("k")
+        done = threading.Event()
+        outcome: dict[str, object] = {}
+
+        def wait() -> None:
+            try:
+                outcome["lock"] = waiter.acquire("k", timeout=30)
+            except Exception as error:  # noqa: BLE001 - handed to the test thread
+                outcome["error"] = error
+            done.set()
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        assert wait_until(lambda: backend.subscriptions >= 2, 30)
+        held.release()
+        assert done.wait(30)
+        thread.join(30)
+        assert "error" not in outcome, outcome
+        assert getattr(outcome["lock"], "state", None) == "held"
+        # Nothing stayed registered for the failed subscription.
+        assert waiter._dispatcher._waiters == {}
