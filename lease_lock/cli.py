@@ -5,7 +5,7 @@ the command as a child with the heartbeat keeping the lease alive, and gives the
 the child exits. The child runs in a process group of its own, so that when the lease is lost
 the whole job (a shell script's children included) is stopped, not only its first process.
 
-Exit status (SPEC 12): the child's own; 128+N when the child died of signal N; ``--busy-exit``
+Exit status: the child's own; 128+N when the child died of signal N; ``--busy-exit``
 (75) when the key is busy or ``--wait --timeout`` ran out; ``--lost-exit`` (70) when the lease was
 lost while the child ran; 2 for usage errors; 69 when the backend cannot be reached. Every error
 is one line on stderr, never a traceback.

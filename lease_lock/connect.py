@@ -1,4 +1,4 @@
-"""``lease_lock.connect()``: a :class:`~lease_lock.Locker` from a URL (SPEC 2)."""
+"""``lease_lock.connect()``: a :class:`~lease_lock.Locker` from a URL."""
 
 from __future__ import annotations
 

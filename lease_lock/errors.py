@@ -105,7 +105,13 @@ class LockHeldError(LeaseLockError):
 class LockLostError(LeaseLockError):
     """Our lease on ``key`` ended while we still relied on it.
 
-    ``reason`` is one of the lost reasons of SPEC 5. ``completed`` is ``True`` when the
+    ``reason`` says how the lease ended: ``"expired"`` (the local lease ran out with no
+    extension attempted), ``"extend"`` (the store refused an extension), ``"extend-failed"``
+    (extensions kept failing until the lease ran out), ``"late-extend"`` (an extension came back
+    after the lease had ended), ``"max-hold"`` (the ``max_hold`` deadline), ``"release"``
+    (``release()`` found the key gone or another's), ``"observed"`` (a check found the token no
+    longer holds the key), ``"closed"`` (the locker was closed) or ``"forked"`` (this process
+    is the child of a fork; the parent holds the lock). ``completed`` is ``True`` when the
     protected block (or decorated function) ran to its end before the loss was noticed; then
     ``result`` holds what it returned. The error that caused the loss, if any, is
     ``__cause__``.

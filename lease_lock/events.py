@@ -1,4 +1,4 @@
-"""Lock events (SPEC 10) and the ``lease_lock`` logger.
+"""Lock events and the ``lease_lock`` logger.
 
 Every change in a lock's life is one :class:`LockEvent`, given to the locker's ``on_event`` hook
 and written to the ``lease_lock`` logger. The hook runs on whichever thread saw the change first

@@ -1,4 +1,4 @@
-"""The heartbeat: one daemon thread per Locker that keeps all its leases alive (SPEC 5).
+"""The heartbeat: one daemon thread per Locker that keeps all its leases alive.
 
 Locks are kept in a timer heap, each under a weak reference, so a lock that is garbage-collected
 while held simply stops being extended. Every timer firing either extends the lease (all the

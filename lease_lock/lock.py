@@ -1,7 +1,7 @@
 """The :class:`Lock` object: one lease on one key, its local timing and its loss signal.
 
 A ``Lock`` moves through ``"unlocked" -> "held" -> ("released" | "lost")``. Its local lease
-starts when the acquire or extend request *left* and ends 1% of the TTL early (SPEC 6), so the
+starts when the acquire or extend request *left* and ends 1% of the TTL early, so the
 holder believes it holds the key for a little less than the backend does. Reading ``state``,
 ``lost_reason``, ``held_for``, ``expires_in`` or ``lost`` consults the clock: a lease that ran
 out reads lost at once, whether or not the heartbeat thread has run.
@@ -111,7 +111,8 @@ class LossSignal(threading.Event):
 class GuardedBlock:
     """Leaving a protected block, the same way for a ``with`` statement and a wrapped call.
 
-    Subclasses implement ``_finish``, which applies SPEC 4's outcome order.
+    Subclasses implement ``_finish``, which applies the outcome order: the block's own
+    exception first, then a loss, then a failed release.
     """
 
     def _finish(self, *, block_raised: bool, result: Any) -> None:
@@ -320,7 +321,7 @@ class Lock(GuardedBlock):
         return self._options.extend_interval or self._ttl / 3
 
     def _request_ttl(self, now: float) -> float:
-        """SPEC 5: ask for the TTL, clamped to the time left before the max-hold deadline."""
+        """The TTL to ask for: the lock's TTL, clamped to the time left before the max-hold deadline."""
         return min(self._ttl, self._deadline - now)
 
     # -- acquisition (driven by the Locker) ----------------------------------------------------
@@ -648,12 +649,12 @@ class Lock(GuardedBlock):
         event, the heartbeat stops and the key runs out on its own."""
         try:
             self.release()
-        except Exception as error:  # noqa: BLE001 - SPEC 4: reported as an event, not raised
+        except Exception as error:  # noqa: BLE001 - a failed release here is reported as an event, never raised over the block's own outcome
             self._stop_heartbeat()
             self._emit("release_failed", error=error)
 
     def _finish(self, *, block_raised: bool, result: Any) -> None:
-        """SPEC 4's outcome order on leaving a protected block."""
+        """Leave a protected block: the block's own exception first, then a loss, then a failed release."""
         self._release_on_exit()
         if block_raised:
             return

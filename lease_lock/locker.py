@@ -51,7 +51,7 @@ __all__ = ["Locker"]
 
 _Function = TypeVar("_Function", bound=Callable[..., Any])
 #: The longest a waiter sleeps between looks at a key while release notifications flow: the
-#: holder's remaining lease or this, whichever is shorter (SPEC 7).
+#: holder's remaining lease or this, whichever is shorter.
 NOTIFIED_WAIT_CAP = 1.0
 #: How often a wait re-checks a cancel event.
 _CANCEL_SLICE = 0.05
@@ -326,7 +326,7 @@ class Locker:
         try:
             self._acquire_lock(lock, lock._options, raise_on_contention=True)
         except LockHeldError as error:
-            # None means "another holder has the key" and nothing else (SPEC 3).
+            # None means "another holder has the key" and nothing else: every other failure raises.
             if error.reason != "held":
                 raise
             return None
@@ -468,7 +468,9 @@ class Locker:
         return None
 
     def _attempt(self, lock: Lock, options: LockOptions) -> None:
-        """The retry loop of SPEC 7; returns on a grant, raises ``LockHeldError`` otherwise."""
+        """The retry loop: attempts paced by the retry policy until its timeout.
+
+        Returns on a grant, raises ``LockHeldError`` otherwise."""
         policy = self.retry.merged(options.retry)
         retries = policy.retries if options.blocking else 0
         assert retries is not None and policy.timeout is not None
@@ -535,7 +537,7 @@ class Locker:
                     reason = "late-acquire"
                     self._emit_contended(lock, attempts, received - start, "late")
                 elif granted and cancel is not None and cancel.is_set():
-                    # SPEC 3: a winning attempt in flight when the wait was cancelled goes back.
+                    # A winning attempt still in flight when the wait was cancelled is given back: nobody will use it.
                     lock._give_back()
                     reason = "cancelled"
                     break
@@ -595,7 +597,7 @@ class Locker:
                 # A rate limit must be waited out in full: a release notification cannot end it.
                 notified = self._pause(min(pause, left), wake if rate_limit_pause is None else None, cancel)
                 if not notified and self._clock() - start >= timeout:
-                    # SPEC 7: the last wait is cut to the time left; no attempt starts after it.
+                    # The last wait is cut to the time left, and no attempt starts after the timeout.
                     reason = "timeout"
                     break
         finally:

@@ -1,4 +1,4 @@
-"""Validated per-lock options (the ``**opts`` of SPEC 3).
+"""Validated per-lock options (the ``**opts`` of ``Locker.lock``, ``acquire`` and ``try_acquire``).
 
 Options are checked once, when a lock is created or a decorator is applied, so that a bad
 option raises :class:`~lease_lock.errors.ValidationError` before anything reaches the backend.
@@ -86,7 +86,7 @@ class LockOptions:
 
 
 def check_extend_interval(interval: Optional[float], ttl: float) -> None:
-    """SPEC 3: an explicit heartbeat interval may not exceed half the lease."""
+    """An explicit heartbeat interval may not exceed half the lease: two chances to extend per TTL."""
     if interval is not None and interval > ttl / 2:
         raise ValidationError(
             f"extend_interval ({interval:g}s) must be at most half the ttl ({ttl:g}s) so that a "

@@ -1,4 +1,4 @@
-"""Retry policy for acquisitions (SPEC 7).
+"""Retry policy for acquisitions.
 
 A :class:`Retry` says how many attempts an acquisition may make after its first, how long to
 wait between them and how long the whole acquisition may take. Unset fields (``None``) inherit,

@@ -46,7 +46,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 
 
 
 class BackendContract:
-    """Every behaviour a backend must have (SPEC 11). Subclasses supply ``backend``."""
+    """Every behaviour a lock backend must have, as tests. Subclasses supply ``backend``."""
 
     #: Extra seconds a backend may need beyond a lease's end before the key is free again
     #: (the HTTP service keeps a lapsed lease one more second).

@@ -51,7 +51,7 @@ def _type_name(value: object) -> str:
 
 
 def check_key(key: object, name: str = "key") -> str:
-    """Return ``key`` if it is a usable lock key (SPEC 1), else raise ``ValidationError``."""
+    """Return ``key`` if it is a usable lock key, else raise ``ValidationError``."""
     if not isinstance(key, str):
         raise ValidationError(f"{name} must be a str, not {_type_name(key)}")
     if not key:

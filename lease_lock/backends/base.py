@@ -64,7 +64,7 @@ class Capabilities:
     """What a backend can do beyond the required primitives.
 
     - ``server_clock``: expiry is judged on a server's clock (not this process's).
-    - ``fencing``: ``acquire_fenced`` returns fences (SPEC 8).
+    - ``fencing``: ``acquire_fenced`` returns fences: integers that grow with every grant of a key.
     - ``release_notify``: ``watch_releases`` delivers release notifications.
     - ``replica_wait``: writes can wait for replicas (Redis ``wait_for_replicas``).
     - ``scan``: ``scan(prefix)`` lists held keys.
@@ -208,7 +208,8 @@ class Backend(abc.ABC):
     # -- validation hooks ----------------------------------------------------------------------
 
     def check_key(self, key: str) -> None:
-        """Raise ``ValidationError`` if ``key`` breaks a rule stricter than SPEC 1."""
+        """Raise ``ValidationError`` if ``key`` breaks a rule of this backend stricter than the general key rules
+        (non-empty ``str``, at most 1024 UTF-8 bytes, no NUL)."""
 
     def check_token(self, token: str) -> None:
         """Raise ``ValidationError`` if ``token`` is not a form this backend accepts."""
