@@ -74,7 +74,12 @@ class ThreadedServer:
         # thread (through its trigger), ends it without racing its select().
         # Workers go first: one finishing a request pulls the trigger, which must still be open.
         self.server.task_dispatcher.shutdown()
-        self.server.trigger.pull_trigger(self._close_channels)
+        try:
+            self.server.trigger.pull_trigger(self._close_channels)
+        except OSError:
+            # The trigger's descriptor is already closed, so the loop has ended on its own (its
+            # map emptied): what is left to close can be closed from here without a race.
+            self._close_channels()
         self._thread.join(10)
 
     def _close_channels(self) -> None:
