@@ -48,5 +48,5 @@ def connect(url: Optional[str] = None, **options: Any) -> Locker:
     except BaseException:
         backend.close()
         raise
-    locker._owns_backend = True
+    locker.owns_backend = True
     return locker
