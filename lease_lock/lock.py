@@ -139,6 +139,8 @@ class GuardedBlock:
     exception first, then a loss, then a failed release.
     """
 
+    __slots__ = ()
+
     def _finish(self, *, block_raised: bool, result: Any) -> None:
         raise NotImplementedError
 
@@ -173,6 +175,38 @@ class Lock(GuardedBlock):
     Attributes: ``key`` (prefix included), ``token``, ``ttl`` (latest), ``fence`` (``int`` or
     ``None``), ``state``, ``lost_reason``, ``held_for``, ``expires_in``, ``lost``.
     """
+
+    __slots__ = (
+        "__weakref__",
+        "_acquired_at",
+        "_busy_acquiring",
+        "_clamped",
+        "_deadline",
+        "_ended_at",
+        "_extend_error",
+        "_given_back",
+        "_host",
+        "_in_flight",
+        "_joined",
+        "_lease_end",
+        "_let_go",
+        "_locker",
+        "_loss_listeners",
+        "_lost_cause",
+        "_lost_reason",
+        "_lost_signal",
+        "_mutex",
+        "_next_beat",
+        "_options",
+        "_outer",
+        "_releasing",
+        "_state",
+        "_timer",
+        "_ttl",
+        "fence",
+        "key",
+        "token",
+    )
 
     def __init__(
         self, host: LockHost, key: str, ttl: float, options: LockOptions, token: str, owner: object = None
@@ -568,7 +602,11 @@ class Lock(GuardedBlock):
         """
         if self._outer is not None:
             return self._outer._release_hold(self)
-        self._refresh()
+        # One clock reading serves the lapse check and, when the key is deleted, the end of the
+        # hold (the moment the release request left).
+        now = self._host.clock()
+        if self._state == "held" and now >= self._lease_end:
+            self._mark_lost(None, lapsed=True)
         with self._mutex:
             state = self._state
             if state == "unlocked":
@@ -586,12 +624,12 @@ class Lock(GuardedBlock):
                 return False
             self._releasing = True
         try:
-            return self._release(state)
+            return self._release(state, now)
         finally:
             with self._mutex:
                 self._releasing = False
 
-    def _release(self, state: str) -> bool:
+    def _release(self, state: str, now: float) -> bool:
         backend = self._host.backend
         if state == "lost":
             backend.release(self.key, self.token)
@@ -609,7 +647,7 @@ class Lock(GuardedBlock):
                 # already, but the key we deleted was ours.
                 return True
             self._state = "released"
-            self._ended_at = self._host.clock()
+            self._ended_at = now
             self._cancel_timer()
         self._host.forget(self)
         self._emit("released")
