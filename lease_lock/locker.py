@@ -26,7 +26,7 @@ from .heartbeat import Heartbeat
 from .leadership import Leadership
 from .lock import Lock, run_guarded
 from .lockset import LockSet
-from .options import LOCK_OPTIONS, LockOptions, check_extend_interval
+from .options import LOCK_OPTIONS, LockOptions, check_extend_interval, lock_options
 from .retry import DEFAULT_RETRY, Retry
 from .validation import (
     check_bool,
@@ -277,7 +277,7 @@ class Locker:
 
     def lock(self, key: str, ttl: Optional[float] = None, **opts: Any) -> Lock:
         """An unacquired :class:`Lock` on ``key``; ``with`` acquires and releases it."""
-        return self._make_lock(key, ttl, LockOptions.from_kwargs(opts) if opts else _DEFAULT_OPTIONS)
+        return self._make_lock(key, ttl, lock_options(opts) if opts else _DEFAULT_OPTIONS)
 
     def _make_lock(self, key: str, ttl: Optional[float], options: LockOptions) -> Lock:
         self._check_open()
