@@ -1,8 +1,12 @@
-"""The :class:`Locker`: configuration, acquisition with retry and waiting, and lifecycle.
+"""The :class:`Locker`: configuration, building locks, and lifecycle.
 
-A Locker owns everything a backend does not: validation, retry and timeouts, the clock, the
-heartbeat thread, release notifications, events and logging. Backends only answer atomic
-primitives (see :mod:`lease_lock.backends.base`).
+A Locker validates its settings and each call's key and options, makes tokens and
+:class:`~lease_lock.Lock` objects, and hands them to its :class:`~lease_lock.acquisition.Acquisition`,
+which asks the backend (retry, waiting, timeouts, outages) and serves each lock its clock,
+heartbeat and events. A ``ttl`` goes from :meth:`Locker.acquire` into the ``Lock``, to the
+acquisition's request to the backend, and from the grant (judged by
+:func:`lease_lock.lease.local_end`) to the lock's heartbeat timer (:mod:`lease_lock.heartbeat`).
+Backends only answer atomic primitives (see :mod:`lease_lock.backends.base`).
 """
 
 from __future__ import annotations
