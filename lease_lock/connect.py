@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from .backends import backend_from_url
 from .errors import ValidationError
-from .locker import Locker
+
+if TYPE_CHECKING:
+    from .locker import Locker
 
 __all__ = ["LOCKER_OPTIONS", "connect", "default_url"]
 
@@ -36,6 +37,11 @@ def connect(url: Optional[str] = None, **options: Any) -> Locker:
     ``ValidationError``. With no ``url``: ``LEASE_LOCK_URL``, else the embedded SQLite default.
     The locker owns the backend it built: ``locker.close()`` closes it.
     """
+    # Imported here, not at the top: ``import lease_lock`` loads this module, and a program
+    # pays for the core and the backend registry only once it connects.
+    from .backends import backend_from_url
+    from .locker import Locker
+
     if url is not None and not isinstance(url, str):
         raise ValidationError(f"url must be a str, not {type(url).__name__}")
     locker_options = {name: options.pop(name) for name in list(options) if name in LOCKER_OPTIONS}
@@ -48,5 +54,5 @@ def connect(url: Optional[str] = None, **options: Any) -> Locker:
     except BaseException:
         backend.close()
         raise
-    locker._owns_backend = True
+    locker.owns_backend = True
     return locker

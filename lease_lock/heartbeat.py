@@ -17,15 +17,12 @@ import itertools
 import math
 import threading
 import weakref
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional, Protocol
 
 from .backends.base import Backend, ExtendRequest
 from .events import logger
 
-if TYPE_CHECKING:
-    from .lock import Lock
-
-__all__ = ["OVERRUN_WARNING", "Heartbeat", "Timer"]
+__all__ = ["OVERRUN_WARNING", "Beating", "Heartbeat", "Timer"]
 
 #: A beat that runs this many seconds after it was due is logged as a warning: the thread or the
 #: backend is too slow for the number of locks held.
@@ -36,12 +33,31 @@ _WAIT_SLICE = 1.0
 _COMPACT_AFTER = 256
 
 
+class Beating(Protocol):
+    """What the heartbeat drives: a lock's key and token, and the four steps of a beat."""
+
+    key: str
+    token: str
+
+    def heartbeat_due(self, now: float, timer: Timer) -> Optional[float]:
+        """The timer fired at ``now``: the TTL to ask for, or ``None`` when no extension is due."""
+
+    def heartbeat_sending(self, requested: float, sent: float) -> Optional[float]:
+        """The extension leaves at ``sent``: the TTL to send, or ``None`` when none is left."""
+
+    def heartbeat_answered(self, sent: float, received: float, requested: float, granted: bool) -> bool:
+        """The store answered; ``True`` when the lease is still held."""
+
+    def heartbeat_failed(self, error: BaseException) -> None:
+        """The extension raised ``error``."""
+
+
 class Timer:
     """One lock's pending heartbeat work, ordered by due time; cancelled in place."""
 
     __slots__ = ("cancelled", "lock", "sequence", "when")
 
-    def __init__(self, when: float, sequence: int, lock: weakref.ref[Lock]) -> None:
+    def __init__(self, when: float, sequence: int, lock: weakref.ref[Beating]) -> None:
         self.when = when
         self.sequence = sequence
         self.lock = lock
@@ -77,7 +93,7 @@ class Heartbeat:
         """The running thread, or ``None`` before the first lock is scheduled."""
         return self._thread
 
-    def schedule(self, lock: Lock, when: float) -> Timer:
+    def schedule(self, lock: Beating, when: float) -> Timer:
         """Fire ``lock``'s timer at clock time ``when``; returns the timer, for :meth:`cancel`."""
         timer = Timer(when, next(self._sequence), weakref.ref(lock))
         with self._mutex:
@@ -120,7 +136,7 @@ class Heartbeat:
 
     def run_due(self) -> int:
         """Do every piece of work due at the clock's current reading; returns timers fired."""
-        due: list[tuple[Lock, Timer]] = []
+        due: list[tuple[Beating, Timer]] = []
         now = self._clock()
         with self._condition:
             self._drop_cancelled_top()
@@ -137,44 +153,46 @@ class Heartbeat:
                             now - timer.when, lock.key,
                         )
                 self._drop_cancelled_top()
-        plans: list[tuple[Lock, float]] = []
+        plans: list[tuple[Beating, float]] = []
         for lock, timer in due:
-            requested = lock._beat_due(now, timer)
+            requested = lock.heartbeat_due(now, timer)
             if requested is not None:
                 plans.append((lock, requested))
         if plans:
             self._extend(plans)
         return len(due)
 
-    def _extend(self, plans: list[tuple[Lock, float]]) -> None:
+    def _extend(self, plans: list[tuple[Beating, float]]) -> None:
         if len(plans) > 1 and self._backend.capabilities.batch_extend:
             sent = self._clock()
-            plans = [(lock, clamped) for lock, requested in plans if (clamped := lock._sending(requested, sent))]
+            plans = [
+                (lock, clamped) for lock, requested in plans if (clamped := lock.heartbeat_sending(requested, sent))
+            ]
             try:
                 answers = self._backend.extend_many(
                     [ExtendRequest(lock.key, lock.token, requested) for lock, requested in plans]
                 )
             except Exception as error:  # noqa: BLE001 - a driver error is a failed extension
                 for lock, _ in plans:
-                    lock._extension_failed(error)
+                    lock.heartbeat_failed(error)
                 return
             # Every answer arrived with the batch: judge lateness by that moment, not by when the
             # loop below gets to each lock (thousands of answers take a while to apply).
             received = self._clock()
             for (lock, requested), granted in zip(plans, answers):
-                lock._extension_answered(sent, received, requested, granted)
+                lock.heartbeat_answered(sent, received, requested, granted)
             return
         for lock, planned in plans:
             sent = self._clock()
-            clamped = lock._sending(planned, sent)
+            clamped = lock.heartbeat_sending(planned, sent)
             if clamped is None:
                 continue
             try:
                 granted = self._backend.extend(lock.key, lock.token, clamped)
             except Exception as error:  # noqa: BLE001 - a driver error is a failed extension
-                lock._extension_failed(error)
+                lock.heartbeat_failed(error)
                 continue
-            lock._extension_answered(sent, self._clock(), clamped, granted)
+            lock.heartbeat_answered(sent, self._clock(), clamped, granted)
 
     def _run(self) -> None:
         while True:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 from .errors import LockStateError, ValidationError
 from .events import logger
@@ -26,9 +26,8 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from .lock import Lock
-    from .locker import Locker
 
-__all__ = ["Leadership"]
+__all__ = ["Campaigner", "Leadership"]
 
 #: A campaign waits for ever: only resign() or close() ends it.
 _FOR_EVER = Retry(retries=math.inf, timeout=math.inf)
@@ -39,6 +38,17 @@ _LOSS_SLICE = 0.05
 #: longest, in seconds; each failure doubles the pause.
 _FIRST_BACKOFF = 0.1
 _MAX_BACKOFF = 2.0
+
+
+class Campaigner(Protocol):
+    """What a candidate needs from its Locker: new locks on the key, and whether it closed."""
+
+    @property
+    def closed(self) -> bool:
+        """``True`` once the Locker is closed: the campaign ends."""
+
+    def lock(self, key: str, ttl: Optional[float] = None, **opts: Any) -> Lock:
+        """An unacquired lock on ``key``."""
 
 
 class Leadership:
@@ -58,7 +68,7 @@ class Leadership:
 
     def __init__(
         self,
-        locker: Locker,
+        locker: Campaigner,
         key: str,
         *,
         on_elected: Optional[Callable[[Lock], object]] = None,

@@ -15,23 +15,20 @@ import math
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, TypeVar
 
+from .backends.base import Backend
 from .errors import LockLostError, LockStateError
-from .events import LockEvent, emit, logger, wanted
+from .events import EventHook, LockEvent, emit, logger, wanted
+from .heartbeat import Heartbeat, Timer
+from .lease import give_back, local_end
 from .options import LockOptions, check_extend_interval
 from .validation import check_ttl, describe_token
 
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from .heartbeat import Timer
-    from .locker import Locker
-
-__all__ = ["LEASE_MARGIN", "GuardedBlock", "Lock", "LossSignal", "wait_for_loss"]
-
-#: The local lease ends this fraction of the TTL early, to absorb clock rate differences.
-LEASE_MARGIN = 0.01
+__all__ = ["GuardedBlock", "Lock", "LockHost", "LossSignal", "run_guarded", "wait_for_loss"]
 #: The longest real-time wait before the clock is read again (waits are sliced so that an
 #: injected or pause-adjusted clock is honoured).
 WAIT_SLICE = 1.0
@@ -64,6 +61,33 @@ def wait_for_loss(
             step = min(step, left)
         wait_flag(max(step, 0.001))
     return True
+
+
+class LockHost(Protocol):
+    """What a :class:`Lock` is served by (its Locker's acquisition): the store, the lease clock,
+    the heartbeat, the event hook, and acquiring and forgetting locks."""
+
+    @property
+    def backend(self) -> Backend:
+        """The store the lease lives in."""
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The lease clock (seconds)."""
+
+    @property
+    def heartbeat(self) -> Heartbeat:
+        """The heartbeat that extends the lease."""
+
+    @property
+    def on_event(self) -> Optional[EventHook]:
+        """The hook every event goes to, if any."""
+
+    def acquire(self, lock: Lock, options: LockOptions, *, raise_on_contention: bool) -> bool:
+        """Acquire ``lock``; on contention ``False`` or ``LockHeldError``."""
+
+    def forget(self, lock: Lock) -> None:
+        """``lock`` was released."""
 
 
 class LossSignal(threading.Event):
@@ -115,6 +139,8 @@ class GuardedBlock:
     exception first, then a loss, then a failed release.
     """
 
+    __slots__ = ()
+
     def _finish(self, *, block_raised: bool, result: Any) -> None:
         raise NotImplementedError
 
@@ -137,6 +163,12 @@ class GuardedBlock:
         return result
 
 
+def run_guarded(block: GuardedBlock, function: Callable[..., _Result], *args: Any, **kwargs: Any) -> _Result:
+    """Run ``function`` under the already held ``block`` and leave it with the ``with`` outcome
+    order (a loss after a completed call carries the call's result)."""
+    return block._run(function, *args, **kwargs)
+
+
 class Lock(GuardedBlock):
     """A lease on one key. Created unacquired by ``Locker.lock()``; ``with`` acquires it.
 
@@ -144,8 +176,45 @@ class Lock(GuardedBlock):
     ``None``), ``state``, ``lost_reason``, ``held_for``, ``expires_in``, ``lost``.
     """
 
-    def __init__(self, locker: Locker, key: str, ttl: float, options: LockOptions, token: str) -> None:
-        self._locker = locker
+    __slots__ = (
+        "__weakref__",
+        "_acquired_at",
+        "_busy_acquiring",
+        "_clamped",
+        "_deadline",
+        "_ended_at",
+        "_extend_error",
+        "_given_back",
+        "_host",
+        "_in_flight",
+        "_joined",
+        "_lease_end",
+        "_let_go",
+        "_locker",
+        "_loss_listeners",
+        "_lost_cause",
+        "_lost_reason",
+        "_lost_signal",
+        "_mutex",
+        "_next_beat",
+        "_options",
+        "_outer",
+        "_releasing",
+        "_state",
+        "_timer",
+        "_ttl",
+        "fence",
+        "key",
+        "token",
+    )
+
+    def __init__(
+        self, host: LockHost, key: str, ttl: float, options: LockOptions, token: str, owner: object = None
+    ) -> None:
+        self._host = host
+        # The Locker that made this lock: kept alive while the lock lives, so that dropping the
+        # Locker while holding one of its locks does not stop their heartbeat.
+        self._locker = owner
         self.key = key
         self.token = token
         self._ttl = ttl
@@ -197,6 +266,24 @@ class Lock(GuardedBlock):
         return signal
 
     @property
+    def options(self) -> LockOptions:
+        """The options this lock was made with."""
+        return self._options
+
+    @property
+    def lost_cause(self) -> Optional[BaseException]:
+        """The error behind a loss (a failed extension's), or ``None``."""
+        if self._outer is not None:
+            return self._outer.lost_cause
+        return self._lost_cause
+
+    def on_loss(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` (on the thread that finds the loss, outside the lock's mutex) when
+        the lease is lost; a :class:`~lease_lock.LockSet` listens to its members this way."""
+        with self._mutex:
+            self._loss_listeners.append(listener)
+
+    @property
     def ttl(self) -> float:
         """The latest TTL asked for, in seconds."""
         return self._ttl if self._outer is None else self._outer.ttl
@@ -225,7 +312,7 @@ class Lock(GuardedBlock):
         self._refresh()
         if self._acquired_at is None:
             return 0.0
-        end = self._ended_at if self._ended_at is not None else self._locker._clock()
+        end = self._ended_at if self._ended_at is not None else self._host.clock()
         return max(0.0, end - self._acquired_at)
 
     @property
@@ -236,7 +323,7 @@ class Lock(GuardedBlock):
         self._refresh()
         if self._state != "held":
             return 0.0
-        return max(0.0, self._lease_end - self._locker._clock())
+        return max(0.0, self._lease_end - self._host.clock())
 
     @property
     def holds(self) -> int:
@@ -257,7 +344,7 @@ class Lock(GuardedBlock):
     def _time_to_lapse(self) -> float:
         if self._state != "held":
             return math.inf
-        return max(0.0, self._lease_end - self._locker._clock())
+        return max(0.0, self._lease_end - self._host.clock())
 
     def _lapse_reason(self) -> tuple[str, Optional[BaseException]]:
         if self._in_flight:
@@ -270,7 +357,7 @@ class Lock(GuardedBlock):
 
     def _refresh(self) -> None:
         """Mark the lock lost if its local lease has run out."""
-        if self._state == "held" and self._locker._clock() >= self._lease_end:
+        if self._state == "held" and self._host.clock() >= self._lease_end:
             # Decided again under the mutex: an extension answered in between moved the end.
             self._mark_lost(None, lapsed=True)
 
@@ -289,7 +376,7 @@ class Lock(GuardedBlock):
             if self._state != "held":
                 return False
             if lapsed:
-                if self._locker._clock() < self._lease_end:
+                if self._host.clock() < self._lease_end:
                     return False
                 reason, cause = self._lapse_reason()
                 at = self._lease_end
@@ -297,7 +384,7 @@ class Lock(GuardedBlock):
             self._state = "lost"
             self._lost_reason = reason
             self._lost_cause = cause
-            self._ended_at = at if at is not None else self._locker._clock()
+            self._ended_at = at if at is not None else self._host.clock()
             self._cancel_timer()
             signal = self._lost_signal
             listeners = list(self._loss_listeners)
@@ -310,7 +397,7 @@ class Lock(GuardedBlock):
         return True
 
     def _emit(self, event_type: str, **fields: Any) -> None:
-        hook = self._locker._on_event
+        hook = self._host.on_event
         if wanted(hook, event_type):
             if event_type in _EVENTS_WITH_HELD_FOR:
                 # Read only for events someone receives: it costs a clock reading.
@@ -326,7 +413,9 @@ class Lock(GuardedBlock):
 
     # -- acquisition (driven by the Locker) ----------------------------------------------------
 
-    def _start_acquiring(self) -> None:
+    def start_acquiring(self) -> None:
+        """Library side (the acquisition calls it): mark the lock as being acquired, refusing a
+        lock that was held once or that another thread is acquiring."""
         with self._mutex:
             if self._state != "unlocked":
                 raise LockStateError(f"lock {self.key!r} was already acquired once ({self._state}); create a new lock")
@@ -336,8 +425,8 @@ class Lock(GuardedBlock):
                 raise LockStateError(f"lock {self.key!r} was already acquired once (re-entrant); create a new lock")
             self._busy_acquiring = True
 
-    def _join(self, outer: Lock) -> bool:
-        """Share ``outer``'s lease as one more hold (a re-entrant acquire, while acquiring);
+    def join_hold(self, outer: Lock) -> bool:
+        """Library side: share ``outer``'s lease as one more hold (a re-entrant acquire);
         ``False`` when ``outer`` stopped being held meanwhile."""
         outer._refresh()
         with outer._mutex:
@@ -368,18 +457,23 @@ class Lock(GuardedBlock):
                 self._joined += 1
             raise
 
-    def _stop_acquiring(self) -> None:
+    def stop_acquiring(self) -> None:
+        """Library side: the acquisition this lock was in has ended, granted or not."""
         with self._mutex:
             self._busy_acquiring = False
 
-    def _grant(self, sent: float, requested: float, fence: Optional[int], max_hold: Optional[float]) -> None:
-        """Record a grant whose request left at ``sent`` (the Locker checked it was not late)."""
+    def hold_granted(
+        self, sent: float, end: float, requested: float, fence: Optional[int], max_hold: Optional[float]
+    ) -> None:
+        """Library side (the acquisition calls it): record a grant of ``requested`` seconds whose
+        request left at ``sent`` and whose local lease ends at ``end`` (see
+        :func:`lease_lock.lease.local_end`)."""
         with self._mutex:
             self._state = "held"
             self._busy_acquiring = False
             self._acquired_at = sent
             self._deadline = sent + max_hold if max_hold is not None else math.inf
-            self._lease_end = sent + requested * (1 - LEASE_MARGIN)
+            self._lease_end = end
             self._clamped = requested < self._ttl
             self.fence = fence
             # A grant clamped to the deadline already ends there: an extension could only ask
@@ -394,17 +488,17 @@ class Lock(GuardedBlock):
             if self._state != "held":
                 return
             self._cancel_timer()
-            self._timer = self._locker._heartbeat.schedule(self, min(self._next_beat, self._lease_end))
+            self._timer = self._host.heartbeat.schedule(self, min(self._next_beat, self._lease_end))
 
     def _cancel_timer(self) -> None:
         timer, self._timer = self._timer, None
         if timer is not None:
-            self._locker._heartbeat.cancel(timer)
+            self._host.heartbeat.cancel(timer)
 
     # -- heartbeat side ------------------------------------------------------------------------
 
-    def _beat_due(self, now: float, timer: Timer) -> Optional[float]:
-        """Called by the heartbeat when this lock's timer fires; returns the TTL to ask for,
+    def heartbeat_due(self, now: float, timer: Timer) -> Optional[float]:
+        """Library side (the heartbeat calls it when this lock's timer fires): the TTL to ask for,
         or ``None`` when no extension is due (the lock lapsed, or the timer was only a check)."""
         with self._mutex:
             if timer is not self._timer or self._state != "held":
@@ -425,8 +519,8 @@ class Lock(GuardedBlock):
         self._mark_lost("max-hold")
         return None
 
-    def _sending(self, requested: float, sent: float) -> Optional[float]:
-        """Clamp a planned extension to the max-hold deadline as the request leaves at ``sent``.
+    def heartbeat_sending(self, requested: float, sent: float) -> Optional[float]:
+        """Library side: clamp a planned extension to the max-hold deadline as it leaves at ``sent``.
 
         Returns ``None`` (the lock then reads lost, ``"max-hold"``) when no time is left. Planned
         requests can wait behind others, so the clamp is applied at sending, not at planning.
@@ -439,21 +533,21 @@ class Lock(GuardedBlock):
         self._mark_lost("max-hold")
         return None
 
-    def _extension_answered(self, sent: float, received: float, requested: float, granted: bool) -> bool:
-        """Apply an extension's answer (request left at ``sent``, answer came at ``received``);
+    def heartbeat_answered(self, sent: float, received: float, requested: float, granted: bool) -> bool:
+        """Library side: apply an extension's answer (request left at ``sent``, answer at ``received``);
         returns ``True`` if the lock is still held after it."""
         with self._mutex:
             self._in_flight -= 1
             if self._state != "held":
                 # Lapsed (or closed) while the request was in flight: a grant came too late.
                 outcome = "late" if granted else "ended"
-            elif received >= self._lease_end or received >= sent + requested * (1 - LEASE_MARGIN):
+            elif received >= self._lease_end or (end := local_end(sent, requested, received)) is None:
                 outcome = "late"
             elif not granted:
                 outcome = "not-ours"
             else:
                 outcome = "extended"
-                self._lease_end = sent + requested * (1 - LEASE_MARGIN)
+                self._lease_end = end
                 self._clamped = requested < self._ttl
                 self._extend_error = None
                 # A clamped lease already ends at the deadline: extending again cannot help.
@@ -466,29 +560,23 @@ class Lock(GuardedBlock):
         if outcome == "late":
             self._mark_lost("late-extend")
             if granted:
-                self._give_back()
+                give_back(self._host.backend, self.key, self.token)
         elif outcome == "not-ours":
             self._mark_lost("extend")
         return False
 
-    def _extension_failed(self, error: BaseException) -> None:
-        """An extension raised: keep the lock (its confirmed lease still runs) and retry soon."""
+    def heartbeat_failed(self, error: BaseException) -> None:
+        """Library side: an extension raised; keep the lock (its confirmed lease still runs) and
+        retry soon."""
         with self._mutex:
             self._in_flight -= 1
             if self._state != "held":
                 return
             self._extend_error = error
             if self._options.auto_extend and self._next_beat != math.inf:
-                self._next_beat = self._locker._clock() + self._interval() / 3
+                self._next_beat = self._host.clock() + self._interval() / 3
         self._emit("extend_failed", error=error)
         self._schedule()
-
-    def _give_back(self) -> None:
-        """Return a lease we can no longer rely on (a late answer); best effort."""
-        try:
-            self._locker._backend.release(self.key, self.token)
-        except Exception:  # noqa: BLE001 - the lease runs out on its own; nothing to report to
-            logger.debug("giving back late lease of %r failed", self.key, exc_info=True)
 
     # -- public API ----------------------------------------------------------------------------
 
@@ -500,7 +588,7 @@ class Lock(GuardedBlock):
         acquired again (``LockStateError``).
         """
         options = self._options.with_attempt_budget(blocking, timeout)
-        return self._locker._acquire_lock(self, options, raise_on_contention=False)
+        return self._host.acquire(self, options, raise_on_contention=False)
 
     def release(self) -> bool:
         """Give the key back. ``True`` when it deleted our key.
@@ -514,7 +602,11 @@ class Lock(GuardedBlock):
         """
         if self._outer is not None:
             return self._outer._release_hold(self)
-        self._refresh()
+        # One clock reading serves the lapse check and, when the key is deleted, the end of the
+        # hold (the moment the release request left).
+        now = self._host.clock()
+        if self._state == "held" and now >= self._lease_end:
+            self._mark_lost(None, lapsed=True)
         with self._mutex:
             state = self._state
             if state == "unlocked":
@@ -532,13 +624,13 @@ class Lock(GuardedBlock):
                 return False
             self._releasing = True
         try:
-            return self._release(state)
+            return self._release(state, now)
         finally:
             with self._mutex:
                 self._releasing = False
 
-    def _release(self, state: str) -> bool:
-        backend = self._locker._backend
+    def _release(self, state: str, now: float) -> bool:
+        backend = self._host.backend
         if state == "lost":
             backend.release(self.key, self.token)
             self._given_back = True
@@ -555,9 +647,9 @@ class Lock(GuardedBlock):
                 # already, but the key we deleted was ours.
                 return True
             self._state = "released"
-            self._ended_at = self._locker._clock()
+            self._ended_at = now
             self._cancel_timer()
-        self._locker._forget(self)
+        self._host.forget(self)
         self._emit("released")
         return True
 
@@ -577,23 +669,23 @@ class Lock(GuardedBlock):
         self.check()
         with self._mutex:
             self._ttl = new_ttl
-            requested = self._request_ttl(self._locker._clock())
+            requested = self._request_ttl(self._host.clock())
             if requested > 0:
                 self._in_flight += 1
         if requested <= 0:
             self._mark_lost("max-hold")
             raise LockLostError(self.key, "max-hold")
-        sent = self._locker._clock()
-        clamped = self._sending(requested, sent)
+        sent = self._host.clock()
+        clamped = self.heartbeat_sending(requested, sent)
         if clamped is None:
             raise LockLostError(self.key, "max-hold")
         requested = clamped
         try:
-            granted = self._locker._backend.extend(self.key, self.token, requested)
+            granted = self._host.backend.extend(self.key, self.token, requested)
         except Exception as error:
-            self._extension_failed(error)
+            self.heartbeat_failed(error)
             raise
-        if not self._extension_answered(sent, self._locker._clock(), requested, granted):
+        if not self.heartbeat_answered(sent, self._host.clock(), requested, granted):
             raise LockLostError(self.key, self._lost_reason or "extend") from self._lost_cause
 
     def is_held(self) -> bool:
@@ -606,7 +698,7 @@ class Lock(GuardedBlock):
         self._refresh()
         if self._state != "held":
             return False
-        if self._locker._backend.is_held(self.key, self.token):
+        if self._host.backend.is_held(self.key, self.token):
             self._refresh()
             return self._state == "held"
         self._mark_lost("observed")
@@ -639,13 +731,14 @@ class Lock(GuardedBlock):
     def __enter__(self) -> Lock:
         state = self.state
         if state == "unlocked":
-            self._locker._acquire_lock(self, self._options, raise_on_contention=True)
+            self._host.acquire(self, self._options, raise_on_contention=True)
         elif state != "held":
             raise LockStateError(f"cannot enter lock {self.key!r}: it is {state}")
         return self
 
-    def _release_on_exit(self) -> None:
-        """Release when leaving a protected block; a driver error becomes a ``release_failed``
+    def release_on_exit(self) -> None:
+        """Release when leaving a protected block (or giving up a half-acquired set); a driver
+        error becomes a ``release_failed``
         event, the heartbeat stops and the key runs out on its own."""
         try:
             self.release()
@@ -655,7 +748,7 @@ class Lock(GuardedBlock):
 
     def _finish(self, *, block_raised: bool, result: Any) -> None:
         """Leave a protected block: the block's own exception first, then a loss, then a failed release."""
-        self._release_on_exit()
+        self.release_on_exit()
         if block_raised:
             return
         # A release that found the key not ours marked the lock lost; a lock the block released
@@ -674,8 +767,9 @@ class Lock(GuardedBlock):
 
     # -- lifecycle hooks -----------------------------------------------------------------------
 
-    def _forked(self) -> None:
-        """In a forked child: this copy must never extend or release the parent's lease."""
+    def after_fork(self) -> None:
+        """Library side (the Locker calls it in a forked child): this copy must never extend or
+        release the parent's lease."""
         self._mutex = threading.RLock()
         # The timer sits in the parent's heap, which the child's heartbeat has dropped. Cancelling
         # it would take the parent's heartbeat lock, which a parent thread may have held at the
@@ -684,15 +778,15 @@ class Lock(GuardedBlock):
         if self._state == "held":
             self._mark_lost("forked", notify=False)
 
-    def _close(self) -> None:
-        """The locker is closing: give the key back and read lost (``"closed"``)."""
+    def locker_closed(self) -> None:
+        """Library side: the Locker is closing; give the key back and read lost (``"closed"``)."""
         self._refresh()
         with self._mutex:
             if self._state != "held" or self._releasing:
                 return
             self._releasing = True
         try:
-            self._locker._backend.release(self.key, self.token)
+            self._host.backend.release(self.key, self.token)
         except Exception:  # noqa: BLE001 - closing must reach every lock; the lease runs out
             logger.warning("releasing %r while closing failed", self.key, exc_info=True)
         self._given_back = True

@@ -1,8 +1,12 @@
-"""The :class:`Locker`: configuration, acquisition with retry and waiting, and lifecycle.
+"""The :class:`Locker`: configuration, building locks, and lifecycle.
 
-A Locker owns everything a backend does not: validation, retry and timeouts, the clock, the
-heartbeat thread, release notifications, events and logging. Backends only answer atomic
-primitives (see :mod:`lease_lock.backends.base`).
+A Locker validates its settings and each call's key and options, makes tokens and
+:class:`~lease_lock.Lock` objects, and hands them to its :class:`~lease_lock.acquisition.Acquisition`,
+which asks the backend (retry, waiting, timeouts, outages) and serves each lock its clock,
+heartbeat and events. A ``ttl`` goes from :meth:`Locker.acquire` into the ``Lock``, to the
+acquisition's request to the backend, and from the grant (judged by
+:func:`lease_lock.lease.local_end`) to the lock's heartbeat timer (:mod:`lease_lock.heartbeat`).
+Backends only answer atomic primitives (see :mod:`lease_lock.backends.base`).
 """
 
 from __future__ import annotations
@@ -11,32 +15,23 @@ import functools
 import math
 import os
 import socket
-import threading
-import time
 import warnings
 import weakref
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVar, Union, cast
 
+from .acquisition import Acquisition
 from .backends.base import Backend, LockState
 from .clock import LeaseClock
-from .errors import (
-    BackendUnavailableError,
-    LockHeldError,
-    LockLostError,
-    LockStateError,
-    RateLimitedError,
-    ValidationError,
-)
-from .events import EventHook, combine, logger, wanted
+from .errors import LockHeldError, LockLostError, ValidationError
+from .events import EventHook, combine
 from .heartbeat import Heartbeat
 from .leadership import Leadership
-from .lock import LEASE_MARGIN, Lock
+from .lock import Lock, run_guarded
 from .lockset import LockSet
-from .options import LOCK_OPTIONS, LockOptions, check_extend_interval
-from .reentry import ThreadHolds
-from .retry import DEFAULT_RETRY, Retry, RetryState
+from .options import LOCK_OPTIONS, LockOptions, check_extend_interval, lock_options
+from .retry import DEFAULT_RETRY, Retry
 from .validation import (
     check_bool,
     check_duration,
@@ -50,11 +45,6 @@ from .waiting import ReleaseDispatcher
 __all__ = ["Locker"]
 
 _Function = TypeVar("_Function", bound=Callable[..., Any])
-#: The longest a waiter sleeps between looks at a key while release notifications flow: the
-#: holder's remaining lease or this, whichever is shorter.
-NOTIFIED_WAIT_CAP = 1.0
-#: How often a wait re-checks a cancel event.
-_CANCEL_SLICE = 0.05
 
 _LOCKERS: weakref.WeakSet[Locker] = weakref.WeakSet()
 _DEFAULT_OPTIONS = LockOptions()
@@ -95,12 +85,6 @@ def _dropped(resources: _Resources, description: str) -> None:
         return
     resources.free(wait=False)
     warnings.warn(f"unclosed {description}; call close() or use 'with'", ResourceWarning, stacklevel=2)
-
-
-def _log_outage(key: str, error: BackendUnavailableError) -> None:
-    # Once per outage of one acquisition, not once per attempt: each attempt is an
-    # ``attempt_failed`` event (logged at debug level) already.
-    logger.warning("backend unavailable while acquiring %r; retrying until the timeout: %s", key, error)
 
 
 def _after_fork_in_child() -> None:
@@ -151,22 +135,24 @@ class Locker:
             raise ValidationError(f"fencing=True needs a backend with fencing; {type(backend).__name__} has none")
         self._backend = backend
         self.ttl: float = settings["ttl"]
-        self.max_hold: float = settings["max_hold"]
-        self.retry: Retry = DEFAULT_RETRY.merged(retry)
         self.key_prefix: str = key_prefix
-        self.fencing: bool = fencing
-        self.reentrant: bool = settings["reentrant"]
-        self._thread_holds = ThreadHolds()
-        self.owner: str = owner if owner is not None else f"{socket.gethostname()}:{os.getpid()}"
         self._default_owner = owner is None
-        self._on_event: Optional[EventHook] = settings.get("on_event")
         self._clock: Callable[[], float] = clock or LeaseClock()
         self._token_factory = token_factory
-        self._heartbeat = Heartbeat(backend, self._clock)
-        self._dispatcher = ReleaseDispatcher(backend)
-        self._held: weakref.WeakSet[Lock] = weakref.WeakSet()
-        self._held_mutex = threading.Lock()
-        self._closed = False
+        # Everything from a request for a key to its grant lives in the acquisition, which also
+        # serves the locks this locker makes (their clock, backend, heartbeat and event hook).
+        self._acquisition = Acquisition(
+            backend,
+            self._clock,
+            retry=DEFAULT_RETRY.merged(retry),
+            max_hold=settings["max_hold"],
+            fencing=fencing,
+            owner=owner if owner is not None else f"{socket.gethostname()}:{os.getpid()}",
+            reentrant=settings["reentrant"],
+            on_event=settings.get("on_event"),
+        )
+        self._heartbeat = self._acquisition.heartbeat
+        self._dispatcher = self._acquisition.dispatcher
         self._resources = _Resources(self._heartbeat, self._dispatcher, backend)
         # Holds the resources, never the locker: the heartbeat thread, the watcher and the
         # backend do not keep a dropped locker alive, and dropping it frees them.
@@ -176,13 +162,39 @@ class Locker:
         _LOCKERS.add(self)
 
     @property
-    def _owns_backend(self) -> bool:
-        """Whether :meth:`close` (or dropping the locker) closes the backend too."""
+    def owns_backend(self) -> bool:
+        """Whether :meth:`close` (or dropping the locker) closes the backend too (``connect()``
+        sets it for the backend it made)."""
         return self._resources.owns_backend
 
-    @_owns_backend.setter
-    def _owns_backend(self, owns: bool) -> None:
+    @owns_backend.setter
+    def owns_backend(self, owns: bool) -> None:
         self._resources.owns_backend = owns
+
+    @property
+    def max_hold(self) -> float:
+        """The default hold deadline in seconds (``inf``: none)."""
+        return self._acquisition.max_hold
+
+    @property
+    def retry(self) -> Retry:
+        """The retry policy acquisitions start from (a call's ``retry`` merges over it)."""
+        return self._acquisition.retry
+
+    @property
+    def fencing(self) -> bool:
+        """Whether every grant carries a fence."""
+        return self._acquisition.fencing
+
+    @property
+    def owner(self) -> str:
+        """The label stored beside each lease."""
+        return self._acquisition.owner
+
+    @property
+    def reentrant(self) -> bool:
+        """Whether a nested acquire by the holding thread joins its hold by default."""
+        return self._acquisition.reentrant
 
     @staticmethod
     def check_settings(**settings: Any) -> dict[str, Any]:
@@ -236,11 +248,10 @@ class Locker:
     @property
     def closed(self) -> bool:
         """``True`` after :meth:`close`."""
-        return self._closed
+        return self._acquisition.closed
 
     def _check_open(self) -> None:
-        if self._closed:
-            raise LockStateError("this Locker is closed")
+        self._acquisition.check_open()
 
     def _full_key(self, key: object, name: str = "key") -> str:
         full = check_key(key, name)
@@ -256,30 +267,21 @@ class Locker:
         self._backend.check_token(token)
         return token
 
-    def _forget(self, lock: Lock) -> None:
-        with self._held_mutex:
-            self._held.discard(lock)
-
     def _after_fork(self) -> None:
         # Locks that a parent thread held at the fork stay locked for ever in the child: renew
         # the clock and the heartbeat first, since marking the locks lost reads the clock.
-        self._held_mutex = threading.Lock()
         if isinstance(self._clock, LeaseClock):
             self._clock.after_fork()
-        self._heartbeat.after_fork()
-        for lock in list(self._held):
-            lock._forked()
-        self._held = weakref.WeakSet()
-        self._dispatcher.after_fork()
-        self._thread_holds = ThreadHolds()
+        for lock in self._acquisition.after_fork():
+            lock.after_fork()
         if self._default_owner:
-            self.owner = f"{socket.gethostname()}:{os.getpid()}"
+            self._acquisition.owner = f"{socket.gethostname()}:{os.getpid()}"
 
     # -- making locks --------------------------------------------------------------------------
 
     def lock(self, key: str, ttl: Optional[float] = None, **opts: Any) -> Lock:
         """An unacquired :class:`Lock` on ``key``; ``with`` acquires and releases it."""
-        return self._make_lock(key, ttl, LockOptions.from_kwargs(opts) if opts else _DEFAULT_OPTIONS)
+        return self._make_lock(key, ttl, lock_options(opts) if opts else _DEFAULT_OPTIONS)
 
     def _make_lock(self, key: str, ttl: Optional[float], options: LockOptions) -> Lock:
         self._check_open()
@@ -291,7 +293,7 @@ class Locker:
             token = options.token
         else:
             token = self._new_token()
-        return Lock(self, full_key, lease, options, token)
+        return Lock(self._acquisition, full_key, lease, options, token, self)
 
     def acquire(self, key: str, ttl: Optional[float] = None, **opts: Any) -> Lock:
         """A held :class:`Lock`; raises ``LockHeldError`` when the retry budget is spent.
@@ -308,7 +310,7 @@ class Locker:
         A non-blocking call raises ``BackendUnavailableError`` at once.
         """
         lock = self.lock(key, ttl, **opts)
-        self._acquire_lock(lock, lock._options, raise_on_contention=True)
+        self._acquisition.acquire(lock, lock.options, raise_on_contention=True)
         return lock
 
     def try_acquire(self, key: str, ttl: Optional[float] = None, **opts: Any) -> Optional[Lock]:
@@ -324,7 +326,7 @@ class Locker:
             options = _ONE_ATTEMPT
         lock = self._make_lock(key, ttl, options)
         try:
-            self._acquire_lock(lock, lock._options, raise_on_contention=True)
+            self._acquisition.acquire(lock, lock.options, raise_on_contention=True)
         except LockHeldError as error:
             # None means "another holder has the key" and nothing else: every other failure raises.
             if error.reason != "held":
@@ -358,12 +360,12 @@ class Locker:
                 name = key(*args, **kwargs) if callable(key) else key
                 lock = self._make_lock(name, lease, options)
                 try:
-                    self._acquire_lock(lock, options, raise_on_contention=True)
+                    self._acquisition.acquire(lock, options, raise_on_contention=True)
                 except LockHeldError as error:
                     if skip and error.reason != "late-acquire":
                         return None
                     raise
-                return lock._run(function, *args, **kwargs)
+                return run_guarded(lock, function, *args, **kwargs)
 
             return cast(_Function, guarded)
 
@@ -400,7 +402,7 @@ class Locker:
             for lock in locks:
                 left = max(0.0, budget - (self._clock() - start))
                 step = options.with_attempt_budget(None, left if math.isfinite(left) else math.inf)
-                self._acquire_lock(lock, step, raise_on_contention=True)
+                self._acquisition.acquire(lock, step, raise_on_contention=True)
                 taken.append(lock)
             for lock in taken[:-1]:
                 try:
@@ -415,7 +417,7 @@ class Locker:
             for lock in taken:
                 # The original failure is what the caller must see; a failed give-back here
                 # becomes a release_failed event and the lease runs out on its own.
-                lock._release_on_exit()
+                lock.release_on_exit()
             raise
         return LockSet(tuple(taken))
 
@@ -435,215 +437,6 @@ class Locker:
         """
         self._check_open()
         return Leadership(self, key, on_elected=on_elected, on_revoked=on_revoked, ttl=ttl)
-
-    # -- acquisition ---------------------------------------------------------------------------
-
-    def _acquire_lock(self, lock: Lock, options: LockOptions, *, raise_on_contention: bool) -> bool:
-        self._check_open()
-        lock._start_acquiring()
-        try:
-            reentrant = self.reentrant if options.reentrant is None else options.reentrant
-            if reentrant:
-                outer = self._thread_holds.find(lock.key)
-                if outer is not None and lock._join(outer):
-                    return True
-            self._attempt(lock, options)
-        except LockHeldError as error:
-            if not raise_on_contention:
-                return False
-            explained = self._thread_holds.explain(lock.key, error)
-            if explained is error:
-                raise
-            raise explained from None
-        finally:
-            lock._stop_acquiring()
-        self._thread_holds.note(lock)
-        return True
-
-    def _max_hold_for(self, options: LockOptions) -> Optional[float]:
-        if options.max_hold is not None:
-            return options.max_hold if math.isfinite(options.max_hold) else None
-        if options.auto_extend and math.isfinite(self.max_hold):
-            return self.max_hold
-        return None
-
-    def _attempt(self, lock: Lock, options: LockOptions) -> None:
-        """The retry loop: attempts paced by the retry policy until its timeout.
-
-        Returns on a grant, raises ``LockHeldError`` otherwise."""
-        policy = self.retry.merged(options.retry)
-        retries = policy.retries if options.blocking else 0
-        assert retries is not None and policy.timeout is not None
-        timeout = policy.timeout if options.blocking else math.inf
-        max_hold = self._max_hold_for(options)
-        requested = min(lock.ttl, max_hold) if max_hold is not None else lock.ttl
-        notify = self._dispatcher.available and options.blocking and retries > 0
-        cancel = options.cancel
-        wake: Optional[threading.Event] = None
-        start = sent = self._clock()
-        attempts = 0
-        previous_delay: Optional[float] = None
-        reason = "held"
-        # The error of the latest attempt that could not reach the store (None once an attempt
-        # is answered again): the cause of a timeout, and what a spent retry budget raises.
-        outage: Optional[BackendUnavailableError] = None
-        try:
-            while True:
-                self._check_open()
-                if cancel is not None and cancel.is_set():
-                    reason = "cancelled"
-                    break
-                if wake is not None:
-                    wake.clear()
-                if attempts:
-                    sent = self._clock()
-                attempts += 1
-                rate_limit_pause: Optional[float] = None
-                unreachable = False
-                try:
-                    if options.request_id is None:
-                        granted, fence = self._ask(lock, requested)
-                    else:
-                        with self._backend.request_id_scope(options.request_id):
-                            granted, fence = self._ask(lock, requested)
-                except RateLimitedError as error:
-                    # The HTTP service asked us to slow down: a blocking acquisition waits as
-                    # long as it says (cut by the timeout) and counts that as an attempt; a
-                    # single attempt (try_acquire) has nothing to wait for and raises it.
-                    if attempts > retries:
-                        raise
-                    granted, fence, rate_limit_pause = False, None, error.retry_after
-                except BackendUnavailableError as error:
-                    # While the budget lasts an outage is one more failed attempt: the waiter
-                    # rides it out on its retry schedule. A single attempt raises it at once.
-                    if attempts > retries:
-                        raise
-                    if outage is None:
-                        _log_outage(lock.key, error)
-                    granted, fence, unreachable, outage = False, None, True, error
-                received = self._clock()
-                if not unreachable and outage is not None:
-                    logger.warning("backend reachable again while acquiring %r", lock.key)
-                    outage = None
-                if unreachable:
-                    reason = "unavailable"
-                    lock._emit(
-                        "attempt_failed", attempt=attempts, elapsed=received - start, reason=reason, error=outage
-                    )
-                elif rate_limit_pause is not None:
-                    reason = "held"
-                elif granted and received >= sent + requested * (1 - LEASE_MARGIN):
-                    lock._give_back()
-                    reason = "late-acquire"
-                    self._emit_contended(lock, attempts, received - start, "late")
-                elif granted and cancel is not None and cancel.is_set():
-                    # A winning attempt still in flight when the wait was cancelled is given back: nobody will use it.
-                    lock._give_back()
-                    reason = "cancelled"
-                    break
-                elif granted and self._closed:
-                    # close() ran while this attempt was in flight: nobody would extend or give
-                    # back this lease, so it goes back now.
-                    lock._give_back()
-                    self._check_open()
-                elif granted:
-                    lock._grant(sent, requested, fence, max_hold)
-                    with self._held_mutex:
-                        self._held.add(lock)
-                    # Checked here too so that the uncontended path builds no event fields.
-                    if wanted(self._on_event, "acquired"):
-                        lock._emit("acquired", waited=received - start, attempts=attempts)
-                    return
-                else:
-                    reason = "held"
-                    self._emit_contended(lock, attempts, received - start, "held")
-                if attempts > retries:
-                    if outage is not None:
-                        # The last attempt could not reach the store: say so, not "held".
-                        raise outage
-                    break
-                elapsed = self._clock() - start
-                left = timeout - elapsed
-                if left <= 0:
-                    reason = "timeout"
-                    break
-                if notify and wake is None:
-                    # Registered only once the first attempt failed, which keeps uncontended
-                    # acquisitions cheap. No release is missed: the holder_wait() look at the
-                    # key below happens after registering and finds a key freed before it.
-                    try:
-                        wake = self._dispatcher.register(lock.key)
-                    except BackendUnavailableError as error:
-                        # No notifications while the store is down: pace by the retry delay
-                        # and try to subscribe again after the next failed attempt.
-                        if outage is None:
-                            _log_outage(lock.key, error)
-                        outage = error
-                pause = None
-                if rate_limit_pause is not None:
-                    pause = rate_limit_pause
-                elif not unreachable and wake is not None and self._dispatcher.active:
-                    try:
-                        pause = self._holder_wait(lock.key) if reason == "held" else 0.0
-                    except BackendUnavailableError as error:
-                        # The store went away between the attempt and this look: pace the
-                        # next attempt by the retry delay, as after a failed attempt.
-                        if outage is None:
-                            _log_outage(lock.key, error)
-                        outage = error
-                if pause is None:
-                    pause = policy.delay_for(RetryState(attempts, elapsed, previous_delay))
-                    previous_delay = pause
-                # A rate limit must be waited out in full: a release notification cannot end it.
-                notified = self._pause(min(pause, left), wake if rate_limit_pause is None else None, cancel)
-                if not notified and self._clock() - start >= timeout:
-                    # The last wait is cut to the time left, and no attempt starts after the timeout.
-                    reason = "timeout"
-                    break
-        finally:
-            if wake is not None:
-                self._dispatcher.unregister(lock.key, wake)
-        elapsed = self._clock() - start
-        if reason == "timeout":
-            lock._emit("timed_out", attempts=attempts, elapsed=elapsed)
-        raise LockHeldError(lock.key, attempts=attempts, elapsed=elapsed, reason=reason) from outage
-
-    def _ask(self, lock: Lock, requested: float) -> tuple[bool, Optional[int]]:
-        """One grant request to the backend: whether it granted, and the fence if fencing."""
-        if self.fencing:
-            fence = self._backend.acquire_fenced(lock.key, lock.token, requested, self.owner)
-            return fence is not None, fence
-        return self._backend.acquire(lock.key, lock.token, requested, self.owner), None
-
-    def _emit_contended(self, lock: Lock, attempt: int, elapsed: float, reason: str) -> None:
-        lock._emit("contended", attempt=attempt, elapsed=elapsed, reason=reason)
-
-    def _holder_wait(self, key: str) -> float:
-        """How long to sleep while notifications flow: the holder's remaining lease, at most a
-        second, and never sooner (a release notification cuts it short)."""
-        remaining = self._backend.inspect(key).expires_in
-        if remaining is None:
-            return 0.0
-        return min(NOTIFIED_WAIT_CAP, max(remaining, 0.0))
-
-    def _pause(self, seconds: float, wake: Optional[threading.Event], cancel: Optional[threading.Event]) -> bool:
-        """Wait ``seconds`` on the lease clock (bounded in real time too); ``True`` if a release
-        notification ended the wait early."""
-        target = self._clock() + seconds
-        real_deadline = time.monotonic() + seconds
-        while True:
-            left = min(target - self._clock(), real_deadline - time.monotonic())
-            if left <= 0:
-                return False
-            if cancel is not None:
-                if cancel.is_set():
-                    return False
-                left = min(left, _CANCEL_SLICE)
-            if wake is not None:
-                if wake.wait(left):
-                    return True
-            else:
-                time.sleep(left)
 
     # -- inspection and administration ---------------------------------------------------------
 
@@ -677,18 +470,15 @@ class Locker:
     def close(self) -> None:
         """Stop the heartbeat, give back every lock still held (each reads lost, reason
         ``"closed"``) and close what the locker opened. Idempotent."""
-        if self._closed:
+        if self._acquisition.closed:
             return
-        self._closed = True
+        self._acquisition.closed = True
         self._finalizer.detach()
         self._heartbeat.stop()
         self._dispatcher.close()
-        with self._held_mutex:
-            held = list(self._held)
-            self._held = weakref.WeakSet()
-        for lock in held:
-            lock._close()
-        if self._owns_backend:
+        for lock in self._acquisition.take_held():
+            lock.locker_closed()
+        if self.owns_backend:
             self._backend.close()
         _LOCKERS.discard(self)
 
@@ -699,6 +489,6 @@ class Locker:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
+        state = "closed" if self.closed else "open"
         return f"<Locker {type(self._backend).__name__} prefix={self.key_prefix!r} {state}>"
 

@@ -24,7 +24,7 @@ class SetLossSignal(threading.Event):
         super().__init__()
         self._locks = locks
         for lock in locks:
-            lock._loss_listeners.append(self._member_lost)
+            lock.on_loss(self._member_lost)
 
     def _member_lost(self) -> None:
         super().set()
@@ -127,7 +127,7 @@ class LockSet(GuardedBlock):
     def _finish(self, *, block_raised: bool, result: Any) -> None:
         lost: Optional[Lock] = None
         for lock in self.locks:
-            lock._release_on_exit()
+            lock.release_on_exit()
             # As for one lock: only a loss counts, not a lock the block had released already.
             if lock.state == "lost" and lost is None:
                 lost = lock
@@ -135,7 +135,7 @@ class LockSet(GuardedBlock):
             return
         raise LockLostError(
             lost.key, lost.lost_reason or "release", completed=True, result=result
-        ) from lost._lost_cause
+        ) from lost.lost_cause
 
     def __repr__(self) -> str:
         return f"<LockSet keys={list(self.keys)!r} state={self.state}>"

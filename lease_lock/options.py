@@ -15,7 +15,7 @@ from .errors import ValidationError
 from .retry import Retry
 from .validation import check_bool, check_cancel, check_duration, check_optional_duration, check_token
 
-__all__ = ["LOCK_OPTIONS", "LockOptions", "check_extend_interval"]
+__all__ = ["LOCK_OPTIONS", "LockOptions", "check_extend_interval", "lock_options"]
 
 #: Every option name ``lock()``, ``acquire()`` and friends accept.
 LOCK_OPTIONS = frozenset(
@@ -92,3 +92,24 @@ def check_extend_interval(interval: Optional[float], ttl: float) -> None:
             f"extend_interval ({interval:g}s) must be at most half the ttl ({ttl:g}s) so that a "
             "failed extension can be retried before the lease runs out"
         )
+
+
+#: Options built from plain values (bool, number, str, None), by name, type and value: a call
+#: site that passes the same options every time (``auto_extend=False``) validates them once.
+_BUILT: dict[tuple[tuple[str, type, object], ...], LockOptions] = {}
+_BUILT_LIMIT = 256
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def lock_options(options: Mapping[str, Any]) -> LockOptions:
+    """``LockOptions.from_kwargs(options)``, remembered for options made of plain values."""
+    if not all(type(value) in _PLAIN for value in options.values()):
+        return LockOptions.from_kwargs(options)
+    # The type is part of the key: ``blocking=1`` must still be refused although ``1 == True``.
+    key = tuple(sorted((name, type(value), value) for name, value in options.items()))
+    built = _BUILT.get(key)
+    if built is None:
+        built = LockOptions.from_kwargs(options)
+        if len(_BUILT) < _BUILT_LIMIT:
+            _BUILT[key] = built
+    return built

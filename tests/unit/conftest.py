@@ -12,7 +12,7 @@ from typing import Iterator
 
 import pytest
 from lease_lock import Locker
-from lease_lock import locker as locker_module
+from lease_lock import acquisition as acquisition_module
 from lease_lock.heartbeat import Heartbeat
 
 from .fakes import EventLog, FakeClock, RecordingBackend
@@ -66,5 +66,5 @@ def sleeps(monkeypatch: pytest.MonkeyPatch, clock: FakeClock) -> list[float]:
         waited.append(seconds)
         clock.advance(seconds)
 
-    monkeypatch.setattr(locker_module, "time", types.SimpleNamespace(monotonic=clock, sleep=sleep))
+    monkeypatch.setattr(acquisition_module, "time", types.SimpleNamespace(monotonic=clock, sleep=sleep))
     return waited

@@ -105,7 +105,7 @@ def test_a_lapse_check_racing_an_extension_does_not_lose_the_lock(locker: Locker
     sent = clock.advance(10)
     with lock._mutex:
         lock._in_flight += 1
-    assert lock._extension_answered(sent, clock(), 30.0, True)
+    assert lock.heartbeat_answered(sent, clock(), 30.0, True)
     clock.set(old_end + 0.001)
     assert lock._mark_lost(None, lapsed=True) is False
     assert lock.state == "held"

@@ -78,7 +78,7 @@ def test_child_copies_read_lost_forked_and_the_child_locker_works() -> None:
             if event.type == "extended":
                 extended.set()
 
-        locker._on_event = watch
+        locker._acquisition.on_event = watch
         own = locker.acquire("child-key", ttl=0.6)
         report["extended"] = extended.wait(15)
         report["own_state"] = own.state

@@ -240,3 +240,14 @@ def test_infinite_max_hold_means_no_deadline(backend: RecordingBackend, clock: F
         locker.heartbeat.run_due()
     assert lock.state == "held" and lock.held_for > 6000
     locker.close()
+
+
+def test_remembered_options_are_still_validated_per_type() -> None:
+    # Options made of plain values are built once per distinct set; a value equal to a
+    # remembered one but of another type (1 == True) must still be refused.
+    with Locker(MemoryBackend()) as locker:
+        first = locker.lock("k", auto_extend=False)
+        assert locker.lock("k", auto_extend=False).options is first.options
+        assert first.options.auto_extend is False
+        with pytest.raises(ValidationError, match="auto_extend"):
+            locker.lock("k", auto_extend=0)

@@ -22,9 +22,11 @@ CORE_MODULES = [
     "lease_lock.connect",
     "lease_lock.errors",
     "lease_lock.events",
+    "lease_lock.acquisition",
     "lease_lock.heartbeat",
     "lease_lock.leadership",
     "lease_lock.lock",
+    "lease_lock.lease",
     "lease_lock.locker",
     "lease_lock.lockset",
     "lease_lock.options",
@@ -40,17 +42,18 @@ PROMISED_NAMES = {
     "LockSet", "LockState", "LockStateError", "Locker", "MemoryBackend", "RateLimitedError",
     "ReplicationError", "Retry", "RetryState", "ValidationError", "connect", "exponential_backoff",
 }
-DRIVERS = ["redis", "psycopg2", "requests", "pymongo", "waitress"]
+DRIVERS = ["redis", "psycopg2", "requests", "pymongo", "waitress", "django", "flask", "celery", "rq"]
 
 
 def test_facade_all_is_sorted_and_complete() -> None:
     exported = lease_lock.__all__
     assert list(exported) == sorted(exported)
     assert len(set(exported)) == len(exported)
+    # dir(), not vars(): most names load on first use (PEP 562), and dir() lists them before.
     public = {
         name
-        for name, value in vars(lease_lock).items()
-        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+        for name in dir(lease_lock)
+        if not name.startswith("_") and not isinstance(getattr(lease_lock, name), types.ModuleType)
     }
     assert public | {"__version__"} == set(exported)
     assert set(exported) >= PROMISED_NAMES
@@ -83,6 +86,36 @@ def test_importing_lease_lock_imports_no_driver() -> None:
     )
     output = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(output.stdout) == []
+
+
+def test_a_bare_import_loads_no_driver_no_server_and_no_core() -> None:
+    # ``import lease_lock`` alone: the errors and connect() only; everything else on first use.
+    script = "import json, sys, lease_lock\nprint(json.dumps(sorted(sys.modules)))\n"
+    output = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    loaded = set(json.loads(output.stdout))
+    assert not {module for module in loaded if module.split(".")[0] in DRIVERS}
+    assert not {module for module in loaded if module.startswith("lease_lock.server")}
+    assert not {module for module in loaded if module.startswith("lease_lock.backends")}
+    assert "lease_lock.locker" not in loaded
+
+
+def test_lazy_names_import_like_eager_ones() -> None:
+    script = (
+        "import sys\n"
+        "from lease_lock import Locker, MemoryBackend, connect\n"
+        "import lease_lock.connect as module\n"
+        "import lease_lock\n"
+        "assert lease_lock.connect is connect and callable(connect), lease_lock.connect\n"
+        "assert lease_lock.Locker is Locker and lease_lock.MemoryBackend is MemoryBackend\n"
+        "with connect('memory://') as locker, locker.lock('k') as lock:\n"
+        "    assert lock.state == 'held'\n"
+        "try:\n"
+        "    lease_lock.NoSuchName\n"
+        "except AttributeError:\n"
+        "    print('ok')\n"
+    )
+    output = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert output.stdout.strip() == "ok"
 
 
 def test_version_is_a_string() -> None:
