@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVar, Union, cast
 
 from .backends.base import Backend, LockState
+from .backends.service import request_id_scope
 from .clock import LeaseClock
 from .errors import (
     BackendUnavailableError,
@@ -504,7 +505,7 @@ class Locker:
                     if options.request_id is None:
                         granted, fence = self._ask(lock, requested)
                     else:
-                        with self._backend.request_id_scope(options.request_id):
+                        with request_id_scope(self._backend, options.request_id):
                             granted, fence = self._ask(lock, requested)
                 except RateLimitedError as error:
                     # The HTTP service asked us to slow down: a blocking acquisition waits as

@@ -15,6 +15,7 @@ from typing import Any, Callable, ClassVar, Iterator, Optional
 
 from .. import forksafe
 from .base import Backend, Capabilities, LockState, ReleaseWatcher, parse_url_options
+from .service import ServiceStore, check_amount
 
 __all__ = ["MemoryBackend"]
 
@@ -43,7 +44,7 @@ class _MemoryWatcher(ReleaseWatcher):
             self._backend._drop_watcher(self)
 
 
-class MemoryBackend(Backend):
+class MemoryBackend(Backend, ServiceStore):
     """Leases in a dict guarded by one lock; one process only.
 
     ``clear()`` drops every lease but keeps the fence counters, and fences are never below the
@@ -57,7 +58,6 @@ class MemoryBackend(Backend):
         release_notify=True,
         scan=True,
         batch_extend=True,
-        counters=True,
         clock="this process's monotonic clock",
     )
 
@@ -196,13 +196,14 @@ class MemoryBackend(Backend):
             ]
         return iter(states)
 
-    def count_in_window(self, name: str, window: float) -> tuple[int, float]:
-        """Count one event in the current fixed window of ``window`` seconds."""
+    def count_in_window(self, name: str, window: float, amount: int = 1) -> tuple[int, float]:
+        """Add ``amount`` to counter ``name`` in the current fixed window of ``window`` seconds."""
+        check_amount(amount)
         with self._mutex:
             now = self._clock()
             window_index = int(now // window)
             index, count = self._counters.get(name, (window_index, 0))
-            count = count + 1 if index == window_index else 1
+            count = count + amount if index == window_index else amount
             self._counters[name] = (window_index, count)
             return count, (window_index + 1) * window - now
 

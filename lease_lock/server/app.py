@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 
 from ..backends import backend_from_url
 from ..backends.base import Backend
+from ..backends.service import ServiceStore
 from ..errors import BackendUnavailableError
 from ..validation import check_owner
 from ..wire import (
@@ -546,6 +547,13 @@ def create_app(
     backend = backend_from_url(backend_url) if isinstance(backend_url, str) else backend_url
     if not backend.capabilities.fencing:
         raise ValidationError(f"{type(backend).__name__} cannot fence; the service needs fences")
+    if not isinstance(backend, ServiceStore):
+        if isinstance(backend_url, str):
+            backend.close()  # built here, so ours to close
+        raise ValidationError(
+            f"backend_url: {type(backend).__name__} is not a ServiceStore (it keeps no shared"
+            " counters for the rate limits); serve from memory, SQLite, Redis or PostgreSQL"
+        )
     if isinstance(max_waits, bool) or not isinstance(max_waits, int) or max_waits < 0:
         raise ValidationError("max_waits must be a whole number >= 0 (0 turns waiting off)")
     if isinstance(max_wait, bool) or not isinstance(max_wait, (int, float)) or not 0 < max_wait <= 3600:

@@ -30,6 +30,7 @@ from ..base import (
     ReleaseWatcher,
     parse_url_options,
 )
+from ..service import ServiceStore, check_amount
 from . import _scripts
 from ._scripts import Script
 from ._url import (
@@ -200,7 +201,7 @@ def _check_replicas(value: object, cluster: bool) -> Optional[tuple[int, float]]
     return replicas, check_duration(timeout, "wait_for_replicas timeout")
 
 
-class RedisBackend(Backend):
+class RedisBackend(Backend, ServiceStore):
     """Leases in Redis through a redis-py client.
 
     ``client`` is a ``redis.Redis``, a Sentinel master client (``Sentinel.master_for``) or a
@@ -225,7 +226,6 @@ class RedisBackend(Backend):
         replica_wait=True,
         scan=True,
         batch_extend=True,
-        counters=True,
         min_ttl=0.0,
         clock="the Redis server's clock (key expiry and TIME)",
     )
@@ -520,8 +520,8 @@ class RedisBackend(Backend):
         return watcher
 
     @_reports_unavailable
-    def count_in_window(self, name: str, window: float) -> tuple[int, float]:
-        """Count one event for ``name`` in the current window, atomically on the server clock.
+    def count_in_window(self, name: str, window: float, amount: int = 1) -> tuple[int, float]:
+        """Add ``amount`` to ``name`` in the current window, atomically on the server clock.
 
         The counter is the hash ``lease_lock:window:<name>``; it expires a second after its
         window ends.
@@ -531,7 +531,8 @@ class RedisBackend(Backend):
         micros = round(check_duration(window, "window") * 1_000_000)
         if micros < 1000:
             raise ValidationError("window must be at least 0.001 seconds")
-        count, left = _scripts.COUNT_IN_WINDOW(self.client, [_COUNTER_PREFIX + name], [micros])
+        check_amount(amount)
+        count, left = _scripts.COUNT_IN_WINDOW(self.client, [_COUNTER_PREFIX + name], [micros, amount])
         return int(count), int(left) / 1_000_000
 
     # -- validation hooks ----------------------------------------------------------------------

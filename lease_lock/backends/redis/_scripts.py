@@ -161,11 +161,12 @@ local micros = tonumber(now[1]) * 1000000 + tonumber(now[2])
 local width = tonumber(ARGV[1])
 local index = math.floor(micros / width)
 local label = string.format('%.0f', index)
-local count = 1
+local amount = tonumber(ARGV[2] or '1')
+local count = amount
 if redis.call('HGET', KEYS[1], 'w') == label then
-  count = redis.call('HINCRBY', KEYS[1], 'n', 1)
+  count = redis.call('HINCRBY', KEYS[1], 'n', amount)
 else
-  redis.call('HSET', KEYS[1], 'w', label, 'n', 1)
+  redis.call('HSET', KEYS[1], 'w', label, 'n', amount)
 end
 local left = (index + 1) * width - micros
 redis.call('PEXPIRE', KEYS[1], string.format('%.0f', math.ceil(left / 1000) + 1000))

@@ -1,0 +1,71 @@
+"""Optional interfaces beyond locking, for the HTTP lock service and its client.
+
+A backend implements locking only (:class:`~lease_lock.backends.base.Backend`). Two duties that
+belong to the HTTP lock service live here instead, each an interface a backend may also take on:
+
+- :class:`ServiceStore`: what the lock *server* needs from the store it runs on besides locks,
+  namely fixed-window counters shared by every server process (the per-project rate limits).
+  ``lease-lock serve`` and :func:`lease_lock.server.create_app` refuse a store that lacks it.
+  The memory, SQLite, Redis and PostgreSQL backends offer it.
+- :class:`RequestIdCarrier`: a backend that can send a caller's request id along with its
+  acquisitions (the HTTP client backend). :func:`request_id_scope` enters it when a backend
+  offers it and does nothing otherwise.
+
+A third-party backend that implements neither still passes
+:class:`lease_lock.testing.BackendContract` and works with every ``Locker`` feature; it only
+cannot be the store behind ``lease-lock serve``.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from typing import ContextManager, Optional
+
+from ..errors import ValidationError
+
+__all__ = ["RequestIdCarrier", "ServiceStore", "check_amount", "request_id_scope"]
+
+
+class ServiceStore(abc.ABC):
+    """A store the HTTP lock server can run on: it keeps counters shared by its clients.
+
+    Mix it into a :class:`~lease_lock.backends.base.Backend` subclass and implement
+    :meth:`count_in_window`; :class:`lease_lock.testing.ServiceStoreContract` tests it.
+    """
+
+    @abc.abstractmethod
+    def count_in_window(self, name: str, window: float, amount: int = 1) -> tuple[int, float]:
+        """Add ``amount`` (a positive int) to counter ``name`` in the current fixed window.
+
+        Windows are ``window`` seconds long and aligned to its multiples on the store's clock;
+        a counter starts at zero in every window. The read and the addition are one atomic
+        step, so every client of the store sees each total once. Returns the counter's new
+        value and the seconds left in the window.
+        """
+
+
+def check_amount(amount: object) -> int:
+    """``amount`` if it is a positive int (not a bool), else a ``ValidationError``."""
+    if isinstance(amount, bool) or not isinstance(amount, int) or amount < 1:
+        raise ValidationError(f"amount must be a positive int, got {amount!r}")
+    return amount
+
+
+class RequestIdCarrier(abc.ABC):
+    """A backend that sends a caller's request id along with its acquisitions."""
+
+    @abc.abstractmethod
+    def request_id_scope(self, request_id: Optional[str]) -> ContextManager[None]:
+        """Attach ``request_id`` to the acquisitions this thread makes inside the block."""
+
+
+def request_id_scope(backend: object, request_id: Optional[str]) -> ContextManager[None]:
+    """``backend``'s request-id block when it is a :class:`RequestIdCarrier`, else a no-op.
+
+    The core wraps an acquisition attempt in this when the caller passed ``request_id=``; a
+    backend that carries no request ids ignores it.
+    """
+    if isinstance(backend, RequestIdCarrier):
+        return backend.request_id_scope(request_id)
+    return contextlib.nullcontext()
