@@ -34,7 +34,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from .backends.base import Backend, ExtendRequest
+from .backends.base import Backend, ExtendRequest, LockState
 from .backends.service import ServiceStore
 from .errors import ValidationError
 
@@ -425,6 +425,44 @@ class ServiceStoreContract:
         assert backend.count_in_window(counter, 1.0, 3)[0] >= 3
         # Some call lands first in a later window and sees only its own amount.
         assert wait_until(lambda: backend.count_in_window(counter, 1.0)[0] == 1, 30, 0.3)
+
+    def test_grant_if_free_grants_a_free_key(self, backend: ServiceStore, counter: str) -> None:
+        token = backend.new_token()
+        fence = backend.grant_if_free(counter, token, 60, "contract-owner")
+        assert isinstance(fence, int) and 0 < fence < 2**53
+        assert backend.is_held(counter, token)
+        state = backend.inspect(counter)
+        assert state.fence == fence and state.owner == "contract-owner"
+        assert backend.release(counter, token)
+        later = backend.grant_if_free(counter, backend.new_token(), 60, "contract-owner")
+        assert isinstance(later, int) and later > fence
+
+    def test_grant_if_free_answers_a_held_key_with_its_state(self, backend: ServiceStore, counter: str) -> None:
+        token = backend.new_token()
+        fence = backend.acquire_fenced(counter, token, 60, "first")
+        for asker in (backend.new_token(), token):  # the holder's own token is not granted either
+            answer = backend.grant_if_free(counter, asker, 30, "second")
+            assert isinstance(answer, LockState)
+            assert answer.held and answer.fence == fence and answer.owner == "first"
+            assert answer.expires_in is not None and 30 < answer.expires_in <= 60
+        assert backend.inspect(counter).owner == "first"
+
+    def test_concurrent_grants_if_free_grant_once(self, backend: ServiceStore, counter: str) -> None:
+        answers: list[object] = []
+        lock = threading.Lock()
+
+        def grant() -> None:
+            answer = backend.grant_if_free(counter, backend.new_token(), 60, "racer")
+            with lock:
+                answers.append(answer)
+
+        threads = [threading.Thread(target=grant) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert len(answers) == 8
+        assert sum(isinstance(answer, int) for answer in answers) == 1
 
     def test_concurrent_counts_are_atomic(self, backend: ServiceStore, counter: str) -> None:
         seen: list[int] = []

@@ -11,10 +11,10 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, ClassVar, Iterator, Optional
+from typing import Any, Callable, ClassVar, Iterator, Optional, Union
 
 from .. import forksafe
-from .base import Backend, Capabilities, LockState, ReleaseWatcher, parse_url_options
+from .base import Capabilities, LockState, ReleaseWatcher, parse_url_options
 from .service import ServiceStore, check_amount
 
 __all__ = ["MemoryBackend"]
@@ -44,7 +44,7 @@ class _MemoryWatcher(ReleaseWatcher):
             self._backend._drop_watcher(self)
 
 
-class MemoryBackend(Backend, ServiceStore):
+class MemoryBackend(ServiceStore):
     """Leases in a dict guarded by one lock; one process only.
 
     ``clear()`` drops every lease but keeps the fence counters, and fences are never below the
@@ -130,6 +130,17 @@ class MemoryBackend(Backend, ServiceStore):
         """Grant or renew ``key`` for ``token`` and return its fence."""
         lease = self._grant(key, token, ttl, owner, fenced=True)
         return None if lease is None else lease.fence
+
+    def grant_if_free(self, key: str, token: str, ttl: float, owner: str) -> Union[int, LockState]:
+        """Grant a key no lease holds and return its fence, else the key's state; one step."""
+        with self._mutex:
+            now = self._clock()
+            lease = self._live(key, now)
+            if lease is not None:
+                return self._state(key, lease, now)
+            fence = self._next_fence(key)
+            self._leases[key] = _Lease(token, now + ttl, fence, owner)
+            return fence
 
     def release(self, key: str, token: str) -> bool:
         """Delete ``key`` if ``token`` holds it."""

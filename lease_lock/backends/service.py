@@ -3,8 +3,10 @@
 A backend implements locking only (:class:`~lease_lock.backends.base.Backend`). Two duties that
 belong to the HTTP lock service live here instead, each an interface a backend may also take on:
 
-- :class:`ServiceStore`: what the lock *server* needs from the store it runs on besides locks,
-  namely fixed-window counters shared by every server process (the per-project rate limits).
+- :class:`ServiceStore`: what the lock *server* needs from the store it runs on besides locks:
+  fixed-window counters shared by every server process (the per-project rate limits), and a
+  grant of a free key that answers with the key's state when it is not free (so a fresh
+  acquisition costs the server one round trip instead of a read and a write).
   ``lease-lock serve`` and :func:`lease_lock.server.create_app` refuse a store that lacks it.
   The memory, SQLite, Redis and PostgreSQL backends offer it.
 - :class:`RequestIdCarrier`: a backend that can send a caller's request id along with its
@@ -20,19 +22,35 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from typing import ContextManager, Optional
+from typing import ContextManager, Optional, Union
 
 from ..errors import ValidationError
+from .base import Backend, LockState
 
 __all__ = ["RequestIdCarrier", "ServiceStore", "check_amount", "request_id_scope"]
 
 
-class ServiceStore(abc.ABC):
-    """A store the HTTP lock server can run on: it keeps counters shared by its clients.
+class ServiceStore(Backend):
+    """A backend the HTTP lock server can run on: it also keeps counters shared by its clients.
 
-    Mix it into a :class:`~lease_lock.backends.base.Backend` subclass and implement
+    Subclass it instead of :class:`~lease_lock.backends.base.Backend` and implement
     :meth:`count_in_window`; :class:`lease_lock.testing.ServiceStoreContract` tests it.
     """
+
+    def grant_if_free(self, key: str, token: str, ttl: float, owner: str) -> Union[int, LockState]:
+        """Grant ``key`` with a fence only when no lease holds it, ``token``'s own included.
+
+        Returns the grant's fence (as :meth:`~lease_lock.backends.base.Backend.acquire_fenced`
+        would), or else the key's state as :meth:`~lease_lock.backends.base.Backend.inspect`
+        reads it (usually held; free when it was released in between). This default reads,
+        then grants: two round trips. Stores that can grant-or-read in one atomic step
+        override it.
+        """
+        state = self.inspect(key)
+        if state.held:
+            return state
+        fence = self.acquire_fenced(key, token, ttl, owner)
+        return fence if fence is not None else self.inspect(key)
 
     @abc.abstractmethod
     def count_in_window(self, name: str, window: float, amount: int = 1) -> tuple[int, float]:

@@ -42,7 +42,7 @@ from typing import Any, Callable, ClassVar, Optional, Union
 from .. import forksafe
 from ..errors import BackendUnavailableError, ValidationError
 from ..validation import check_duration, parse_duration, redact_url
-from .base import Backend, Capabilities, ExtendRequest, LockState, parse_url_options
+from .base import Capabilities, ExtendRequest, LockState, parse_url_options
 from .service import ServiceStore, check_amount
 
 __all__ = ["DEFAULT_BUSY_TIMEOUT", "HostClock", "SqliteBackend", "default_path", "default_url"]
@@ -202,7 +202,7 @@ def _path_from_url(url: str) -> str:
     return path
 
 
-class SqliteBackend(Backend, ServiceStore):
+class SqliteBackend(ServiceStore):
     """Leases in a SQLite file, shared by every process and thread of one host.
 
     ``path`` is the database file (created if missing; its directory must exist). A relative

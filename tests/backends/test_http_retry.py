@@ -102,18 +102,27 @@ class DroppingProxy:
 
 
 class FlakyStore(MemoryBackend):
-    """A memory store whose next ``failures`` reads raise like an unreachable server."""
+    """A memory store whose next ``failures`` reads (or grant-or-reads) raise like an unreachable
+    server."""
 
     failures = 0
 
-    def inspect(self, key: str) -> Any:
+    def _fail_if_due(self) -> None:
         if self.failures > 0:
             self.failures -= 1
             try:
                 raise ConnectionError("store unreachable (test)")
             except ConnectionError as exc:
                 raise BackendUnavailableError("memory store unreachable (test)", backend="memory") from exc
+
+    def inspect(self, key: str) -> Any:
+        self._fail_if_due()
         return super().inspect(key)
+
+    def grant_if_free(self, key: str, token: str, ttl: float, owner: str) -> Any:
+        # The service's acquisitions read the key in this call instead of in ``inspect``.
+        self._fail_if_due()
+        return super().grant_if_free(key, token, ttl, owner)
 
 
 @pytest.fixture

@@ -258,6 +258,9 @@ class _UnreachableStore(MemoryBackend):
         except ConnectionRefusedError as exc:
             raise BackendUnavailableError("memory store unreachable (test)", backend="memory") from exc
 
+    def grant_if_free(self, key: str, token: str, ttl: float, owner: str) -> Any:
+        return self.inspect(key)
+
 
 def test_unreachable_store_fails_closed_and_logs_the_cause(
     tmp_path: Path, caplog: pytest.LogCaptureFixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import urllib.parse
 from datetime import timezone
-from typing import Any, Callable, ClassVar, Iterator, Optional, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Optional, Sequence, Union
 
 import psycopg2
 import psycopg2.errors
@@ -13,7 +13,6 @@ import psycopg2.errors
 from ...errors import ValidationError
 from ...validation import check_bool
 from ..base import (
-    Backend,
     Capabilities,
     ExtendRequest,
     LockState,
@@ -83,7 +82,7 @@ def _parse_positive_int(text: str) -> int:
 DEFAULT_LIBPQ_TIMEOUTS = (("connect_timeout", "5"), ("tcp_user_timeout", "5000"))
 
 
-class PostgresBackend(Backend, ServiceStore):
+class PostgresBackend(ServiceStore):
     """Leases in a PostgreSQL table, shared by every process that can reach the database.
 
     ``conn_or_pool`` is a psycopg2 connection or a ``psycopg2.pool`` pool. Statements run in
@@ -377,6 +376,16 @@ class PostgresBackend(Backend, ServiceStore):
         """The state of ``key``; ``expires_in`` is measured on the server."""
         _, rows, _ = self._run(self._sql["inspect"], {"key": key}, write=False)
         return _state(rows[0]) if rows else LockState.free(key)
+
+    def grant_if_free(self, key: str, token: str, ttl: float, owner: str) -> Union[int, LockState]:
+        """Read, then grant a free key: two statements, the read creating the table as a grant
+        would (with ``create_table``), so a fresh database serves its first acquisition."""
+        _, rows, _ = self._run(self._sql["inspect"], {"key": key}, write=True)
+        state = _state(rows[0]) if rows else LockState.free(key)
+        if state.held:
+            return state
+        fence = self.acquire_fenced(key, token, ttl, owner)
+        return fence if fence is not None else self.inspect(key)
 
     def force_release(self, key: str) -> bool:
         """Delete ``key`` whoever holds it; ``True`` when a live lease was dropped."""

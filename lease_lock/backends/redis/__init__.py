@@ -18,12 +18,11 @@ import functools
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any, Callable, ClassVar, Optional, TypeVar, cast
+from typing import Any, Callable, ClassVar, Optional, TypeVar, Union, cast
 
 from ...errors import BackendUnavailableError, ReplicationError, ValidationError
 from ...validation import check_duration
 from ..base import (
-    Backend,
     Capabilities,
     ExtendRequest,
     LockState,
@@ -201,7 +200,7 @@ def _check_replicas(value: object, cluster: bool) -> Optional[tuple[int, float]]
     return replicas, check_duration(timeout, "wait_for_replicas timeout")
 
 
-class RedisBackend(Backend, ServiceStore):
+class RedisBackend(ServiceStore):
     """Leases in Redis through a redis-py client.
 
     ``client`` is a ``redis.Redis``, a Sentinel master client (``Sentinel.master_for``) or a
@@ -399,6 +398,22 @@ class RedisBackend(Backend, ServiceStore):
         """
         fence = self._grant(key, token, ttl, owner, fenced=True)
         return None if fence is None else int(fence)
+
+    @_reports_unavailable
+    def grant_if_free(self, key: str, token: str, ttl: float, owner: str) -> Union[int, LockState]:
+        """Grant a key no lease holds, else read its state: one script, one round trip.
+
+        With ``wait_for_replicas`` it reads, then grants through :meth:`acquire_fenced` (which
+        waits for the replicas).
+        """
+        if self.wait_for_replicas is not None:
+            return super().grant_if_free(key, token, ttl, owner)
+        ms = _millis(ttl)
+        argv = [f"{token}|", ms, owner, "1", max(_COUNTER_LIFETIME_MS, ms)]
+        reply = _scripts.GRANT_IF_FREE(self.client, [key, self._fence_key(key)], argv)
+        if isinstance(reply, list):
+            return self._state(key, reply)
+        return int(reply)
 
     @_reports_unavailable
     def release(self, key: str, token: str) -> bool:
