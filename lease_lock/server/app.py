@@ -295,10 +295,11 @@ class LockServiceApp:
         return _Response(200, {"status": "ready"})
 
     def _handle(self, environ: dict[str, Any], context: dict[str, str]) -> _Response:
-        operations = self._operations(_raw_path(environ), environ.get("REQUEST_METHOD", ""), context)
+        path = _raw_path(environ)  # once per request: it is on every request's path
+        operations = self._operations(path, environ.get("REQUEST_METHOD", ""), context)
         if operations is not None:
             return operations
-        context["route"] = _route_of(_raw_path(environ))
+        context["route"] = _route_of(path)
         record = self._authenticate(environ)
         context["project"] = record.project
         method = environ.get("REQUEST_METHOD", "")
@@ -311,7 +312,7 @@ class LockServiceApp:
                 f"project {budget_name} budget of {self.limiter.limit} requests per window is spent",
                 [("Retry-After", str(budget.retry_after))],
             )
-        segments = _raw_path(environ).split("/")
+        segments = path.split("/")
         request_id = _uuid(
             _header(environ, HEADER_REQUEST_ID), HEADER_REQUEST_ID, "invalid_request"
         )
