@@ -13,8 +13,10 @@ from typing import Any, Callable
 
 import pytest
 import requests
+from lease_lock import Locker
 from lease_lock.backends.http import HttpBackend
 from lease_lock.backends.memory import MemoryBackend
+from lease_lock.backends.service import RequestIdCarrier, ServiceStore
 from lease_lock.errors import BackendUnavailableError, RateLimitedError
 from lease_lock.server import create_app
 
@@ -212,3 +214,15 @@ def test_other_operations_and_errors_get_one_attempt(rig: Any) -> None:
         assert len(_posts(recorder)) == 7
     finally:
         backend.close()
+
+
+def test_a_lockers_request_id_reaches_the_service(rig: Any) -> None:
+    # The HTTP backend is the one RequestIdCarrier: the Locker's request_id= goes through it.
+    recorder, _store, server, keys = rig
+    backend = HttpBackend(server.url, keys["alpha"])
+    assert isinstance(backend, RequestIdCarrier) and not isinstance(backend, ServiceStore)
+    request_id = str(uuid.uuid4())
+    with Locker(backend, ttl=30) as locker, locker.lock("job", request_id=request_id):
+        pass
+    [post] = _posts(recorder)
+    assert post["request_id"] == request_id
