@@ -125,7 +125,7 @@ class _PollingBackend(PostgresBackend):
     """The same backend with release notifications switched off, so waiters poll."""
 
     capabilities: ClassVar[Capabilities] = Capabilities(
-        server_clock=True, fencing=True, scan=True, batch_extend=True, counters=True
+        server_clock=True, fencing=True, scan=True, batch_extend=True
     )
 
 

@@ -16,6 +16,7 @@ import weakref
 from typing import Any, Callable, Optional
 
 from .backends.base import Backend
+from .backends.service import request_id_scope
 from .errors import BackendUnavailableError, LockHeldError, LockStateError, RateLimitedError
 from .events import EventHook, LockEvent, emit, logger, wanted
 from .heartbeat import Heartbeat
@@ -187,7 +188,7 @@ class Acquisition:
                     if options.request_id is None:
                         granted, fence = self._ask(lock, requested)
                     else:
-                        with self.backend.request_id_scope(options.request_id):
+                        with request_id_scope(self.backend, options.request_id):
                             granted, fence = self._ask(lock, requested)
                 except RateLimitedError as error:
                     # The HTTP service asked us to slow down: a blocking acquisition waits as

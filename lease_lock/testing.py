@@ -13,6 +13,11 @@ a fresh, working backend; pytest then runs every contract test against it::
             yield backend
             backend.close()
 
+:class:`BackendContract` tests locking only. A store the HTTP lock server can run on also offers
+the optional :class:`~lease_lock.backends.service.ServiceStore` interface; mix
+:class:`ServiceStoreContract` into the same test class (it uses the same ``backend`` fixture) to
+test its shared counters as well.
+
 Nothing is registered as a pytest plugin: importing this module is the opt-in. Timings scale to
 ``backend.capabilities.min_ttl``, so a backend whose shortest lease is several seconds (the HTTP
 service's is five) still passes, only more slowly. The suite waits on the backend's own answers
@@ -29,9 +34,11 @@ from typing import Callable, Iterator
 
 import pytest
 
-from .backends.base import Backend, ExtendRequest
+from .backends.base import Backend, ExtendRequest, LockState
+from .backends.service import ServiceStore
+from .errors import ValidationError
 
-__all__ = ["BackendContract", "wait_until"]
+__all__ = ["BackendContract", "ServiceStoreContract", "wait_until"]
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
@@ -374,3 +381,102 @@ class BackendContract:
         finally:
             watcher.close()
         assert not watcher.active
+
+
+class ServiceStoreContract:
+    """The shared counters of a :class:`~lease_lock.backends.service.ServiceStore`, as tests.
+
+    Subclasses supply a ``backend`` fixture yielding a fresh store (the same fixture
+    :class:`BackendContract` uses, so one class can run both).
+    """
+
+    @pytest.fixture
+    def backend(self) -> Iterator[ServiceStore]:
+        """Override in the subclass: yield the store under test."""
+        raise NotImplementedError("subclass ServiceStoreContract and define a 'backend' fixture")
+
+    @pytest.fixture
+    def counter(self) -> str:
+        """A counter name no other test uses."""
+        return f"contract-counter:{uuid.uuid4().hex}"
+
+    def test_is_a_service_store(self, backend: ServiceStore) -> None:
+        assert isinstance(backend, ServiceStore)
+
+    def test_counts_one_by_default(self, backend: ServiceStore, counter: str) -> None:
+        first, left = backend.count_in_window(counter, 3600)
+        assert first == 1
+        assert 0 < left <= 3600
+        assert backend.count_in_window(counter, 3600)[0] == 2
+        assert backend.count_in_window(f"{counter}:other", 3600)[0] == 1
+
+    def test_amount_is_added_at_once(self, backend: ServiceStore, counter: str) -> None:
+        assert backend.count_in_window(counter, 3600, 5)[0] == 5
+        assert backend.count_in_window(counter, 3600)[0] == 6
+        assert backend.count_in_window(counter, 3600, amount=10)[0] == 16
+
+    @pytest.mark.parametrize("amount", [0, -1, True, 1.5, "2"])
+    def test_amount_must_be_a_positive_int(self, backend: ServiceStore, counter: str, amount: object) -> None:
+        with pytest.raises(ValidationError, match="amount"):
+            backend.count_in_window(counter, 3600, amount)  # type: ignore[arg-type]
+        assert backend.count_in_window(counter, 3600)[0] == 1
+
+    def test_a_new_window_starts_at_zero(self, backend: ServiceStore, counter: str) -> None:
+        assert backend.count_in_window(counter, 1.0, 3)[0] >= 3
+        # Some call lands first in a later window and sees only its own amount.
+        assert wait_until(lambda: backend.count_in_window(counter, 1.0)[0] == 1, 30, 0.3)
+
+    def test_grant_if_free_grants_a_free_key(self, backend: ServiceStore, counter: str) -> None:
+        token = backend.new_token()
+        fence = backend.grant_if_free(counter, token, 60, "contract-owner")
+        assert isinstance(fence, int) and 0 < fence < 2**53
+        assert backend.is_held(counter, token)
+        state = backend.inspect(counter)
+        assert state.fence == fence and state.owner == "contract-owner"
+        assert backend.release(counter, token)
+        later = backend.grant_if_free(counter, backend.new_token(), 60, "contract-owner")
+        assert isinstance(later, int) and later > fence
+
+    def test_grant_if_free_answers_a_held_key_with_its_state(self, backend: ServiceStore, counter: str) -> None:
+        token = backend.new_token()
+        fence = backend.acquire_fenced(counter, token, 60, "first")
+        for asker in (backend.new_token(), token):  # the holder's own token is not granted either
+            answer = backend.grant_if_free(counter, asker, 30, "second")
+            assert isinstance(answer, LockState)
+            assert answer.held and answer.fence == fence and answer.owner == "first"
+            assert answer.expires_in is not None and 30 < answer.expires_in <= 60
+        assert backend.inspect(counter).owner == "first"
+
+    def test_concurrent_grants_if_free_grant_once(self, backend: ServiceStore, counter: str) -> None:
+        answers: list[object] = []
+        lock = threading.Lock()
+
+        def grant() -> None:
+            answer = backend.grant_if_free(counter, backend.new_token(), 60, "racer")
+            with lock:
+                answers.append(answer)
+
+        threads = [threading.Thread(target=grant) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert len(answers) == 8
+        assert sum(isinstance(answer, int) for answer in answers) == 1
+
+    def test_concurrent_counts_are_atomic(self, backend: ServiceStore, counter: str) -> None:
+        seen: list[int] = []
+        lock = threading.Lock()
+
+        def count() -> None:
+            for _ in range(25):
+                value = backend.count_in_window(counter, 3600)[0]
+                with lock:
+                    seen.append(value)
+
+        threads = [threading.Thread(target=count) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert sorted(seen) == list(range(1, 101))

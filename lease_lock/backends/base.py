@@ -10,18 +10,19 @@ raises only what its driver raises. It never raises :class:`~lease_lock.errors.L
 or :class:`~lease_lock.errors.LockLostError`: turning answers into outcomes is the core's job.
 
 Optional capabilities are declared in :class:`Capabilities`, so the core and callers can fail
-fast when they ask for something a backend lacks.
+fast when they ask for something a backend lacks. Duties of the HTTP lock service (shared
+counters, request ids) are not part of this contract: they are the optional interfaces of
+:mod:`lease_lock.backends.service`.
 """
 
 from __future__ import annotations
 
 import abc
-import contextlib
 import os
 import urllib.parse
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable, ClassVar, ContextManager, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional, Sequence
 
 from ..errors import ValidationError
 from ..validation import describe_token, is_secret_option
@@ -69,8 +70,6 @@ class Capabilities:
     - ``replica_wait``: writes can wait for replicas (Redis ``wait_for_replicas``).
     - ``scan``: ``scan(prefix)`` lists held keys.
     - ``batch_extend``: ``extend_many`` extends several leases in one round trip.
-    - ``counters``: ``count_in_window`` keeps fixed-window counters shared by every client of
-      the store (the HTTP lock service's rate limit uses it across server processes).
     - ``min_ttl``: the shortest lease the backend grants; the contract suite scales to it.
     - ``clock``: a short description of the clock that judges expiry, for the docs.
     """
@@ -81,7 +80,6 @@ class Capabilities:
     replica_wait: bool = False
     scan: bool = False
     batch_extend: bool = False
-    counters: bool = False
     min_ttl: float = 0.0
     clock: str = "the server's clock"
 
@@ -197,14 +195,6 @@ class Backend(abc.ABC):
         """Start delivering release notifications to ``callback`` (``release_notify``)."""
         raise NotImplementedError(f"{type(self).__name__} delivers no release notifications")
 
-    def count_in_window(self, name: str, window: float) -> tuple[int, float]:
-        """Add one to counter ``name`` in the current fixed window of ``window`` seconds.
-
-        Windows are aligned to multiples of ``window`` on the backend's clock. Returns the
-        counter's new value and the seconds left in the window (``counters``).
-        """
-        raise NotImplementedError(f"{type(self).__name__} keeps no shared counters")
-
     # -- validation hooks ----------------------------------------------------------------------
 
     def check_key(self, key: str) -> None:
@@ -213,14 +203,6 @@ class Backend(abc.ABC):
 
     def check_token(self, token: str) -> None:
         """Raise ``ValidationError`` if ``token`` is not a form this backend accepts."""
-
-    def request_id_scope(self, request_id: Optional[str]) -> ContextManager[None]:
-        """Attach ``request_id`` to the acquisitions this thread makes inside the block.
-
-        The core wraps an acquisition attempt in this when the caller passed ``request_id=``.
-        Only the HTTP backend sends it (and reuses it on its one retry); others ignore it.
-        """
-        return contextlib.nullcontext()
 
     def new_token(self) -> str:
         """A fresh random token in the form this backend prefers (16 random bytes as hex)."""

@@ -38,6 +38,7 @@ from .. import wire
 from ..errors import AccessDeniedError, BackendUnavailableError, RateLimitedError, ValidationError
 from ..validation import redact_url
 from .base import Backend, Capabilities, LockState, ReleaseWatcher, parse_url_options
+from .service import RequestIdCarrier
 
 __all__ = ["HttpBackend"]
 
@@ -122,7 +123,7 @@ def _forget_after(now: float, ttl: float) -> float:
     return now + ttl + wire.TAKEOVER_GRACE + 60.0
 
 
-class HttpBackend(Backend):
+class HttpBackend(Backend, RequestIdCarrier):
     """Leases kept by a lock service speaking the project-locks API.
 
     ``base_url`` is the service root (``/locks`` is appended); ``api_key`` a service key with

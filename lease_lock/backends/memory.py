@@ -11,10 +11,11 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, ClassVar, Iterator, Optional
+from typing import Any, Callable, ClassVar, Iterator, Optional, Union
 
 from .. import forksafe
-from .base import Backend, Capabilities, LockState, ReleaseWatcher, parse_url_options
+from .base import Capabilities, LockState, ReleaseWatcher, parse_url_options
+from .service import ServiceStore, check_amount
 
 __all__ = ["MemoryBackend"]
 
@@ -43,7 +44,7 @@ class _MemoryWatcher(ReleaseWatcher):
             self._backend._drop_watcher(self)
 
 
-class MemoryBackend(Backend):
+class MemoryBackend(ServiceStore):
     """Leases in a dict guarded by one lock; one process only.
 
     ``clear()`` drops every lease but keeps the fence counters, and fences are never below the
@@ -57,7 +58,6 @@ class MemoryBackend(Backend):
         release_notify=True,
         scan=True,
         batch_extend=True,
-        counters=True,
         clock="this process's monotonic clock",
     )
 
@@ -131,6 +131,17 @@ class MemoryBackend(Backend):
         lease = self._grant(key, token, ttl, owner, fenced=True)
         return None if lease is None else lease.fence
 
+    def grant_if_free(self, key: str, token: str, ttl: float, owner: str) -> Union[int, LockState]:
+        """Grant a key no lease holds and return its fence, else the key's state; one step."""
+        with self._mutex:
+            now = self._clock()
+            lease = self._live(key, now)
+            if lease is not None:
+                return self._state(key, lease, now)
+            fence = self._next_fence(key)
+            self._leases[key] = _Lease(token, now + ttl, fence, owner)
+            return fence
+
     def release(self, key: str, token: str) -> bool:
         """Delete ``key`` if ``token`` holds it."""
         with self._mutex:
@@ -196,13 +207,14 @@ class MemoryBackend(Backend):
             ]
         return iter(states)
 
-    def count_in_window(self, name: str, window: float) -> tuple[int, float]:
-        """Count one event in the current fixed window of ``window`` seconds."""
+    def count_in_window(self, name: str, window: float, amount: int = 1) -> tuple[int, float]:
+        """Add ``amount`` to counter ``name`` in the current fixed window of ``window`` seconds."""
+        check_amount(amount)
         with self._mutex:
             now = self._clock()
             window_index = int(now // window)
             index, count = self._counters.get(name, (window_index, 0))
-            count = count + 1 if index == window_index else 1
+            count = count + amount if index == window_index else amount
             self._counters[name] = (window_index, count)
             return count, (window_index + 1) * window - now
 

@@ -42,7 +42,8 @@ from typing import Any, Callable, ClassVar, Optional, Union
 from .. import forksafe
 from ..errors import BackendUnavailableError, ValidationError
 from ..validation import check_duration, parse_duration, redact_url
-from .base import Backend, Capabilities, ExtendRequest, LockState, parse_url_options
+from .base import Capabilities, ExtendRequest, LockState, parse_url_options
+from .service import ServiceStore, check_amount
 
 __all__ = ["DEFAULT_BUSY_TIMEOUT", "HostClock", "SqliteBackend", "default_path", "default_url"]
 
@@ -201,7 +202,7 @@ def _path_from_url(url: str) -> str:
     return path
 
 
-class SqliteBackend(Backend):
+class SqliteBackend(ServiceStore):
     """Leases in a SQLite file, shared by every process and thread of one host.
 
     ``path`` is the database file (created if missing; its directory must exist). A relative
@@ -222,7 +223,6 @@ class SqliteBackend(Backend):
         release_notify=False,
         scan=True,
         batch_extend=True,
-        counters=True,
         clock="CLOCK_BOOTTIME of the host with its boot id (the wall clock where unavailable)",
     )
     url_options: ClassVar[Mapping[str, Callable[[str], Any]]] = {
@@ -461,18 +461,20 @@ class SqliteBackend(Backend):
             [self._state(key, owner, fence, expires, now) for key, owner, fence, _, expires in rows]
         )
 
-    def count_in_window(self, name: str, window: float) -> tuple[int, float]:
-        """Count one event in the current fixed window of ``window`` seconds on the host clock.
+    def count_in_window(self, name: str, window: float, amount: int = 1) -> tuple[int, float]:
+        """Add ``amount`` to counter ``name`` in the current fixed window on the host clock.
 
         A new boot starts every counter afresh.
         """
+        check_amount(amount)
         epoch = self._clock.epoch
         with self._write() as (connection, now):
             index = math.floor(now / window)
             row = connection.execute(
                 "SELECT boot, window, count FROM lease_lock_counters WHERE name = ?", (name,)
             ).fetchone()
-            count = row[2] + 1 if row is not None and row[0] == epoch and row[1] == index else 1
+            same = row is not None and row[0] == epoch and row[1] == index
+            count = row[2] + amount if same else amount
             connection.execute(
                 "INSERT OR REPLACE INTO lease_lock_counters VALUES (?, ?, ?, ?)",
                 (name, epoch, index, count),

@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 
 from ..backends import backend_from_url
 from ..backends.base import Backend
+from ..backends.service import ServiceStore
 from ..errors import BackendUnavailableError
 from ..validation import check_owner
 from ..wire import (
@@ -294,10 +295,11 @@ class LockServiceApp:
         return _Response(200, {"status": "ready"})
 
     def _handle(self, environ: dict[str, Any], context: dict[str, str]) -> _Response:
-        operations = self._operations(_raw_path(environ), environ.get("REQUEST_METHOD", ""), context)
+        path = _raw_path(environ)  # once per request: it is on every request's path
+        operations = self._operations(path, environ.get("REQUEST_METHOD", ""), context)
         if operations is not None:
             return operations
-        context["route"] = _route_of(_raw_path(environ))
+        context["route"] = _route_of(path)
         record = self._authenticate(environ)
         context["project"] = record.project
         method = environ.get("REQUEST_METHOD", "")
@@ -310,7 +312,7 @@ class LockServiceApp:
                 f"project {budget_name} budget of {self.limiter.limit} requests per window is spent",
                 [("Retry-After", str(budget.retry_after))],
             )
-        segments = _raw_path(environ).split("/")
+        segments = path.split("/")
         request_id = _uuid(
             _header(environ, HEADER_REQUEST_ID), HEADER_REQUEST_ID, "invalid_request"
         )
@@ -546,6 +548,13 @@ def create_app(
     backend = backend_from_url(backend_url) if isinstance(backend_url, str) else backend_url
     if not backend.capabilities.fencing:
         raise ValidationError(f"{type(backend).__name__} cannot fence; the service needs fences")
+    if not isinstance(backend, ServiceStore):
+        if isinstance(backend_url, str):
+            backend.close()  # built here, so ours to close
+        raise ValidationError(
+            f"backend_url: {type(backend).__name__} is not a ServiceStore (it keeps no shared"
+            " counters for the rate limits); serve from memory, SQLite, Redis or PostgreSQL"
+        )
     if isinstance(max_waits, bool) or not isinstance(max_waits, int) or max_waits < 0:
         raise ValidationError("max_waits must be a whole number >= 0 (0 turns waiting off)")
     if isinstance(max_wait, bool) or not isinstance(max_wait, (int, float)) or not 0 < max_wait <= 3600:

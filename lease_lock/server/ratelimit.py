@@ -1,9 +1,17 @@
-"""Per-project request budgets in fixed windows.
+"""Per-project request budgets in fixed windows, taken from the store in slices.
 
-Every authenticated request of a project counts, whatever its outcome. When the store keeps
-shared counters (``capabilities.counters``: memory, SQLite, Redis, PostgreSQL) the count lives
-in the store, so every server process sharing it enforces one budget; otherwise each process
-keeps its own count and a project can spend the budget once per process.
+Every authenticated request of a project counts, whatever its outcome. The count lives in the
+store's shared counters (:class:`~lease_lock.backends.service.ServiceStore`), so every server
+process sharing the store enforces one budget.
+
+Asking the store on every request would cost a round trip per request, so a process takes its
+budget in *slices*: it adds ``slice`` to the shared counter at once and spends the requests it
+got locally until the slice or the window runs out. Only requests the store granted are ever
+spent, so all processes together never exceed the limit. The cost is the other direction: a
+slice a process took but has not spent is lost to the others, so with ``P`` processes a budget
+can be refused up to ``(P - 1) * (slice - 1)`` requests early in a window (a process that
+stops loses its unspent rest as well). The slice is ``limit // 64`` (at least 1, at most 64):
+exact counting below 128 requests per window, and at most 1/64 of the budget per process.
 """
 
 from __future__ import annotations
@@ -12,11 +20,13 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
-from ..backends.base import Backend
+from ..backends.service import ServiceStore
 
-__all__ = ["Budget", "RateLimiter"]
+__all__ = ["Budget", "RateLimiter", "slice_of"]
+
+_MAX_SLICE = 64
 
 
 @dataclass(frozen=True)
@@ -27,44 +37,93 @@ class Budget:
     retry_after: int
 
 
+def slice_of(limit: int) -> int:
+    """How many requests of a ``limit``-per-window budget a process takes from the store at once."""
+    return max(1, min(_MAX_SLICE, limit // _MAX_SLICE))
+
+
+class _Share:
+    """This process's unspent part of one budget, valid until ``ends`` (monotonic seconds).
+
+    ``spent_out`` records that the store's budget itself ran out in this window, so later
+    requests are refused here without asking the store again (its count only grows).
+    """
+
+    __slots__ = ("ends", "left", "spent_out")
+
+    def __init__(self, ends: float) -> None:
+        self.ends = ends
+        self.left = 0
+        self.spent_out = False
+
+
 class RateLimiter:
     """``limit`` requests per project in each fixed window of ``window`` seconds.
 
     Driver errors of the shared counter propagate (the server answers 503: fail closed).
+    ``clock`` is a monotonic clock; it only times how long a slice stays usable, while the
+    windows themselves are the store's.
     """
 
     def __init__(
         self,
-        backend: Backend,
+        store: ServiceStore,
         *,
         limit: int = 600,
         window: float = 60.0,
         namespace: str = "lease-lock-rate/",
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.limit = limit
         self.window = window
-        self.shared = backend.capabilities.counters
-        self._backend = backend
+        self.slice = slice_of(limit)
+        self._store = store
         self._namespace = namespace
         self._clock = clock
         self._mutex = threading.Lock()
-        self._local: dict[str, tuple[int, int]] = {}
+        self._shares: dict[str, _Share] = {}
 
     def hit(self, project: str) -> Budget:
         """Count one request of ``project`` and say whether it is within the budget."""
-        if self.shared:
-            count, left = self._backend.count_in_window(self._namespace + project, self.window)
-        else:
-            count, left = self._count_locally(project)
-        # ``Retry-After`` is whole seconds; rounding up never invites a client back too early.
-        return Budget(count <= self.limit, max(1, math.ceil(left)))
-
-    def _count_locally(self, project: str) -> tuple[int, float]:
+        budget = self._spend(project)
+        if budget is not None:
+            return budget
+        count, left = self._store.count_in_window(self._namespace + project, self.window, self.slice)
+        # The store counted ``self.slice`` requests ending at ``count``; those at or below the
+        # limit are ours to spend.
+        granted = max(0, min(self.slice, self.limit - (count - self.slice)))
+        ends = self._clock() + left
         with self._mutex:
-            now = self._clock()
-            index = int(now // self.window)
-            seen, count = self._local.get(project, (index, 0))
-            count = count + 1 if seen == index else 1
-            self._local[project] = (index, count)
-            return count, (index + 1) * self.window - now
+            share = self._shares.get(project)
+            if share is None or share.ends < ends - 0.5 * self.window:
+                # No share yet, or one of an earlier window: start this window's. Otherwise
+                # another thread took a slice of the same window meanwhile; both add up.
+                share = self._shares[project] = _Share(ends)
+            share.left += granted
+            share.spent_out = share.spent_out or granted < self.slice
+            allowed = share.left > 0
+            if allowed:
+                share.left -= 1
+        return self._budget(allowed, left)
+
+    def _spend(self, project: str) -> Optional[Budget]:
+        """Spend one request of this process's share; ``None`` when it must ask the store."""
+        with self._mutex:
+            share = self._shares.get(project)
+            if share is None:
+                return None
+            left = share.ends - self._clock()
+            if left <= 0:
+                del self._shares[project]
+                return None
+            if share.left > 0:
+                share.left -= 1
+                return self._budget(True, left)
+            if share.spent_out:
+                return self._budget(False, left)
+        return None
+
+    @staticmethod
+    def _budget(allowed: bool, left: float) -> Budget:
+        # ``Retry-After`` is whole seconds; rounding up never invites a client back too early.
+        return Budget(allowed, max(1, math.ceil(left)))

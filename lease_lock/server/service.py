@@ -3,8 +3,9 @@
 The hosted "project locks" API promises more than a bare lease: a takeover grace of one second
 after expiry, an absolute 90-day deadline per acquisition, renewals that must arrive more than a
 second before expiry, and fences that rise on every change of hands. :class:`LockService`
-implements those promises with nothing but the :class:`~lease_lock.backends.base.Backend`
-primitives, so that every server process sharing one store agrees without talking to the others.
+implements those promises with nothing but the primitives of a
+:class:`~lease_lock.backends.service.ServiceStore`, so that every server process sharing one
+store agrees without talking to the others.
 
 How the extra data is stored
 ----------------------------
@@ -21,7 +22,10 @@ How the extra data is stored
 
 Every decision is taken from a fresh read of the store followed by a token-checked atomic write,
 so when two server processes race, the store's atomic primitive decides and the loser gets a
-conflict, never a second holder. The remaining windows are documented where they are handled.
+conflict, never a second holder. An acquisition first asks the store to grant the key only if
+no lease holds it (``grant_if_free``): a free key needs no earlier read, since a fresh grant
+takes a fresh deadline, and a held key comes back with the state the rules need. The remaining
+windows are documented where they are handled.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable, Iterator, Optional
 
-from ..backends.base import Backend, LockState
+from ..backends.base import LockState
+from ..backends.service import ServiceStore
 from ..wire import MAX_LIFETIME, RENEW_MARGIN, TAKEOVER_GRACE
 
 __all__ = ["Conflict", "Grant", "Holder", "LockService"]
@@ -118,7 +123,7 @@ class LockService:
 
     def __init__(
         self,
-        backend: Backend,
+        backend: ServiceStore,
         *,
         key_prefix: str = "locks/",
         clock: Callable[[], float] = time.time,
@@ -148,8 +153,15 @@ class LockService:
         """
         store_key = self.store_key(project, key)
         digest = _digest(token)
-        state = self.backend.inspect(store_key)
         now = self._clock()
+        fresh = min(float(ttl), MAX_LIFETIME)
+        answer = self.backend.grant_if_free(
+            store_key, token, fresh + TAKEOVER_GRACE, _Label(now + MAX_LIFETIME, digest, owner).encode()
+        )
+        if isinstance(answer, int):
+            return Grant(now + fresh, answer)
+        # Held (or released again in between): decide from the state the store answered with.
+        state = answer
         if state.held:
             label = _Label.parse(state.owner)
             if label is None or label.digest != digest:

@@ -13,8 +13,10 @@ from typing import Any, Callable
 
 import pytest
 import requests
+from lease_lock import Locker
 from lease_lock.backends.http import HttpBackend
 from lease_lock.backends.memory import MemoryBackend
+from lease_lock.backends.service import RequestIdCarrier, ServiceStore
 from lease_lock.errors import BackendUnavailableError, RateLimitedError
 from lease_lock.server import create_app
 
@@ -102,18 +104,27 @@ class DroppingProxy:
 
 
 class FlakyStore(MemoryBackend):
-    """A memory store whose next ``failures`` reads raise like an unreachable server."""
+    """A memory store whose next ``failures`` reads (or grant-or-reads) raise like an unreachable
+    server."""
 
     failures = 0
 
-    def inspect(self, key: str) -> Any:
+    def _fail_if_due(self) -> None:
         if self.failures > 0:
             self.failures -= 1
             try:
                 raise ConnectionError("store unreachable (test)")
             except ConnectionError as exc:
                 raise BackendUnavailableError("memory store unreachable (test)", backend="memory") from exc
+
+    def inspect(self, key: str) -> Any:
+        self._fail_if_due()
         return super().inspect(key)
+
+    def grant_if_free(self, key: str, token: str, ttl: float, owner: str) -> Any:
+        # The service's acquisitions read the key in this call instead of in ``inspect``.
+        self._fail_if_due()
+        return super().grant_if_free(key, token, ttl, owner)
 
 
 @pytest.fixture
@@ -203,3 +214,15 @@ def test_other_operations_and_errors_get_one_attempt(rig: Any) -> None:
         assert len(_posts(recorder)) == 7
     finally:
         backend.close()
+
+
+def test_a_lockers_request_id_reaches_the_service(rig: Any) -> None:
+    # The HTTP backend is the one RequestIdCarrier: the Locker's request_id= goes through it.
+    recorder, _store, server, keys = rig
+    backend = HttpBackend(server.url, keys["alpha"])
+    assert isinstance(backend, RequestIdCarrier) and not isinstance(backend, ServiceStore)
+    request_id = str(uuid.uuid4())
+    with Locker(backend, ttl=30) as locker, locker.lock("job", request_id=request_id):
+        pass
+    [post] = _posts(recorder)
+    assert post["request_id"] == request_id

@@ -6,10 +6,10 @@ from typing import Iterator
 
 import pytest
 from lease_lock.backends.memory import MemoryBackend
-from lease_lock.testing import BackendContract
+from lease_lock.testing import BackendContract, ServiceStoreContract
 
 
-class TestMemoryBackend(BackendContract):
+class TestMemoryBackend(BackendContract, ServiceStoreContract):
     @pytest.fixture
     def backend(self) -> Iterator[MemoryBackend]:
         backend = MemoryBackend()

@@ -13,7 +13,7 @@ import pytest
 from lease_lock.backends import backend_from_url
 from lease_lock.backends.postgres import PostgresBackend, ddl
 from lease_lock.errors import BackendUnavailableError, ValidationError
-from lease_lock.testing import BackendContract, wait_until
+from lease_lock.testing import BackendContract, ServiceStoreContract, wait_until
 
 from tests.support.postgres_server import PostgresServer
 
@@ -48,7 +48,7 @@ def table(admin: Any) -> Iterator[str]:
     _sql(admin, f'DROP SEQUENCE IF EXISTS "{name}_fence"')
 
 
-class TestPostgresPool(BackendContract):
+class TestPostgresPool(BackendContract, ServiceStoreContract):
     """The contract through ``connect("postgresql://...")``, which builds a pool."""
 
     @pytest.fixture

@@ -16,7 +16,7 @@ from lease_lock.backends import backend_from_url
 from lease_lock.backends.base import ExtendRequest
 from lease_lock.backends.redis import RedisBackend, fence_key, hash_tag, is_fence_key
 from lease_lock.errors import BackendUnavailableError, ValidationError
-from lease_lock.testing import BackendContract, wait_until
+from lease_lock.testing import BackendContract, ServiceStoreContract, wait_until
 
 from tests.support.redis_server import RedisServer
 
@@ -43,7 +43,7 @@ def key() -> str:
     return f"test:{uuid.uuid4().hex}"
 
 
-class TestRedisBackend(BackendContract):
+class TestRedisBackend(BackendContract, ServiceStoreContract):
     @pytest.fixture
     def backend(self, redis_server: RedisServer) -> Iterator[RedisBackend]:
         backend = RedisBackend.from_url(redis_server.url)
@@ -51,7 +51,7 @@ class TestRedisBackend(BackendContract):
         backend.close()
 
 
-class TestFakeRedisBackend(BackendContract):
+class TestFakeRedisBackend(BackendContract, ServiceStoreContract):
     @pytest.fixture
     def backend(self) -> Iterator[RedisBackend]:
         import fakeredis

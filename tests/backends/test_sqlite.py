@@ -15,13 +15,13 @@ from lease_lock.backends import backend_from_url
 from lease_lock.backends.base import ExtendRequest
 from lease_lock.backends.sqlite import HostClock, SqliteBackend, default_path, default_url
 from lease_lock.errors import BackendUnavailableError, ValidationError
-from lease_lock.testing import BackendContract
+from lease_lock.testing import BackendContract, ServiceStoreContract
 
 TOKEN_A = "a" * 32
 TOKEN_B = "b" * 32
 
 
-class TestSqliteBackend(BackendContract):
+class TestSqliteBackend(BackendContract, ServiceStoreContract):
     @pytest.fixture
     def backend(self, tmp_path: Path) -> Iterator[SqliteBackend]:
         backend = SqliteBackend(tmp_path / "locks.db")

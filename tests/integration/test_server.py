@@ -4,6 +4,9 @@ bad input of every kind, and keys picked up without a restart."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +14,10 @@ from typing import Any, Optional
 
 import pytest
 import requests
+from lease_lock import Locker
+from lease_lock.backends.base import Backend, LockState
 from lease_lock.backends.memory import MemoryBackend
+from lease_lock.backends.service import ServiceStore
 from lease_lock.errors import BackendUnavailableError, ValidationError
 from lease_lock.server import create_app, create_key, openapi_document, revoke_key
 from lease_lock.testing import wait_until
@@ -252,6 +258,9 @@ class _UnreachableStore(MemoryBackend):
         except ConnectionRefusedError as exc:
             raise BackendUnavailableError("memory store unreachable (test)", backend="memory") from exc
 
+    def grant_if_free(self, key: str, token: str, ttl: float, owner: str) -> Any:
+        return self.inspect(key)
+
 
 def test_unreachable_store_fails_closed_and_logs_the_cause(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -296,6 +305,62 @@ def test_create_app_checks_its_arguments(tmp_path: Path) -> None:
     make_keys(tmp_path / "keys.toml")
     with pytest.raises(ValidationError, match="rate_limit"):
         create_app("memory://", tmp_path / "keys.toml", rate_limit=0)
+
+
+class _LocksOnly(Backend):
+    """A backend that implements the lock calls and nothing of the optional service interface."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryBackend()
+        self.closed = False
+
+    def acquire(self, key: str, token: str, ttl: float, owner: str) -> bool:
+        return self.inner.acquire(key, token, ttl, owner)
+
+    def acquire_fenced(self, key: str, token: str, ttl: float, owner: str) -> Optional[int]:
+        return self.inner.acquire_fenced(key, token, ttl, owner)
+
+    def release(self, key: str, token: str) -> bool:
+        return self.inner.release(key, token)
+
+    def extend(self, key: str, token: str, ttl: float) -> bool:
+        return self.inner.extend(key, token, ttl)
+
+    def is_held(self, key: str, token: str) -> bool:
+        return self.inner.is_held(key, token)
+
+    def inspect(self, key: str) -> LockState:
+        return self.inner.inspect(key)
+
+    def force_release(self, key: str) -> bool:
+        return self.inner.force_release(key)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_create_app_refuses_a_store_without_the_service_interface(tmp_path: Path) -> None:
+    make_keys(tmp_path / "keys.toml")
+    store = _LocksOnly()
+    assert not isinstance(store, ServiceStore)
+    with pytest.raises(ValidationError, match="ServiceStore"):
+        create_app(store, tmp_path / "keys.toml")
+    assert not store.closed  # the caller's object stays the caller's to close
+    # The same backend is a complete lock backend for a Locker, request ids included.
+    with Locker(store, ttl=30) as locker, locker.lock("job", request_id=str(uuid.uuid4())) as lock:
+        assert lock.is_held()
+
+
+def test_serve_refuses_a_store_without_the_service_interface(tmp_path: Path) -> None:
+    make_keys(tmp_path / "keys.toml")
+    result = subprocess.run(
+        [sys.executable, "-m", "lease_lock", "serve", "--url", "http://127.0.0.1:9/",
+         "--keys", str(tmp_path / "keys.toml"), "--bind", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "LEASE_LOCK_API_KEY": "any-key"},
+    )
+    assert result.returncode != 0
+    assert "ServiceStore" in result.stderr
 
 
 def test_openapi_document_describes_the_routes_and_marks_extensions() -> None:

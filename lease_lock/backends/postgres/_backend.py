@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import urllib.parse
 from datetime import timezone
-from typing import Any, Callable, ClassVar, Iterator, Optional, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Optional, Sequence, Union
 
 import psycopg2
 import psycopg2.errors
@@ -13,13 +13,13 @@ import psycopg2.errors
 from ...errors import ValidationError
 from ...validation import check_bool
 from ..base import (
-    Backend,
     Capabilities,
     ExtendRequest,
     LockState,
     ReleaseWatcher,
     parse_url_options,
 )
+from ..service import ServiceStore, check_amount
 from ._connections import ConnectionSource, LazyPool, check_dsn
 from ._errors import is_connect_failure, is_connection_failure, unavailable
 from ._sql import Names, ddl, resolve_names
@@ -82,7 +82,7 @@ def _parse_positive_int(text: str) -> int:
 DEFAULT_LIBPQ_TIMEOUTS = (("connect_timeout", "5"), ("tcp_user_timeout", "5000"))
 
 
-class PostgresBackend(Backend):
+class PostgresBackend(ServiceStore):
     """Leases in a PostgreSQL table, shared by every process that can reach the database.
 
     ``conn_or_pool`` is a psycopg2 connection or a ``psycopg2.pool`` pool. Statements run in
@@ -126,7 +126,6 @@ class PostgresBackend(Backend):
         release_notify=True,
         scan=True,
         batch_extend=True,
-        counters=True,
         clock="the PostgreSQL server's clock_timestamp()",
     )
     url_options: ClassVar[dict[str, Callable[[str], Any]]] = {
@@ -378,6 +377,16 @@ class PostgresBackend(Backend):
         _, rows, _ = self._run(self._sql["inspect"], {"key": key}, write=False)
         return _state(rows[0]) if rows else LockState.free(key)
 
+    def grant_if_free(self, key: str, token: str, ttl: float, owner: str) -> Union[int, LockState]:
+        """Read, then grant a free key: two statements, the read creating the table as a grant
+        would (with ``create_table``), so a fresh database serves its first acquisition."""
+        _, rows, _ = self._run(self._sql["inspect"], {"key": key}, write=True)
+        state = _state(rows[0]) if rows else LockState.free(key)
+        if state.held:
+            return state
+        fence = self.acquire_fenced(key, token, ttl, owner)
+        return fence if fence is not None else self.inspect(key)
+
     def force_release(self, key: str) -> bool:
         """Delete ``key`` whoever holds it; ``True`` when a live lease was dropped."""
         _, rows, _ = self._run(
@@ -398,10 +407,11 @@ class PostgresBackend(Backend):
         count, _, _ = self._run(self._sql["sweep"], {})
         return int(count)
 
-    def count_in_window(self, name: str, window: float) -> tuple[int, float]:
-        """Count one event for ``name`` in the current ``window``-second window (server clock)."""
+    def count_in_window(self, name: str, window: float, amount: int = 1) -> tuple[int, float]:
+        """Add ``amount`` to ``name`` in the current ``window``-second window (server clock)."""
+        check_amount(amount)
         _, rows, _ = self._run(
-            self._sql["count"], {"name": name, "window": float(window)}, counters=True
+            self._sql["count"], {"name": name, "window": float(window), "amount": amount}, counters=True
         )
         count, remaining = rows[0]
         return int(count), max(0.0, float(remaining))
@@ -606,16 +616,16 @@ def _statements(names: Names, write_prefix: str) -> dict[str, str]:
         ),
         # Inputs: none. Result: the number of rows deleted.
         "sweep": f"DELETE FROM {t} WHERE expires_at <= clock_timestamp()",
-        # Inputs: name, window (seconds). Result: (count, seconds left in the window). A
+        # Inputs: name, window (seconds), amount. Result: (count, seconds left in the window). A
         # statement that read the clock just before another moved the counter to the next
         # window counts in that newer window instead of resetting it.
         "count": (
             "WITH now AS (SELECT extract(epoch FROM clock_timestamp())::float8 AS at)"
             f" INSERT INTO {counters} AS counter (name, window_index, count)"
-            " SELECT %(name)s, floor(now.at / %(window)s)::bigint, 1 FROM now"
+            " SELECT %(name)s, floor(now.at / %(window)s)::bigint, %(amount)s FROM now"
             " ON CONFLICT (name) DO UPDATE SET"
             " count = CASE WHEN EXCLUDED.window_index <= counter.window_index"
-            " THEN counter.count + 1 ELSE 1 END,"
+            " THEN counter.count + EXCLUDED.count ELSE EXCLUDED.count END,"
             " window_index = GREATEST(counter.window_index, EXCLUDED.window_index)"
             " RETURNING count, (window_index + 1) * %(window)s - (SELECT at FROM now)"
         ),

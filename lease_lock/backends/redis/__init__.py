@@ -18,18 +18,18 @@ import functools
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any, Callable, ClassVar, Optional, TypeVar, cast
+from typing import Any, Callable, ClassVar, Optional, TypeVar, Union, cast
 
 from ...errors import BackendUnavailableError, ReplicationError, ValidationError
 from ...validation import check_duration
 from ..base import (
-    Backend,
     Capabilities,
     ExtendRequest,
     LockState,
     ReleaseWatcher,
     parse_url_options,
 )
+from ..service import ServiceStore, check_amount
 from . import _scripts
 from ._scripts import Script
 from ._url import (
@@ -200,7 +200,7 @@ def _check_replicas(value: object, cluster: bool) -> Optional[tuple[int, float]]
     return replicas, check_duration(timeout, "wait_for_replicas timeout")
 
 
-class RedisBackend(Backend):
+class RedisBackend(ServiceStore):
     """Leases in Redis through a redis-py client.
 
     ``client`` is a ``redis.Redis``, a Sentinel master client (``Sentinel.master_for``) or a
@@ -225,7 +225,6 @@ class RedisBackend(Backend):
         replica_wait=True,
         scan=True,
         batch_extend=True,
-        counters=True,
         min_ttl=0.0,
         clock="the Redis server's clock (key expiry and TIME)",
     )
@@ -401,6 +400,22 @@ class RedisBackend(Backend):
         return None if fence is None else int(fence)
 
     @_reports_unavailable
+    def grant_if_free(self, key: str, token: str, ttl: float, owner: str) -> Union[int, LockState]:
+        """Grant a key no lease holds, else read its state: one script, one round trip.
+
+        With ``wait_for_replicas`` it reads, then grants through :meth:`acquire_fenced` (which
+        waits for the replicas).
+        """
+        if self.wait_for_replicas is not None:
+            return super().grant_if_free(key, token, ttl, owner)
+        ms = _millis(ttl)
+        argv = [f"{token}|", ms, owner, "1", max(_COUNTER_LIFETIME_MS, ms)]
+        reply = _scripts.GRANT_IF_FREE(self.client, [key, self._fence_key(key)], argv)
+        if isinstance(reply, list):
+            return self._state(key, reply)
+        return int(reply)
+
+    @_reports_unavailable
     def release(self, key: str, token: str) -> bool:
         """Delete ``key`` if ``token`` holds it and announce the release to watchers.
 
@@ -520,8 +535,8 @@ class RedisBackend(Backend):
         return watcher
 
     @_reports_unavailable
-    def count_in_window(self, name: str, window: float) -> tuple[int, float]:
-        """Count one event for ``name`` in the current window, atomically on the server clock.
+    def count_in_window(self, name: str, window: float, amount: int = 1) -> tuple[int, float]:
+        """Add ``amount`` to ``name`` in the current window, atomically on the server clock.
 
         The counter is the hash ``lease_lock:window:<name>``; it expires a second after its
         window ends.
@@ -531,7 +546,8 @@ class RedisBackend(Backend):
         micros = round(check_duration(window, "window") * 1_000_000)
         if micros < 1000:
             raise ValidationError("window must be at least 0.001 seconds")
-        count, left = _scripts.COUNT_IN_WINDOW(self.client, [_COUNTER_PREFIX + name], [micros])
+        check_amount(amount)
+        count, left = _scripts.COUNT_IN_WINDOW(self.client, [_COUNTER_PREFIX + name], [micros, amount])
         return int(count), int(left) / 1_000_000
 
     # -- validation hooks ----------------------------------------------------------------------

@@ -24,6 +24,7 @@ __all__ = [
     "COUNT_IN_WINDOW",
     "EXTEND",
     "FORCE_RELEASE",
+    "GRANT_IF_FREE",
     "INSPECT",
     "RELEASE",
     "Script",
@@ -61,6 +62,22 @@ class Script:
 # later do that anyway, Redis 3.2 and 4 need it or they refuse the write.
 _EFFECTS = "if redis.replicate_commands then redis.replicate_commands() end\n"
 
+# Takes the next fence of KEYS[2] (counter lifetime ARGV[5] ms) into the Lua local ``fence``.
+_TAKE_FENCE = """
+local now = redis.call('TIME')
+local micros = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local stored = redis.call('GET', KEYS[2]) or '0'
+-- Only a counter may be read as one: anything else (a lease written under the counter's
+-- name through the bare backend API) must not be overwritten, so fail loudly instead.
+if not string.match(stored, '^%d+$') then
+  return redis.error_reply('lease_lock: fence counter ' .. KEYS[2] .. ' holds a non-counter value')
+end
+local last = tonumber(stored)
+-- At least the server time: the fence keeps rising after the counter is lost.
+fence = string.format('%.0f', math.max(micros, last + 1))
+redis.call('SET', KEYS[2], fence, 'PX', ARGV[5])
+"""
+
 #: KEYS[1] lease key, KEYS[2] fence counter (same hash slot; only when fenced).
 #: ARGV[1] "<token>|", ARGV[2] lease in ms, ARGV[3] owner, ARGV[4] "1" to fence,
 #: ARGV[5] counter lifetime in ms.
@@ -84,19 +101,31 @@ if current then
   fence = string.sub(rest, 1, bar - 1)
 end
 if fence == '' and ARGV[4] == '1' then
-  local now = redis.call('TIME')
-  local micros = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  local stored = redis.call('GET', KEYS[2]) or '0'
-  -- Only a counter may be read as one: anything else (a lease written under the counter's
-  -- name through the bare backend API) must not be overwritten, so fail loudly instead.
-  if not string.match(stored, '^%d+$') then
-    return redis.error_reply('lease_lock: fence counter ' .. KEYS[2] .. ' holds a non-counter value')
-  end
-  local last = tonumber(stored)
-  -- At least the server time: the fence keeps rising after the counter is lost.
-  fence = string.format('%.0f', math.max(micros, last + 1))
-  redis.call('SET', KEYS[2], fence, 'PX', ARGV[5])
+"""
+    + _TAKE_FENCE
+    + """
 end
+redis.call('SET', KEYS[1], mine .. fence .. '|' .. ARGV[3], 'PX', ARGV[2])
+return fence
+"""
+)
+
+#: The same keys and ARGV as ACQUIRE (ARGV[4] is ignored: always fenced).
+#: Grants only a key no lease holds, this token's included. Returns the fence as text on a
+#: grant, else what INSPECT returns for the key (read in the same atomic step).
+GRANT_IF_FREE = Script(
+    _EFFECTS
+    + """
+local current = redis.call('GET', KEYS[1])
+if current then
+  local now = redis.call('TIME')
+  return {current, redis.call('PTTL', KEYS[1]), now[1], now[2]}
+end
+local mine = ARGV[1]
+local fence = ''
+"""
+    + _TAKE_FENCE
+    + """
 redis.call('SET', KEYS[1], mine .. fence .. '|' .. ARGV[3], 'PX', ARGV[2])
 return fence
 """
@@ -161,11 +190,12 @@ local micros = tonumber(now[1]) * 1000000 + tonumber(now[2])
 local width = tonumber(ARGV[1])
 local index = math.floor(micros / width)
 local label = string.format('%.0f', index)
-local count = 1
+local amount = tonumber(ARGV[2] or '1')
+local count = amount
 if redis.call('HGET', KEYS[1], 'w') == label then
-  count = redis.call('HINCRBY', KEYS[1], 'n', 1)
+  count = redis.call('HINCRBY', KEYS[1], 'n', amount)
 else
-  redis.call('HSET', KEYS[1], 'w', label, 'n', 1)
+  redis.call('HSET', KEYS[1], 'w', label, 'n', amount)
 end
 local left = (index + 1) * width - micros
 redis.call('PEXPIRE', KEYS[1], string.format('%.0f', math.ceil(left / 1000) + 1000))
