@@ -16,10 +16,11 @@ alive.
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from typing import Protocol
 
-__all__ = ["ForkAware", "register"]
+__all__ = ["ForkAware", "MutexForkGuard", "register"]
 
 
 class ForkAware(Protocol):
@@ -33,6 +34,29 @@ class ForkAware(Protocol):
 
     def after_fork(self) -> None:
         """In the child: replace every lock of the parent and forget its threads."""
+
+
+class MutexForkGuard:
+    """The fork hooks of an object whose every call into its store runs under ``self._mutex``.
+
+    The mutex is held across the fork, so no other thread is inside a call (or inside the
+    store's C library) while the process is copied; the child starts with a fresh mutex, since
+    the copied one would stay locked for ever. Subclasses still call :func:`register`.
+    """
+
+    _mutex: threading.Lock
+
+    def before_fork(self) -> None:
+        """Fork hook: wait until no thread is inside a call, and keep it so."""
+        self._mutex.acquire()
+
+    def after_fork_in_parent(self) -> None:
+        """Fork hook: let the parent's threads call again."""
+        self._mutex.release()
+
+    def after_fork(self) -> None:
+        """Fork hook, in the child: a fresh mutex (the copied one stays locked for ever)."""
+        self._mutex = threading.Lock()
 
 
 _REGISTERED: weakref.WeakSet[ForkAware] = weakref.WeakSet()

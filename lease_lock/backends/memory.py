@@ -44,7 +44,7 @@ class _MemoryWatcher(ReleaseWatcher):
             self._backend._drop_watcher(self)
 
 
-class MemoryBackend(ServiceStore):
+class MemoryBackend(ServiceStore, forksafe.MutexForkGuard):
     """Leases in a dict guarded by one lock; one process only.
 
     ``clear()`` drops every lease but keeps the fence counters, and fences are never below the
@@ -69,21 +69,6 @@ class MemoryBackend(ServiceStore):
         self._watchers: list[_MemoryWatcher] = []
         self._counters: dict[str, tuple[int, int]] = {}
         forksafe.register(self)
-
-    # The mutex is held across a fork so the child never copies a lease half-updated by
-    # another thread; the child then starts with a fresh mutex of its own.
-
-    def before_fork(self) -> None:
-        """Fork hook: wait until no thread is inside a call, and keep it so."""
-        self._mutex.acquire()
-
-    def after_fork_in_parent(self) -> None:
-        """Fork hook: let the parent's threads call again."""
-        self._mutex.release()
-
-    def after_fork(self) -> None:
-        """Fork hook, in the child: a fresh mutex (the copied one stays locked for ever)."""
-        self._mutex = threading.Lock()
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MemoryBackend:

@@ -202,7 +202,7 @@ def _path_from_url(url: str) -> str:
     return path
 
 
-class SqliteBackend(ServiceStore):
+class SqliteBackend(ServiceStore, forksafe.MutexForkGuard):
     """Leases in a SQLite file, shared by every process and thread of one host.
 
     ``path`` is the database file (created if missing; its directory must exist). A relative
@@ -248,23 +248,10 @@ class SqliteBackend(ServiceStore):
         self._inherited: list[sqlite3.Connection] = []
         forksafe.register(self)
 
-    # Every call into SQLite happens under self._mutex. Holding it across a fork means no other
-    # thread of this backend is inside SQLite while the process is copied, so the child does
-    # not inherit SQLite's own mutexes locked (a child forked mid-call hung in its first
-    # connect). The child starts with a fresh mutex; its next call sets the parent's
-    # connection aside and opens its own.
-
-    def before_fork(self) -> None:
-        """Fork hook: wait until no thread is inside a call, and keep it so."""
-        self._mutex.acquire()
-
-    def after_fork_in_parent(self) -> None:
-        """Fork hook: let the parent's threads call again."""
-        self._mutex.release()
-
-    def after_fork(self) -> None:
-        """Fork hook, in the child: a fresh mutex (the copied one stays locked for ever)."""
-        self._mutex = threading.Lock()
+    # Every call into SQLite happens under self._mutex, which MutexForkGuard holds across a
+    # fork: a child forked mid-call would otherwise inherit SQLite's own mutexes locked (one hung
+    # in its first connect). The child's next call sets the parent's connection aside and opens
+    # its own.
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> SqliteBackend:
