@@ -20,6 +20,7 @@ from lease_lock.errors import BackendUnavailableError, ValidationError
 from lease_lock.events import LockEvent
 from lease_lock.testing import wait_until
 
+from tests.support.children import exit_codes
 from tests.support.postgres_server import PostgresServer
 
 TOKEN = "t" * 32
@@ -348,25 +349,6 @@ def _child_cycles(backend: PostgresBackend, server: PostgresServer, table: str, 
     return wrong
 
 
-def _exit_codes(children: list[int], timeout: float = 60) -> list[int]:
-    """The children's exit codes, sorted; a child still running at the timeout is killed (-9)."""
-    codes: dict[int, int] = {}
-    deadline = time.monotonic() + timeout
-    while len(codes) < len(children) and time.monotonic() < deadline:
-        for pid in children:
-            if pid not in codes:
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    codes[pid] = os.waitstatus_to_exitcode(status)
-        time.sleep(0.05)
-    for pid in children:
-        if pid not in codes:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            codes[pid] = -9
-    return sorted(codes.values())
-
-
 def test_forked_children_never_use_the_parents_connection(
     postgres_server: PostgresServer, table: str
 ) -> None:
@@ -387,7 +369,7 @@ def test_forked_children_never_use_the_parents_connection(
         for cycle in range(100):
             assert backend.is_held("parent", TOKEN), cycle
             assert backend.extend("parent", TOKEN, 60), cycle
-        assert _exit_codes(children) == [0, 0, 0, 0]
+        assert exit_codes(children) == [0, 0, 0, 0]
         assert backend.release("parent", TOKEN)
     finally:
         backend.close()
@@ -445,6 +427,6 @@ def test_a_locker_built_before_fork_serves_every_child(postgres_server: Postgres
             children.append(pid)
         for _cycle in range(30):
             locker.acquire("parent").release()
-        assert _exit_codes(children) == [0, 0, 0, 0]
+        assert exit_codes(children) == [0, 0, 0, 0]
     finally:
         locker.close()

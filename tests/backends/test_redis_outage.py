@@ -19,6 +19,7 @@ from lease_lock.backends.redis import RedisBackend
 from lease_lock.errors import BackendUnavailableError, ValidationError
 from lease_lock.testing import wait_until
 
+from tests.support.children import exit_codes
 from tests.support.redis_server import RedisFactory, RedisServer
 
 TOKEN = "t" * 32
@@ -299,20 +300,7 @@ def test_forked_children_never_use_the_parents_connection(private_server: RedisS
         for cycle in range(100):
             assert backend.is_held("parent", TOKEN), cycle
             assert backend.extend("parent", TOKEN, 60), cycle
-        statuses = {}
-        deadline = time.monotonic() + 60
-        while len(statuses) < len(children) and time.monotonic() < deadline:
-            for pid in children:
-                if pid not in statuses:
-                    done, status = os.waitpid(pid, os.WNOHANG)
-                    if done:
-                        statuses[pid] = os.waitstatus_to_exitcode(status)
-            time.sleep(0.05)
-        for pid in children:
-            if pid not in statuses:
-                os.kill(pid, 9)
-                os.waitpid(pid, 0)
-        assert sorted(statuses.values()) == [0, 0, 0, 0], statuses
+        assert exit_codes(children) == [0, 0, 0, 0]
         assert backend.release("parent", TOKEN)
     finally:
         backend.close()
