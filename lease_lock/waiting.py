@@ -124,7 +124,9 @@ class ReleaseDispatcher:
             watcher = self._watcher
             handed_on = not isinstance(watcher, HandoffWatcher) or not event.is_set()
             if not handed_on and events:
-                handed_on = self._wake_one(events)
+                # Another thread here takes it (or is about to try anyway).
+                self._wake_one(events)
+                handed_on = True
         if isinstance(watcher, HandoffWatcher):
             if not events:
                 watcher.unwant(key)
@@ -132,17 +134,21 @@ class ReleaseDispatcher:
                 watcher.requeue(key)
 
     @staticmethod
-    def _wake_one(events: dict[threading.Event, None]) -> bool:
+    def _wake_one(events: dict[threading.Event, None]) -> None:
         for waiting in events:
             if not waiting.is_set():
                 waiting.set()
-                return True
-        return False
+                return
 
     def _on_handoff(self, key: str) -> bool:
+        # Taken when some thread here waits for the key: the longest-waiting one not woken yet
+        # is woken; when all were woken already they are about to try anyway.
         with self._mutex:
             events = self._waiters.get(key)
-            return events is not None and self._wake_one(events)
+            if not events:
+                return False
+            self._wake_one(events)
+            return True
 
     def _on_release(self, key: str) -> None:
         with self._mutex:
