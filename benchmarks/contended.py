@@ -14,7 +14,9 @@ default retry policy with a timeout longer than the run) and loops ``locker.acqu
   ``BLPOP`` signal list); PostgreSQL: ``pg_advisory_lock, N processes`` (a session advisory
   lock, the server's own wait queue): peers that wait in the server.
 
-Columns: grants per second by all workers together; the fewest and most grants of one worker
+Columns: grants per second by all workers together; of those, the ones that went to another
+worker than the grant before (``handoffs/s``: the rest were taken back by the releasing worker
+before a waiter got there); the fewest and most grants of one worker
 and the fewest as a fraction of a fair share (total / N; under 0.25 is called starvation);
 ``p50``/``p99`` hand-off latency, the time from a worker's last look at the clock before its
 ``release()`` to the next grant *to another worker* (read right after its ``acquire()``
@@ -169,6 +171,11 @@ class Run:
     overlaps: int
 
     @property
+    def handoffs(self) -> float:
+        """Grants per second that went to another worker than the grant before."""
+        return len(self.latencies) / self.seconds
+
+    @property
     def rate(self) -> float:
         """Grants per second by all workers together."""
         return sum(self.counts) / self.seconds
@@ -228,8 +235,8 @@ def _ms(latencies: list[float], fraction: float) -> str:
 
 def _print_row(run: Run, single: Run) -> None:
     print(
-        f"{run.name:<34} {run.rate:>9,.0f} {run.rate / single.rate:>8.2f}x {min(run.counts):>7,} "
-        f"{max(run.counts):>7,} {run.fairness:>9.2f} {_ms(run.latencies, 0.5):>8} "
+        f"{run.name:<34} {run.rate:>9,.0f} {run.rate / single.rate:>8.2f}x {run.handoffs:>10,.0f} "
+        f"{min(run.counts):>7,} {max(run.counts):>7,} {run.fairness:>9.2f} {_ms(run.latencies, 0.5):>8} "
         f"{_ms(run.latencies, 0.99):>8} {run.overlaps:>8}"
     )
 
@@ -237,6 +244,7 @@ def _print_row(run: Run, single: Run) -> None:
 def _as_json(run: Run, single: Run) -> dict[str, Any]:
     return {
         "name": run.name, "workers": run.workers, "rate": run.rate, "vs_single": run.rate / single.rate,
+        "handoffs_per_second": run.handoffs,
         "min": min(run.counts), "max": max(run.counts), "min_share": run.fairness, "overlaps": run.overlaps,
         "p50_ms": percentile(run.latencies, 0.5) * 1000 if run.latencies else None,
         "p99_ms": percentile(run.latencies, 0.99) * 1000 if run.latencies else None,
@@ -266,7 +274,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         rows = [single, run("Locker", store, url, args.workers, args.seconds)]
         rows.append(run(peer, store, url, args.workers, args.seconds))
         print(f"\n{store}: one key, each process loops acquire/release")
-        print(f"{'contestant':<34} {'grants/s':>9} {'vs 1 proc':>9} {'min':>7} {'max':>7} "
+        print(f"{'contestant':<34} {'grants/s':>9} {'vs 1 proc':>9} {'handoffs/s':>10} {'min':>7} {'max':>7} "
               f"{'min/share':>9} {'p50 ms':>8} {'p99 ms':>8} {'overlaps':>8}")
         for row in rows:
             _print_row(row, single)

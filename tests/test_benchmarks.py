@@ -149,8 +149,9 @@ def test_contended_in_miniature(tmp_path: Path, redis_server: RedisServer, postg
         postgres_part, "Locker, 1 process", "Locker, 3 processes", "pg_advisory_lock, 3 processes"
     )
     for cells in [*redis_rows.values(), *postgres_rows.values()]:
-        # grants/s, vs 1 proc, min, max, min/share, p50, p99, overlaps: never two holders at once.
-        assert len(cells) == 8 and cells[1].endswith("x") and cells[-1] == "0"
+        # grants/s, vs 1 proc, handoffs/s, min, max, min/share, p50, p99, overlaps: never two
+        # holders at once.
+        assert len(cells) == 9 and cells[1].endswith("x") and cells[-1] == "0"
     document = json.loads((tmp_path / "contended.json").read_text())
     assert document["benchmark"] == "contended"
     for store in ("redis", "postgres"):
