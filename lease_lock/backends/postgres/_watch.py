@@ -8,6 +8,7 @@ import logging
 import os
 import select
 import threading
+import zlib
 from typing import Any, Callable, Optional
 
 import psycopg2
@@ -151,11 +152,15 @@ class PostgresReleaseWatcher(ReleaseWatcher):
         """Work queued for the listening connection by other threads (none here)."""
 
 
-def turn_id(label: str, key: str) -> int:
-    """The session advisory lock (one bigint, a lock space apart from the two-int gates of
-    fenced grants) whose holder is next in line for ``key`` of table ``label``."""
-    digest = hashlib.blake2b(f"{label}\0{key}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
+def turn_id(label: str, key: str) -> tuple[int, int]:
+    """The session advisory lock whose holder is next in line for ``key`` of table ``label``.
+
+    Two ints, like the gates of fenced grants, so that the ``pg_advisory_lock(bigint)`` space
+    stays the application's; the first names the table's turns, the second the key.
+    """
+    digest = hashlib.blake2b(f"{label}\0{key}".encode("utf-8", "surrogatepass"), digest_size=4).digest()
+    table = zlib.crc32(f"{label}:turns".encode()) - 2**31
+    return table, int.from_bytes(digest, "big", signed=True)
 
 
 class PostgresHandoffWatcher(PostgresReleaseWatcher, HandoffWatcher):
@@ -236,7 +241,7 @@ class PostgresHandoffWatcher(PostgresReleaseWatcher, HandoffWatcher):
             return
         with conn.cursor() as cursor:
             for key in give_up:
-                cursor.execute("SELECT pg_advisory_unlock(%s)", (turn_id(self._label, key),))
+                cursor.execute("SELECT pg_advisory_unlock(%s, %s)", turn_id(self._label, key))
             for key in announce:
                 cursor.execute("SELECT pg_notify(%s, %s)", (self._channel, key))
 
@@ -247,7 +252,7 @@ class PostgresHandoffWatcher(PostgresReleaseWatcher, HandoffWatcher):
             mine = key in self._turns
         if not mine:
             with conn.cursor() as cursor:
-                cursor.execute("SELECT pg_try_advisory_lock(%s)", (turn_id(self._label, key),))
+                cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", turn_id(self._label, key))
                 row = cursor.fetchone()
             if not (row and row[0]):
                 return  # another process is next in line
