@@ -135,7 +135,7 @@ class PostgresReleaseWatcher(ReleaseWatcher):
             while conn.notifies:
                 notification = conn.notifies.pop(0)
                 try:
-                    self._deliver(conn, notification.payload)
+                    self._deliver(conn, notification.payload, notification.pid)
                 except (psycopg2.OperationalError, psycopg2.InterfaceError):
                     raise
                 except Exception:
@@ -143,9 +143,9 @@ class PostgresReleaseWatcher(ReleaseWatcher):
                     # the hand-off for every other waiter of the locker.
                     logger.exception("release callback raised; ignored")
 
-    def _deliver(self, conn: Any, key: str) -> None:
-        """Hand one notification to the callback (on the listening thread)."""
-        del conn
+    def _deliver(self, conn: Any, key: str, sender: int) -> None:
+        """Hand one notification (``sender``: the notifying server process) to the callback."""
+        del conn, sender
         self._callback(key)
 
     def _between(self, conn: Any) -> None:
@@ -192,6 +192,8 @@ class PostgresHandoffWatcher(PostgresReleaseWatcher, HandoffWatcher):
         self._give_up: set[str] = set()  # turns to unlock unless wanted again meanwhile
         self._drop: set[str] = set()  # turns to unlock in any case (a wake put back)
         self._announce: set[str] = set()  # releases to announce again
+        self._pipe_lock = threading.Lock()
+        self._pipe_closed = False
         super().__init__(parameters, channel, callback)
 
     def want(self, key: str) -> Optional[float]:
@@ -217,9 +219,18 @@ class PostgresHandoffWatcher(PostgresReleaseWatcher, HandoffWatcher):
         self._poke()
 
     def _poke(self) -> None:
-        if not self._stop.is_set():
-            with contextlib.suppress(OSError):
-                os.write(self._wake_write, b"x")
+        # Under the pipe lock: close() shuts the pipe, and its descriptor numbers could be
+        # reused by the time a late poke writes.
+        with self._pipe_lock:
+            if not self._pipe_closed:
+                with contextlib.suppress(OSError):
+                    os.write(self._wake_write, b"x")
+
+    def close(self) -> None:
+        """Stop the thread and close the connection (its turns end with it). Idempotent."""
+        with self._pipe_lock:
+            self._pipe_closed = True
+        super().close()
 
     def _lost(self) -> None:
         with self._mutex:
@@ -245,7 +256,9 @@ class PostgresHandoffWatcher(PostgresReleaseWatcher, HandoffWatcher):
             for key in announce:
                 cursor.execute("SELECT pg_notify(%s, %s)", (self._channel, key))
 
-    def _deliver(self, conn: Any, key: str) -> None:
+    def _deliver(self, conn: Any, key: str, sender: int) -> None:
+        if sender == self._pid:
+            return  # a wake this listener put back is for the other processes
         with self._mutex:
             if key not in self._wanted:
                 return
