@@ -304,7 +304,8 @@ class Acquisition:
     def _holder_wait(self, key: str) -> float:
         """How long to sleep while notifications flow: the holder's remaining lease, at most a
         second, and never sooner (a release notification cuts it short)."""
-        remaining = self.backend.inspect(key).expires_in
+        known = self.dispatcher.lease_left(key)  # a wake-one watcher may know it already
+        remaining = self.backend.inspect(key).expires_in if known is None else known
         if remaining is None:
             return 0.0
         return min(NOTIFIED_WAIT_CAP, max(remaining, 0.0))

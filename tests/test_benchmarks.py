@@ -136,3 +136,26 @@ def test_json_results_become_figures(tmp_path: Path, redis_server: RedisServer) 
     assert printed.count(".svg") == 4
     svg = (out / "redis-cycles.svg").read_text()
     assert "benchmarks.redis_cycle" in svg and document["date"] in svg
+
+
+def test_contended_in_miniature(tmp_path: Path, redis_server: RedisServer, postgres_server: PostgresServer) -> None:
+    output = run_benchmark(
+        "contended", "--workers", "3", "--seconds", "0.5", "--redis-url", redis_server.url,
+        "--postgres-url", postgres_server.url, "--json", str(tmp_path / "contended.json"),
+    )
+    redis_part, postgres_part = output.split("\npostgres:", 1)
+    redis_rows = table_rows(redis_part, "Locker, 1 process", "Locker, 3 processes", "python-redis-lock, 3 processes")
+    postgres_rows = table_rows(
+        postgres_part, "Locker, 1 process", "Locker, 3 processes", "pg_advisory_lock, 3 processes"
+    )
+    for cells in [*redis_rows.values(), *postgres_rows.values()]:
+        # grants/s, vs 1 proc, handoffs/s, min, max, min/share, p50, p99, overlaps: never two
+        # holders at once.
+        assert len(cells) == 9 and cells[1].endswith("x") and cells[-1] == "0"
+    document = json.loads((tmp_path / "contended.json").read_text())
+    assert document["benchmark"] == "contended"
+    for store in ("redis", "postgres"):
+        rows = document["results"][store]
+        assert [row["workers"] for row in rows] == [1, 3, 3]
+        assert all(row["rate"] > 0 and row["overlaps"] == 0 for row in rows)
+        assert rows[0]["p50_ms"] is None  # one process hands nothing to another

@@ -19,11 +19,12 @@ from ..base import (
     ReleaseWatcher,
     parse_url_options,
 )
+from ..handoff import HandoffWatcher
 from ..service import ServiceStore, check_amount
 from ._connections import ConnectionSource, LazyPool, check_dsn
 from ._errors import is_connect_failure, is_connection_failure, unavailable
 from ._sql import Names, ddl, resolve_names
-from ._watch import PostgresReleaseWatcher
+from ._watch import PostgresHandoffWatcher, PostgresReleaseWatcher
 
 __all__ = ["PostgresBackend"]
 
@@ -416,18 +417,39 @@ class PostgresBackend(ServiceStore):
         count, remaining = rows[0]
         return int(count), max(0.0, float(remaining))
 
-    def watch_releases(self, callback: Callable[[str], None]) -> ReleaseWatcher:
-        """Listen for releases on a dedicated connection; ``callback(key)`` runs on its thread."""
+    def _listen_parameters(self) -> dict[str, str]:
+        """How a watcher opens its own connection."""
         # The table must exist before anyone waits on it; this also fails fast on a bad setup.
         self._run("SELECT 1", {})
         if self._listen_dsn is not None:
-            parameters = {"dsn": self._listen_dsn}
-        else:
-            try:
-                parameters = self._source.parameters()
-            except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
-                raise unavailable(exc, None, self.names.label) from exc
-        watcher = PostgresReleaseWatcher(parameters, self.names.channel, callback)
+            return {"dsn": self._listen_dsn}
+        try:
+            return dict(self._source.parameters())
+        except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+            raise unavailable(exc, None, self.names.label) from exc
+
+    def watch_releases(self, callback: Callable[[str], None]) -> ReleaseWatcher:
+        """Listen for releases on a dedicated connection; ``callback(key)`` runs on its thread."""
+        watcher = PostgresReleaseWatcher(self._listen_parameters(), self.names.channel, callback)
+        self._watchers.append(watcher)
+        return watcher
+
+    @property
+    def handoff_ready(self) -> bool:
+        """Always: see :meth:`watch_handoffs`."""
+        return True
+
+    def watch_handoffs(self, callback: Callable[[str], bool]) -> HandoffWatcher:
+        """Wake one waiting process per release (see :mod:`lease_lock.backends.handoff`).
+
+        Listens like :meth:`watch_releases`; of the processes waiting for a key, only the one
+        holding the key's turn (a session advisory lock of the listening connection) reacts.
+        """
+        parameters = self._listen_parameters()
+        watcher = PostgresHandoffWatcher(
+            parameters, self.names.channel, callback, self.names.label,
+            lambda key: self.inspect(key).expires_in,
+        )
         self._watchers.append(watcher)
         return watcher
 

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import os
 import select
 import threading
+import zlib
 from typing import Any, Callable, Optional
 
 import psycopg2
 import psycopg2.extensions
 
 from ..base import ReleaseWatcher
+from ..handoff import HandoffWatcher
 
-__all__ = ["PostgresReleaseWatcher"]
+__all__ = ["PostgresHandoffWatcher", "PostgresReleaseWatcher"]
 
 logger = logging.getLogger("lease_lock")
 
@@ -44,7 +48,7 @@ class PostgresReleaseWatcher(ReleaseWatcher):
     """
 
     def __init__(
-        self, parameters: dict[str, str], channel: str, callback: Callable[[str], None]
+        self, parameters: dict[str, str], channel: str, callback: Callable[[str], Any]
     ) -> None:
         self._parameters = dict(parameters, application_name=_listener_name(parameters))
         self._channel = channel
@@ -93,11 +97,15 @@ class PostgresReleaseWatcher(ReleaseWatcher):
                     logger.warning("release listener lost its connection (%s); reconnecting", exc)
             finally:
                 self._connected.clear()
+                self._lost()
                 if conn is not None:
                     conn.close()
             if self._stop.wait(backoff):
                 return
             backoff = min(backoff * 2, _MAX_BACKOFF)
+
+    def _lost(self) -> None:
+        """The listening connection is gone, and with it every session lock it held."""
 
     def _subscribe(self) -> Any:
         conn = psycopg2.connect(**self._parameters)
@@ -120,12 +128,150 @@ class PostgresReleaseWatcher(ReleaseWatcher):
             if not readable:
                 with conn.cursor() as cursor:
                     cursor.execute("SELECT 1")
+            if self._wake_read in readable:
+                os.read(self._wake_read, 4096)
             conn.poll()
+            self._between(conn)
             while conn.notifies:
                 notification = conn.notifies.pop(0)
                 try:
-                    self._callback(notification.payload)
+                    self._deliver(conn, notification.payload, notification.pid)
+                except (psycopg2.OperationalError, psycopg2.InterfaceError):
+                    raise
                 except Exception:
                     # The contract says callbacks do not raise; one that does must not stop
                     # the hand-off for every other waiter of the locker.
                     logger.exception("release callback raised; ignored")
+
+    def _deliver(self, conn: Any, key: str, sender: int) -> None:
+        """Hand one notification (``sender``: the notifying server process) to the callback."""
+        del conn, sender
+        self._callback(key)
+
+    def _between(self, conn: Any) -> None:
+        """Work queued for the listening connection by other threads (none here)."""
+
+
+def turn_id(label: str, key: str) -> tuple[int, int]:
+    """The session advisory lock whose holder is next in line for ``key`` of table ``label``.
+
+    Two ints, like the gates of fenced grants, so that the ``pg_advisory_lock(bigint)`` space
+    stays the application's; the first names the table's turns, the second the key.
+    """
+    digest = hashlib.blake2b(f"{label}\0{key}".encode("utf-8", "surrogatepass"), digest_size=4).digest()
+    table = zlib.crc32(f"{label}:turns".encode()) - 2**31
+    return table, int.from_bytes(digest, "big", signed=True)
+
+
+class PostgresHandoffWatcher(PostgresReleaseWatcher, HandoffWatcher):
+    """Wake-one hand-off over LISTEN/NOTIFY: only the process next in line reacts to a release.
+
+    Every listener hears every release, but for a key its process waits for, a listener acts
+    only while its connection holds the key's *turn*, a session advisory lock taken with
+    ``pg_try_advisory_lock`` when a release finds the turn free. The holder keeps the turn
+    until its process stops waiting (its waiter got the lease, or left), so after a lost race
+    it is first again at the next release, and the other processes stay asleep instead of
+    trying and failing. A wake that finds no waiter here gives the turn up and announces the
+    release again for the others. ``lease_left`` reads the key once per queueing (through
+    ``inspect``) so that a release between a failed attempt and the queueing is not missed.
+    """
+
+    def __init__(
+        self,
+        parameters: dict[str, str],
+        channel: str,
+        callback: Callable[[str], bool],
+        label: str,
+        lease_left: Callable[[str], Optional[float]],
+    ) -> None:
+        self._label = label
+        self._lease_left = lease_left
+        self._mutex = threading.Lock()
+        self._wanted: set[str] = set()
+        self._turns: set[str] = set()  # keys whose turn this connection holds
+        self._give_up: set[str] = set()  # turns to unlock unless wanted again meanwhile
+        self._drop: set[str] = set()  # turns to unlock in any case (a wake put back)
+        self._announce: set[str] = set()  # releases to announce again
+        self._pipe_lock = threading.Lock()
+        self._pipe_closed = False
+        super().__init__(parameters, channel, callback)
+
+    def want(self, key: str) -> Optional[float]:
+        """Act on releases of ``key`` from now on; return its lease left (``0.0``: free)."""
+        with self._mutex:
+            self._wanted.add(key)
+            self._give_up.discard(key)
+        left = self._lease_left(key)
+        return 0.0 if left is None else max(left, 0.0)
+
+    def unwant(self, key: str) -> None:
+        """Stop acting on ``key`` and give its turn to the next process."""
+        with self._mutex:
+            self._wanted.discard(key)
+            self._give_up.add(key)
+        self._poke()
+
+    def requeue(self, key: str) -> None:
+        """Give up the turn and announce the release again, for another process."""
+        with self._mutex:
+            self._drop.add(key)
+            self._announce.add(key)
+        self._poke()
+
+    def _poke(self) -> None:
+        # Under the pipe lock: close() shuts the pipe, and its descriptor numbers could be
+        # reused by the time a late poke writes.
+        with self._pipe_lock:
+            if not self._pipe_closed:
+                with contextlib.suppress(OSError):
+                    os.write(self._wake_write, b"x")
+
+    def close(self) -> None:
+        """Stop the thread and close the connection (its turns end with it). Idempotent."""
+        with self._pipe_lock:
+            self._pipe_closed = True
+        super().close()
+
+    def _lost(self) -> None:
+        with self._mutex:
+            self._turns.clear()
+            self._give_up.clear()
+            self._drop.clear()
+
+    def _between(self, conn: Any) -> None:
+        with self._mutex:
+            give_up = [
+                key for key in self._give_up | self._drop
+                if key in self._turns and (key in self._drop or key not in self._wanted)
+            ]
+            self._turns.difference_update(give_up)
+            self._give_up.clear()
+            self._drop.clear()
+            announce, self._announce = self._announce, set()
+        if not give_up and not announce:
+            return
+        with conn.cursor() as cursor:
+            for key in give_up:
+                cursor.execute("SELECT pg_advisory_unlock(%s, %s)", turn_id(self._label, key))
+            for key in announce:
+                cursor.execute("SELECT pg_notify(%s, %s)", (self._channel, key))
+
+    def _deliver(self, conn: Any, key: str, sender: int) -> None:
+        if sender == self._pid:
+            return  # a wake this listener put back is for the other processes
+        with self._mutex:
+            if key not in self._wanted:
+                return
+            mine = key in self._turns
+        if not mine:
+            with conn.cursor() as cursor:
+                cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", turn_id(self._label, key))
+                row = cursor.fetchone()
+            if not (row and row[0]):
+                return  # another process is next in line
+            with self._mutex:
+                self._turns.add(key)
+        if not self._callback(key):
+            self.requeue(key)
+            # Unlock and announce now, in that order, so the others find the turn free.
+            self._between(conn)

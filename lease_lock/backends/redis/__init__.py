@@ -29,6 +29,7 @@ from ..base import (
     ReleaseWatcher,
     parse_url_options,
 )
+from ..handoff import HandoffWatcher
 from ..service import ServiceStore, check_amount
 from . import _scripts
 from ._scripts import Script
@@ -39,9 +40,9 @@ from ._url import (
     retries_seen,
     start_counting_retries,
 )
-from ._watch import RedisReleaseWatcher, release_channel
+from ._watch import WAKE_MS, RedisHandoffWatcher, RedisReleaseWatcher, release_channel
 
-__all__ = ["RedisBackend", "fence_key", "hash_tag", "is_fence_key"]
+__all__ = ["RedisBackend", "fence_key", "handoff_keys", "hash_tag", "is_fence_key"]
 
 #: A fence counter outlives the last grant of its key by a day (or by the lease, if longer).
 _COUNTER_LIFETIME_MS = 86_400_000
@@ -68,6 +69,14 @@ def fence_key(key: str) -> str:
     only matters on a Cluster (see :meth:`RedisBackend.check_key`).
     """
     return f"{key}:fence" if hash_tag(key) is not None else f"{{{key}}}:fence"
+
+
+def handoff_keys(key: str) -> tuple[str, str]:
+    """The names of ``key``'s waiting marker and wake list, in the same hash slot as ``key``
+    (formed like :func:`fence_key`; see :mod:`lease_lock.backends.handoff`). Neither is a
+    string, so :meth:`RedisBackend.scan` never lists them."""
+    base = key if hash_tag(key) is not None else f"{{{key}}}"
+    return f"{base}:waiting", f"{base}:wake"
 
 
 def is_fence_key(key: str) -> bool:
@@ -247,7 +256,7 @@ class RedisBackend(ServiceStore):
         #: The database whose keys this backend locks (always 0 on a Cluster).
         self.db = db
         self._channel = release_channel(db)
-        self._watchers: list[RedisReleaseWatcher] = []
+        self._watchers: list[Union[RedisReleaseWatcher, RedisHandoffWatcher]] = []
         self._watchers_lock = threading.Lock()
 
     @classmethod
@@ -428,7 +437,7 @@ class RedisBackend(ServiceStore):
         failing call. (A client passed in retries as it was configured, unseen here.)
         """
         start_counting_retries()
-        reply = _scripts.RELEASE(self.client, [key], [f"{token}|", self._channel, key])
+        reply = _scripts.RELEASE(self.client, [key, *handoff_keys(key)], [f"{token}|", self._channel, key, WAKE_MS])
         return bool(reply) or retries_seen() > 0
 
     @_reports_unavailable
@@ -492,7 +501,7 @@ class RedisBackend(ServiceStore):
     @_reports_unavailable
     def force_release(self, key: str) -> bool:
         """Delete ``key`` whoever holds it and announce the release to watchers."""
-        return bool(_scripts.FORCE_RELEASE(self.client, [key], [self._channel, key]))
+        return bool(_scripts.FORCE_RELEASE(self.client, [key, *handoff_keys(key)], [self._channel, key, WAKE_MS]))
 
     def close(self) -> None:
         """Stop the watchers this backend started; close the client if it built it."""
@@ -530,6 +539,29 @@ class RedisBackend(ServiceStore):
         drops (``active`` is ``False`` meanwhile).
         """
         watcher = RedisReleaseWatcher(self.client, self._channel, callback)
+        with self._watchers_lock:
+            self._watchers = [item for item in self._watchers if not item.closed] + [watcher]
+        return watcher
+
+    @property
+    def handoff_ready(self) -> bool:
+        """Whether :meth:`watch_handoffs` can serve: not on a Cluster, where one ``BLPOP``
+        cannot wait on keys of several hash slots."""
+        return not self._cluster
+
+    def watch_handoffs(self, callback: Callable[[str], bool]) -> HandoffWatcher:
+        """Wake one waiting process per release (see :mod:`lease_lock.backends.handoff`).
+
+        Each watcher blocks in ``BLPOP`` on a connection of the client's pool, on a thread of
+        its own, and retries with a growing pause when the connection drops.
+        """
+        if self._cluster:
+            raise NotImplementedError("wake-one hand-off needs a single Redis server, not a Cluster")
+
+        def translate(exc: BaseException) -> Optional[BaseException]:
+            return _unavailable(exc) if _is_unavailable(exc) else None
+
+        watcher = RedisHandoffWatcher(self.client, handoff_keys, callback, translate)
         with self._watchers_lock:
             self._watchers = [item for item in self._watchers if not item.closed] + [watcher]
         return watcher

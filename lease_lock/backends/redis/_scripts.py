@@ -144,26 +144,43 @@ return 0
 """
 )
 
-#: KEYS[1] lease key. ARGV[1] "<token>|", ARGV[2] channel, ARGV[3] message (the key).
+# The announcement of a release: a pub/sub message for every watcher and, when some process
+# waits for the key (its waiting marker KEYS[2] exists), one wake on the key's wake list KEYS[3]
+# for the one watcher that has waited longest (a wake nobody took is replaced, not added to).
+_ANNOUNCE = """
+local function announce(channel, message, wake_ms)
+  redis.call('PUBLISH', channel, message)
+  if redis.call('EXISTS', KEYS[2]) == 1 then
+    redis.call('DEL', KEYS[3])
+    redis.call('LPUSH', KEYS[3], '1')
+    redis.call('PEXPIRE', KEYS[3], wake_ms)
+  end
+end
+"""
+
+#: KEYS[1] lease key, KEYS[2] its waiting marker, KEYS[3] its wake list. ARGV[1] "<token>|",
+#: ARGV[2] channel, ARGV[3] message (the key), ARGV[4] wake lifetime in ms.
 #: Returns 1 when the token held the key and it was deleted (and announced), else 0.
 RELEASE = Script(
-    """
+    _ANNOUNCE
+    + """
 local current = redis.call('GET', KEYS[1])
 if current and string.sub(current, 1, #ARGV[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], ARGV[3])
+  announce(ARGV[2], ARGV[3], ARGV[4])
   return 1
 end
 return 0
 """
 )
 
-#: KEYS[1] lease key. ARGV[1] channel, ARGV[2] message (the key).
+#: KEYS as for RELEASE. ARGV[1] channel, ARGV[2] message (the key), ARGV[3] wake lifetime in ms.
 #: Returns 1 when a live lease was deleted (and announced), else 0.
 FORCE_RELEASE = Script(
-    """
+    _ANNOUNCE
+    + """
 if redis.call('DEL', KEYS[1]) == 1 then
-  redis.call('PUBLISH', ARGV[1], ARGV[2])
+  announce(ARGV[1], ARGV[2], ARGV[3])
   return 1
 end
 return 0

@@ -10,13 +10,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
+import uuid
 from typing import Any, Callable, Optional
 
 from redis.exceptions import RedisError
 
 from ..base import ReleaseWatcher
+from ..handoff import HandoffWatcher
 
-__all__ = ["RedisReleaseWatcher", "release_channel"]
+__all__ = ["WAKE_MS", "RedisHandoffWatcher", "RedisReleaseWatcher", "release_channel"]
 
 _log = logging.getLogger("lease_lock")
 
@@ -108,3 +111,159 @@ class RedisReleaseWatcher(ReleaseWatcher):
     def _close_quietly(pubsub: Any) -> None:
         with contextlib.suppress(RedisError, OSError):
             pubsub.close()
+
+
+#: How long a waiting marker lives without a refresh; the watcher refreshes it every
+#: ``_MARKER_REFRESH`` seconds while it waits for the key.
+_MARKER_MS = 5000
+_MARKER_REFRESH = 1.0
+#: How long a wake (or a control message) stays in its list when nobody takes it.
+WAKE_MS = 10000
+#: The longest one BLPOP blocks: close() and keys whose waiters left are noticed this often.
+_BLOCK = 1.0
+
+
+class RedisHandoffWatcher(HandoffWatcher):
+    """Wake-one hand-off over Redis lists: a daemon thread blocked in ``BLPOP``.
+
+    While a process waits for ``key`` its watcher keeps a marker (a small hash, ``names(key)[0]``)
+    alive; a release that finds the marker pushes one wake onto the key's wake list
+    (``names(key)[1]``), which Redis hands to the watcher that has been blocked on it longest.
+    Wakes are single elements (a release replaces any unclaimed one), so a burst of releases
+    nobody took leaves one wake, not a backlog. A private control list interrupts the ``BLPOP``
+    when a new key is wanted.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        names: Callable[[str], tuple[str, str]],
+        callback: Callable[[str], bool],
+        translate: Callable[[BaseException], Optional[BaseException]],
+    ) -> None:
+        self._client = client
+        self._names = names
+        self._callback = callback
+        self._translate = translate
+        self._control = f"lease_lock:handoff:{uuid.uuid4().hex}"
+        self._mutex = threading.Lock()
+        self._wanted: dict[str, str] = {}  # wake list -> key
+        self._refreshed = 0.0
+        self._blocking: frozenset[str] = frozenset()  # the wake lists of the running BLPOP
+        self._stop = threading.Event()
+        self._active = False
+        timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
+        # A BLPOP must return before the socket timeout would call the connection dead.
+        self._block = _BLOCK if not timeout else max(0.01, min(_BLOCK, timeout / 2))
+        self._thread = threading.Thread(target=self._run, name="lease-lock-redis-handoff", daemon=True)
+        self._thread.start()
+
+    @property
+    def active(self) -> bool:
+        """``True`` while the thread's last call to Redis succeeded."""
+        return self._active and not self._stop.is_set()
+
+    @property
+    def closed(self) -> bool:
+        """``True`` once :meth:`close` was called."""
+        return self._stop.is_set()
+
+    def want(self, key: str) -> Optional[float]:
+        """Set the key's waiting marker and make the thread block on its wake list too; read
+        the key's remaining lease in the same round trip."""
+        marker, wake = self._names(key)
+        with self._mutex:
+            self._wanted[wake] = key
+            # Wanted a moment ago and still in the running BLPOP with a fresh marker (the usual
+            # case of a process contending again right after its own turn): nothing to send.
+            if wake in self._blocking and time.monotonic() - self._refreshed < _MARKER_REFRESH:
+                return None
+        pipe = self._client.pipeline(transaction=False)
+        pipe.hset(marker, "w", "1")
+        pipe.pexpire(marker, _MARKER_MS)
+        pipe.lpush(self._control, "1")
+        pipe.pexpire(self._control, WAKE_MS)
+        pipe.pttl(key)
+        try:
+            left_ms = int(pipe.execute()[-1])
+        except Exception as exc:
+            translated = self._translate(exc)
+            if translated is None:
+                raise
+            raise translated from exc
+        # PTTL: -2 for a missing key (released before the marker was up), -1 for no expiry.
+        if left_ms == -2:
+            return 0.0
+        return None if left_ms < 0 else left_ms / 1000
+
+    def unwant(self, key: str) -> None:
+        """Forget ``key``; the thread drops its wake list at its next turn."""
+        _, wake = self._names(key)
+        with self._mutex:
+            self._wanted.pop(wake, None)
+
+    def requeue(self, key: str) -> None:
+        """Push a wake back for another watcher."""
+        _, wake = self._names(key)
+        pipe = self._client.pipeline(transaction=False)
+        pipe.lpush(wake, "1")
+        pipe.pexpire(wake, WAKE_MS)
+        with contextlib.suppress(RedisError, OSError):
+            pipe.execute()
+
+    def close(self) -> None:
+        """Stop the thread (it notices within one ``BLPOP`` block). Idempotent."""
+        self._stop.set()
+        self._active = False
+        with contextlib.suppress(RedisError, OSError):
+            self._client.lpush(self._control, "1")
+            self._client.pexpire(self._control, WAKE_MS)
+        if self._thread is not threading.current_thread():
+            self._thread.join(self._block * 5 + _POLL)
+
+    def _run(self) -> None:
+        delay = _FIRST_RETRY
+        while not self._stop.is_set():
+            try:
+                self._turn()
+                delay = _FIRST_RETRY
+            except (RedisError, OSError) as exc:
+                self._active = False
+                if self._stop.is_set():
+                    return
+                _log.debug("hand-off watcher lost its connection: %r; reconnecting", exc)
+                self._stop.wait(delay)
+                delay = min(delay * 2, _MAX_RETRY)
+        with contextlib.suppress(RedisError, OSError):
+            self._client.delete(self._control)
+
+    def _turn(self) -> None:
+        with self._mutex:
+            wanted = dict(self._wanted)
+            self._blocking = frozenset()
+        now = time.monotonic()
+        if wanted and now - self._refreshed >= _MARKER_REFRESH:
+            pipe = self._client.pipeline(transaction=False)
+            for key in wanted.values():
+                marker, _ = self._names(key)
+                pipe.hset(marker, "w", "1")
+                pipe.pexpire(marker, _MARKER_MS)
+            pipe.execute()
+            self._refreshed = now
+        self._active = True
+        with self._mutex:
+            self._blocking = frozenset(wanted)
+        reply = self._client.blpop([self._control, *wanted], timeout=self._block)
+        if reply is None or self._stop.is_set():
+            return
+        name = reply[0].decode("utf-8", "replace") if isinstance(reply[0], bytes) else str(reply[0])
+        if name == self._control:
+            return
+        key = wanted[name]
+        try:
+            taken = self._callback(key)
+        except Exception:  # noqa: BLE001
+            _log.exception("hand-off callback raised")
+            taken = False
+        if not taken:
+            self.requeue(key)

@@ -1,0 +1,288 @@
+"""Contended hand-offs: several processes looping acquire/release on one key, Redis and PostgreSQL.
+
+    python -m benchmarks.contended [--workers 8] [--seconds 10] [--stores redis,postgres]
+        [--redis-url redis://127.0.0.1:6379/0] [--postgres-url postgresql://postgres@127.0.0.1:5432/test]
+
+Each worker is its own process with its own connection and Locker (default options, the
+default retry policy with a timeout longer than the run) and loops ``locker.acquire(key)`` /
+``lock.release()`` on the same key for ``--seconds``. Rows, per store, all in one run:
+
+- ``Locker, 1 process``: the same loop alone, the uncontended cycle rate the contended rows are
+  compared with (``vs 1 proc``).
+- ``Locker, N processes``: the contended loop.
+- Redis: ``python-redis-lock, N processes`` (its blocking ``acquire()``, which waits on a
+  ``BLPOP`` signal list); PostgreSQL: ``pg_advisory_lock, N processes`` (a session advisory
+  lock, the server's own wait queue): peers that wait in the server.
+
+Columns: grants per second by all workers together; of those, the ones that went to another
+worker than the grant before (``handoffs/s``: the rest were taken back by the releasing worker
+before a waiter got there); the fewest and most grants of one worker
+and the fewest as a fraction of a fair share (total / N; under 0.25 is called starvation);
+``p50``/``p99`` hand-off latency, the time from a worker's last look at the clock before its
+``release()`` to the next grant *to another worker* (read right after its ``acquire()``
+returned). Both are ``time.monotonic()``, which on Linux is one system-wide clock, so the
+stamps of different processes compare. ``overlaps`` counts grants stamped before the previous
+holder's release started (must be 0: two holders at once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import statistics
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from benchmarks.measure import add_json_argument, machine, percentile, write_json
+
+__all__ = ["Run", "main"]
+
+TTL = 30.0
+#: Seconds the parent waits for every worker to connect and report ready.
+_READY_TIMEOUT = 60.0
+
+# A worker's loop: given its deadline, returns [(granted_at, releasing_at), ...] (monotonic).
+Loop = Callable[[float], list[tuple[float, float]]]
+
+
+@contextmanager
+def _locker_loop(store: str, url: str, key: str, seconds: float) -> Iterator[Loop]:
+    from lease_lock import Locker, Retry
+
+    if store == "redis":
+        from lease_lock.backends.redis import RedisBackend
+
+        backend: Any = RedisBackend.from_url(url)
+    else:
+        from lease_lock.backends.postgres import PostgresBackend
+
+        backend = PostgresBackend.from_url(url, table=_TABLE)
+    # A waiter must outlast the run: a timeout would be a failure of the benchmark, not a result.
+    locker = Locker(backend, ttl=TTL, retry=Retry(timeout=seconds + 60.0))
+    locker.acquire(key).release()  # connect and warm up before the start
+
+    def loop(deadline: float) -> list[tuple[float, float]]:
+        holds: list[tuple[float, float]] = []
+        now = time.monotonic
+        while True:
+            lock = locker.acquire(key)
+            granted = now()
+            if granted >= deadline:
+                lock.release()
+                return holds
+            releasing = now()
+            lock.release()
+            holds.append((granted, releasing))
+
+    try:
+        yield loop
+    finally:
+        locker.close()
+        backend.close()
+
+
+@contextmanager
+def _redis_lock_loop(url: str, key: str) -> Iterator[Loop]:
+    import redis
+    import redis_lock
+
+    client = redis.Redis.from_url(url)
+    warm = redis_lock.Lock(client, key, expire=int(TTL))
+    warm.acquire()
+    warm.release()
+
+    def loop(deadline: float) -> list[tuple[float, float]]:
+        holds: list[tuple[float, float]] = []
+        now = time.monotonic
+        while True:
+            lock = redis_lock.Lock(client, key, expire=int(TTL))
+            lock.acquire()
+            granted = now()
+            if granted >= deadline:
+                lock.release()
+                return holds
+            releasing = now()
+            lock.release()
+            holds.append((granted, releasing))
+
+    try:
+        yield loop
+    finally:
+        client.close()
+
+
+@contextmanager
+def _advisory_loop(url: str, key: str) -> Iterator[Loop]:
+    import psycopg2
+
+    conn = psycopg2.connect(url)
+    conn.autocommit = True
+    cursor = conn.cursor()
+    slot = int(uuid.UUID(key.rsplit(":", 1)[-1].ljust(32, "0")).int % (2**62))
+
+    def loop(deadline: float) -> list[tuple[float, float]]:
+        holds: list[tuple[float, float]] = []
+        now = time.monotonic
+        while True:
+            cursor.execute("SELECT pg_advisory_lock(%s)", (slot,))
+            granted = now()
+            if granted >= deadline:
+                cursor.execute("SELECT pg_advisory_unlock(%s)", (slot,))
+                return holds
+            releasing = now()
+            cursor.execute("SELECT pg_advisory_unlock(%s)", (slot,))
+            holds.append((granted, releasing))
+
+    try:
+        yield loop
+    finally:
+        conn.close()
+
+
+_TABLE = "bench_contended"
+
+
+def _worker(contestant: str, store: str, url: str, key: str, seconds: float, ready: Any, go: Any, out: Any) -> None:
+    if contestant == "Locker":
+        loops = _locker_loop(store, url, key, seconds)
+    elif contestant == "python-redis-lock":
+        loops = _redis_lock_loop(url, key)
+    else:
+        loops = _advisory_loop(url, key)
+    with loops as loop:
+        ready.put(True)
+        go.wait()
+        out.put(loop(time.monotonic() + seconds))
+
+
+@dataclass(frozen=True)
+class Run:
+    """What one contestant's workers did together."""
+
+    name: str
+    workers: int
+    seconds: float
+    counts: list[int]
+    latencies: list[float]
+    overlaps: int
+
+    @property
+    def handoffs(self) -> float:
+        """Grants per second that went to another worker than the grant before."""
+        return len(self.latencies) / self.seconds
+
+    @property
+    def rate(self) -> float:
+        """Grants per second by all workers together."""
+        return sum(self.counts) / self.seconds
+
+    @property
+    def fairness(self) -> float:
+        """The fewest grants of one worker as a fraction of an equal share."""
+        share = sum(self.counts) / len(self.counts)
+        return min(self.counts) / share if share else 0.0
+
+
+def _summarise(name: str, seconds: float, per_worker: list[list[tuple[float, float]]]) -> Run:
+    holds = sorted(
+        (granted, releasing, worker) for worker, spans in enumerate(per_worker) for granted, releasing in spans
+    )
+    latencies: list[float] = []
+    overlaps = 0
+    for (_, released, before), (granted, _, after) in zip(holds, holds[1:]):
+        if granted < released:
+            overlaps += 1
+        elif after != before:
+            latencies.append(granted - released)
+    return Run(name, len(per_worker), seconds, [len(spans) for spans in per_worker], latencies, overlaps)
+
+
+def run(contestant: str, store: str, url: str, workers: int, seconds: float) -> Run:
+    """Start ``workers`` processes on one fresh key, let them loop for ``seconds``, collect."""
+    context = multiprocessing.get_context("spawn")
+    ready, go, out = context.Queue(), context.Event(), context.Queue()
+    key = f"bench:contended:{uuid.uuid4().hex}"
+    processes = [
+        context.Process(target=_worker, args=(contestant, store, url, key, seconds, ready, go, out), daemon=True)
+        for _ in range(workers)
+    ]
+    for process in processes:
+        process.start()
+    try:
+        for _ in processes:
+            ready.get(timeout=_READY_TIMEOUT)
+        go.set()
+        per_worker = [out.get(timeout=seconds + _READY_TIMEOUT) for _ in processes]
+    finally:
+        for process in processes:
+            process.join(_READY_TIMEOUT)
+            if process.is_alive():
+                process.kill()
+    failed = [process.exitcode for process in processes if process.exitcode]
+    if failed:
+        raise RuntimeError(f"{contestant} workers exited with {failed}")
+    label = f"{contestant}, {workers} process{'es' if workers > 1 else ''}"
+    return _summarise(label, seconds, per_worker)
+
+
+def _ms(latencies: list[float], fraction: float) -> str:
+    return f"{percentile(latencies, fraction) * 1000:.2f}" if latencies else "-"
+
+
+def _print_row(run: Run, single: Run) -> None:
+    print(
+        f"{run.name:<34} {run.rate:>9,.0f} {run.rate / single.rate:>8.2f}x {run.handoffs:>10,.0f} "
+        f"{min(run.counts):>7,} {max(run.counts):>7,} {run.fairness:>9.2f} {_ms(run.latencies, 0.5):>8} "
+        f"{_ms(run.latencies, 0.99):>8} {run.overlaps:>8}"
+    )
+
+
+def _as_json(run: Run, single: Run) -> dict[str, Any]:
+    return {
+        "name": run.name, "workers": run.workers, "rate": run.rate, "vs_single": run.rate / single.rate,
+        "handoffs_per_second": run.handoffs,
+        "min": min(run.counts), "max": max(run.counts), "min_share": run.fairness, "overlaps": run.overlaps,
+        "p50_ms": percentile(run.latencies, 0.5) * 1000 if run.latencies else None,
+        "p99_ms": percentile(run.latencies, 0.99) * 1000 if run.latencies else None,
+        "mean_latency_ms": statistics.fmean(run.latencies) * 1000 if run.latencies else None,
+    }
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """Run every contestant on every store and print one table per store."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n", 1)[0])
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=10.0, help="per row")
+    parser.add_argument("--stores", default="redis,postgres")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--postgres-url", default="postgresql://postgres@127.0.0.1:5432/test")
+    add_json_argument(parser)
+    args = parser.parse_args(argv)
+    stores = [store.strip() for store in args.stores.split(",") if store.strip()]
+    info = machine()
+    print(f"{info['cpus']} CPUs, {info['system']}, Python {info['python']}; "
+          f"{args.workers} workers, {args.seconds:g} s per row")
+    output: dict[str, Any] = {}
+    for store in stores:
+        url = args.redis_url if store == "redis" else args.postgres_url
+        peer = "python-redis-lock" if store == "redis" else "pg_advisory_lock"
+        single = run("Locker", store, url, 1, args.seconds)
+        rows = [single, run("Locker", store, url, args.workers, args.seconds)]
+        rows.append(run(peer, store, url, args.workers, args.seconds))
+        print(f"\n{store}: one key, each process loops acquire/release")
+        print(f"{'contestant':<34} {'grants/s':>9} {'vs 1 proc':>9} {'handoffs/s':>10} {'min':>7} {'max':>7} "
+              f"{'min/share':>9} {'p50 ms':>8} {'p99 ms':>8} {'overlaps':>8}")
+        for row in rows:
+            _print_row(row, single)
+        contended, peer_run = rows[1], rows[2]
+        print(f"Locker, {args.workers} processes vs {peer}: {contended.rate / peer_run.rate:.2f}x")
+        output[store] = [_as_json(row, single) for row in rows]
+    write_json(args.json, "contended", argv, output)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Wake-one hand-off on PostgreSQL: only the process next in line reacts to a release.
+
+Each watcher stands for one process (its own listening connection and thread), on a private
+real PostgreSQL server.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from lease_lock import Locker
+from lease_lock.backends.handoff import HandoffSource
+from lease_lock.backends.postgres import PostgresBackend
+from lease_lock.testing import wait_until
+
+from tests.support.postgres_server import PostgresServer
+
+TOKEN = "t" * 32
+
+
+@pytest.fixture
+def backend(postgres_server: PostgresServer) -> Iterator[PostgresBackend]:
+    backend = PostgresBackend.from_url(postgres_server.url, table=f"ho_{uuid.uuid4().hex[:12]}")
+    yield backend
+    backend.close()
+
+
+@pytest.fixture
+def key() -> str:
+    return f"test:handoff:{uuid.uuid4().hex}"
+
+
+class _Counter:
+    def __init__(self, answer: bool = True) -> None:
+        self.calls: list[str] = []
+        self.answer = answer
+        self._mutex = threading.Lock()
+
+    def __call__(self, key: str) -> bool:
+        with self._mutex:
+            self.calls.append(key)
+        return self.answer
+
+
+def _watching(backend: PostgresBackend, key: str, counters: list[_Counter]) -> list[Any]:
+    watchers = [backend.watch_handoffs(counter) for counter in counters]
+    assert wait_until(lambda: all(watcher.active for watcher in watchers), 30)
+    for watcher in watchers:
+        assert watcher.want(key) == 0.0  # the key is free
+    return watchers
+
+
+def _cycle(backend: PostgresBackend, key: str) -> None:
+    assert backend.acquire(key, TOKEN, 30, "holder")
+    assert backend.release(key, TOKEN)
+
+
+def test_postgres_backend_offers_wake_one_hand_off(backend: PostgresBackend) -> None:
+    assert isinstance(backend, HandoffSource) and backend.handoff_ready
+
+
+def test_only_the_process_next_in_line_is_woken(backend: PostgresBackend, key: str) -> None:
+    counters = [_Counter(), _Counter(), _Counter()]
+    watchers = _watching(backend, key, counters)
+    try:
+        for release in range(1, 4):
+            _cycle(backend, key)
+            assert wait_until(lambda done=release: sum(len(counter.calls) for counter in counters) >= done, 30)
+        # The first release gave one watcher the turn; it keeps it while its process waits.
+        assert sorted(len(counter.calls) for counter in counters) == [0, 0, 3]
+    finally:
+        for watcher in watchers:
+            watcher.close()
+
+
+def test_the_turn_passes_on_when_its_holder_stops_waiting(backend: PostgresBackend, key: str) -> None:
+    counters = [_Counter(), _Counter()]
+    watchers = _watching(backend, key, counters)
+    try:
+        _cycle(backend, key)
+        assert wait_until(lambda: sum(len(counter.calls) for counter in counters) == 1, 30)
+        first = 0 if counters[0].calls else 1
+        watchers[first].unwant(key)
+        other = counters[1 - first]
+        # The unlock runs on the listener's own thread; releases until the other one is next.
+        assert wait_until(lambda: (other.calls or _cycle(backend, key)) and bool(other.calls), 30, interval=0.1)
+        assert counters[first].calls == [key]
+    finally:
+        for watcher in watchers:
+            watcher.close()
+
+
+def test_a_wake_nobody_here_wants_is_announced_again(backend: PostgresBackend, key: str) -> None:
+    refusing, taking = _Counter(answer=False), _Counter()
+    watchers = _watching(backend, key, [refusing, taking])
+    try:
+        _cycle(backend, key)
+        # Taking may hear both the release and the repeat (it keeps the turn once it has it).
+        assert wait_until(lambda: key in taking.calls, 30)
+    finally:
+        for watcher in watchers:
+            watcher.close()
+
+
+def test_want_reads_the_lease_left(backend: PostgresBackend, key: str) -> None:
+    watcher = backend.watch_handoffs(_Counter())
+    try:
+        assert backend.acquire(key, TOKEN, 30, "holder")
+        left = watcher.want(key)
+        assert left is not None and 0 < left <= 30
+    finally:
+        watcher.close()
+
+
+def test_lockers_hand_a_key_round_without_losing_a_release(postgres_server: PostgresServer, key: str) -> None:
+    table = f"ho_{uuid.uuid4().hex[:12]}"
+    lockers = [Locker(PostgresBackend.from_url(postgres_server.url, table=table), ttl=30) for _ in range(4)]
+    for locker in lockers:
+        locker._owns_backend = True
+    rounds = 15
+    counts = [0] * len(lockers)
+    errors: list[BaseException] = []
+
+    def work(index: int) -> None:
+        try:
+            for _ in range(rounds):
+                with lockers[index].lock(key):
+                    counts[index] += 1
+        except BaseException as error:  # noqa: BLE001
+            errors.append(error)
+
+    lockers[0].acquire(key).release()  # creates the table before the others race to
+    threads = [threading.Thread(target=work, args=(index,)) for index in range(len(lockers))]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert not errors
+        assert counts == [rounds] * len(lockers)
+    finally:
+        for locker in lockers:
+            locker.close()

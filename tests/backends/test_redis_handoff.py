@@ -1,0 +1,196 @@
+"""Wake-one hand-off on Redis: a release wakes one waiting watcher, never the whole herd.
+
+Each watcher stands for one process (its own connection and thread); all run on a private real
+redis-server, whose blocked clients the tests read with ``CLIENT LIST``.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any, Callable
+
+import pytest
+from lease_lock import Locker
+from lease_lock.backends.handoff import HandoffSource
+from lease_lock.backends.redis import RedisBackend, handoff_keys
+from lease_lock.testing import wait_until
+from lease_lock.waiting import ReleaseDispatcher
+
+from tests.support.redis_server import RedisServer
+
+TOKEN_A = "a" * 32
+
+
+@pytest.fixture
+def backend(redis_server: RedisServer) -> Iterator[RedisBackend]:
+    backend = RedisBackend.from_url(redis_server.url)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture
+def key() -> str:
+    return f"test:handoff:{uuid.uuid4().hex}"
+
+
+def _blocked(client: Any) -> int:
+    """How many connections are blocked in a BLPOP."""
+    return sum(1 for entry in client.client_list() if entry.get("cmd") == "blpop" and "b" in entry.get("flags", ""))
+
+
+class _Counter:
+    def __init__(self, answer: bool = True) -> None:
+        self.calls: list[str] = []
+        self.answer = answer
+        self._mutex = threading.Lock()
+
+    def __call__(self, key: str) -> bool:
+        with self._mutex:
+            self.calls.append(key)
+        return self.answer
+
+
+def _queued(backend: RedisBackend, key: str, callbacks: list[Callable[[str], bool]]) -> list[Any]:
+    """Start one watcher per callback, queue each for ``key`` and wait until all are blocked."""
+    watchers = [backend.watch_handoffs(callback) for callback in callbacks]
+    for watcher in watchers:
+        watcher.want(key)
+    _, wake = handoff_keys(key)
+    assert wait_until(lambda: all(wake in watcher._blocking for watcher in watchers), 30)
+    assert wait_until(lambda: _blocked(backend.client) >= len(watchers), 30)
+    return watchers
+
+
+def test_redis_backend_offers_wake_one_hand_off(backend: RedisBackend) -> None:
+    assert isinstance(backend, HandoffSource) and backend.handoff_ready
+
+
+def test_each_release_wakes_exactly_one_watcher(backend: RedisBackend, key: str) -> None:
+    counters = [_Counter(), _Counter(), _Counter()]
+    watchers = _queued(backend, key, list(counters))
+    _, wake = handoff_keys(key)
+    try:
+        for release in range(1, 4):
+            assert backend.acquire(key, TOKEN_A, 30, "holder")
+            assert backend.release(key, TOKEN_A)
+            assert wait_until(lambda done=release: sum(len(counter.calls) for counter in counters) >= done, 30)
+            # The one wake was taken by one watcher: nothing is left for another.
+            assert wait_until(lambda: backend.client.llen(wake) == 0, 30)
+        # Redis serves its blocked clients oldest first: three releases reached three watchers.
+        assert sorted(len(counter.calls) for counter in counters) == [1, 1, 1]
+        assert all(counter.calls in ([], [key]) for counter in counters)
+    finally:
+        for watcher in watchers:
+            watcher.close()
+
+
+def test_a_wake_nobody_here_wants_goes_to_another_watcher(backend: RedisBackend, key: str) -> None:
+    refusing, taking = _Counter(answer=False), _Counter()
+    watchers = _queued(backend, key, [refusing, taking])
+    try:
+        assert backend.acquire(key, TOKEN_A, 30, "holder")
+        assert backend.release(key, TOKEN_A)
+        assert wait_until(lambda: taking.calls == [key], 30)
+    finally:
+        for watcher in watchers:
+            watcher.close()
+
+
+def test_no_marker_no_wake_and_releases_stay_cheap(backend: RedisBackend, key: str) -> None:
+    marker, wake = handoff_keys(key)
+    assert backend.acquire(key, TOKEN_A, 30, "holder")
+    assert backend.release(key, TOKEN_A)
+    assert backend.client.exists(marker, wake) == 0
+    # Neither name is a string, so listing keys never shows them.
+    watcher = backend.watch_handoffs(_Counter())
+    try:
+        watcher.want(key)
+        assert backend.acquire(key, TOKEN_A, 30, "holder")
+        assert backend.force_release(key)
+        assert wait_until(lambda: backend.client.exists(marker) == 1, 30)
+        assert [state.key for state in backend.scan(key)] == []
+    finally:
+        watcher.close()
+
+
+def test_want_reads_the_lease_left(backend: RedisBackend, key: str) -> None:
+    watcher = backend.watch_handoffs(_Counter())
+    try:
+        assert watcher.want(key) == 0.0  # free: a release before queueing is not missed
+        watcher.unwant(key)
+        other = f"{key}:held"
+        assert backend.acquire(other, TOKEN_A, 30, "holder")
+        left = watcher.want(other)
+        assert left is not None and 0 < left <= 30
+    finally:
+        watcher.close()
+
+
+def test_dispatcher_wakes_at_once_for_a_key_freed_before_queueing(backend: RedisBackend, key: str) -> None:
+    dispatcher = ReleaseDispatcher(backend)
+    try:
+        event = dispatcher.register(key)
+        assert event.is_set()
+        assert dispatcher.lease_left(key) == 0.0
+        dispatcher.unregister(key, event)
+        held = f"{key}:held"
+        assert backend.acquire(held, TOKEN_A, 30, "holder")
+        waiting = dispatcher.register(held)
+        assert not waiting.is_set()
+        left = dispatcher.lease_left(held)
+        assert left is not None and 0 < left <= 30
+        # Read once: a later wait follows a lost race and knows no holder's lease.
+        assert dispatcher.lease_left(held) == float("inf")
+        dispatcher.unregister(held, waiting)
+    finally:
+        dispatcher.close()
+
+
+def test_an_unused_wake_is_passed_on_when_its_waiter_leaves(backend: RedisBackend, key: str) -> None:
+    first, second = ReleaseDispatcher(backend), ReleaseDispatcher(backend)
+    try:
+        assert backend.acquire(key, TOKEN_A, 30, "holder")
+        events = {first: first.register(key), second: second.register(key)}
+        assert wait_until(lambda: _blocked(backend.client) >= 2, 30)
+        assert backend.release(key, TOKEN_A)
+        assert wait_until(lambda: any(event.is_set() for event in events.values()), 30)
+        woken = next(dispatcher for dispatcher, event in events.items() if event.is_set())
+        other = second if woken is first else first
+        # The woken waiter gives up without trying (a timeout, a cancel): the other gets the wake.
+        woken.unregister(key, events[woken])
+        assert wait_until(events[other].is_set, 30)
+        other.unregister(key, events[other])
+    finally:
+        first.close()
+        second.close()
+
+
+def test_lockers_hand_a_key_round_without_losing_a_release(redis_server: RedisServer, key: str) -> None:
+    lockers = [Locker(RedisBackend.from_url(redis_server.url), ttl=30) for _ in range(4)]
+    for locker in lockers:
+        locker._owns_backend = True
+    rounds = 25
+    counts = [0] * len(lockers)
+    errors: list[BaseException] = []
+
+    def work(index: int) -> None:
+        try:
+            for _ in range(rounds):
+                with lockers[index].lock(key):
+                    counts[index] += 1
+        except BaseException as error:  # noqa: BLE001
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(index,)) for index in range(len(lockers))]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert not errors
+        assert counts == [rounds] * len(lockers)
+    finally:
+        for locker in lockers:
+            locker.close()
