@@ -4,10 +4,6 @@ A private redis-server is stopped while a thread waits in ``acquire(timeout=30)`
 again once the waiter has reported failed attempts: the waiter acquires. Kept down past the
 timeout, the acquire raises ``LockHeldError(reason="timeout")`` whose ``__cause__`` is the
 ``BackendUnavailableError`` of the last attempt.
-
-These tests need the Redis backend to raise ``BackendUnavailableError`` for connection failures.
-On a tree where it still lets redis-py's ``ConnectionError`` through they are expected to fail
-(strict ``xfail``, decided by probing a closed port), and they must pass as soon as it does.
 """
 
 from __future__ import annotations
@@ -17,36 +13,10 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from lease_lock import BackendUnavailableError, LockEvent, LockHeldError, Retry, connect
-from lease_lock.backends import backend_from_url
+from lease_lock import BackendUnavailableError, LockHeldError, Retry, connect
 
-from tests.support.ports import free_port
+from tests.support.outage import DEADLINE, Failures
 from tests.support.redis_server import RedisFactory, RedisServer
-
-DEADLINE = 60.0
-
-
-def _redis_reports_outages() -> bool:
-    try:
-        backend = backend_from_url(f"redis://127.0.0.1:{free_port()}/0?socket_timeout=1")
-    except Exception:  # noqa: BLE001 - no usable Redis backend at all: not this tree's feature
-        return False
-    try:
-        backend.inspect("probe")
-    except BackendUnavailableError:
-        return True
-    except Exception:  # noqa: BLE001 - a driver error let through unmapped
-        return False
-    finally:
-        backend.close()
-    return False
-
-
-pytestmark = pytest.mark.xfail(
-    not _redis_reports_outages(),
-    reason="the Redis backend does not raise BackendUnavailableError on this tree yet",
-    strict=True,
-)
 
 
 @pytest.fixture
@@ -54,25 +24,6 @@ def server(redis_factory: RedisFactory) -> Iterator[RedisServer]:
     private = redis_factory.server()
     yield private
     private.stop()
-
-
-class Failures:
-    """Counts ``attempt_failed`` events and lets the test wait for some."""
-
-    def __init__(self) -> None:
-        self.errors: list[BaseException] = []
-        self._condition = threading.Condition()
-
-    def __call__(self, event: LockEvent) -> None:
-        if event.type == "attempt_failed":
-            with self._condition:
-                assert event.error is not None
-                self.errors.append(event.error)
-                self._condition.notify_all()
-
-    def wait_for(self, count: int) -> bool:
-        with self._condition:
-            return self._condition.wait_for(lambda: len(self.errors) >= count, DEADLINE)
 
 
 def test_a_waiting_acquire_rides_out_a_restart(server: RedisServer) -> None:

@@ -1,0 +1,92 @@
+"""A waiting acquire rides out a lock service that stops and starts again.
+
+A real ``lease-lock serve`` process on a fixed loopback port is stopped while a thread waits in
+``acquire(timeout=30)``, and started again on the same port once the waiter has reported failed
+attempts: the waiter acquires. Kept down past the timeout, the acquire raises
+``LockHeldError(reason="timeout")`` whose ``__cause__`` is the ``BackendUnavailableError`` of
+the last attempt.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from lease_lock import BackendUnavailableError, LockHeldError, Retry, connect
+
+from tests.support.http_server import make_keys, start_serve, stop_serve
+from tests.support.outage import DEADLINE, Failures
+from tests.support.ports import free_port
+
+
+class Service:
+    """A ``serve`` child over ``memory://`` that can be stopped and started on one port."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.keys_file = tmp / "keys.toml"
+        self.key = make_keys(self.keys_file)["alpha"]
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process, url, _log = start_serve(
+            self.tmp, "memory://", self.keys_file, "--bind", f"127.0.0.1:{self.port}", "--rate-limit", "100000"
+        )
+        assert url.rstrip("/") == self.url
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop_serve(self.process)
+            self.process = None
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[Service]:
+    running = Service(tmp_path)
+    running.start()
+    yield running
+    running.stop()
+
+
+def test_a_waiting_acquire_rides_out_a_service_restart(service: Service) -> None:
+    failures = Failures()
+    key = f"outage-{uuid.uuid4().hex}"
+    outcome: dict[str, object] = {}
+    with connect(service.url, api_key=service.key, on_event=failures, retry=Retry(delay=0.2)) as locker:
+
+        def wait() -> None:
+            try:
+                outcome["lock"] = locker.acquire(key, timeout=30)
+            except Exception as error:  # noqa: BLE001 - handed to the test thread
+                outcome["error"] = error
+
+        locker.get(key)  # connected before the outage, as a running application is
+        service.stop()
+        thread = threading.Thread(target=wait)
+        thread.start()
+        assert failures.wait_for(3), "the waiter never reported a failed attempt"
+        service.start()
+        thread.join(DEADLINE)
+        assert not thread.is_alive()
+        assert "error" not in outcome, outcome
+        assert getattr(outcome["lock"], "state", None) == "held"
+        assert all(isinstance(error, BackendUnavailableError) for error in failures.errors)
+
+
+def test_a_service_down_past_the_timeout_is_a_timeout_caused_by_it(service: Service) -> None:
+    key = f"outage-{uuid.uuid4().hex}"
+    with connect(service.url, api_key=service.key, retry=Retry(delay=0.2)) as locker:
+        locker.get(key)
+        service.stop()
+        with pytest.raises(LockHeldError) as caught:
+            locker.acquire(key, timeout=2)
+        assert caught.value.reason == "timeout"
+        assert isinstance(caught.value.__cause__, BackendUnavailableError)
+        with pytest.raises(BackendUnavailableError):
+            locker.try_acquire(key)
