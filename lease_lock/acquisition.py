@@ -124,7 +124,8 @@ class Acquisition:
     def acquire(self, lock: Lock, options: LockOptions, *, raise_on_contention: bool) -> bool:
         """Acquire ``lock`` with ``options``: ``True`` when held; on contention ``False`` or,
         with ``raise_on_contention``, ``LockHeldError``."""
-        self.check_open()
+        if self.closed:
+            self.check_open()
         lock.start_acquiring()
         try:
             reentrant = self.reentrant if options.reentrant is None else options.reentrant

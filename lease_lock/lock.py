@@ -729,7 +729,8 @@ class Lock(GuardedBlock):
     # -- context manager and outcome order -----------------------------------------------------
 
     def __enter__(self) -> Lock:
-        state = self.state
+        # A fresh lock (the usual case) has no lease to check against the clock.
+        state = "unlocked" if self._state == "unlocked" and self._outer is None else self.state
         if state == "unlocked":
             self._host.acquire(self, self._options, raise_on_contention=True)
         elif state != "held":

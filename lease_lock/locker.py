@@ -304,10 +304,12 @@ class Locker:
         return self._make_lock(key, ttl, lock_options(opts) if opts else _DEFAULT_OPTIONS)
 
     def _make_lock(self, key: str, ttl: Optional[float], options: LockOptions) -> Lock:
-        self._check_open()
+        if self._acquisition.closed:
+            self._check_open()
         full_key = self._full_key(key)
         lease = self.ttl if ttl is None else check_ttl(ttl)
-        check_extend_interval(options.extend_interval, lease)
+        if options.extend_interval is not None:
+            check_extend_interval(options.extend_interval, lease)
         if options.token is not None:
             self._backend.check_token(options.token)
             token = options.token
