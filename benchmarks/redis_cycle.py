@@ -8,8 +8,9 @@ the floor one cycle at a time and is judged on the median cycle time, see ``meas
 - ``floor``: raw redis-py, ``SET NX PX`` then a token-checked delete (one Lua EVALSHA): the
   two-round-trip floor any correct Redis lock pays.
 - ``lease_lock backend``: ``RedisBackend.acquire_fenced`` + ``release`` (fencing included).
-- ``lease_lock Locker``: ``locker.acquire(key).release()`` with ``fencing=True`` and the
-  default heartbeat (the whole public path: validation, clock, events).
+- ``lease_lock Locker``: ``with locker.lock(key):`` and ``locker.acquire(key).release()`` with
+  default options (the default heartbeat included), and ``locker.acquire(key).release()`` with
+  ``fencing=True`` (the whole public path: validation, clock, events).
 - ``redis-py Lock``, ``python-redis-lock``, ``pottery Redlock`` (one master), ``sherlock
   RedisLock`` and ``tooz`` (its redis driver): each library's non-blocking acquire and its
   release. Peers that are not installed are named as missing at the top of the output.
@@ -81,8 +82,24 @@ def cycle_contestants(client: Any) -> dict[str, Callable[[], None]]:
 
     contestants["lease_lock backend (fenced)"] = backend_cycle
 
+    plain = Locker(RedisBackend(client), ttl=TTL)
+    with_key = _key("locker-with")
+
+    def with_cycle() -> None:
+        with plain.lock(with_key):
+            pass
+
+    contestants["lease_lock Locker: with lock()"] = with_cycle
+
+    plain_key = _key("locker")
+
+    def plain_cycle() -> None:
+        plain.acquire(plain_key).release()
+
+    contestants["lease_lock Locker: acquire().release()"] = plain_cycle
+
     locker = Locker(RedisBackend(client), fencing=True, ttl=TTL)
-    locker_key = _key("locker")
+    locker_key = _key("locker-fenced")
 
     def locker_cycle() -> None:
         locker.acquire(locker_key).release()
@@ -343,22 +360,22 @@ def main(argv: list[str] | None = None) -> None:
     floor_name, floor_cycle = next(iter(contestants.items()))
     print("\nUncontended acquire+release cycles: each contestant alternates with the floor one")
     print(f"cycle at a time for {args.seconds:g} s; rates are at the median cycle time of each side")
-    print(f"{'contestant':<36} {'cycles/s':>10} {'floor/s':>10} {'vs floor':>9}")
+    print(f"{'contestant':<40} {'cycles/s':>10} {'floor/s':>10} {'vs floor':>9}")
     for name, cycle in contestants.items():
         if name == floor_name:
             continue
         pairing = paired(floor_cycle, cycle, args.seconds)
-        print(f"{name:<36} {pairing.rate:>10,.0f} {pairing.floor_rate:>10,.0f} {pairing.ratio:>8.2f}x")
+        print(f"{name:<40} {pairing.rate:>10,.0f} {pairing.floor_rate:>10,.0f} {pairing.ratio:>8.2f}x")
         results["cycles"].append({"name": name, "rate": pairing.rate, "floor": floor_name,
                                   "floor_rate": pairing.floor_rate, "ratio": pairing.ratio})
 
     print(f"\nHand-off latency, release -> waiter holds ({args.handoffs} samples)")
-    print(f"{'contestant':<36} {'p50 ms':>9} {'p99 ms':>9}")
+    print(f"{'contestant':<40} {'p50 ms':>9} {'p99 ms':>9}")
     for name, (hold, wait) in handoff_contestants(args.url).items():
         samples = _handoff_samples(hold, wait, args.handoffs)
         p50 = statistics.median(samples) * 1000
         p99 = percentile(samples, 0.99) * 1000
-        print(f"{name:<36} {p50:>9.2f} {p99:>9.2f}")
+        print(f"{name:<40} {p50:>9.2f} {p99:>9.2f}")
         results["handoffs"].append({"name": name, "p50_ms": p50, "p99_ms": p99})
     write_json(args.json, "redis_cycle", argv, results)
 

@@ -36,6 +36,10 @@ NOTIFIED_WAIT_CAP = 1.0
 _CANCEL_SLICE = 0.05
 
 
+#: See Acquisition._plan_for.
+_Plan = tuple[Retry, float, float, Optional[float], bool]
+
+
 def _log_outage(key: str, error: BackendUnavailableError) -> None:
     # Once per outage of one acquisition, not once per attempt: each attempt is an
     # ``attempt_failed`` event (logged at debug level) already.
@@ -51,8 +55,8 @@ class Acquisition:
     """
 
     __slots__ = (
-        "_held", "_held_mutex", "backend", "clock", "closed", "dispatcher", "fencing", "heartbeat",
-        "holds", "max_hold", "on_event", "owner", "reentrant", "retry",
+        "_held", "_held_mutex", "_plan", "backend", "clock", "closed", "dispatcher", "fencing",
+        "heartbeat", "holds", "max_hold", "on_event", "owner", "reentrant", "retry",
     )
 
     def __init__(
@@ -82,6 +86,8 @@ class Acquisition:
         self.holds = ThreadHolds()
         self._held: weakref.WeakSet[Lock] = weakref.WeakSet()
         self._held_mutex = threading.Lock()
+        # The attempt plan of the options last acquired with (see _plan_for).
+        self._plan: Optional[tuple[LockOptions, Retry, _Plan]] = None
 
     # -- the set of held locks -----------------------------------------------------------------
 
@@ -118,7 +124,8 @@ class Acquisition:
     def acquire(self, lock: Lock, options: LockOptions, *, raise_on_contention: bool) -> bool:
         """Acquire ``lock`` with ``options``: ``True`` when held; on contention ``False`` or,
         with ``raise_on_contention``, ``LockHeldError``."""
-        self.check_open()
+        if self.closed:
+            self.check_open()
         lock.start_acquiring()
         try:
             reentrant = self.reentrant if options.reentrant is None else options.reentrant
@@ -151,17 +158,32 @@ class Acquisition:
         if wanted(hook, event_type):
             emit(hook, LockEvent(type=event_type, key=lock.key, ttl=lock.ttl, **fields))
 
-    def _attempt(self, lock: Lock, options: LockOptions) -> None:
-        """The retry loop: attempts paced by the retry policy until its timeout.
+    def _plan_for(self, options: LockOptions) -> _Plan:
+        """What ``options`` make of this acquisition's policy: the merged retry policy, the
+        retries and the timeout of the attempt loop, the hold deadline, and whether to wait
+        for release notifications.
 
-        Returns on a grant, raises ``LockHeldError`` otherwise."""
+        Most calls of a program pass the same options object (the defaults, or options
+        remembered by ``lock_options``), so the plan of the latest one is kept; the options
+        object is kept with it, so an identity check cannot be fooled by a reused id."""
+        cached = self._plan
+        if cached is not None and cached[0] is options and cached[1] is self.retry:
+            return cached[2]
         policy = self.retry.merged(options.retry)
         retries = policy.retries if options.blocking else 0
         assert retries is not None and policy.timeout is not None
         timeout = policy.timeout if options.blocking else math.inf
-        max_hold = self._max_hold_for(options)
-        requested = min(lock.ttl, max_hold) if max_hold is not None else lock.ttl
         notify = self.dispatcher.available and options.blocking and retries > 0
+        plan = (policy, retries, timeout, self._max_hold_for(options), notify)
+        self._plan = (options, self.retry, plan)
+        return plan
+
+    def _attempt(self, lock: Lock, options: LockOptions) -> None:
+        """The retry loop: attempts paced by the retry policy until its timeout.
+
+        Returns on a grant, raises ``LockHeldError`` otherwise."""
+        policy, retries, timeout, max_hold, notify = self._plan_for(options)
+        requested = min(lock.ttl, max_hold) if max_hold is not None else lock.ttl
         cancel = options.cancel
         wake: Optional[threading.Event] = None
         start = sent = self.clock()
@@ -173,7 +195,8 @@ class Acquisition:
         outage: Optional[BackendUnavailableError] = None
         try:
             while True:
-                self.check_open()
+                if self.closed:
+                    self.check_open()
                 if cancel is not None and cancel.is_set():
                     reason = "cancelled"
                     break

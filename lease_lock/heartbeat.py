@@ -67,6 +67,11 @@ class Timer:
         return (self.when, self.sequence) < (other.when, other.sequence)
 
 
+#: A heap entry: ``(when, sequence, timer)``. Tuples of a float and a unique int compare in C,
+#: without calling ``Timer.__lt__`` for every step of a push or a pop.
+_Entry = tuple[float, int, Timer]
+
+
 class Heartbeat:
     """Timer heap plus the daemon thread that serves it; started on first use."""
 
@@ -80,7 +85,7 @@ class Heartbeat:
         # schedule() and cancel() take the bare lock: entering the Condition costs a Python call.
         self._mutex = threading.Lock()
         self._condition = threading.Condition(self._mutex)
-        self._heap: list[Timer] = []
+        self._heap: list[_Entry] = []
         self._cancelled = 0
         self._sequence = itertools.count()
         self._thread: Optional[threading.Thread] = None
@@ -95,12 +100,13 @@ class Heartbeat:
 
     def schedule(self, lock: Beating, when: float) -> Timer:
         """Fire ``lock``'s timer at clock time ``when``; returns the timer, for :meth:`cancel`."""
-        timer = Timer(when, next(self._sequence), weakref.ref(lock))
+        sequence = next(self._sequence)
+        timer = Timer(when, sequence, weakref.ref(lock))
         with self._mutex:
             if self._stopped:
                 timer.cancelled = True
                 return timer
-            heapq.heappush(self._heap, timer)
+            heapq.heappush(self._heap, (when, sequence, timer))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
@@ -119,13 +125,13 @@ class Heartbeat:
             timer.cancelled = True
             self._cancelled += 1
             if self._cancelled >= _COMPACT_AFTER and self._cancelled * 2 > len(self._heap):
-                self._heap = [entry for entry in self._heap if not entry.cancelled]
+                self._heap = [entry for entry in self._heap if not entry[2].cancelled]
                 heapq.heapify(self._heap)
                 self._cancelled = 0
 
     def _drop_cancelled_top(self) -> None:
         # Called with the condition held.
-        while self._heap and self._heap[0].cancelled:
+        while self._heap and self._heap[0][2].cancelled:
             heapq.heappop(self._heap)
             self._cancelled -= 1
 
@@ -140,8 +146,8 @@ class Heartbeat:
         now = self._clock()
         with self._condition:
             self._drop_cancelled_top()
-            while self._heap and self._heap[0].when <= now:
-                timer = heapq.heappop(self._heap)
+            while self._heap and self._heap[0][0] <= now:
+                timer = heapq.heappop(self._heap)[2]
                 # A fired timer is spent: mark it so a later cancel() does not count it again.
                 timer.cancelled = True
                 lock = timer.lock()
@@ -200,7 +206,7 @@ class Heartbeat:
                 if self._stopped:
                     return
                 self._drop_cancelled_top()
-                wait = self._heap[0].when - self._clock() if self._heap else _WAIT_SLICE
+                wait = self._heap[0][0] - self._clock() if self._heap else _WAIT_SLICE
                 if wait > 0:
                     wait = min(wait, _WAIT_SLICE)
                     self._sleeping_until = self._clock() + wait

@@ -480,7 +480,10 @@ class Lock(GuardedBlock):
             # for a sliver of time, which a normal round trip answers "late".
             extend = self._options.auto_extend and not self._clamped
             self._next_beat = sent + self._interval() if extend else math.inf
-        self._schedule()
+            # What _schedule() does, without its second pass through the mutex.
+            if self._timer is not None:
+                self._cancel_timer()
+            self._timer = self._host.heartbeat.schedule(self, min(self._next_beat, end))
 
     def _schedule(self) -> None:
         """(Re)arm this lock's one heartbeat timer: the next extension or the lease's end."""
@@ -729,7 +732,8 @@ class Lock(GuardedBlock):
     # -- context manager and outcome order -----------------------------------------------------
 
     def __enter__(self) -> Lock:
-        state = self.state
+        # A fresh lock (the usual case) has no lease to check against the clock.
+        state = "unlocked" if self._state == "unlocked" and self._outer is None else self.state
         if state == "unlocked":
             self._host.acquire(self, self._options, raise_on_contention=True)
         elif state != "held":

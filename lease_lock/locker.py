@@ -51,6 +51,8 @@ _DEFAULT_OPTIONS = LockOptions()
 # try_acquire's options, built once: it is the hot path of skip-if-busy jobs.
 _ONE_ATTEMPT = LockOptions(blocking=False)
 _TRY_OPTION_NAMES = LOCK_OPTIONS - {"retry", "timeout", "blocking"}
+#: How many validated keys a Locker remembers before it starts afresh.
+_CHECKED_KEYS = 4096
 
 
 class _Resources:
@@ -136,6 +138,9 @@ class Locker:
         self._backend = backend
         self.ttl: float = settings["ttl"]
         self.key_prefix: str = key_prefix
+        # Keys already validated under ``_checked_prefix`` (see _full_key).
+        self._checked_keys: dict[str, str] = {}
+        self._checked_prefix = key_prefix
         self._default_owner = owner is None
         self._clock: Callable[[], float] = clock or LeaseClock()
         self._token_factory = token_factory
@@ -254,10 +259,25 @@ class Locker:
         self._acquisition.check_open()
 
     def _full_key(self, key: object, name: str = "key") -> str:
+        # Most programs lock a few keys over and over: a key checked once (with this prefix)
+        # is looked up instead of checked again. ``key_prefix`` is a public attribute, so a
+        # changed prefix empties the cache.
+        if type(key) is str:
+            if self._checked_prefix is not self.key_prefix:
+                self._checked_keys = {}
+                self._checked_prefix = self.key_prefix
+            full = self._checked_keys.get(key)
+            if full is not None:
+                return full
         full = check_key(key, name)
-        if self.key_prefix:
-            full = check_key(self.key_prefix + full, name)
+        prefix = self.key_prefix
+        if prefix:
+            full = check_key(prefix + full, name)
         self._backend.check_key(full)
+        if type(key) is str and self._checked_prefix is prefix:
+            if len(self._checked_keys) >= _CHECKED_KEYS:
+                self._checked_keys = {}
+            self._checked_keys[key] = full
         return full
 
     def _new_token(self) -> str:
@@ -284,10 +304,12 @@ class Locker:
         return self._make_lock(key, ttl, lock_options(opts) if opts else _DEFAULT_OPTIONS)
 
     def _make_lock(self, key: str, ttl: Optional[float], options: LockOptions) -> Lock:
-        self._check_open()
+        if self._acquisition.closed:
+            self._check_open()
         full_key = self._full_key(key)
         lease = self.ttl if ttl is None else check_ttl(ttl)
-        check_extend_interval(options.extend_interval, lease)
+        if options.extend_interval is not None:
+            check_extend_interval(options.extend_interval, lease)
         if options.token is not None:
             self._backend.check_token(options.token)
             token = options.token
@@ -309,7 +331,7 @@ class Locker:
         retry schedule, and a timeout spent that way has the last such error as ``__cause__``.
         A non-blocking call raises ``BackendUnavailableError`` at once.
         """
-        lock = self.lock(key, ttl, **opts)
+        lock = self._make_lock(key, ttl, lock_options(opts) if opts else _DEFAULT_OPTIONS)
         self._acquisition.acquire(lock, lock.options, raise_on_contention=True)
         return lock
 

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 __all__ = ["ThreadHolds"]
 
 _Entry = tuple["weakref.ref[threading.Thread]", "weakref.ref[Lock]"]
+#: Index size at which entries of collected locks are first swept.
+_FIRST_SWEEP = 1024
 
 
 class ThreadHolds:
@@ -29,21 +31,25 @@ class ThreadHolds:
     def __init__(self) -> None:
         self._mutex = threading.Lock()
         self._entries: dict[tuple[int, str], _Entry] = {}
+        # Entries of collected locks are swept once the index grows past this (see note).
+        self._sweep_at = _FIRST_SWEEP
 
     def note(self, lock: Lock) -> None:
         """``lock`` was just granted to the calling thread."""
+        # Plain weak references (no callback, so CPython hands out the object's existing one):
+        # a collected lock's entry reads as absent in find() and is swept in bulk below, which
+        # costs the uncontended cycle nothing, where a callback per lock cost a closure and a
+        # second pass through the mutex.
+        entry = (weakref.ref(threading.current_thread()), weakref.ref(lock))
         slot = (threading.get_ident(), lock.key)
-
-        def forget(reference: weakref.ref[Lock]) -> None:
-            # A lock collected while noted: drop its entry unless a newer grant replaced it.
-            with self._mutex:
-                entry = self._entries.get(slot)
-                if entry is not None and entry[1] is reference:
-                    del self._entries[slot]
-
-        entry = (weakref.ref(threading.current_thread()), weakref.ref(lock, forget))
         with self._mutex:
             self._entries[slot] = entry
+            if len(self._entries) >= self._sweep_at:
+                self._entries = {
+                    key: value for key, value in self._entries.items() if value[1]() is not None
+                }
+                # Sweeping again only after as many new entries as live ones keeps it amortized O(1).
+                self._sweep_at = max(_FIRST_SWEEP, 2 * len(self._entries))
 
     def find(self, key: str) -> Optional[Lock]:
         """The lock the calling thread holds on ``key`` (read against the clock), else ``None``."""

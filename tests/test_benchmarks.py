@@ -67,7 +67,10 @@ def test_sqlite_cycle_pairs_each_contestant_with_the_floor() -> None:
 
 def test_redis_cycle_and_handoffs(redis_server: RedisServer) -> None:
     output = run_benchmark("redis_cycle", "--url", redis_server.url, "--seconds", "0.2", "--handoffs", "3")
-    rows = table_rows(output, "lease_lock backend (fenced)", "lease_lock Locker (fenced)", "redis-py Lock")
+    rows = table_rows(
+        output, "lease_lock backend (fenced)", "lease_lock Locker: with lock()",
+        "lease_lock Locker: acquire().release()", "lease_lock Locker (fenced)", "redis-py Lock",
+    )
     assert all(cells[-1].endswith("x") for cells in rows.values())
     handoff = table_rows(output.split("Hand-off latency", 1)[1], "bare BLPOP wake-up", "lease_lock Locker")
     assert all(len(cells) == 2 for cells in handoff.values())

@@ -251,3 +251,28 @@ def test_remembered_options_are_still_validated_per_type() -> None:
         assert first.options.auto_extend is False
         with pytest.raises(ValidationError, match="auto_extend"):
             locker.lock("k", auto_extend=0)
+
+
+# -- validated keys are remembered ----------------------------------------------------------------
+
+
+def test_a_changed_key_prefix_applies_to_keys_locked_before(backend: RecordingBackend, clock: FakeClock) -> None:
+    locker = Locker(backend, clock=clock, key_prefix="a:")
+    locker.acquire("k").release()
+    locker.key_prefix = "b:"
+    lock = locker.acquire("k")
+    assert lock.key == "b:k"
+    lock.release()
+    # A prefix that makes the key too long is refused although "k" was accepted before.
+    locker.key_prefix = "p" * 1024
+    with pytest.raises(ValidationError, match="key"):
+        locker.acquire("k")
+    locker.close()
+
+
+def test_a_refused_key_is_refused_every_time(locker: Locker) -> None:
+    for _ in range(2):
+        with pytest.raises(ValidationError, match="NUL"):
+            locker.acquire("bad\x00key")
+        with pytest.raises(ValidationError, match="must be a str"):
+            locker.acquire(["not", "a", "key"])  # type: ignore[arg-type]

@@ -207,3 +207,19 @@ def test_real_backend_without_reentrant_names_this_thread(real_locker: Locker, r
         with pytest.raises(LockHeldError, match=r"this very thread.*reentrant=True"):
             real_locker.acquire(key, reentrant=False, timeout=0.3)
         assert real_locker.try_acquire(key, reentrant=False) is None
+
+
+def test_the_hold_index_forgets_collected_locks(locker: Locker) -> None:
+    # Every grant is noted for its thread; entries of locks that are gone are swept, so a
+    # program locking ever new keys does not grow the index without bound.
+    holds = locker._acquisition.holds
+    for index in range(5000):
+        locker.acquire(f"key-{index}").release()
+    assert len(holds._entries) <= 1024
+    kept = [locker.acquire(f"kept-{index}") for index in range(1500)]
+    for index in range(1500):
+        locker.acquire(f"more-{index}").release()
+    # Live holds survive every sweep and are still found by their thread.
+    assert all(holds.find(lock.key) is lock for lock in kept)
+    for lock in kept:
+        lock.release()

@@ -258,6 +258,9 @@ class RedisBackend(ServiceStore):
         self._channel = release_channel(db)
         self._watchers: list[Union[RedisReleaseWatcher, RedisHandoffWatcher]] = []
         self._watchers_lock = threading.Lock()
+        # Whether the client counts its failed tries (only the clients from_url builds do): a
+        # release then reads its answer in that light, and other clients skip the counting.
+        self._counts_retries = False
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisBackend:
@@ -285,10 +288,12 @@ class RedisBackend(ServiceStore):
         _check_replicas(replicas, bool(parsed.get("cluster")))
         client = build_client(url, client_options)
         try:
-            return cls(client, wait_for_replicas=replicas, close_client=True)
+            backend = cls(client, wait_for_replicas=replicas, close_client=True)
         except BaseException:
             client.close()
             raise
+        backend._counts_retries = True
+        return backend
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -436,6 +441,8 @@ class RedisBackend(ServiceStore):
         It can hide a loss only when the lease ran out or was force-released during that one
         failing call. (A client passed in retries as it was configured, unseen here.)
         """
+        if not self._counts_retries:
+            return bool(_scripts.RELEASE(self.client, [key], [f"{token}|", self._channel, key]))
         start_counting_retries()
         reply = _scripts.RELEASE(self.client, [key, *handoff_keys(key)], [f"{token}|", self._channel, key, WAKE_MS])
         return bool(reply) or retries_seen() > 0

@@ -49,13 +49,12 @@ class Script:
 
     def __call__(self, client: Any, keys: Sequence[str], argv: Sequence[Any]) -> Any:
         """Run on ``client`` (a redis.Redis or RedisCluster) and return the raw reply."""
-        args = self.args(keys, argv)
         try:
-            return client.execute_command("EVALSHA", self.sha, *args)
+            return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *argv)
         except NoScriptError:
             # After a restart, a failover or SCRIPT FLUSH the cache is empty; EVAL runs the
             # script and caches it again, so later calls go back to EVALSHA.
-            return client.execute_command("EVAL", self.lua, *args)
+            return client.execute_command("EVAL", self.lua, *self.args(keys, argv))
 
 
 # Every script that writes after reading TIME asks for effects replication first; Redis 5 and
