@@ -120,7 +120,7 @@ def test_lockers_hand_a_key_round_without_losing_a_release(postgres_server: Post
     table = f"ho_{uuid.uuid4().hex[:12]}"
     lockers = [Locker(PostgresBackend.from_url(postgres_server.url, table=table), ttl=30) for _ in range(4)]
     for locker in lockers:
-        locker._owns_backend = True
+        locker.owns_backend = True
     rounds = 15
     counts = [0] * len(lockers)
     errors: list[BaseException] = []

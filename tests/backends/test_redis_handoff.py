@@ -170,7 +170,7 @@ def test_an_unused_wake_is_passed_on_when_its_waiter_leaves(backend: RedisBacken
 def test_lockers_hand_a_key_round_without_losing_a_release(redis_server: RedisServer, key: str) -> None:
     lockers = [Locker(RedisBackend.from_url(redis_server.url), ttl=30) for _ in range(4)]
     for locker in lockers:
-        locker._owns_backend = True
+        locker.owns_backend = True
     rounds = 25
     counts = [0] * len(lockers)
     errors: list[BaseException] = []
@@ -194,3 +194,23 @@ def test_lockers_hand_a_key_round_without_losing_a_release(redis_server: RedisSe
     finally:
         for locker in lockers:
             locker.close()
+
+
+def test_a_release_through_a_client_passed_in_wakes_a_watcher(redis_server: RedisServer, key: str) -> None:
+    # A client passed in takes its own path through release (it does not count redis-py's
+    # retries); its releases must wake a waiting process all the same.
+    import redis
+
+    client = redis.Redis.from_url(redis_server.url)
+    backend = RedisBackend(client)
+    counter = _Counter()
+    watchers = _queued(backend, key, [counter])
+    try:
+        assert backend.acquire(key, TOKEN_A, 30, "holder")
+        assert backend.release(key, TOKEN_A)
+        assert wait_until(lambda: counter.calls == [key], 30)
+    finally:
+        for watcher in watchers:
+            watcher.close()
+        backend.close()
+        client.connection_pool.disconnect()  # the caller's client: closing it is the caller's part

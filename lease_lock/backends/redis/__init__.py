@@ -441,10 +441,11 @@ class RedisBackend(ServiceStore):
         It can hide a loss only when the lease ran out or was force-released during that one
         failing call. (A client passed in retries as it was configured, unseen here.)
         """
+        keys, argv = [key, *handoff_keys(key)], [f"{token}|", self._channel, key, WAKE_MS]
         if not self._counts_retries:
-            return bool(_scripts.RELEASE(self.client, [key], [f"{token}|", self._channel, key]))
+            return bool(_scripts.RELEASE(self.client, keys, argv))
         start_counting_retries()
-        reply = _scripts.RELEASE(self.client, [key, *handoff_keys(key)], [f"{token}|", self._channel, key, WAKE_MS])
+        reply = _scripts.RELEASE(self.client, keys, argv)
         return bool(reply) or retries_seen() > 0
 
     @_reports_unavailable
