@@ -49,9 +49,9 @@ class _SecondCachedFormatter(logging.Formatter):
         second = int(record.created)
         cached_second, stamp = self._cached  # one tuple, read and replaced whole: thread-safe
         if cached_second != second:
-            stamp = time.strftime(self.default_time_format, time.localtime(second))
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
             self._cached = (second, stamp)
-        return self.default_msec_format % (stamp, record.msecs)
+        return f"{stamp},{int(record.msecs):03d}"
 
 
 class JsonLogFormatter(_SecondCachedFormatter):
