@@ -20,14 +20,15 @@ request counts against one of its project's budgets, rejected ones included, see
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
+import re
 import time
 import urllib.parse
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Optional, Union
 
 from ..backends import backend_from_url
@@ -77,6 +78,9 @@ _REASONS = {
     501: "Not Implemented",
     503: "Service Unavailable",
 }
+_STATUS_LINES = {status: f"{status} {reason}" for status, reason in _REASONS.items()}
+# The form ``str(uuid.UUID(...))`` gives, which needs no parsing to normalise.
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 StartResponse = Callable[..., Any]
 
@@ -107,6 +111,7 @@ class _Response:
     body: Optional[dict[str, Any]] = None
     headers: list[tuple[str, str]] = field(default_factory=list)
     text: Optional[str] = None  # a plain-text body instead of JSON (the metrics)
+    encoded: Optional[bytes] = None  # ``body`` already as JSON (the lease answers)
 
 
 class _Reject(Exception):
@@ -121,13 +126,18 @@ class _Reject(Exception):
 
 def format_time(epoch: float) -> str:
     """RFC 3339 UTC with a ``Z``, to the millisecond, rounded down (never later than the truth)."""
-    millis = math.floor(epoch * 1000)
-    moment = datetime.fromtimestamp(millis // 1000, timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{millis % 1000:03d}Z"
+    seconds, millis = divmod(math.floor(epoch * 1000), 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(seconds)) + f"{millis:03d}Z"
+
+
+@functools.cache
+def _environ_name(name: str) -> str:
+    """The WSGI environ key of request header ``name``: one per header name, made once."""
+    return "HTTP_" + name.upper().replace("-", "_")
 
 
 def _header(environ: dict[str, Any], name: str) -> Optional[str]:
-    value = environ.get("HTTP_" + name.upper().replace("-", "_"))
+    value = environ.get(_environ_name(name))
     return value if isinstance(value, str) else None
 
 
@@ -164,6 +174,8 @@ def _route_of(path: str) -> str:
 def _uuid(value: Optional[str], what: str, code: str) -> Optional[str]:
     if value is None:
         return None
+    if _CANONICAL_UUID.fullmatch(value):
+        return value  # already what the parse below would give (what clients usually send)
     try:
         return str(uuid.UUID(value))
     except ValueError:
@@ -172,6 +184,13 @@ def _uuid(value: Optional[str], what: str, code: str) -> Optional[str]:
 
 def _lease_body(grant: Grant) -> dict[str, Any]:
     return {"expires_at": format_time(grant.expires_at), "fencing_token": grant.fence}
+
+
+def _lease_response(status: int, grant: Grant, headers: Optional[list[tuple[str, str]]] = None) -> _Response:
+    """A granted or renewed lease; its JSON written directly (the text is our own time and an int)."""
+    body = _lease_body(grant)
+    encoded = f'{{"expires_at": "{body["expires_at"]}", "fencing_token": {int(grant.fence)}}}'.encode()
+    return _Response(status, body, headers or [], encoded=encoded)
 
 
 def _holder_body(holder: Holder, *, with_key: bool = False) -> dict[str, Any]:
@@ -235,6 +254,8 @@ class LockServiceApp:
         if response.text is not None:
             payload = response.text.encode()
             headers.append(("Content-Type", "text/plain; version=0.0.4; charset=utf-8"))
+        elif response.encoded is not None:
+            payload = response.encoded
         else:
             payload = b"" if response.body is None else json.dumps(response.body).encode()
         if response.body is not None:
@@ -244,7 +265,7 @@ class LockServiceApp:
             headers.append(("Content-Length", str(len(payload))))
         headers.append(("Cache-Control", "no-store"))
         headers.extend(self._announce)
-        start_response(f"{response.status} {_REASONS[response.status]}", headers)
+        start_response(_STATUS_LINES[response.status], headers)
         if environ.get("REQUEST_METHOD") == "HEAD":
             # RFC 9110: an answer to HEAD has headers only; a body would be read as the start
             # of the next response on a kept-alive connection.
@@ -353,7 +374,7 @@ class LockServiceApp:
             owner = self._owner(environ)
             return self._acquire(project, key, token, ttl, owner, wait)
         grant = self._store(lambda: self.service.renew(project, key, token, ttl))
-        return _Response(200, _lease_body(grant))
+        return _lease_response(200, grant)
 
     def _authenticate(self, environ: dict[str, Any]) -> KeyRecord:
         # Only ``Authorization: Bearer``; an ``apikey`` header never authenticates.
@@ -485,8 +506,8 @@ class LockServiceApp:
             except _Reject as again:
                 again.response.headers.extend(applied)
                 raise
-            return _Response(201, _lease_body(grant), applied)
-        return _Response(201, _lease_body(grant))
+            return _lease_response(201, grant, applied)
+        return _lease_response(201, grant)
 
     def _read(self, project: str, key: str, wait: Optional[int] = None) -> _Response:
         holder: Holder = self._store(lambda: self.service.read(project, key))
