@@ -474,15 +474,25 @@ class LockServiceApp:
     def _released(dropped: bool) -> _Response:
         return _Response(204, None, [(HEADER_RELEASED, "true" if dropped else "false")])
 
-    def _wait_free(self, project: str, key: str, wait: Optional[int]) -> list[tuple[str, str]]:
-        """Honour ``Prefer: wait=N`` on a held key; the ``Preference-Applied`` header if it was."""
+    def _wait_free(
+        self, project: str, key: str, wait: Optional[int], seen: Optional[list[Holder]] = None
+    ) -> list[tuple[str, str]]:
+        """Honour ``Prefer: wait=N`` on a held key; the ``Preference-Applied`` header if it was.
+
+        ``seen``, when given, receives the read that found the key free (the wait ended on a
+        release or an expiry), so a read request can answer from it without reading again.
+        """
         if self.waits is None or not wait:
             return []
         waits = self.waits
 
         def held_for() -> Optional[float]:
             holder = self.service.read(project, key)
-            return (holder.takeover_in or 0.0) if holder.held else None
+            if holder.held:
+                return holder.takeover_in or 0.0
+            if seen is not None:
+                seen.append(holder)
+            return None
 
         store_key = self.service.store_key(project, key)
         waited = self._store(lambda: waits.wait_until_free(store_key, held_for, wait))
@@ -513,8 +523,11 @@ class LockServiceApp:
         holder: Holder = self._store(lambda: self.service.read(project, key))
         headers = []
         if holder.held and wait:
-            headers = self._wait_free(project, key, wait)
-            if headers:
+            free: list[Holder] = []
+            headers = self._wait_free(project, key, wait, free)
+            if free:
+                holder = free[-1]  # read just now, after the wake-up: no second round trip
+            elif headers:
                 holder = self._store(lambda: self.service.read(project, key))
         if holder.held and holder.takeover_in is not None:
             headers.append((HEADER_EXPIRES_IN, f"{holder.takeover_in:.3f}"))
