@@ -20,14 +20,15 @@ request counts against one of its project's budgets, rejected ones included, see
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
+import re
 import time
 import urllib.parse
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Optional, Union
 
 from ..backends import backend_from_url
@@ -60,6 +61,7 @@ _log = logging.getLogger("lease_lock.server")
 # Read by the readiness probe; never written.
 _READY_PROBE_KEY = "lease-lock-readyz"
 _MAX_OWNER = 200
+_ACCESS_FORMAT = "%s %s -> %d project=%s request_id=%s %.1fms"
 _REASONS = {
     200: "OK",
     201: "Created",
@@ -76,6 +78,9 @@ _REASONS = {
     501: "Not Implemented",
     503: "Service Unavailable",
 }
+_STATUS_LINES = {status: f"{status} {reason}" for status, reason in _REASONS.items()}
+# The form ``str(uuid.UUID(...))`` gives, which needs no parsing to normalise.
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 StartResponse = Callable[..., Any]
 
@@ -106,6 +111,7 @@ class _Response:
     body: Optional[dict[str, Any]] = None
     headers: list[tuple[str, str]] = field(default_factory=list)
     text: Optional[str] = None  # a plain-text body instead of JSON (the metrics)
+    encoded: Optional[bytes] = None  # ``body`` already as JSON (the lease answers)
 
 
 class _Reject(Exception):
@@ -120,13 +126,18 @@ class _Reject(Exception):
 
 def format_time(epoch: float) -> str:
     """RFC 3339 UTC with a ``Z``, to the millisecond, rounded down (never later than the truth)."""
-    millis = math.floor(epoch * 1000)
-    moment = datetime.fromtimestamp(millis // 1000, timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{millis % 1000:03d}Z"
+    seconds, millis = divmod(math.floor(epoch * 1000), 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(seconds)) + f"{millis:03d}Z"
+
+
+@functools.cache
+def _environ_name(name: str) -> str:
+    """The WSGI environ key of request header ``name``: one per header name, made once."""
+    return "HTTP_" + name.upper().replace("-", "_")
 
 
 def _header(environ: dict[str, Any], name: str) -> Optional[str]:
-    value = environ.get("HTTP_" + name.upper().replace("-", "_"))
+    value = environ.get(_environ_name(name))
     return value if isinstance(value, str) else None
 
 
@@ -163,6 +174,8 @@ def _route_of(path: str) -> str:
 def _uuid(value: Optional[str], what: str, code: str) -> Optional[str]:
     if value is None:
         return None
+    if _CANONICAL_UUID.fullmatch(value):
+        return value  # already what the parse below would give (what clients usually send)
     try:
         return str(uuid.UUID(value))
     except ValueError:
@@ -171,6 +184,13 @@ def _uuid(value: Optional[str], what: str, code: str) -> Optional[str]:
 
 def _lease_body(grant: Grant) -> dict[str, Any]:
     return {"expires_at": format_time(grant.expires_at), "fencing_token": grant.fence}
+
+
+def _lease_response(status: int, grant: Grant, headers: Optional[list[tuple[str, str]]] = None) -> _Response:
+    """A granted or renewed lease; its JSON written directly (the text is our own time and an int)."""
+    body = _lease_body(grant)
+    encoded = f'{{"expires_at": "{body["expires_at"]}", "fencing_token": {int(grant.fence)}}}'.encode()
+    return _Response(status, body, headers or [], encoded=encoded)
 
 
 def _holder_body(holder: Holder, *, with_key: bool = False) -> dict[str, Any]:
@@ -234,6 +254,8 @@ class LockServiceApp:
         if response.text is not None:
             payload = response.text.encode()
             headers.append(("Content-Type", "text/plain; version=0.0.4; charset=utf-8"))
+        elif response.encoded is not None:
+            payload = response.encoded
         else:
             payload = b"" if response.body is None else json.dumps(response.body).encode()
         if response.body is not None:
@@ -243,7 +265,7 @@ class LockServiceApp:
             headers.append(("Content-Length", str(len(payload))))
         headers.append(("Cache-Control", "no-store"))
         headers.extend(self._announce)
-        start_response(f"{response.status} {_REASONS[response.status]}", headers)
+        start_response(_STATUS_LINES[response.status], headers)
         if environ.get("REQUEST_METHOD") == "HEAD":
             # RFC 9110: an answer to HEAD has headers only; a body would be read as the start
             # of the next response on a kept-alive connection.
@@ -253,6 +275,8 @@ class LockServiceApp:
     @staticmethod
     def _access_log(method: str, context: dict[str, str], status: int, request_id: str, seconds: float) -> None:
         # The route template, never the path: lock names stay out of the log.
+        if not _log.isEnabledFor(logging.INFO):
+            return
         fields = {
             "method": method,
             "route": context["route"],
@@ -261,16 +285,14 @@ class LockServiceApp:
             "request_id": request_id,
             "duration_ms": round(seconds * 1000, 1),
         }
-        _log.info(
-            "%s %s -> %d project=%s request_id=%s %.1fms",
-            method,
-            context["route"],
-            status,
-            context["project"],
-            request_id,
-            seconds * 1000,
-            extra={"access": fields},
+        args = (method, context["route"], status, context["project"], request_id, seconds * 1000)
+        # Built here rather than through ``_log.info``, which walks the call stack for the
+        # caller's file and line on every line: a known place is as good, and this runs once
+        # per request. Handlers and filters see the record as ``info`` would make it.
+        record = _log.makeRecord(
+            _log.name, logging.INFO, __file__, 0, _ACCESS_FORMAT, args, None, "_access_log", {"access": fields}
         )
+        _log.handle(record)
 
     # -- the steps of one request --------------------------------------------------------------
 
@@ -352,7 +374,7 @@ class LockServiceApp:
             owner = self._owner(environ)
             return self._acquire(project, key, token, ttl, owner, wait)
         grant = self._store(lambda: self.service.renew(project, key, token, ttl))
-        return _Response(200, _lease_body(grant))
+        return _lease_response(200, grant)
 
     def _authenticate(self, environ: dict[str, Any]) -> KeyRecord:
         # Only ``Authorization: Bearer``; an ``apikey`` header never authenticates.
@@ -452,15 +474,25 @@ class LockServiceApp:
     def _released(dropped: bool) -> _Response:
         return _Response(204, None, [(HEADER_RELEASED, "true" if dropped else "false")])
 
-    def _wait_free(self, project: str, key: str, wait: Optional[int]) -> list[tuple[str, str]]:
-        """Honour ``Prefer: wait=N`` on a held key; the ``Preference-Applied`` header if it was."""
+    def _wait_free(
+        self, project: str, key: str, wait: Optional[int], seen: Optional[list[Holder]] = None
+    ) -> list[tuple[str, str]]:
+        """Honour ``Prefer: wait=N`` on a held key; the ``Preference-Applied`` header if it was.
+
+        ``seen``, when given, receives the read that found the key free (the wait ended on a
+        release or an expiry), so a read request can answer from it without reading again.
+        """
         if self.waits is None or not wait:
             return []
         waits = self.waits
 
         def held_for() -> Optional[float]:
             holder = self.service.read(project, key)
-            return (holder.takeover_in or 0.0) if holder.held else None
+            if holder.held:
+                return holder.takeover_in or 0.0
+            if seen is not None:
+                seen.append(holder)
+            return None
 
         store_key = self.service.store_key(project, key)
         waited = self._store(lambda: waits.wait_until_free(store_key, held_for, wait))
@@ -484,15 +516,18 @@ class LockServiceApp:
             except _Reject as again:
                 again.response.headers.extend(applied)
                 raise
-            return _Response(201, _lease_body(grant), applied)
-        return _Response(201, _lease_body(grant))
+            return _lease_response(201, grant, applied)
+        return _lease_response(201, grant)
 
     def _read(self, project: str, key: str, wait: Optional[int] = None) -> _Response:
         holder: Holder = self._store(lambda: self.service.read(project, key))
         headers = []
         if holder.held and wait:
-            headers = self._wait_free(project, key, wait)
-            if headers:
+            free: list[Holder] = []
+            headers = self._wait_free(project, key, wait, free)
+            if free:
+                holder = free[-1]  # read just now, after the wake-up: no second round trip
+            elif headers:
                 holder = self._store(lambda: self.service.read(project, key))
         if holder.held and holder.takeover_in is not None:
             headers.append((HEADER_EXPIRES_IN, f"{holder.takeover_in:.3f}"))

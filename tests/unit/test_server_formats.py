@@ -1,0 +1,72 @@
+"""The service's hand-written fast paths give exactly what the general code they replace gives.
+
+The request path writes lease answers as JSON text directly, formats ``expires_at`` with
+``time.gmtime``, passes canonical UUIDs through unparsed and formats each second of the log
+timestamps once; each is checked here against the plain library code it stands in for.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import uuid
+from datetime import datetime, timezone
+
+import pytest
+from lease_lock.server.app import _lease_response, _Reject, _uuid, format_time
+from lease_lock.server.cli import JsonLogFormatter, _SecondCachedFormatter
+from lease_lock.server.service import Grant
+
+
+def _rfc3339_by_datetime(epoch: float) -> str:
+    millis = math.floor(epoch * 1000)
+    moment = datetime.fromtimestamp(millis // 1000, timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{millis % 1000:03d}Z"
+
+
+def test_format_time_matches_datetime_and_rounds_down() -> None:
+    rng = random.Random(12)
+    instants = [0.0, 0.0009, 0.999, 1.0, 59.9995, 1_764_560_000.9999, 4_102_444_799.999]
+    instants += [rng.uniform(0, 4e9) for _ in range(2000)]
+    for epoch in instants:
+        assert format_time(epoch) == _rfc3339_by_datetime(epoch), epoch
+    assert format_time(1_764_560_000.9999) == "2025-12-01T03:33:20.999Z"
+
+
+@pytest.mark.parametrize("fence", [1, 2**53 + 1, 1_764_560_000_123_456])
+def test_lease_answers_are_the_json_of_their_body(fence: int) -> None:
+    response = _lease_response(201, Grant(1_764_560_000.25, fence))
+    assert response.encoded is not None and response.body is not None
+    assert response.encoded == json.dumps(response.body).encode()
+    assert json.loads(response.encoded) == {"expires_at": "2025-12-01T03:33:20.250Z", "fencing_token": fence}
+
+
+def test_uuids_are_normalised_whatever_their_form() -> None:
+    value = uuid.UUID("0f3a9c61-b2d4-4e5f-8a7b-1c2d3e4f5a6b")
+    canonical = str(value)
+    forms = [canonical, canonical.upper(), value.hex, f"{{{canonical}}}", f"urn:uuid:{canonical}"]
+    assert [_uuid(form, "X-Token", "invalid_token") for form in forms] == [canonical] * len(forms)
+    assert _uuid(None, "X-Token", "invalid_token") is None
+    for bad in ["", "not-a-uuid", canonical + "0", canonical[:-1], canonical + "\n"]:
+        with pytest.raises(_Reject) as refused:
+            _uuid(bad, "X-Token", "invalid_token")
+        assert refused.value.response.status == 400
+
+
+def _record(created: float) -> logging.LogRecord:
+    record = logging.LogRecord("lease_lock.server", logging.INFO, __file__, 1, "line %d", (7,), None)
+    record.created = created
+    record.msecs = (created - int(created)) * 1000
+    return record
+
+
+def test_log_timestamps_match_logging_across_seconds() -> None:
+    pattern = "%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
+    cached, plain = _SecondCachedFormatter(pattern), logging.Formatter(pattern)
+    # Within one second, across a boundary, backwards in time: the cache never shows a stale second.
+    for created in [1_764_560_000.001, 1_764_560_000.999, 1_764_560_001.0, 1_764_559_000.5, 1_764_560_001.25]:
+        assert cached.format(_record(created)) == plain.format(_record(created))
+    line = json.loads(JsonLogFormatter().format(_record(1_764_560_000.5)))
+    assert line["time"] == plain.formatTime(_record(1_764_560_000.5))
