@@ -49,6 +49,29 @@ _READY_TIMEOUT = 60.0
 Loop = Callable[[float], list[tuple[float, float]]]
 
 
+def _timed_holds(take: Callable[[], Callable[[], None]]) -> Loop:
+    """A worker's loop: ``take()`` blocks until it holds the key and returns how to give it back.
+
+    Each hold is recorded as (granted, releasing) on the system-wide monotonic clock, so holds
+    of different processes can be compared; the grant at or after the deadline ends the loop.
+    """
+
+    def loop(deadline: float) -> list[tuple[float, float]]:
+        holds: list[tuple[float, float]] = []
+        now = time.monotonic
+        while True:
+            release = take()
+            granted = now()
+            if granted >= deadline:
+                release()
+                return holds
+            releasing = now()
+            release()
+            holds.append((granted, releasing))
+
+    return loop
+
+
 @contextmanager
 def _locker_loop(store: str, url: str, key: str, seconds: float) -> Iterator[Loop]:
     from lease_lock import Locker, Retry
@@ -65,21 +88,8 @@ def _locker_loop(store: str, url: str, key: str, seconds: float) -> Iterator[Loo
     locker = Locker(backend, ttl=TTL, retry=Retry(timeout=seconds + 60.0))
     locker.acquire(key).release()  # connect and warm up before the start
 
-    def loop(deadline: float) -> list[tuple[float, float]]:
-        holds: list[tuple[float, float]] = []
-        now = time.monotonic
-        while True:
-            lock = locker.acquire(key)
-            granted = now()
-            if granted >= deadline:
-                lock.release()
-                return holds
-            releasing = now()
-            lock.release()
-            holds.append((granted, releasing))
-
     try:
-        yield loop
+        yield _timed_holds(lambda: locker.acquire(key).release)
     finally:
         locker.close()
         backend.close()
@@ -95,22 +105,13 @@ def _redis_lock_loop(url: str, key: str) -> Iterator[Loop]:
     warm.acquire()
     warm.release()
 
-    def loop(deadline: float) -> list[tuple[float, float]]:
-        holds: list[tuple[float, float]] = []
-        now = time.monotonic
-        while True:
-            lock = redis_lock.Lock(client, key, expire=int(TTL))
-            lock.acquire()
-            granted = now()
-            if granted >= deadline:
-                lock.release()
-                return holds
-            releasing = now()
-            lock.release()
-            holds.append((granted, releasing))
+    def take() -> Callable[[], None]:
+        lock = redis_lock.Lock(client, key, expire=int(TTL))
+        lock.acquire()
+        return lock.release
 
     try:
-        yield loop
+        yield _timed_holds(take)
     finally:
         client.close()
 
@@ -124,21 +125,15 @@ def _advisory_loop(url: str, key: str) -> Iterator[Loop]:
     cursor = conn.cursor()
     slot = int(uuid.UUID(key.rsplit(":", 1)[-1].ljust(32, "0")).int % (2**62))
 
-    def loop(deadline: float) -> list[tuple[float, float]]:
-        holds: list[tuple[float, float]] = []
-        now = time.monotonic
-        while True:
-            cursor.execute("SELECT pg_advisory_lock(%s)", (slot,))
-            granted = now()
-            if granted >= deadline:
-                cursor.execute("SELECT pg_advisory_unlock(%s)", (slot,))
-                return holds
-            releasing = now()
-            cursor.execute("SELECT pg_advisory_unlock(%s)", (slot,))
-            holds.append((granted, releasing))
+    def release() -> None:
+        cursor.execute("SELECT pg_advisory_unlock(%s)", (slot,))
+
+    def take() -> Callable[[], None]:
+        cursor.execute("SELECT pg_advisory_lock(%s)", (slot,))
+        return release
 
     try:
-        yield loop
+        yield _timed_holds(take)
     finally:
         conn.close()
 

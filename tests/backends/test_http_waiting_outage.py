@@ -10,16 +10,13 @@ the last attempt.
 from __future__ import annotations
 
 import subprocess
-import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lease_lock import BackendUnavailableError, LockHeldError, Retry, connect
 
 from tests.support.http_server import make_keys, start_serve, stop_serve
-from tests.support.outage import DEADLINE, Failures
+from tests.support.outage import check_rides_out_a_restart, check_timeout_caused_by_the_outage
 from tests.support.ports import free_port
 
 
@@ -55,38 +52,8 @@ def service(tmp_path: Path) -> Iterator[Service]:
 
 
 def test_a_waiting_acquire_rides_out_a_service_restart(service: Service) -> None:
-    failures = Failures()
-    key = f"outage-{uuid.uuid4().hex}"
-    outcome: dict[str, object] = {}
-    with connect(service.url, api_key=service.key, on_event=failures, retry=Retry(delay=0.2)) as locker:
-
-        def wait() -> None:
-            try:
-                outcome["lock"] = locker.acquire(key, timeout=30)
-            except Exception as error:  # noqa: BLE001 - handed to the test thread
-                outcome["error"] = error
-
-        locker.get(key)  # connected before the outage, as a running application is
-        service.stop()
-        thread = threading.Thread(target=wait)
-        thread.start()
-        assert failures.wait_for(3), "the waiter never reported a failed attempt"
-        service.start()
-        thread.join(DEADLINE)
-        assert not thread.is_alive()
-        assert "error" not in outcome, outcome
-        assert getattr(outcome["lock"], "state", None) == "held"
-        assert all(isinstance(error, BackendUnavailableError) for error in failures.errors)
+    check_rides_out_a_restart(service.url, service.stop, service.start, api_key=service.key)
 
 
 def test_a_service_down_past_the_timeout_is_a_timeout_caused_by_it(service: Service) -> None:
-    key = f"outage-{uuid.uuid4().hex}"
-    with connect(service.url, api_key=service.key, retry=Retry(delay=0.2)) as locker:
-        locker.get(key)
-        service.stop()
-        with pytest.raises(LockHeldError) as caught:
-            locker.acquire(key, timeout=2)
-        assert caught.value.reason == "timeout"
-        assert isinstance(caught.value.__cause__, BackendUnavailableError)
-        with pytest.raises(BackendUnavailableError):
-            locker.try_acquire(key)
+    check_timeout_caused_by_the_outage(service.url, service.stop, api_key=service.key)

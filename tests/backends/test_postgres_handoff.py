@@ -17,6 +17,7 @@ from lease_lock.backends.handoff import HandoffSource
 from lease_lock.backends.postgres import PostgresBackend
 from lease_lock.testing import wait_until
 
+from tests.support.handoff import hand_key_round
 from tests.support.postgres_server import PostgresServer
 
 TOKEN = "t" * 32
@@ -121,27 +122,5 @@ def test_lockers_hand_a_key_round_without_losing_a_release(postgres_server: Post
     lockers = [Locker(PostgresBackend.from_url(postgres_server.url, table=table), ttl=30) for _ in range(4)]
     for locker in lockers:
         locker.owns_backend = True
-    rounds = 15
-    counts = [0] * len(lockers)
-    errors: list[BaseException] = []
-
-    def work(index: int) -> None:
-        try:
-            for _ in range(rounds):
-                with lockers[index].lock(key):
-                    counts[index] += 1
-        except BaseException as error:  # noqa: BLE001
-            errors.append(error)
-
     lockers[0].acquire(key).release()  # creates the table before the others race to
-    threads = [threading.Thread(target=work, args=(index,)) for index in range(len(lockers))]
-    try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(120)
-        assert not errors
-        assert counts == [rounds] * len(lockers)
-    finally:
-        for locker in lockers:
-            locker.close()
+    hand_key_round(lockers, key, rounds=15)

@@ -20,7 +20,7 @@ from lease_lock.errors import BackendUnavailableError, ValidationError
 from lease_lock.events import LockEvent
 from lease_lock.testing import wait_until
 
-from tests.support.children import exit_codes
+from tests.support.children import check_forked_children_beside_the_parent, exit_codes
 from tests.support.postgres_server import PostgresServer
 
 TOKEN = "t" * 32
@@ -354,23 +354,9 @@ def test_forked_children_never_use_the_parents_connection(
 ) -> None:
     backend = PostgresBackend.from_url(f"{postgres_server.url}?table={table}")
     try:
-        assert backend.acquire_fenced("parent", TOKEN, 60, "parent") is not None
-        children = []
-        for index in range(4):
-            pid = os.fork()
-            if pid == 0:  # pragma: no cover - the child reports through its exit status
-                code = 99
-                try:
-                    code = min(_child_cycles(backend, postgres_server, table, index), 90)
-                finally:
-                    os._exit(code)
-            children.append(pid)
-        # Meanwhile the parent keeps using its own pooled connection.
-        for cycle in range(100):
-            assert backend.is_held("parent", TOKEN), cycle
-            assert backend.extend("parent", TOKEN, 60), cycle
-        assert exit_codes(children) == [0, 0, 0, 0]
-        assert backend.release("parent", TOKEN)
+        check_forked_children_beside_the_parent(
+            backend, lambda index: _child_cycles(backend, postgres_server, table, index), TOKEN
+        )
     finally:
         backend.close()
 

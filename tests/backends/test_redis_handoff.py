@@ -18,6 +18,7 @@ from lease_lock.backends.redis import RedisBackend, handoff_keys
 from lease_lock.testing import wait_until
 from lease_lock.waiting import ReleaseDispatcher
 
+from tests.support.handoff import hand_key_round
 from tests.support.redis_server import RedisServer
 
 TOKEN_A = "a" * 32
@@ -171,29 +172,7 @@ def test_lockers_hand_a_key_round_without_losing_a_release(redis_server: RedisSe
     lockers = [Locker(RedisBackend.from_url(redis_server.url), ttl=30) for _ in range(4)]
     for locker in lockers:
         locker.owns_backend = True
-    rounds = 25
-    counts = [0] * len(lockers)
-    errors: list[BaseException] = []
-
-    def work(index: int) -> None:
-        try:
-            for _ in range(rounds):
-                with lockers[index].lock(key):
-                    counts[index] += 1
-        except BaseException as error:  # noqa: BLE001
-            errors.append(error)
-
-    threads = [threading.Thread(target=work, args=(index,)) for index in range(len(lockers))]
-    try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(120)
-        assert not errors
-        assert counts == [rounds] * len(lockers)
-    finally:
-        for locker in lockers:
-            locker.close()
+    hand_key_round(lockers, key, rounds=25)
 
 
 def test_a_release_through_a_client_passed_in_wakes_a_watcher(redis_server: RedisServer, key: str) -> None:

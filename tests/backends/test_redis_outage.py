@@ -3,7 +3,6 @@ lost after the release ran, fork(), redis-py's own URL options, and no password 
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
@@ -19,7 +18,7 @@ from lease_lock.backends.redis import RedisBackend
 from lease_lock.errors import BackendUnavailableError, ValidationError
 from lease_lock.testing import wait_until
 
-from tests.support.children import exit_codes
+from tests.support.children import check_forked_children_beside_the_parent
 from tests.support.redis_server import RedisFactory, RedisServer
 
 TOKEN = "t" * 32
@@ -286,22 +285,9 @@ def _child_cycles(backend: RedisBackend, server: RedisServer, index: int) -> int
 def test_forked_children_never_use_the_parents_connection(private_server: RedisServer) -> None:
     backend = RedisBackend.from_url(private_server.url)
     try:
-        assert backend.acquire_fenced("parent", TOKEN, 60, "parent") is not None
-        children = []
-        for index in range(4):
-            pid = os.fork()
-            if pid == 0:  # pragma: no cover - the child reports through its exit status
-                code = 99
-                try:
-                    code = min(_child_cycles(backend, private_server, index), 90)
-                finally:
-                    os._exit(code)
-            children.append(pid)
-        for cycle in range(100):
-            assert backend.is_held("parent", TOKEN), cycle
-            assert backend.extend("parent", TOKEN, 60), cycle
-        assert exit_codes(children) == [0, 0, 0, 0]
-        assert backend.release("parent", TOKEN)
+        check_forked_children_beside_the_parent(
+            backend, lambda index: _child_cycles(backend, private_server, index), TOKEN
+        )
     finally:
         backend.close()
 

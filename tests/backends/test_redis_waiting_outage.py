@@ -8,14 +8,11 @@ timeout, the acquire raises ``LockHeldError(reason="timeout")`` whose ``__cause_
 
 from __future__ import annotations
 
-import threading
-import uuid
 from collections.abc import Iterator
 
 import pytest
-from lease_lock import BackendUnavailableError, LockHeldError, Retry, connect
 
-from tests.support.outage import DEADLINE, Failures
+from tests.support.outage import check_rides_out_a_restart, check_timeout_caused_by_the_outage
 from tests.support.redis_server import RedisFactory, RedisServer
 
 
@@ -27,40 +24,8 @@ def server(redis_factory: RedisFactory) -> Iterator[RedisServer]:
 
 
 def test_a_waiting_acquire_rides_out_a_restart(server: RedisServer) -> None:
-    failures = Failures()
-    key = f"outage:{uuid.uuid4().hex}"
-    outcome: dict[str, object] = {}
-    with connect(server.url, on_event=failures, retry=Retry(delay=0.2)) as locker:
-
-        def wait() -> None:
-            try:
-                outcome["lock"] = locker.acquire(key, timeout=30)
-            except Exception as error:  # noqa: BLE001 - handed to the test thread
-                outcome["error"] = error
-
-        locker.get(key)  # connected before the outage, as a running application is
-        server.stop()
-        thread = threading.Thread(target=wait)
-        thread.start()
-        # Down for a few failed attempts (about three seconds with the reconnect waits).
-        assert failures.wait_for(3), "the waiter never reported a failed attempt"
-        server.start()
-        thread.join(DEADLINE)
-        assert not thread.is_alive()
-        assert "error" not in outcome, outcome
-        assert getattr(outcome["lock"], "state", None) == "held"
-        assert all(isinstance(error, BackendUnavailableError) for error in failures.errors)
+    check_rides_out_a_restart(server.url, server.stop, server.start)
 
 
 def test_an_outage_past_the_timeout_raises_a_timeout_caused_by_it(server: RedisServer) -> None:
-    key = f"outage:{uuid.uuid4().hex}"
-    with connect(server.url, retry=Retry(delay=0.2)) as locker:
-        locker.get(key)
-        server.stop()
-        with pytest.raises(LockHeldError) as caught:
-            locker.acquire(key, timeout=2)
-        assert caught.value.reason == "timeout"
-        assert isinstance(caught.value.__cause__, BackendUnavailableError)
-        with pytest.raises(BackendUnavailableError):
-            locker.try_acquire(key)
-        server.start()
+    check_timeout_caused_by_the_outage(server.url, server.stop)

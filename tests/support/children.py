@@ -1,12 +1,13 @@
-"""Waiting for forked children without ever hanging the suite."""
+"""Forked children in the tests: waiting for them without ever hanging the suite."""
 
 from __future__ import annotations
 
 import os
 import signal
 import time
+from typing import Any, Callable
 
-__all__ = ["exit_codes"]
+__all__ = ["check_forked_children_beside_the_parent", "exit_codes"]
 
 
 def exit_codes(children: list[int], timeout: float = 60) -> list[int]:
@@ -26,3 +27,28 @@ def exit_codes(children: list[int], timeout: float = 60) -> list[int]:
             os.waitpid(pid, 0)
             codes[pid] = -9
     return sorted(codes.values())
+
+
+def check_forked_children_beside_the_parent(backend: Any, child_cycles: Callable[[int], int], token: str) -> None:
+    """Four forked children run ``child_cycles(index)`` (0 when all went well) while the parent
+    keeps extending its own lease on ``"parent"`` through ``backend``; then the parent releases.
+
+    A child reports through its exit status only; one still running after a minute is killed.
+    """
+    assert backend.acquire_fenced("parent", token, 60, "parent") is not None
+    children = []
+    for index in range(4):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports through its exit status
+            code = 99
+            try:
+                code = min(child_cycles(index), 90)
+            finally:
+                os._exit(code)
+        children.append(pid)
+    # Meanwhile the parent keeps using its own connection.
+    for cycle in range(100):
+        assert backend.is_held("parent", token), cycle
+        assert backend.extend("parent", token, 60), cycle
+    assert exit_codes(children) == [0, 0, 0, 0]
+    assert backend.release("parent", token)

@@ -1,12 +1,19 @@
-"""Watching a waiting acquire ride out an outage: the ``attempt_failed`` events it reports."""
+"""A waiting acquire riding out an outage: the checks every backend's outage suite shares.
+
+Each takes the store's URL (and ``connect`` options) plus how to stop and start its server, so
+the Redis and lock-service suites say only how their server goes down and comes back.
+"""
 
 from __future__ import annotations
 
 import threading
+import uuid
+from typing import Any, Callable
 
-from lease_lock import LockEvent
+import pytest
+from lease_lock import BackendUnavailableError, LockEvent, LockHeldError, Retry, connect
 
-__all__ = ["DEADLINE", "Failures"]
+__all__ = ["DEADLINE", "Failures", "check_rides_out_a_restart", "check_timeout_caused_by_the_outage"]
 
 #: How long a test waits for anything that should happen within a few seconds.
 DEADLINE = 60.0
@@ -30,3 +37,47 @@ class Failures:
         """Whether ``count`` failed attempts were reported within :data:`DEADLINE`."""
         with self._condition:
             return self._condition.wait_for(lambda: len(self.errors) >= count, DEADLINE)
+
+
+def check_rides_out_a_restart(
+    url: str, stop: Callable[[], None], start: Callable[[], None], **options: Any
+) -> None:
+    """A thread waiting in ``acquire(timeout=30)`` while the store is down acquires once it is back."""
+    failures = Failures()
+    key = f"outage-{uuid.uuid4().hex}"
+    outcome: dict[str, object] = {}
+    with connect(url, on_event=failures, retry=Retry(delay=0.2), **options) as locker:
+
+        def wait() -> None:
+            try:
+                outcome["lock"] = locker.acquire(key, timeout=30)
+            except Exception as error:  # noqa: BLE001 - handed to the test thread
+                outcome["error"] = error
+
+        locker.get(key)  # connected before the outage, as a running application is
+        stop()
+        thread = threading.Thread(target=wait)
+        thread.start()
+        # Down for a few failed attempts (about three seconds with the reconnect waits).
+        assert failures.wait_for(3), "the waiter never reported a failed attempt"
+        start()
+        thread.join(DEADLINE)
+        assert not thread.is_alive()
+        assert "error" not in outcome, outcome
+        assert getattr(outcome["lock"], "state", None) == "held"
+        assert all(isinstance(error, BackendUnavailableError) for error in failures.errors)
+
+
+def check_timeout_caused_by_the_outage(url: str, stop: Callable[[], None], **options: Any) -> None:
+    """Down past the timeout: ``LockHeldError(reason="timeout")`` caused by the outage; a single
+    attempt raises the outage itself."""
+    key = f"outage-{uuid.uuid4().hex}"
+    with connect(url, retry=Retry(delay=0.2), **options) as locker:
+        locker.get(key)
+        stop()
+        with pytest.raises(LockHeldError) as caught:
+            locker.acquire(key, timeout=2)
+        assert caught.value.reason == "timeout"
+        assert isinstance(caught.value.__cause__, BackendUnavailableError)
+        with pytest.raises(BackendUnavailableError):
+            locker.try_acquire(key)
