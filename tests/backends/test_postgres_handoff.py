@@ -6,7 +6,6 @@ real PostgreSQL server.
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +16,7 @@ from lease_lock.backends.handoff import HandoffSource
 from lease_lock.backends.postgres import PostgresBackend
 from lease_lock.testing import wait_until
 
-from tests.support.handoff import hand_key_round
+from tests.support.handoff import WakeCounter, hand_key_round
 from tests.support.postgres_server import PostgresServer
 
 TOKEN = "t" * 32
@@ -35,19 +34,7 @@ def key() -> str:
     return f"test:handoff:{uuid.uuid4().hex}"
 
 
-class _Counter:
-    def __init__(self, answer: bool = True) -> None:
-        self.calls: list[str] = []
-        self.answer = answer
-        self._mutex = threading.Lock()
-
-    def __call__(self, key: str) -> bool:
-        with self._mutex:
-            self.calls.append(key)
-        return self.answer
-
-
-def _watching(backend: PostgresBackend, key: str, counters: list[_Counter]) -> list[Any]:
+def _watching(backend: PostgresBackend, key: str, counters: list[WakeCounter]) -> list[Any]:
     watchers = [backend.watch_handoffs(counter) for counter in counters]
     assert wait_until(lambda: all(watcher.active for watcher in watchers), 30)
     for watcher in watchers:
@@ -65,7 +52,7 @@ def test_postgres_backend_offers_wake_one_hand_off(backend: PostgresBackend) -> 
 
 
 def test_only_the_process_next_in_line_is_woken(backend: PostgresBackend, key: str) -> None:
-    counters = [_Counter(), _Counter(), _Counter()]
+    counters = [WakeCounter(), WakeCounter(), WakeCounter()]
     watchers = _watching(backend, key, counters)
     try:
         for release in range(1, 4):
@@ -79,7 +66,7 @@ def test_only_the_process_next_in_line_is_woken(backend: PostgresBackend, key: s
 
 
 def test_the_turn_passes_on_when_its_holder_stops_waiting(backend: PostgresBackend, key: str) -> None:
-    counters = [_Counter(), _Counter()]
+    counters = [WakeCounter(), WakeCounter()]
     watchers = _watching(backend, key, counters)
     try:
         _cycle(backend, key)
@@ -96,7 +83,7 @@ def test_the_turn_passes_on_when_its_holder_stops_waiting(backend: PostgresBacke
 
 
 def test_a_wake_nobody_here_wants_is_announced_again(backend: PostgresBackend, key: str) -> None:
-    refusing, taking = _Counter(answer=False), _Counter()
+    refusing, taking = WakeCounter(answer=False), WakeCounter()
     watchers = _watching(backend, key, [refusing, taking])
     try:
         _cycle(backend, key)
@@ -108,7 +95,7 @@ def test_a_wake_nobody_here_wants_is_announced_again(backend: PostgresBackend, k
 
 
 def test_want_reads_the_lease_left(backend: PostgresBackend, key: str) -> None:
-    watcher = backend.watch_handoffs(_Counter())
+    watcher = backend.watch_handoffs(WakeCounter())
     try:
         assert backend.acquire(key, TOKEN, 30, "holder")
         left = watcher.want(key)

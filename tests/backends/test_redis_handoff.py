@@ -6,7 +6,6 @@ redis-server, whose blocked clients the tests read with ``CLIENT LIST``.
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any, Callable
@@ -18,7 +17,7 @@ from lease_lock.backends.redis import RedisBackend, handoff_keys
 from lease_lock.testing import wait_until
 from lease_lock.waiting import ReleaseDispatcher
 
-from tests.support.handoff import hand_key_round
+from tests.support.handoff import WakeCounter, hand_key_round
 from tests.support.redis_server import RedisServer
 
 TOKEN_A = "a" * 32
@@ -41,18 +40,6 @@ def _blocked(client: Any) -> int:
     return sum(1 for entry in client.client_list() if entry.get("cmd") == "blpop" and "b" in entry.get("flags", ""))
 
 
-class _Counter:
-    def __init__(self, answer: bool = True) -> None:
-        self.calls: list[str] = []
-        self.answer = answer
-        self._mutex = threading.Lock()
-
-    def __call__(self, key: str) -> bool:
-        with self._mutex:
-            self.calls.append(key)
-        return self.answer
-
-
 def _queued(backend: RedisBackend, key: str, callbacks: list[Callable[[str], bool]]) -> list[Any]:
     """Start one watcher per callback, queue each for ``key`` and wait until all are blocked."""
     watchers = [backend.watch_handoffs(callback) for callback in callbacks]
@@ -69,7 +56,7 @@ def test_redis_backend_offers_wake_one_hand_off(backend: RedisBackend) -> None:
 
 
 def test_each_release_wakes_exactly_one_watcher(backend: RedisBackend, key: str) -> None:
-    counters = [_Counter(), _Counter(), _Counter()]
+    counters = [WakeCounter(), WakeCounter(), WakeCounter()]
     watchers = _queued(backend, key, list(counters))
     _, wake = handoff_keys(key)
     try:
@@ -88,7 +75,7 @@ def test_each_release_wakes_exactly_one_watcher(backend: RedisBackend, key: str)
 
 
 def test_a_wake_nobody_here_wants_goes_to_another_watcher(backend: RedisBackend, key: str) -> None:
-    refusing, taking = _Counter(answer=False), _Counter()
+    refusing, taking = WakeCounter(answer=False), WakeCounter()
     watchers = _queued(backend, key, [refusing, taking])
     try:
         assert backend.acquire(key, TOKEN_A, 30, "holder")
@@ -105,7 +92,7 @@ def test_no_marker_no_wake_and_releases_stay_cheap(backend: RedisBackend, key: s
     assert backend.release(key, TOKEN_A)
     assert backend.client.exists(marker, wake) == 0
     # Neither name is a string, so listing keys never shows them.
-    watcher = backend.watch_handoffs(_Counter())
+    watcher = backend.watch_handoffs(WakeCounter())
     try:
         watcher.want(key)
         assert backend.acquire(key, TOKEN_A, 30, "holder")
@@ -117,7 +104,7 @@ def test_no_marker_no_wake_and_releases_stay_cheap(backend: RedisBackend, key: s
 
 
 def test_want_reads_the_lease_left(backend: RedisBackend, key: str) -> None:
-    watcher = backend.watch_handoffs(_Counter())
+    watcher = backend.watch_handoffs(WakeCounter())
     try:
         assert watcher.want(key) == 0.0  # free: a release before queueing is not missed
         watcher.unwant(key)
@@ -182,7 +169,7 @@ def test_a_release_through_a_client_passed_in_wakes_a_watcher(redis_server: Redi
 
     client = redis.Redis.from_url(redis_server.url)
     backend = RedisBackend(client)
-    counter = _Counter()
+    counter = WakeCounter()
     watchers = _queued(backend, key, [counter])
     try:
         assert backend.acquire(key, TOKEN_A, 30, "holder")

@@ -6,7 +6,22 @@ import threading
 
 from lease_lock import Locker
 
-__all__ = ["hand_key_round"]
+__all__ = ["WakeCounter", "hand_key_round"]
+
+
+class WakeCounter:
+    """A hand-off watcher's callback that records each key it was woken for and answers
+    ``answer`` (whether someone here wanted the wake)."""
+
+    def __init__(self, answer: bool = True) -> None:
+        self.calls: list[str] = []
+        self.answer = answer
+        self._mutex = threading.Lock()
+
+    def __call__(self, key: str) -> bool:
+        with self._mutex:
+            self.calls.append(key)
+        return self.answer
 
 
 def hand_key_round(lockers: list[Locker], key: str, rounds: int) -> None:
