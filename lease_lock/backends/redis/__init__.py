@@ -32,6 +32,7 @@ from ..base import (
 from ..handoff import HandoffWatcher
 from ..service import ServiceStore, check_amount
 from . import _scripts
+from ._connections import DirectCommands
 from ._scripts import Script
 from ._url import (
     URL_OPTIONS,
@@ -251,6 +252,8 @@ class RedisBackend(ServiceStore):
         self.wait_for_replicas = _check_replicas(wait_for_replicas, self._cluster)
         #: The redis-py client the backend talks through.
         self.client = client
+        # Single commands go out on connections kept between calls (see _connections).
+        self._commands = DirectCommands(client)
         self._close_client = close_client
         db = 0 if self._cluster else int(client.get_connection_kwargs().get("db") or 0)
         #: The database whose keys this backend locks (always 0 on a Cluster).
@@ -387,7 +390,7 @@ class RedisBackend(ServiceStore):
         argv = [f"{token}|", ms, owner, "1" if fenced else "0", max(_COUNTER_LIFETIME_MS, ms)]
         keys = [key, self._fence_key(key)] if fenced else [key]
         if self.wait_for_replicas is None:
-            reply = _scripts.ACQUIRE(self.client, keys, argv)
+            reply = _scripts.ACQUIRE(self._commands, keys, argv)
             return None if reply is None else reply.decode("ascii")
         reply, acknowledged = self._batch([(_scripts.ACQUIRE, keys, argv)], wait=True)
         if reply is None:
@@ -424,7 +427,7 @@ class RedisBackend(ServiceStore):
             return super().grant_if_free(key, token, ttl, owner)
         ms = _millis(ttl)
         argv = [f"{token}|", ms, owner, "1", max(_COUNTER_LIFETIME_MS, ms)]
-        reply = _scripts.GRANT_IF_FREE(self.client, [key, self._fence_key(key)], argv)
+        reply = _scripts.GRANT_IF_FREE(self._commands, [key, self._fence_key(key)], argv)
         if isinstance(reply, list):
             return self._state(key, reply)
         return int(reply)
@@ -443,9 +446,9 @@ class RedisBackend(ServiceStore):
         """
         keys, argv = [key, *handoff_keys(key)], [f"{token}|", self._channel, key, WAKE_MS]
         if not self._counts_retries:
-            return bool(_scripts.RELEASE(self.client, keys, argv))
+            return bool(_scripts.RELEASE(self._commands, keys, argv))
         start_counting_retries()
-        reply = _scripts.RELEASE(self.client, keys, argv)
+        reply = _scripts.RELEASE(self._commands, keys, argv)
         return bool(reply) or retries_seen() > 0
 
     @_reports_unavailable
@@ -468,7 +471,7 @@ class RedisBackend(ServiceStore):
         ]
         if self.wait_for_replicas is None and len(calls) == 1:
             script, keys, argv = calls[0]
-            return [bool(script(self.client, keys, argv))]
+            return [bool(script(self._commands, keys, argv))]
         replies = self._batch(calls, wait=True)
         if self.wait_for_replicas is not None:
             acknowledged = replies.pop()
@@ -479,7 +482,7 @@ class RedisBackend(ServiceStore):
     @_reports_unavailable
     def is_held(self, key: str, token: str) -> bool:
         """``True`` if ``token`` holds a live lease on ``key`` (one ``GET``)."""
-        parsed = _parse_value(self.client.execute_command("GET", key))
+        parsed = _parse_value(self._commands.execute_command("GET", key))
         return parsed is not None and parsed[0] == token
 
     def _state(self, key: str, reply: Sequence[Any]) -> LockState:
@@ -504,12 +507,12 @@ class RedisBackend(ServiceStore):
     @_reports_unavailable
     def inspect(self, key: str) -> LockState:
         """The holder's fence, owner and remaining lease (PTTL), read in one script."""
-        return self._state(key, _scripts.INSPECT(self.client, [key], []))
+        return self._state(key, _scripts.INSPECT(self._commands, [key], []))
 
     @_reports_unavailable
     def force_release(self, key: str) -> bool:
         """Delete ``key`` whoever holds it and announce the release to watchers."""
-        return bool(_scripts.FORCE_RELEASE(self.client, [key, *handoff_keys(key)], [self._channel, key, WAKE_MS]))
+        return bool(_scripts.FORCE_RELEASE(self._commands, [key, *handoff_keys(key)], [self._channel, key, WAKE_MS]))
 
     def close(self) -> None:
         """Stop the watchers this backend started; close the client if it built it."""
@@ -517,6 +520,7 @@ class RedisBackend(ServiceStore):
             watchers, self._watchers = self._watchers, []
         for watcher in watchers:
             watcher.close()
+        self._commands.close()
         if self._close_client:
             self.client.close()
 
@@ -587,7 +591,7 @@ class RedisBackend(ServiceStore):
         if micros < 1000:
             raise ValidationError("window must be at least 0.001 seconds")
         check_amount(amount)
-        count, left = _scripts.COUNT_IN_WINDOW(self.client, [_COUNTER_PREFIX + name], [micros, amount])
+        count, left = _scripts.COUNT_IN_WINDOW(self._commands, [_COUNTER_PREFIX + name], [micros, amount])
         return int(count), int(left) / 1_000_000
 
     # -- validation hooks ----------------------------------------------------------------------

@@ -48,7 +48,7 @@ class Script:
         return (len(keys), *keys, *argv)
 
     def __call__(self, client: Any, keys: Sequence[str], argv: Sequence[Any]) -> Any:
-        """Run on ``client`` (a redis.Redis or RedisCluster) and return the raw reply."""
+        """Run on ``client`` (anything with redis-py's ``execute_command``) and return the raw reply."""
         try:
             return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *argv)
         except NoScriptError:

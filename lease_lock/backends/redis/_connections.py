@@ -1,0 +1,150 @@
+"""Commands sent on connections the backend keeps between calls.
+
+``Redis.execute_command`` checks a connection out of the client's pool and back in for every
+command: a pool lock, a ``poll()`` for unread data and, in recent redis-py, the client's
+observability hooks. On loopback that is about a third of a lock cycle, which is two commands.
+:class:`DirectCommands` keeps the connections it used checked out, on a free list of its own,
+and sends on them directly, through the connection's own retry policy (the client's) and its
+own health checks, exactly as redis-py does once it holds a connection.
+
+Why this is safe:
+
+- A connection goes back on the free list only after its reply was read in full (an error
+  reply included) or after it was disconnected, so no call can ever read another call's reply.
+- A connection that sat idle for :data:`IDLE_RECHECK` seconds goes back through the pool, whose
+  checkout notices a socket the server closed meanwhile (an idle timeout, ``CLIENT KILL``), so
+  an idle release is not sent into a dead socket.
+- After a fork the child starts with an empty list: the parent's sockets are never used.
+- At most :data:`KEEP` connections are kept; the rest go back to the pool at once, and
+  :meth:`DirectCommands.close` returns every kept one.
+
+Clients this cannot serve the same way (a Cluster, a single-connection client, a client-side
+cache, RESP3 with its push messages) go through ``execute_command`` unchanged.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+from typing import Any, Callable
+
+__all__ = ["IDLE_RECHECK", "KEEP", "DirectCommands"]
+
+#: A kept connection idle this long is checked out through the pool again (see module notes).
+IDLE_RECHECK = 1.0
+#: The most connections kept between calls: about the threads that lock at the same moment.
+KEEP = 8
+
+
+def _serves_directly(client: Any) -> bool:
+    """Whether ``client`` is a plain ``redis.Redis`` whose commands can go out on kept
+    connections with the same effect as through ``execute_command``."""
+    from redis import Redis
+
+    if not isinstance(client, Redis):  # a RedisCluster is not a Redis: it routes by slot
+        return False
+    if getattr(client, "connection", None) is not None:
+        return False  # single_connection_client: one connection, guarded by the client
+    pool = client.connection_pool
+    if getattr(pool, "cache", None) is not None:
+        return False
+    return str(pool.connection_kwargs.get("protocol") or 2) == "2"
+
+
+def _checkout(pool: Any) -> Callable[[], Any]:
+    """The pool's checkout as a zero-argument call: redis-py before 5.3 wants a command name."""
+    parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
+    if parameter is not None and parameter.default is inspect.Parameter.empty:
+        return lambda: pool.get_connection("EVALSHA")
+    return pool.get_connection  # type: ignore[no-any-return]
+
+
+class DirectCommands:
+    """``execute_command`` for one redis-py client, on connections kept between calls.
+
+    Thread-safe: each call takes a connection of its own off the free list (``list.pop`` and
+    ``list.append`` are atomic), or from the pool when the list is empty.
+    """
+
+    __slots__ = ("_checkout", "_client", "_direct", "_free", "_pid", "_pool")
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._direct = _serves_directly(client)
+        self._pool = client.connection_pool if self._direct else None
+        self._checkout = _checkout(self._pool) if self._direct else None
+        #: Kept connections with the clock reading of their last reply.
+        self._free: list[tuple[Any, float]] = []
+        self._pid = os.getpid()
+
+    @property
+    def direct(self) -> bool:
+        """Whether commands go out on kept connections (``False``: through ``execute_command``)."""
+        return self._direct
+
+    @property
+    def kept(self) -> int:
+        """Connections kept between calls right now."""
+        return len(self._free)
+
+    def execute_command(self, *args: Any) -> Any:
+        """Send one command and return its raw reply; errors as ``execute_command`` raises them."""
+        if not self._direct:
+            return self._client.execute_command(*args)
+        if self._pid != os.getpid():
+            # A forked child: the kept sockets are the parent's. Forget them (closing them here
+            # could shut the parent's sockets down); the pool starts afresh in the child too.
+            self._free = []
+            self._pid = os.getpid()
+        connection = self._take()
+        try:
+            reply = connection.retry.call_with_retry(
+                lambda: _send(connection, args), lambda _error, *_rest: connection.disconnect()
+            )
+        except Exception as error:
+            from redis.exceptions import ResponseError
+
+            if not isinstance(error, ResponseError):
+                # A reply may be half read: this socket must never be read again.
+                connection.disconnect()
+            self._keep(connection)
+            raise
+        except BaseException:
+            # Interrupted (KeyboardInterrupt, a signal handler's exception) mid-call.
+            connection.disconnect()
+            self._keep(connection)
+            raise
+        self._keep(connection)
+        return reply
+
+    def _take(self) -> Any:
+        assert self._pool is not None and self._checkout is not None
+        try:
+            connection, last_reply = self._free.pop()
+        except IndexError:
+            return self._checkout()
+        if time.monotonic() - last_reply < IDLE_RECHECK:
+            return connection
+        self._pool.release(connection)
+        return self._checkout()
+
+    def _keep(self, connection: Any) -> None:
+        assert self._pool is not None
+        if len(self._free) < KEEP:
+            self._free.append((connection, time.monotonic()))
+        else:
+            self._pool.release(connection)
+
+    def close(self) -> None:
+        """Return every kept connection to the pool (in a forked child, forget them)."""
+        kept, self._free = self._free, []
+        if self._pool is None or self._pid != os.getpid():
+            return
+        for connection, _ in kept:
+            self._pool.release(connection)
+
+
+def _send(connection: Any, args: tuple[Any, ...]) -> Any:
+    connection.send_command(*args)
+    return connection.read_response()

@@ -1,0 +1,228 @@
+"""The Redis backend's kept connections: reused between calls, never read out of turn, replaced
+when the server dropped them while idle, given back on close, and bypassed for clients they
+cannot serve the same way."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from lease_lock.backends.redis import RedisBackend, _connections
+from lease_lock.errors import BackendUnavailableError
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from tests.support.redis_server import RedisFactory, RedisServer
+
+TOKEN = "k" * 32
+
+
+@pytest.fixture
+def private_server(redis_factory: RedisFactory) -> Iterator[RedisServer]:
+    server = redis_factory.server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def key() -> str:
+    return f"kept:{uuid.uuid4().hex}"
+
+
+def _client(server: RedisServer, **options: Any) -> Any:
+    options = {"socket_timeout": 5.0, "retry": Retry(NoBackoff(), 0), **options}
+    return redis.Redis(host="127.0.0.1", port=server.port, **options)
+
+
+def _connections_named(server: RedisServer, name: str) -> list[dict[str, Any]]:
+    admin = _client(server)
+    try:
+        return [entry for entry in admin.client_list() if entry.get("name") == name]
+    finally:
+        admin.close()
+
+
+def test_a_cycle_reuses_one_connection_and_skips_the_pool(private_server: RedisServer, key: str) -> None:
+    client = _client(private_server, client_name="kept-reuse")
+    backend = RedisBackend(client)
+    assert backend._commands.direct
+    checkouts = 0
+    checkout = client.connection_pool.get_connection
+
+    def counting_checkout(*args: Any, **kwargs: Any) -> Any:
+        nonlocal checkouts
+        checkouts += 1
+        return checkout(*args, **kwargs)
+
+    client.connection_pool.get_connection = counting_checkout
+    backend._commands = _connections.DirectCommands(client)
+    try:
+        for index in range(100):
+            token = f"{index:032d}"
+            assert backend.acquire_fenced(key, token, 30, "o") is not None
+            assert backend.release(key, token)
+        assert checkouts == 1
+        assert len(_connections_named(private_server, "kept-reuse")) == 1
+    finally:
+        backend.close()
+        client.close()
+
+
+def test_a_reply_cut_off_by_a_timeout_is_never_read_by_the_next_call(
+    private_server: RedisServer, key: str
+) -> None:
+    client = _client(private_server, socket_timeout=0.3)
+    backend = RedisBackend(client)
+    admin = _client(private_server)
+    try:
+        # The server holds every write for a while: the acquire times out on our side and its
+        # reply arrives later on that socket, which must never be read again.
+        admin.execute_command("CLIENT", "PAUSE", 1500, "WRITE")
+        with pytest.raises(BackendUnavailableError):
+            backend.acquire(key, TOKEN, 30, "first")
+        admin.execute_command("CLIENT", "UNPAUSE")
+        # Redis drops the command of a client that hung up, or runs it: either way every later
+        # call reads its own reply (a stale one would be the wrong type or the wrong answer).
+        first_landed = admin.get(key) is not None
+        assert backend.inspect(key).held is first_landed
+        assert backend.is_held(key, TOKEN) is first_landed
+        assert backend.acquire(key, "s" * 32, 30, "second") is not first_landed
+        assert backend.release(key, TOKEN if first_landed else "s" * 32)
+        assert not backend.inspect(key).held
+    finally:
+        admin.execute_command("CLIENT", "UNPAUSE")
+        admin.close()
+        backend.close()
+        client.close()
+
+
+def test_an_idle_connection_the_server_dropped_is_replaced_before_sending(
+    private_server: RedisServer, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No retries: a command sent into the dead socket would fail.
+    client = _client(private_server, client_name="kept-idle")
+    backend = RedisBackend(client)
+    admin = _client(private_server)
+    try:
+        assert backend.acquire(key, TOKEN, 30, "o")
+        [entry] = _connections_named(private_server, "kept-idle")
+        admin.client_kill_filter(_id=entry["id"])
+        monkeypatch.setattr(_connections, "IDLE_RECHECK", 0.0)
+        assert backend.is_held(key, TOKEN)
+        assert backend.release(key, TOKEN)
+    finally:
+        admin.close()
+        backend.close()
+        client.close()
+
+
+def test_a_connection_dropped_between_busy_calls_is_retried_like_execute_command(
+    private_server: RedisServer, key: str
+) -> None:
+    client = _client(private_server, client_name="kept-retry", retry=Retry(NoBackoff(), 2))
+    backend = RedisBackend(client)
+    admin = _client(private_server)
+    try:
+        assert backend.acquire(key, TOKEN, 30, "o")
+        [entry] = _connections_named(private_server, "kept-retry")
+        admin.client_kill_filter(_id=entry["id"])
+        # Within the idle window the kept socket is used as is; the client's retry policy
+        # reconnects it, as it would inside execute_command.
+        assert backend.is_held(key, TOKEN)
+        assert backend.release(key, TOKEN)
+    finally:
+        admin.close()
+        backend.close()
+        client.close()
+
+
+def test_close_gives_every_kept_connection_back_to_the_pool(private_server: RedisServer, key: str) -> None:
+    client = _client(private_server)
+    backend = RedisBackend(client)
+    barrier = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def cycles(index: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            for cycle in range(50):
+                token = f"{index:016d}{cycle:016d}"
+                assert backend.acquire(f"{key}:{index}", token, 30, "o")
+                assert backend.release(f"{key}:{index}", token)
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=cycles, args=(index,)) for index in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors
+    pool = client.connection_pool
+    assert 1 <= backend._commands.kept <= _connections.KEEP
+    assert len(pool._in_use_connections) == backend._commands.kept
+    backend.close()
+    assert backend._commands.kept == 0
+    assert len(pool._in_use_connections) == 0
+    client.close()
+
+
+def test_no_more_than_keep_connections_stay_checked_out(private_server: RedisServer, key: str) -> None:
+    client = _client(private_server)
+    backend = RedisBackend(client)
+    threads_count = _connections.KEEP * 2
+    inside = threading.Barrier(threads_count)
+    errors: list[BaseException] = []
+    original = _connections._send
+
+    def slow_send(connection: Any, args: tuple[Any, ...]) -> Any:
+        # Every thread is inside a call at once, so each holds a connection of its own.
+        reply = original(connection, args)
+        inside.wait(timeout=30)
+        return reply
+
+    def one_call(index: int) -> None:
+        try:
+            backend.is_held(f"{key}:{index}", TOKEN)
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    _connections._send = slow_send
+    try:
+        threads = [threading.Thread(target=one_call, args=(index,)) for index in range(threads_count)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+    finally:
+        _connections._send = original
+    assert not errors
+    assert backend._commands.kept == _connections.KEEP
+    assert len(client.connection_pool._in_use_connections) == _connections.KEEP
+    backend.close()
+    client.close()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"single_connection_client": True}, {"protocol": 3}],
+    ids=["single-connection", "resp3"],
+)
+def test_clients_it_cannot_serve_directly_go_through_execute_command(
+    private_server: RedisServer, key: str, options: dict[str, Any]
+) -> None:
+    client = _client(private_server, **options)
+    backend = RedisBackend(client)
+    try:
+        assert not backend._commands.direct
+        assert backend.acquire_fenced(key, TOKEN, 30, "o") is not None
+        assert backend.is_held(key, TOKEN)
+        assert backend.release(key, TOKEN)
+        assert backend._commands.kept == 0
+    finally:
+        backend.close()
+        client.close()
