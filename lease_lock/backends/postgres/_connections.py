@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import queue
 import threading
 import weakref
-from typing import Any, Iterator, Union
+from typing import Any, Callable, Iterator, Union
 
 import psycopg2
 import psycopg2.extensions
@@ -33,6 +35,23 @@ def _refuse_busy(conn: Any, origin: str) -> None:
             f"{origin} is inside a transaction; lease_lock needs an idle connection it can "
             "use in autocommit mode (commit or roll back first, or give it its own connection)"
         )
+
+
+class _Slots:
+    """At most ``count`` borrowers at once; the others block until one gives back.
+
+    A queue of ``count`` tokens: taking and giving back are single C calls, where a
+    ``threading.BoundedSemaphore`` runs a Python-level ``Condition`` on every statement.
+    """
+
+    __slots__ = ("acquire", "release")
+
+    def __init__(self, count: int) -> None:
+        tokens: queue.SimpleQueue[None] = queue.SimpleQueue()
+        for _ in range(count):
+            tokens.put(None)
+        self.acquire: Callable[[], None] = tokens.get
+        self.release: Callable[[], None] = functools.partial(tokens.put, None)
 
 
 class LazyPool:
@@ -144,9 +163,7 @@ class ConnectionSource:
         if isinstance(conn_or_pool, (psycopg2.pool.AbstractConnectionPool, LazyPool)):
             self.pool: Any = conn_or_pool
             self.connection: Any = None
-            self._slots: Union[threading.BoundedSemaphore, threading.Lock] = threading.BoundedSemaphore(
-                max(1, int(conn_or_pool.maxconn))
-            )
+            self._slots: Union[_Slots, threading.Lock] = _Slots(max(1, int(conn_or_pool.maxconn)))
         elif isinstance(conn_or_pool, psycopg2.extensions.connection):
             _refuse_busy(conn_or_pool, "the connection")
             self.pool = None
@@ -196,7 +213,7 @@ class ConnectionSource:
         if self.pool is None:
             self._slots = threading.Lock()
         else:
-            self._slots = threading.BoundedSemaphore(max(1, int(self.pool.maxconn)))
+            self._slots = _Slots(max(1, int(self.pool.maxconn)))
         self._pool_lock = threading.Lock()
         self.ready_lock = threading.Lock()
 
