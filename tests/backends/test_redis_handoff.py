@@ -6,6 +6,7 @@ redis-server, whose blocked clients the tests read with ``CLIENT LIST``.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any, Callable
@@ -180,3 +181,82 @@ def test_a_release_through_a_client_passed_in_wakes_a_watcher(redis_server: Redi
             watcher.close()
         backend.close()
         client.connection_pool.disconnect()  # the caller's client: closing it is the caller's part
+
+
+def _take_wake(backend: RedisBackend, key: str) -> bool:
+    """Pop the key's wake as a watcher would; ``True`` if there was one."""
+    _, wake = handoff_keys(key)
+    return backend.client.lpop(wake) is not None
+
+
+def test_releases_while_a_wake_is_outstanding_push_no_other(backend: RedisBackend, key: str) -> None:
+    marker, _ = handoff_keys(key)
+    backend.client.hset(marker, "w", "1")
+    backend.client.pexpire(marker, 30_000)
+    assert backend.acquire(key, TOKEN_A, 30, "holder")
+    assert backend.release(key, TOKEN_A)
+    assert _take_wake(backend, key)
+    # The holder takes the key again at once, before the woken waiter tried: no wake for that.
+    for _ in range(3):
+        assert backend.acquire(key, TOKEN_A, 30, "holder")
+        assert backend.release(key, TOKEN_A)
+        assert not _take_wake(backend, key)
+    # The woken process tries (and here fails, the key being held): the wake is answered, so
+    # the next release wakes a waiter again.
+    other = RedisBackend(backend.client)
+    assert other.acquire(key, TOKEN_A, 30, "holder")
+    other._woken.add(key)
+    assert not other.acquire(key, "b" * 32, 30, "woken waiter")
+    assert backend.release(key, TOKEN_A)
+    assert _take_wake(backend, key)
+
+
+def test_an_unanswered_wake_stops_holding_back_others(backend: RedisBackend, key: str) -> None:
+    # A woken process that died before trying must not keep every later waiter asleep.
+    marker, _ = handoff_keys(key)
+    backend.client.hset(marker, "w", "1")
+    backend.client.pexpire(marker, 30_000)
+    assert backend.acquire(key, TOKEN_A, 30, "holder")
+    assert backend.release(key, TOKEN_A)
+    assert _take_wake(backend, key)
+
+    def release_wakes() -> bool:
+        assert backend.acquire(key, TOKEN_A, 30, "holder")
+        assert backend.release(key, TOKEN_A)
+        return _take_wake(backend, key)
+
+    assert wait_until(release_wakes, 30, interval=0.05)
+
+
+def test_a_woken_locker_hands_the_key_on_while_a_holder_cycles(redis_server: RedisServer, key: str) -> None:
+    # A holder that releases and re-takes in a loop, and a waiter in another locker: the waiter
+    # is woken, tries, and gets the key within the holder's loop (no wake is lost to the
+    # suppression of wakes while one is outstanding).
+    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
+    waiter = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
+    holder.owns_backend = waiter.owns_backend = True
+    stop = threading.Event()
+
+    def cycle() -> None:
+        while not stop.is_set():
+            holder.acquire(key, timeout=60).release()
+
+    first_client = RedisBackend.from_url(redis_server.url).client
+    try:
+        first = holder.acquire(key)
+        loop = threading.Thread(target=cycle)
+        got: list[bool] = []
+        waiting = threading.Thread(target=lambda: got.append(waiter.acquire(key, timeout=60).release()))
+        waiting.start()
+        assert wait_until(lambda: _blocked(first_client) >= 1, 30)
+        first.release()
+        loop.start()
+        waiting.join(timeout=60)
+        assert got == [True]
+    finally:
+        stop.set()
+        if "loop" in locals():
+            loop.join(timeout=60)
+        holder.close()
+        waiter.close()
+        first_client.close()

@@ -41,7 +41,7 @@ from ._url import (
     retries_seen,
     start_counting_retries,
 )
-from ._watch import WAKE_MS, RedisHandoffWatcher, RedisReleaseWatcher, release_channel
+from ._watch import OUTSTANDING_MS, WAKE_MS, RedisHandoffWatcher, RedisReleaseWatcher, release_channel
 
 __all__ = ["RedisBackend", "fence_key", "handoff_keys", "hash_tag", "is_fence_key"]
 
@@ -50,6 +50,8 @@ _COUNTER_LIFETIME_MS = 86_400_000
 #: Batched reads and extensions go out in pipelines of at most this many commands.
 _BATCH = 1000
 _COUNTER_PREFIX = "lease_lock:window:"
+#: How many taken wakes a backend remembers before it forgets them all.
+_WOKEN_LIMIT = 10_000
 
 
 def hash_tag(key: str) -> Optional[str]:
@@ -261,6 +263,8 @@ class RedisBackend(ServiceStore):
         self._channel = release_channel(db)
         self._watchers: list[Union[RedisReleaseWatcher, RedisHandoffWatcher]] = []
         self._watchers_lock = threading.Lock()
+        #: Keys whose wake this process took and has not tried since (see _grant).
+        self._woken: set[str] = set()
         # Whether the client counts its failed tries (only the clients from_url builds do): a
         # release then reads its answer in that light, and other clients skip the counting.
         self._counts_retries = False
@@ -389,6 +393,12 @@ class RedisBackend(ServiceStore):
         ms = _millis(ttl)
         argv = [f"{token}|", ms, owner, "1" if fenced else "0", max(_COUNTER_LIFETIME_MS, ms)]
         keys = [key, self._fence_key(key)] if fenced else [key]
+        if self._woken and key in self._woken:
+            # This process was woken for the key: this attempt ends the outstanding wake, so
+            # that the next release wakes a waiter again (see the release scripts).
+            self._woken.discard(key)
+            keys.append(handoff_keys(key)[0])
+            argv.append("1")
         if self.wait_for_replicas is None:
             reply = _scripts.ACQUIRE(self._commands, keys, argv)
             return None if reply is None else reply.decode("ascii")
@@ -444,7 +454,7 @@ class RedisBackend(ServiceStore):
         It can hide a loss only when the lease ran out or was force-released during that one
         failing call. (A client passed in retries as it was configured, unseen here.)
         """
-        keys, argv = [key, *handoff_keys(key)], [f"{token}|", self._channel, key, WAKE_MS]
+        keys, argv = [key, *handoff_keys(key)], [f"{token}|", self._channel, key, WAKE_MS, OUTSTANDING_MS]
         if not self._counts_retries:
             return bool(_scripts.RELEASE(self._commands, keys, argv))
         start_counting_retries()
@@ -512,7 +522,8 @@ class RedisBackend(ServiceStore):
     @_reports_unavailable
     def force_release(self, key: str) -> bool:
         """Delete ``key`` whoever holds it and announce the release to watchers."""
-        return bool(_scripts.FORCE_RELEASE(self._commands, [key, *handoff_keys(key)], [self._channel, key, WAKE_MS]))
+        keys, argv = [key, *handoff_keys(key)], [self._channel, key, WAKE_MS, OUTSTANDING_MS]
+        return bool(_scripts.FORCE_RELEASE(self._commands, keys, argv))
 
     def close(self) -> None:
         """Stop the watchers this backend started; close the client if it built it."""
@@ -573,7 +584,17 @@ class RedisBackend(ServiceStore):
         def translate(exc: BaseException) -> Optional[BaseException]:
             return _unavailable(exc) if _is_unavailable(exc) else None
 
-        watcher = RedisHandoffWatcher(self.client, handoff_keys, callback, translate)
+        def deliver(key: str) -> bool:
+            # Noted before the waiter wakes, since its attempt may start at once.
+            if len(self._woken) >= _WOKEN_LIMIT:
+                self._woken.clear()  # notes of waiters that left; each costs one more wake
+            self._woken.add(key)
+            taken = callback(key)
+            if not taken:
+                self._woken.discard(key)
+            return taken
+
+        watcher = RedisHandoffWatcher(self.client, handoff_keys, deliver, translate)
         with self._watchers_lock:
             self._watchers = [item for item in self._watchers if not item.closed] + [watcher]
         return watcher

@@ -77,14 +77,18 @@ fence = string.format('%.0f', math.max(micros, last + 1))
 redis.call('SET', KEYS[2], fence, 'PX', ARGV[5])
 """
 
-#: KEYS[1] lease key, KEYS[2] fence counter (same hash slot; only when fenced).
+#: KEYS[1] lease key, KEYS[2] fence counter (same hash slot; only when fenced), and last the
+#: key's waiting marker when ARGV[6] is "1".
 #: ARGV[1] "<token>|", ARGV[2] lease in ms, ARGV[3] owner, ARGV[4] "1" to fence,
-#: ARGV[5] counter lifetime in ms.
+#: ARGV[5] counter lifetime in ms, ARGV[6] "1" when this attempt answers a wake (see RELEASE).
 #: Returns nil when another token holds the key, else the fence as text ("" when unfenced).
 #: A repeated acquire by the holding token keeps its fence and sets a new lease.
 ACQUIRE = Script(
     _EFFECTS
     + """
+if ARGV[6] == '1' then
+  redis.call('HDEL', KEYS[#KEYS], 'o')
+end
 local current = redis.call('GET', KEYS[1])
 local mine = ARGV[1]
 local fence = ''
@@ -146,19 +150,35 @@ return 0
 # The announcement of a release: a pub/sub message for every watcher and, when some process
 # waits for the key (its waiting marker KEYS[2] exists), one wake on the key's wake list KEYS[3]
 # for the one watcher that has waited longest (a wake nobody took is replaced, not added to).
-_ANNOUNCE = """
-local function announce(channel, message, wake_ms)
+# A wake is outstanding from its push (the marker's field ``o``, the server time in ms) until
+# the woken process's next attempt at the key clears it (ACQUIRE with ARGV[6]), or for
+# OUTSTANDING_MS at most: meanwhile further releases push no wake, since a woken waiter is
+# about to try anyway. Without that, a holder that releases and re-takes at once would wake a
+# waiter on every cycle, only for each woken attempt to fail.
+_ANNOUNCE = (
+    _EFFECTS
+    + """
+local function announce(channel, message, wake_ms, outstanding_ms)
   redis.call('PUBLISH', channel, message)
   if redis.call('EXISTS', KEYS[2]) == 1 then
+    local now = redis.call('TIME')
+    local millis = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+    local pushed = tonumber(redis.call('HGET', KEYS[2], 'o') or '')
+    if pushed and millis - pushed >= 0 and millis - pushed < tonumber(outstanding_ms) then
+      return
+    end
+    redis.call('HSET', KEYS[2], 'o', string.format('%.0f', millis))
     redis.call('DEL', KEYS[3])
     redis.call('LPUSH', KEYS[3], '1')
     redis.call('PEXPIRE', KEYS[3], wake_ms)
   end
 end
 """
+)
 
 #: KEYS[1] lease key, KEYS[2] its waiting marker, KEYS[3] its wake list. ARGV[1] "<token>|",
-#: ARGV[2] channel, ARGV[3] message (the key), ARGV[4] wake lifetime in ms.
+#: ARGV[2] channel, ARGV[3] message (the key), ARGV[4] wake lifetime in ms, ARGV[5] how long
+#: a pushed wake stays outstanding at most, in ms.
 #: Returns 1 when the token held the key and it was deleted (and announced), else 0.
 RELEASE = Script(
     _ANNOUNCE
@@ -166,20 +186,21 @@ RELEASE = Script(
 local current = redis.call('GET', KEYS[1])
 if current and string.sub(current, 1, #ARGV[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  announce(ARGV[2], ARGV[3], ARGV[4])
+  announce(ARGV[2], ARGV[3], ARGV[4], ARGV[5])
   return 1
 end
 return 0
 """
 )
 
-#: KEYS as for RELEASE. ARGV[1] channel, ARGV[2] message (the key), ARGV[3] wake lifetime in ms.
+#: KEYS as for RELEASE. ARGV[1] channel, ARGV[2] message (the key), ARGV[3] wake lifetime in
+#: ms, ARGV[4] how long a pushed wake stays outstanding at most, in ms.
 #: Returns 1 when a live lease was deleted (and announced), else 0.
 FORCE_RELEASE = Script(
     _ANNOUNCE
     + """
 if redis.call('DEL', KEYS[1]) == 1 then
-  announce(ARGV[1], ARGV[2], ARGV[3])
+  announce(ARGV[1], ARGV[2], ARGV[3], ARGV[4])
   return 1
 end
 return 0

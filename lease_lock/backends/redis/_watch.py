@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 from ..base import ReleaseWatcher
 from ..handoff import HandoffWatcher
 
-__all__ = ["WAKE_MS", "RedisHandoffWatcher", "RedisReleaseWatcher", "release_channel"]
+__all__ = ["OUTSTANDING_MS", "WAKE_MS", "RedisHandoffWatcher", "RedisReleaseWatcher", "release_channel"]
 
 _log = logging.getLogger("lease_lock")
 
@@ -119,6 +119,11 @@ _MARKER_MS = 5000
 _MARKER_REFRESH = 1.0
 #: How long a wake (or a control message) stays in its list when nobody takes it.
 WAKE_MS = 10000
+#: How long a pushed wake counts as outstanding at most: releases in that time push no other
+#: wake unless the woken process has tried the key since (see the release scripts). Longer
+#: than a woken waiter needs to try; if it died instead, the next release after this wakes
+#: another.
+OUTSTANDING_MS = 250
 #: The longest one BLPOP blocks: close() and keys whose waiters left are noticed this often.
 _BLOCK = 1.0
 
