@@ -111,3 +111,42 @@ def test_lockers_hand_a_key_round_without_losing_a_release(postgres_server: Post
         locker.owns_backend = True
     lockers[0].acquire(key).release()  # creates the table before the others race to
     hand_key_round(lockers, key, rounds=15)
+
+
+def test_a_refused_listener_does_not_ask_for_the_turn_at_every_release(
+    backend: PostgresBackend, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lease_lock.backends.postgres import _watch
+
+    asked: list[str] = []
+    original = _watch.turn_id
+
+    def counting_turn_id(label: str, name: str) -> tuple[int, int]:
+        asked.append(name)
+        return original(label, name)
+
+    monkeypatch.setattr(_watch, "turn_id", counting_turn_id)
+    # Nobody asks again within the test unless the turn is announced free.
+    monkeypatch.setattr(_watch, "TURN_RETRY", 3600.0)
+    counters = [WakeCounter(), WakeCounter()]
+    watchers = _watching(backend, key, counters)
+    try:
+        _cycle(backend, key)
+        assert wait_until(lambda: sum(len(counter.calls) for counter in counters) == 1, 30)
+        # Both listeners asked once: one got the turn, the other was refused.
+        assert wait_until(lambda: len(asked) == 2, 30)
+        for release in range(2, 7):
+            _cycle(backend, key)
+            assert wait_until(lambda done=release: sum(len(counter.calls) for counter in counters) == done, 30)
+        assert len(asked) == 2
+        first = 0 if counters[0].calls else 1
+        other = counters[1 - first]
+        # The turn given up is announced; the refused listener takes it without a release and
+        # is the one woken by the next release.
+        watchers[first].unwant(key)
+        assert wait_until(lambda: len(asked) >= 3, 30)
+        assert wait_until(lambda: (other.calls or _cycle(backend, key)) and bool(other.calls), 30, interval=0.1)
+        assert len(counters[first].calls) == 6
+    finally:
+        for watcher in watchers:
+            watcher.close()

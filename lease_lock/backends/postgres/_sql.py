@@ -33,8 +33,10 @@ class Names:
     """The validated, quoted names of one lock table and the objects derived from it.
 
     ``table``/``sequence``/``counters`` are ready to paste into SQL; ``label`` is the
-    human-readable qualified table name; ``channel`` is the NOTIFY channel (tables of the same
-    name in different schemas share it, which can only cause an extra wake-up); ``gate`` is
+    human-readable qualified table name; ``channel`` is the NOTIFY channel of releases (tables
+    of the same name in different schemas share it, which can only cause an extra wake-up) and
+    ``turns_channel`` the one on which a waiting process announces a hand-off turn it gave up;
+    ``gate`` is
     the first half of the two-int advisory lock that serialises the fenced grants of one key.
     """
 
@@ -44,6 +46,7 @@ class Names:
     sequence_literal: str
     counters: str
     channel: str
+    turns_channel: str
     gate: int
 
 
@@ -88,6 +91,7 @@ def resolve_names(table: object, schema: object = None) -> Names:
         sequence_literal=f"'{sequence}'",
         counters=f"{prefix}{_quote(table + '_count')}",
         channel=f"{table}_freed",
+        turns_channel=f"{table}_turns",
         gate=gate,
     )
 

@@ -8,6 +8,7 @@ import logging
 import os
 import select
 import threading
+import time
 import zlib
 from typing import Any, Callable, Optional
 
@@ -17,7 +18,7 @@ import psycopg2.extensions
 from ..base import ReleaseWatcher
 from ..handoff import HandoffWatcher
 
-__all__ = ["PostgresHandoffWatcher", "PostgresReleaseWatcher"]
+__all__ = ["TURN_RETRY", "PostgresHandoffWatcher", "PostgresReleaseWatcher"]
 
 logger = logging.getLogger("lease_lock")
 
@@ -107,12 +108,17 @@ class PostgresReleaseWatcher(ReleaseWatcher):
     def _lost(self) -> None:
         """The listening connection is gone, and with it every session lock it held."""
 
+    def _channels(self) -> list[str]:
+        """The channels the connection listens on."""
+        return [self._channel]
+
     def _subscribe(self) -> Any:
         conn = psycopg2.connect(**self._parameters)
         try:
             conn.autocommit = True
             with conn.cursor() as cursor:
-                cursor.execute(f'LISTEN "{self._channel}"')
+                for channel in self._channels():
+                    cursor.execute(f'LISTEN "{channel}"')
         except BaseException:
             conn.close()
             raise
@@ -135,7 +141,7 @@ class PostgresReleaseWatcher(ReleaseWatcher):
             while conn.notifies:
                 notification = conn.notifies.pop(0)
                 try:
-                    self._deliver(conn, notification.payload, notification.pid)
+                    self._deliver(conn, notification.channel, notification.payload, notification.pid)
                 except (psycopg2.OperationalError, psycopg2.InterfaceError):
                     raise
                 except Exception:
@@ -143,13 +149,18 @@ class PostgresReleaseWatcher(ReleaseWatcher):
                     # the hand-off for every other waiter of the locker.
                     logger.exception("release callback raised; ignored")
 
-    def _deliver(self, conn: Any, key: str, sender: int) -> None:
+    def _deliver(self, conn: Any, channel: str, key: str, sender: int) -> None:
         """Hand one notification (``sender``: the notifying server process) to the callback."""
-        del conn, sender
+        del conn, channel, sender
         self._callback(key)
 
     def _between(self, conn: Any) -> None:
         """Work queued for the listening connection by other threads (none here)."""
+
+
+#: How long a listener refused a hand-off turn waits before asking again at a release (a turn
+#: given up is announced, and answered at once).
+TURN_RETRY = 0.1
 
 
 def turn_id(label: str, key: str) -> tuple[int, int]:
@@ -174,6 +185,12 @@ class PostgresHandoffWatcher(PostgresReleaseWatcher, HandoffWatcher):
     trying and failing. A wake that finds no waiter here gives the turn up and announces the
     release again for the others. ``lease_left`` reads the key once per queueing (through
     ``inspect``) so that a release between a failed attempt and the queueing is not missed.
+
+    A listener that failed to take a turn does not ask again at every release (under
+    contention that was one round trip per waiting process per release): a turn given up is
+    announced on ``turns_channel``, which the others answer at once, and otherwise a listener
+    asks again only :data:`TURN_RETRY` seconds after its last failure (a turn whose holder's
+    connection died ends without an announcement).
     """
 
     def __init__(
@@ -183,9 +200,13 @@ class PostgresHandoffWatcher(PostgresReleaseWatcher, HandoffWatcher):
         callback: Callable[[str], bool],
         label: str,
         lease_left: Callable[[str], Optional[float]],
+        turns_channel: str,
     ) -> None:
         self._label = label
         self._lease_left = lease_left
+        self._turns_channel = turns_channel
+        # key -> time.monotonic() of this listener's last failed try for its turn.
+        self._refused: dict[str, float] = {}
         self._mutex = threading.Lock()
         self._wanted: set[str] = set()
         self._turns: set[str] = set()  # keys whose turn this connection holds
@@ -208,6 +229,7 @@ class PostgresHandoffWatcher(PostgresReleaseWatcher, HandoffWatcher):
         """Stop acting on ``key`` and give its turn to the next process."""
         with self._mutex:
             self._wanted.discard(key)
+            self._refused.pop(key, None)
             self._give_up.add(key)
         self._poke()
 
@@ -232,8 +254,12 @@ class PostgresHandoffWatcher(PostgresReleaseWatcher, HandoffWatcher):
             self._pipe_closed = True
         super().close()
 
+    def _channels(self) -> list[str]:
+        return [self._channel, self._turns_channel]
+
     def _lost(self) -> None:
         with self._mutex:
+            self._refused.clear()
             self._turns.clear()
             self._give_up.clear()
             self._drop.clear()
@@ -253,24 +279,43 @@ class PostgresHandoffWatcher(PostgresReleaseWatcher, HandoffWatcher):
         with conn.cursor() as cursor:
             for key in give_up:
                 cursor.execute("SELECT pg_advisory_unlock(%s, %s)", turn_id(self._label, key))
+                cursor.execute("SELECT pg_notify(%s, %s)", (self._turns_channel, key))
             for key in announce:
                 cursor.execute("SELECT pg_notify(%s, %s)", (self._channel, key))
 
-    def _deliver(self, conn: Any, key: str, sender: int) -> None:
-        if sender == self._pid:
-            return  # a wake this listener put back is for the other processes
+    def _take_turn(self, conn: Any, key: str, *, announced: bool) -> bool:
+        """Whether this connection holds ``key``'s turn, asking for it when it was announced
+        free or when the last refusal is :data:`TURN_RETRY` old."""
         with self._mutex:
             if key not in self._wanted:
-                return
-            mine = key in self._turns
-        if not mine:
-            with conn.cursor() as cursor:
-                cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", turn_id(self._label, key))
-                row = cursor.fetchone()
-            if not (row and row[0]):
-                return  # another process is next in line
-            with self._mutex:
+                return False
+            if key in self._turns:
+                return True
+            refused = self._refused.get(key)
+        if not announced and refused is not None and time.monotonic() - refused < TURN_RETRY:
+            return False
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", turn_id(self._label, key))
+            row = cursor.fetchone()
+        with self._mutex:
+            if row and row[0]:
                 self._turns.add(key)
+                self._refused.pop(key, None)
+                return True
+            self._refused[key] = time.monotonic()
+        return False
+
+    def _deliver(self, conn: Any, channel: str, key: str, sender: int) -> None:
+        if sender == self._pid:
+            return  # a wake or a turn this listener gave back is for the other processes
+        if channel == self._turns_channel:
+            # A turn was given up: the key was granted to its waiter or the waiter left (a
+            # release it did not use was announced on the release channel), so taking the
+            # turn wakes nobody here.
+            self._take_turn(conn, key, announced=True)
+            return
+        if not self._take_turn(conn, key, announced=False):
+            return  # another process is next in line
         if not self._callback(key):
             self.requeue(key)
             # Unlock and announce now, in that order, so the others find the turn free.
