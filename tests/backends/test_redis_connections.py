@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,16 +15,9 @@ from lease_lock.errors import BackendUnavailableError
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from tests.support.redis_server import RedisFactory, RedisServer
+from tests.support.redis_server import RedisServer
 
 TOKEN = "k" * 32
-
-
-@pytest.fixture
-def private_server(redis_factory: RedisFactory) -> Iterator[RedisServer]:
-    server = redis_factory.server()
-    yield server
-    server.stop()
 
 
 @pytest.fixture
@@ -46,8 +38,8 @@ def _connections_named(server: RedisServer, name: str) -> list[dict[str, Any]]:
         admin.close()
 
 
-def test_a_cycle_reuses_one_connection_and_skips_the_pool(private_server: RedisServer, key: str) -> None:
-    client = _client(private_server, client_name="kept-reuse")
+def test_a_cycle_reuses_one_connection_and_skips_the_pool(private_redis_server: RedisServer, key: str) -> None:
+    client = _client(private_redis_server, client_name="kept-reuse")
     backend = RedisBackend(client)
     assert backend._commands.direct
     checkouts = 0
@@ -66,18 +58,18 @@ def test_a_cycle_reuses_one_connection_and_skips_the_pool(private_server: RedisS
             assert backend.acquire_fenced(key, token, 30, "o") is not None
             assert backend.release(key, token)
         assert checkouts == 1
-        assert len(_connections_named(private_server, "kept-reuse")) == 1
+        assert len(_connections_named(private_redis_server, "kept-reuse")) == 1
     finally:
         backend.close()
         client.close()
 
 
 def test_a_reply_cut_off_by_a_timeout_is_never_read_by_the_next_call(
-    private_server: RedisServer, key: str
+    private_redis_server: RedisServer, key: str
 ) -> None:
-    client = _client(private_server, socket_timeout=0.3)
+    client = _client(private_redis_server, socket_timeout=0.3)
     backend = RedisBackend(client)
-    admin = _client(private_server)
+    admin = _client(private_redis_server)
     try:
         # The server holds every write for a while: the acquire times out on our side and its
         # reply arrives later on that socket, which must never be read again.
@@ -100,18 +92,25 @@ def test_a_reply_cut_off_by_a_timeout_is_never_read_by_the_next_call(
         client.close()
 
 
-def test_an_idle_connection_the_server_dropped_is_replaced_before_sending(
-    private_server: RedisServer, key: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("retries", "idle_recheck"),
+    # No retries, but the idle connection is checked out through the pool again, which finds
+    # it dead before sending; or used at once, as within the idle window, and reconnected by
+    # the client's retry policy, as it would be inside execute_command.
+    [(0, 0.0), (2, _connections.IDLE_RECHECK)],
+    ids=["idle-rechecked", "busy-retried"],
+)
+def test_a_kept_connection_the_server_dropped_costs_no_error(
+    private_redis_server: RedisServer, key: str, monkeypatch: pytest.MonkeyPatch, retries: int, idle_recheck: float
 ) -> None:
-    # No retries: a command sent into the dead socket would fail.
-    client = _client(private_server, client_name="kept-idle")
+    client = _client(private_redis_server, client_name="kept-dropped", retry=Retry(NoBackoff(), retries))
     backend = RedisBackend(client)
-    admin = _client(private_server)
+    admin = _client(private_redis_server)
     try:
         assert backend.acquire(key, TOKEN, 30, "o")
-        [entry] = _connections_named(private_server, "kept-idle")
+        [entry] = _connections_named(private_redis_server, "kept-dropped")
         admin.client_kill_filter(_id=entry["id"])
-        monkeypatch.setattr(_connections, "IDLE_RECHECK", 0.0)
+        monkeypatch.setattr(_connections, "IDLE_RECHECK", idle_recheck)
         assert backend.is_held(key, TOKEN)
         assert backend.release(key, TOKEN)
     finally:
@@ -120,28 +119,8 @@ def test_an_idle_connection_the_server_dropped_is_replaced_before_sending(
         client.close()
 
 
-def test_a_connection_dropped_between_busy_calls_is_retried_like_execute_command(
-    private_server: RedisServer, key: str
-) -> None:
-    client = _client(private_server, client_name="kept-retry", retry=Retry(NoBackoff(), 2))
-    backend = RedisBackend(client)
-    admin = _client(private_server)
-    try:
-        assert backend.acquire(key, TOKEN, 30, "o")
-        [entry] = _connections_named(private_server, "kept-retry")
-        admin.client_kill_filter(_id=entry["id"])
-        # Within the idle window the kept socket is used as is; the client's retry policy
-        # reconnects it, as it would inside execute_command.
-        assert backend.is_held(key, TOKEN)
-        assert backend.release(key, TOKEN)
-    finally:
-        admin.close()
-        backend.close()
-        client.close()
-
-
-def test_close_gives_every_kept_connection_back_to_the_pool(private_server: RedisServer, key: str) -> None:
-    client = _client(private_server)
+def test_close_gives_every_kept_connection_back_to_the_pool(private_redis_server: RedisServer, key: str) -> None:
+    client = _client(private_redis_server)
     backend = RedisBackend(client)
     barrier = threading.Barrier(4)
     errors: list[BaseException] = []
@@ -171,8 +150,8 @@ def test_close_gives_every_kept_connection_back_to_the_pool(private_server: Redi
     client.close()
 
 
-def test_no_more_than_keep_connections_stay_checked_out(private_server: RedisServer, key: str) -> None:
-    client = _client(private_server)
+def test_no_more_than_keep_connections_stay_checked_out(private_redis_server: RedisServer, key: str) -> None:
+    client = _client(private_redis_server)
     backend = RedisBackend(client)
     threads_count = _connections.KEEP * 2
     inside = threading.Barrier(threads_count)
@@ -213,9 +192,9 @@ def test_no_more_than_keep_connections_stay_checked_out(private_server: RedisSer
     ids=["single-connection", "resp3"],
 )
 def test_clients_it_cannot_serve_directly_go_through_execute_command(
-    private_server: RedisServer, key: str, options: dict[str, Any]
+    private_redis_server: RedisServer, key: str, options: dict[str, Any]
 ) -> None:
-    client = _client(private_server, **options)
+    client = _client(private_redis_server, **options)
     backend = RedisBackend(client)
     try:
         assert not backend._commands.direct

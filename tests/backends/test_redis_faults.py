@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import lease_lock
@@ -18,19 +17,12 @@ from lease_lock.testing import wait_until
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from tests.support.redis_server import RedisFactory, RedisServer
+from tests.support.redis_server import RedisServer
 
 
 @pytest.fixture
 def key() -> str:
     return f"fault:{uuid.uuid4().hex}"
-
-
-@pytest.fixture
-def private_server(redis_factory: RedisFactory) -> Iterator[RedisServer]:
-    server = redis_factory.server()
-    yield server
-    server.stop()
 
 
 class Recorder:
@@ -114,14 +106,14 @@ def test_expiry_without_release_wakes_the_waiter_by_the_lease_end(
         waiter.close()
 
 
-def test_restart_without_persistence(private_server: RedisServer, key: str) -> None:
+def test_restart_without_persistence(private_redis_server: RedisServer, key: str) -> None:
     events = Recorder()
-    holder = Locker(RedisBackend(quick_client(private_server.port)), fencing=True, on_event=events)
-    other = Locker(RedisBackend(quick_client(private_server.port)), fencing=True)
+    holder = Locker(RedisBackend(quick_client(private_redis_server.port)), fencing=True, on_event=events)
+    other = Locker(RedisBackend(quick_client(private_redis_server.port)), fencing=True)
     try:
         lock = holder.acquire(key, ttl=3)
         first = lock.fence
-        private_server.restart()
+        private_redis_server.restart()
         # The next heartbeat finds the key gone: the holder reads lost within its lease.
         assert lock.lost.wait(3)
         assert lock.lost_reason in {"extend", "extend-failed", "late-extend"}
@@ -134,9 +126,9 @@ def test_restart_without_persistence(private_server: RedisServer, key: str) -> N
 
 
 def test_connection_cut_mid_extension_then_recovery(
-    private_server: RedisServer, key: str
+    private_redis_server: RedisServer, key: str
 ) -> None:
-    proxy = TcpProxy("127.0.0.1", private_server.port)
+    proxy = TcpProxy("127.0.0.1", private_redis_server.port)
     events = Recorder()
     locker = Locker(RedisBackend(quick_client(proxy.port)), on_event=events)
     try:
@@ -151,22 +143,22 @@ def test_connection_cut_mid_extension_then_recovery(
         extended = sum(kind == "extended" for kind in events.types())
         assert events.wait_for("extended", count=extended + 1, timeout=10), events.types()
         assert lock.state == "held"
-        assert RedisBackend(private_server.client()).is_held(key, lock.token)
+        assert RedisBackend(private_redis_server.client()).is_held(key, lock.token)
         assert lock.release()
     finally:
         locker.close()
         proxy.close()
 
 
-def test_watcher_reconnects_after_a_restart(private_server: RedisServer, key: str) -> None:
-    backend = RedisBackend(quick_client(private_server.port))
+def test_watcher_reconnects_after_a_restart(private_redis_server: RedisServer, key: str) -> None:
+    backend = RedisBackend(quick_client(private_redis_server.port))
     heard: list[str] = []
     watcher = backend.watch_releases(heard.append)
     try:
         assert wait_until(lambda: watcher.active, 30)
-        private_server.stop()
+        private_redis_server.stop()
         assert wait_until(lambda: not watcher.active, 30)
-        private_server.start()
+        private_redis_server.start()
         assert wait_until(lambda: watcher.active, 30)
         assert backend.acquire(key, "t" * 32, 30, "o")
         assert backend.force_release(key)

@@ -189,13 +189,18 @@ def _take_wake(backend: RedisBackend, key: str) -> bool:
     return backend.client.lpop(wake) is not None
 
 
-def test_releases_while_a_wake_is_outstanding_push_no_other(backend: RedisBackend, key: str) -> None:
+def _wake_taken(backend: RedisBackend, key: str) -> None:
+    """A process waits for ``key`` (its marker is up); a release wakes it and it takes the wake."""
     marker, _ = handoff_keys(key)
     backend.client.hset(marker, "w", "1")
     backend.client.pexpire(marker, 30_000)
     assert backend.acquire(key, TOKEN_A, 30, "holder")
     assert backend.release(key, TOKEN_A)
     assert _take_wake(backend, key)
+
+
+def test_releases_while_a_wake_is_outstanding_push_no_other(backend: RedisBackend, key: str) -> None:
+    _wake_taken(backend, key)
     # The holder takes the key again at once, before the woken waiter tried: no wake for that.
     for _ in range(3):
         assert backend.acquire(key, TOKEN_A, 30, "holder")
@@ -213,12 +218,7 @@ def test_releases_while_a_wake_is_outstanding_push_no_other(backend: RedisBacken
 
 def test_an_unanswered_wake_stops_holding_back_others(backend: RedisBackend, key: str) -> None:
     # A woken process that died before trying must not keep every later waiter asleep.
-    marker, _ = handoff_keys(key)
-    backend.client.hset(marker, "w", "1")
-    backend.client.pexpire(marker, 30_000)
-    assert backend.acquire(key, TOKEN_A, 30, "holder")
-    assert backend.release(key, TOKEN_A)
-    assert _take_wake(backend, key)
+    _wake_taken(backend, key)
 
     def release_wakes() -> bool:
         assert backend.acquire(key, TOKEN_A, 30, "holder")

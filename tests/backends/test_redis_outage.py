@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any, Callable
 
 import lease_lock
@@ -23,13 +22,6 @@ from tests.support.redis_server import RedisFactory, RedisServer
 
 TOKEN = "t" * 32
 SECRET = "Sup3rSecretPw"  # noqa: S105 - a made-up password that must never be shown
-
-
-@pytest.fixture
-def private_server(redis_factory: RedisFactory) -> Iterator[RedisServer]:
-    server = redis_factory.server()
-    yield server
-    server.stop()
 
 
 def _warm_pool(backend: RedisBackend, count: int) -> None:
@@ -67,16 +59,16 @@ def _twenty_of_each(backend: RedisBackend) -> None:
         assert calls["release"]() is True
 
 
-def test_restart_and_killed_connections_then_every_call_succeeds(private_server: RedisServer) -> None:
-    backend = RedisBackend.from_url(private_server.url)
-    admin = private_server.client()
+def test_restart_and_killed_connections_then_every_call_succeeds(private_redis_server: RedisServer) -> None:
+    backend = RedisBackend.from_url(private_redis_server.url)
+    admin = private_redis_server.client()
     try:
         _twenty_of_each(backend)
         _warm_pool(backend, 5)
-        private_server.restart()
+        private_redis_server.restart()
         _twenty_of_each(backend)
         _warm_pool(backend, 5)
-        admin = private_server.client()
+        admin = private_redis_server.client()
         assert admin.execute_command("CLIENT", "KILL", "TYPE", "normal") >= 5
         _twenty_of_each(backend)
     finally:
@@ -117,11 +109,11 @@ def test_a_wrong_password_passes_through(redis_factory: RedisFactory) -> None:
         server.stop()
 
 
-def test_a_server_busy_running_a_script_is_unavailable(private_server: RedisServer) -> None:
-    admin = private_server.client()
+def test_a_server_busy_running_a_script_is_unavailable(private_redis_server: RedisServer) -> None:
+    admin = private_redis_server.client()
     admin.config_set("busy-reply-threshold", 50)
-    backend = RedisBackend.from_url(private_server.url)
-    busy = private_server.client()
+    backend = RedisBackend.from_url(private_redis_server.url)
+    busy = private_redis_server.client()
     try:
         assert backend.acquire("busy", TOKEN, 60, "o")
         endings: list[BaseException] = []
@@ -146,7 +138,7 @@ def test_a_server_busy_running_a_script_is_unavailable(private_server: RedisServ
 
         assert wait_until(refused, 30)
         assert "BUSY" in str(caught[0]) and isinstance(caught[0].__cause__, redis.ResponseError)
-        assert wait_until(lambda: _kill_script(private_server), 30)
+        assert wait_until(lambda: _kill_script(private_redis_server), 30)
         stuck.join(30)
         assert len(endings) == 1
         assert backend.is_held("busy", TOKEN)
@@ -228,10 +220,10 @@ def test_url_options_are_still_checked(redis_server: RedisServer, query: str, me
         RedisBackend.from_url(f"{redis_server.url}?{query}")
 
 
-def test_a_release_whose_reply_was_lost_is_not_a_loss(private_server: RedisServer) -> None:
-    proxy = TcpProxy("127.0.0.1", private_server.port)
+def test_a_release_whose_reply_was_lost_is_not_a_loss(private_redis_server: RedisServer) -> None:
+    proxy = TcpProxy("127.0.0.1", private_redis_server.port)
     backend = RedisBackend.from_url(f"redis://127.0.0.1:{proxy.port}/0")
-    admin = private_server.client()
+    admin = private_redis_server.client()
     try:
         assert backend.acquire("lost-reply", TOKEN, 60, "o")
         # Load the release script first: a NOSCRIPT reply would be the one held back.
@@ -282,11 +274,11 @@ def _child_cycles(backend: RedisBackend, server: RedisServer, index: int) -> int
     return wrong
 
 
-def test_forked_children_never_use_the_parents_connection(private_server: RedisServer) -> None:
-    backend = RedisBackend.from_url(private_server.url)
+def test_forked_children_never_use_the_parents_connection(private_redis_server: RedisServer) -> None:
+    backend = RedisBackend.from_url(private_redis_server.url)
     try:
         check_forked_children_beside_the_parent(
-            backend, lambda index: _child_cycles(backend, private_server, index), TOKEN
+            backend, lambda index: _child_cycles(backend, private_redis_server, index), TOKEN
         )
     finally:
         backend.close()

@@ -345,6 +345,14 @@ def redis_server(redis_factory: RedisFactory) -> RedisServer:
     return redis_factory.server()
 
 
+@pytest.fixture
+def private_redis_server(redis_factory: RedisFactory) -> Iterator[RedisServer]:
+    """A redis-server of the test's own, which it may stop, restart, pause or cut off."""
+    server = redis_factory.server()
+    yield server
+    server.stop()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     """Attach the log tails of the servers a failing test used to its report."""
