@@ -3,8 +3,10 @@
 A client sends ``Prefer: wait=N`` (RFC 7240) on ``GET /locks/{key}`` or on an acquisition. When
 the key is held, the server keeps the request for up to ``N`` seconds (at most its own
 ``max_wait``), until the store reports the key released or the holder's lease and grace run out,
-whichever comes first, then reads (or tries the grant) again and answers as usual, with
-``Preference-Applied: wait=N``. The waiting is driven by the store's release notifications when
+whichever comes first, and answers as usual, with ``Preference-Applied: wait=N``. A read reads the
+key again at each wake-up; an acquisition tries the grant itself, so that a release becomes its
+grant in one store round trip, and its answer says how long it was held
+(``X-Lease-Lock-Waited``). The waiting is driven by the store's release notifications when
 it has them (memory, Redis, PostgreSQL); otherwise the request sleeps until the holder's lease
 would end.
 
