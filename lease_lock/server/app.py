@@ -364,12 +364,12 @@ class LockServiceApp:
         if not lease:
             if method == "GET":
                 return self._read(project, key, wait)
-            return self._released(self._store(lambda: self.service.force_release(project, key)))
+            return self._released(project, key, self._store(lambda: self.service.force_release(project, key)))
         token = _uuid(_header(environ, HEADER_TOKEN), HEADER_TOKEN, "invalid_token")
         if token is None:
             raise _Reject(400, "invalid_token", f"{HEADER_TOKEN} header is required")
         if method == "DELETE":
-            return self._released(self._store(lambda: self.service.release(project, key, token)))
+            return self._released(project, key, self._store(lambda: self.service.release(project, key, token)))
         ttl = self._ttl(environ)
         if method == "POST":
             owner = self._owner(environ)
@@ -471,8 +471,9 @@ class LockServiceApp:
                 self.metrics.store_error()
             raise _Reject(503, "unavailable", "the lock store is unavailable") from None
 
-    @staticmethod
-    def _released(dropped: bool) -> _Response:
+    def _released(self, project: str, key: str, dropped: bool) -> _Response:
+        if dropped and self.waits is not None:
+            self.waits.released(self.service.store_key(project, key))
         return _Response(204, None, [(HEADER_RELEASED, "true" if dropped else "false")])
 
     def _wait_free(
