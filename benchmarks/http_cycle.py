@@ -22,6 +22,7 @@ the release call to the waiter's grant, with the ``Prefer: wait`` extension and 
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing
 import os
 import statistics
@@ -123,23 +124,26 @@ def _service(store: str, keys_file: Path, workers: int, tmp: Path, *extra: str) 
 
 
 def _client_process(
-    urls: tuple[str, str], key: str, threads: int, start: float, slices: int, out: Any
+    urls: tuple[str, str], key: str, threads: int, ready: Any, start: Any, slices: int, out: Any
 ) -> None:
-    """``threads`` clients, each running cycles against both servers by slice (see _slice_side);
-    puts the cycle times of each side."""
+    """``threads`` clients, each running cycles against both servers by slice (see _slice_side)
+    from the moment ``start`` holds, once every client passed ``ready`` (warm); puts the cycle
+    times of each side."""
 
     def loop(index: int, times: tuple[list[float], list[float]]) -> None:
         backends = [HttpBackend(url, key) for url in urls]
         name = f"cycle.{uuid.uuid4().hex[:12]}.{index}"
         tokens = [backend.new_token() for backend in backends]
         for backend, token in zip(backends, tokens):
-            for _ in range(20):  # warm the connection and the code paths
+            for _ in range(10):  # warm the connection and the code paths
                 backend.acquire_fenced(name, token, 30, "bench")
                 backend.release(name, token)
-        time.sleep(max(0.0, start - time.monotonic()))
+        ready.wait()  # every client is warm, and the start is set
+        began_at = start.value
+        time.sleep(max(0.0, began_at - time.monotonic()))
         clock = time.perf_counter
         while True:
-            side = _slice_side(time.monotonic() - start, slices)
+            side = _slice_side(time.monotonic() - began_at, slices)
             if side is None:
                 break
             backend, token = backends[side], tokens[side]
@@ -157,6 +161,11 @@ def _client_process(
     for worker in workers:
         worker.join()
     out.put(([t for times in per_thread for t in times[0]], [t for times in per_thread for t in times[1]]))
+
+
+def _set_start(start: Any) -> None:
+    """Run once, by the last client to be warm: everybody starts a moment from now."""
+    start.value = time.monotonic() + 0.1
 
 
 def _slice_side(elapsed: float, slices: int) -> Optional[int]:
@@ -183,16 +192,18 @@ def _alternating(
     context = multiprocessing.get_context("fork")
     processes = min(clients, _MAX_CLIENT_PROCESSES)
     queue = context.Queue()
-    # Every client starts at the same moment (CLOCK_MONOTONIC is system-wide).
-    start = time.monotonic() + 1.0 + 0.05 * clients
+    # Every client starts at the same moment (CLOCK_MONOTONIC is system-wide), set once all are warm.
+    start = context.Value("d", 0.0)
+    ready = context.Barrier(clients + 1, action=functools.partial(_set_start, start))
     spawned = []
     for index in range(processes):
         threads = clients // processes + (1 if index < clients % processes else 0)
         process = context.Process(
-            target=_client_process, args=((bare_url, service_url), key, threads, start, slices, queue)
+            target=_client_process, args=((bare_url, service_url), key, threads, ready, start, slices, queue)
         )
         process.start()
         spawned.append(process)
+    ready.wait(timeout=120)
     sides: tuple[list[float], list[float]] = ([], [])
     for _ in spawned:
         bare_times, service_times = queue.get(timeout=120 + 2 * seconds)
