@@ -706,9 +706,11 @@ class HttpBackend(Backend, RequestIdCarrier):
         fence = self._fence_of(response)
         waited = response.headers.get(wire.HEADER_WAITED, "")
         try:
-            held_back = max(0.0, float(waited))
+            held_back = float(waited)
         except ValueError:
             held_back = 0.0  # then the request's sending is the earliest start there is
+        # No server held the request longer than its whole round trip (nor a negative time).
+        held_back = min(max(held_back, 0.0), time.monotonic() - sent) if math.isfinite(held_back) else 0.0
         grant = _Won(fence, sent + held_back, refused.wire_ttl, refused.headers.get(wire.HEADER_OWNER))
         attempt = (key, refused.token)
         with self._mutex:
