@@ -22,7 +22,7 @@ the release call to the waiter's grant, with the ``Prefer: wait`` extension and 
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import multiprocessing
 import os
 import statistics
@@ -47,27 +47,32 @@ from benchmarks.measure import add_json_argument, percentile, write_json
 
 _THREADS = 8
 _MAX_CLIENT_PROCESSES = 8
+# Seconds of one slice of the alternating measurement.
+_SLICE = 0.2
 
 
 # -- the floor: a bare WSGI app answering like the service -------------------------------------
 
 
 def bare_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
-    """Answers a grant with 201 and a fence, a release with 204, a read with 200: no store."""
+    """Answers like the service at once, with no store: a grant with 201 and a lease body, a
+    release with 204, a read with 200; the same headers as the service's answers (the request id
+    echoed, ``Cache-Control``, the wait extension's announcement) in the same order."""
     environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
     method = environ["REQUEST_METHOD"]
+    request_id = environ.get("HTTP_X_VOLCANO_REQUEST_ID") or str(uuid.uuid4())
     if method == "POST":
-        body = json.dumps({"expires_at": "2099-01-01T00:00:00.000Z", "fencing_token": 1}).encode()
-        start_response(
-            "201 Created",
-            [("Content-Type", "application/json"), ("Content-Length", str(len(body))), ("Cache-Control", "no-store")],
-        )
-        return [body]
-    if method == "DELETE":
-        start_response("204 No Content", [("X-Lease-Lock-Released", "true"), ("Cache-Control", "no-store")])
-        return [b""]
-    body = b'{"held": false}'
-    start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+        status, headers = "201 Created", []
+        body = b'{"expires_at": "2099-01-01T00:00:00.000Z", "fencing_token": 1000000000000001}'
+    elif method == "DELETE":
+        status, headers, body = "204 No Content", [("X-Lease-Lock-Released", "true")], b""
+    else:
+        status, headers, body = "200 OK", [], b'{"held": false}'
+    headers.append(("X-Volcano-Request-Id", request_id))
+    if body:
+        headers += [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+    headers += [("Cache-Control", "no-store"), ("X-Lease-Lock-Wait", "30")]
+    start_response(status, headers)
     return [body]
 
 
@@ -118,68 +123,103 @@ def _service(store: str, keys_file: Path, workers: int, tmp: Path, *extra: str) 
 # -- the client load -------------------------------------------------------------------------
 
 
-def _client_process(url: str, key: str, threads: int, start: float, seconds: float, out: Any) -> None:
-    def loop(index: int, times: list[float]) -> None:
-        backend = HttpBackend(url, key)
-        name, token = f"cycle.{uuid.uuid4().hex[:12]}.{index}", backend.new_token()
-        for _ in range(20):  # warm the connection and the code paths
-            backend.acquire_fenced(name, token, 30, "bench")
-            backend.release(name, token)
-        time.sleep(max(0.0, start - time.monotonic()))
-        clock, deadline = time.perf_counter, start + seconds
-        while time.monotonic() < deadline:
+def _client_process(
+    urls: tuple[str, str], key: str, threads: int, ready: Any, start: Any, slices: int, out: Any
+) -> None:
+    """``threads`` clients, each running cycles against both servers by slice (see _slice_side)
+    from the moment ``start`` holds, once every client passed ``ready`` (warm); puts the cycle
+    times of each side."""
+
+    def loop(index: int, times: tuple[list[float], list[float]]) -> None:
+        backends = [HttpBackend(url, key) for url in urls]
+        name = f"cycle.{uuid.uuid4().hex[:12]}.{index}"
+        tokens = [backend.new_token() for backend in backends]
+        for backend, token in zip(backends, tokens):
+            for _ in range(10):  # warm the connection and the code paths
+                backend.acquire_fenced(name, token, 30, "bench")
+                backend.release(name, token)
+        ready.wait()  # every client is warm, and the start is set
+        began_at = start.value
+        time.sleep(max(0.0, began_at - time.monotonic()))
+        clock = time.perf_counter
+        while True:
+            side = _slice_side(time.monotonic() - began_at, slices)
+            if side is None:
+                break
+            backend, token = backends[side], tokens[side]
             began = clock()
             backend.acquire_fenced(name, token, 30, "bench")
             backend.release(name, token)
-            times.append(clock() - began)
-        backend.close()
+            times[side].append(clock() - began)
+        for backend in backends:
+            backend.close()
 
-    per_thread: list[list[float]] = [[] for _ in range(threads)]
+    per_thread: list[tuple[list[float], list[float]]] = [([], []) for _ in range(threads)]
     workers = [threading.Thread(target=loop, args=(i, per_thread[i])) for i in range(threads)]
     for worker in workers:
         worker.start()
     for worker in workers:
         worker.join()
-    out.put([t for times in per_thread for t in times])
+    out.put(([t for times in per_thread for t in times[0]], [t for times in per_thread for t in times[1]]))
+
+
+def _set_start(start: Any) -> None:
+    """Run once, by the last client to be warm: everybody starts a moment from now."""
+    start.value = time.monotonic() + 0.1
+
+
+def _slice_side(elapsed: float, slices: int) -> Optional[int]:
+    """Which server the clients load ``elapsed`` seconds into a run of ``slices`` slices:
+    0 (bare) or 1 (service), ``None`` once the run is over.
+
+    Slices come in pairs, one per side, and the order inside a pair flips every pair, so that
+    neither side always follows the other (as in ``benchmarks.measure.paired``).
+    """
+    index = int(elapsed // _SLICE)
+    if index >= slices:
+        return None
+    first = (index // 2) % 2
+    return first if index % 2 == 0 else 1 - first
 
 
 def _alternating(
     bare_url: str, service_url: str, key: str, clients: int, seconds: float
 ) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
-    """Bare and service loads in alternating slices, so a busy stretch of a shared machine
-    falls on both; each side's cycles/s and p50/p99 (ms) over all its slices."""
-    slices = 3
-    times: dict[str, list[float]] = {bare_url: [], service_url: []}
-    for index in range(slices):
-        order = (bare_url, service_url) if index % 2 == 0 else (service_url, bare_url)
-        for url in order:
-            times[url] += _cycle_times(url, key, clients, seconds / slices)
-    results = []
-    for url in (bare_url, service_url):
-        observed = times[url]
-        if not observed:
-            raise RuntimeError("no cycle completed")
-        results.append((len(observed) / seconds, percentile(observed, 0.5) * 1000, percentile(observed, 0.99) * 1000))
-    return results[0], results[1]
-
-
-def _cycle_times(url: str, key: str, clients: int, seconds: float) -> list[float]:
-    """The cycle times of ``clients`` concurrent clients running for ``seconds``."""
+    """Bare and service loads in alternating slices of _SLICE seconds, ``seconds`` per side, by
+    the same client threads, so that a busy stretch of a shared machine falls on both sides; each
+    side's cycles/s and p50/p99 (ms) over all its slices."""
+    slices = 2 * max(1, round(seconds / _SLICE))
     context = multiprocessing.get_context("fork")
     processes = min(clients, _MAX_CLIENT_PROCESSES)
     queue = context.Queue()
-    # Every client starts measuring at the same moment (CLOCK_MONOTONIC is system-wide).
-    start = time.monotonic() + 1.0 + 0.05 * clients
+    # Every client starts at the same moment (CLOCK_MONOTONIC is system-wide), set once all are warm.
+    start = context.Value("d", 0.0)
+    ready = context.Barrier(clients + 1, action=functools.partial(_set_start, start))
     spawned = []
     for index in range(processes):
         threads = clients // processes + (1 if index < clients % processes else 0)
-        process = context.Process(target=_client_process, args=(url, key, threads, start, seconds, queue))
+        process = context.Process(
+            target=_client_process, args=((bare_url, service_url), key, threads, ready, start, slices, queue)
+        )
         process.start()
         spawned.append(process)
-    times = [t for _ in spawned for t in queue.get(timeout=120 + seconds)]
+    ready.wait(timeout=120)
+    sides: tuple[list[float], list[float]] = ([], [])
+    for _ in spawned:
+        bare_times, service_times = queue.get(timeout=120 + 2 * seconds)
+        sides[0].extend(bare_times)
+        sides[1].extend(service_times)
     for process in spawned:
         process.join(30)
-    return times
+    side_seconds = slices // 2 * _SLICE
+    results = []
+    for observed in sides:
+        if not observed:
+            raise RuntimeError("no cycle completed")
+        results.append(
+            (len(observed) / side_seconds, percentile(observed, 0.5) * 1000, percentile(observed, 0.99) * 1000)
+        )
+    return results[0], results[1]
 
 
 # -- hand-off ----------------------------------------------------------------------------------

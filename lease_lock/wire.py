@@ -19,6 +19,7 @@ __all__ = [
     "HEADER_REQUEST_ID",
     "HEADER_TOKEN",
     "HEADER_WAIT",
+    "HEADER_WAITED",
     "KEY_PATTERN",
     "MAX_LIFETIME",
     "MAX_TTL",
@@ -45,6 +46,10 @@ HEADER_PREFER = "Prefer"
 HEADER_PREFERENCE_APPLIED = "Preference-Applied"
 #: Extension: on every answer of a server offering the wait extension, its longest wait (seconds).
 HEADER_WAIT = "X-Lease-Lock-Wait"
+#: Extension: on a grant that answers a waiting acquisition, the seconds the server held the
+#: request before it tried the grant, rounded down to the millisecond (so the lease started no
+#: earlier than the request's sending plus this).
+HEADER_WAITED = "X-Lease-Lock-Waited"
 
 #: Lock names the service accepts.
 KEY_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,128}")

@@ -29,6 +29,7 @@ import urllib.parse
 import uuid
 import weakref
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, ClassVar, ContextManager, Optional
 
@@ -81,15 +82,46 @@ _WATCH_WAIT = 5
 # A key is watched while an acquisition of it failed this recently (a waiting Locker retries
 # at least every second while notifications flow).
 _INTEREST_WINDOW = 3.0
+# A grant a watching request won waits this long for the acquisition it was made for (which is
+# woken at once, and retries at least every second anyway); unclaimed, it is given back.
+_CLAIM_WINDOW = 2.0
+# A claimed grant's lease is counted by the caller from its own call, a little after the
+# store's lease began. The store keeps the key from every other token for the takeover grace
+# after the lease's expiry; a claim may use a tenth of that grace, no more (later, the caller's
+# attempt is sent as a request of its own, which renews the lease from its sending).
+_CLAIM_SLACK = wire.TAKEOVER_GRACE / 10
+
+
+@dataclass(frozen=True)
+class _Refused:
+    """The latest refused acquisition of a key: what a watching request repeats, waiting."""
+
+    seen: float  # time.monotonic() of the refusal
+    token: str
+    wire_ttl: int
+    headers: dict[str, str]  # token, request id and owner label, as the refused request sent them
+
+
+@dataclass(frozen=True)
+class _Won:
+    """A grant a watching request won for an acquisition that has not claimed it yet."""
+
+    fence: int
+    earliest: float  # time.monotonic(): the store's lease began no earlier
+    wire_ttl: int
+    owner: Optional[str]  # the owner header it was granted with
+    taken: threading.Event = field(default_factory=threading.Event, compare=False)
 
 
 class _WaitWatcher(ReleaseWatcher):
     """Release notifications: this backend's own releases, and the server's wait extension.
 
     Releases and force releases made through the backend are reported at once. A key is watched
-    once an acquisition of it through this backend was refused (409): a thread asks the server
-    to hold ``GET /locks/{key}`` until the key is free, and reports the key released when the
-    answer says so. Threads run only while the server announces the
+    once an acquisition of it through this backend was refused (409): a thread repeats that
+    acquisition (same token, TTL, owner and request id) with ``Prefer: wait``, so that the
+    server holds it until the key is free and grants it in the same request. The grant is kept
+    for the waiting acquisition, which is woken and takes it without another request (see
+    :meth:`HttpBackend.acquire_fenced`). Threads run only while the server announces the
     extension. The watcher reports itself active in any case: a waiting Locker then sleeps until
     the holder's lease ends or one second passes, whichever is sooner (never its retry delay
     after delay), and a notification cuts that sleep short when the server offers one.
@@ -173,6 +205,8 @@ class HttpBackend(Backend, RequestIdCarrier):
         self.timeout = float(timeout)
         self._own_session = session is None
         self._session = session if session is not None else requests.Session()
+        # The environment's proxy and CA settings for base_url, read on first use (see _send_prepared).
+        self._environment: Optional[dict[str, Any]] = None
         self._authorization = f"Bearer {api_key}"
         self._mutex = threading.Lock()
         self._scope = threading.local()
@@ -184,22 +218,32 @@ class HttpBackend(Backend, RequestIdCarrier):
         # The longest wait the server offers (0 until it announced the extension).
         self._wait_offered = 0
         self._watchers: list[_WaitWatcher] = []
-        self._interest: dict[str, float] = {}
+        self._interest: dict[str, _Refused] = {}
         self._watching: set[str] = set()
+        # Grants won by watching requests, until claimed; acquisitions in flight per
+        # (key, token); give-backs of unclaimed grants in flight (an acquisition of the same
+        # token waits for one, so that the two never cross on the wire).
+        self._won: dict[tuple[str, str], _Won] = {}
+        self._in_flight: dict[tuple[str, str], int] = {}
+        self._giving_back: dict[tuple[str, str], threading.Event] = {}
         _LIVE.add(self)
 
     def _after_fork(self) -> None:
         """In a forked child: a new session and fresh locks, never the parent's connections."""
         self._inherited.append(self._session)
         self._session = requests.Session()
+        self._environment = None
         # The child's session is its own, whoever owned the parent's.
         self._own_session = True
         self._mutex = threading.Lock()
         self._scope = threading.local()
-        # The parent's watching threads do not exist here.
+        # The parent's watching threads and acquisitions do not exist here.
         self._watchers = []
         self._interest = {}
         self._watching = set()
+        self._won = {}
+        self._in_flight = {}
+        self._giving_back = {}
 
     def __repr__(self) -> str:
         return f"HttpBackend({redact_url(self.base_url)!r})"
@@ -255,11 +299,42 @@ class HttpBackend(Backend, RequestIdCarrier):
         headers["Authorization"] = self._authorization
         headers.setdefault(wire.HEADER_REQUEST_ID, str(uuid.uuid4()))
         timeout = kwargs.pop("timeout", self.timeout)
-        response = self._session.request(method, url, headers=headers, timeout=timeout, **kwargs)
+        if self._own_session:
+            response = self._send_prepared(method, url, headers, timeout, **kwargs)
+        else:
+            response = self._session.request(method, url, headers=headers, timeout=timeout, **kwargs)
         offered = response.headers.get(wire.HEADER_WAIT)
         if offered is not None:
             self._wait_offered = int(offered) if offered.isdigit() else 0
         return response
+
+    def _send_prepared(
+        self, method: str, url: str, headers: dict[str, str], timeout: Any, json: Any = None, params: Any = None
+    ) -> requests.Response:
+        """What ``Session.request`` does, on a session of our own, without its per-request costs.
+
+        ``Session.request`` reads the whole environment on every request (proxy variables,
+        twice, and the CA bundle) and looks for a ``.netrc`` file, which together cost about as
+        much CPU as the rest of the request. Every request here goes to the one ``base_url``,
+        so the environment's settings for it are read once per session. A ``.netrc`` entry is
+        never wanted: its credential would replace the service key. The session's headers and
+        cookies apply as ``Session.request`` would apply them.
+        """
+        environment = self._environment
+        if environment is None:
+            environment = self._environment = dict(
+                self._session.merge_environment_settings(self.base_url, {}, None, None, None)
+            )
+        prepared = requests.PreparedRequest()
+        prepared.prepare(
+            method=method,
+            url=url,
+            headers={**self._session.headers, **headers},
+            json=json,
+            params=params,
+            cookies=self._session.cookies,
+        )
+        return self._session.send(prepared, timeout=timeout, allow_redirects=True, **environment)
 
     def _unavailable(self, cause: BaseException) -> BackendUnavailableError:
         # ``base_url`` never carries the key (it travels in a header) and has no query.
@@ -337,14 +412,35 @@ class HttpBackend(Backend, RequestIdCarrier):
 
         The request id (from :meth:`request_id_scope`, else a fresh UUID) is reused on the one
         retry, as are the token, TTL and credential.
+
+        A grant that a watching request won for this token (see :class:`_WaitWatcher`) is
+        taken without a request when it is fresh enough: when this call plus ``ttl`` ends no
+        later than the earliest start of the store's lease plus its TTL and a tenth of the
+        takeover grace. Otherwise the acquisition is sent, and renews that lease.
         """
         self.check_key(key)
         self.check_token(token)
         wire_ttl = self.wire_ttl(ttl)
+        owner_header = urllib.parse.quote(owner, safe=_OWNER_SAFE) if owner else None
+        attempt = (key, token)
+        won = self._begin_attempt(attempt)
+        try:
+            if (
+                won is not None
+                and won.owner == owner_header
+                and time.monotonic() + ttl <= won.earliest + won.wire_ttl + _CLAIM_SLACK
+            ):
+                self._remember(key, token, won.fence, won.wire_ttl)
+                return won.fence
+            return self._post_acquisition(key, token, wire_ttl, owner_header)
+        finally:
+            self._end_attempt(attempt)
+
+    def _post_acquisition(self, key: str, token: str, wire_ttl: int, owner_header: Optional[str]) -> Optional[int]:
         request_id = getattr(self._scope, "request_id", None) or str(uuid.uuid4())
         headers = {wire.HEADER_TOKEN: token, wire.HEADER_REQUEST_ID: request_id}
-        if owner:
-            headers[wire.HEADER_OWNER] = urllib.parse.quote(owner, safe=_OWNER_SAFE)
+        if owner_header is not None:
+            headers[wire.HEADER_OWNER] = owner_header
         url = self._url(key, lease=True)
         body = {"ttl_seconds": wire_ttl}
         try:
@@ -355,14 +451,44 @@ class HttpBackend(Backend, RequestIdCarrier):
             if response.status_code == 503:
                 response = self._call("POST", url, headers=dict(headers), json=body)
         if response.status_code == 409:
-            self._watch(key)
+            self._watch(key, _Refused(time.monotonic(), token, wire_ttl, headers))
             return None
         self._raise_for(response, 201)
+        fence = self._fence_of(response)
+        self._remember(key, token, fence, wire_ttl)
+        return fence
+
+    @staticmethod
+    def _fence_of(response: requests.Response) -> int:
         fence = response.json()["fencing_token"]
         if isinstance(fence, bool) or not isinstance(fence, int):
             raise requests.exceptions.InvalidJSONError(f"fencing_token is not an int: {fence!r}")
-        self._remember(key, token, fence, wire_ttl)
         return fence
+
+    def _begin_attempt(self, attempt: tuple[str, str]) -> Optional[_Won]:
+        """Count an acquisition of (key, token) in flight; the grant won for it, if any.
+
+        Waits first for a give-back of the same token's unclaimed grant still on the wire.
+        """
+        while True:
+            with self._mutex:
+                giving_back = self._giving_back.get(attempt)
+                if giving_back is None:
+                    self._in_flight[attempt] = self._in_flight.get(attempt, 0) + 1
+                    won = self._won.pop(attempt, None) if self._won else None
+                    break
+            giving_back.wait()
+        if won is not None:
+            won.taken.set()
+        return won
+
+    def _end_attempt(self, attempt: tuple[str, str]) -> None:
+        with self._mutex:
+            left = self._in_flight[attempt] - 1
+            if left:
+                self._in_flight[attempt] = left
+            else:
+                del self._in_flight[attempt]
 
     def _remember(self, key: str, token: str, fence: int, ttl: float) -> None:
         now = time.monotonic()
@@ -372,6 +498,11 @@ class HttpBackend(Backend, RequestIdCarrier):
             for stale in [item for item, (_f, end) in self._fences.items() if end < now]:
                 del self._fences[stale]
             self._fences[(key, token)] = (fence, _forget_after(now, ttl))
+            # The caller holds this lease now: a grant a watching request won for it is this
+            # same lease, nothing to claim or give back.
+            won = self._won.pop((key, token), None) if self._won else None
+        if won is not None:
+            won.taken.set()
 
     def _prolong(self, key: str, token: str, ttl: float) -> None:
         with self._mutex:
@@ -384,6 +515,11 @@ class HttpBackend(Backend, RequestIdCarrier):
             for item in [item for item in self._fences if item[0] == key]:
                 if token is None or item[1] == token:
                     del self._fences[item]
+            # The release dropped whatever lease a watching request had won as well.
+            dropped = [item for item in self._won if item[0] == key and (token is None or item[1] == token)]
+            taken = [self._won.pop(item) for item in dropped]
+        for won in taken:
+            won.taken.set()
 
     def release(self, key: str, token: str) -> bool:
         """Drop our lease (``DELETE /locks/{key}/lease``); ``True`` when one was dropped."""
@@ -485,21 +621,25 @@ class HttpBackend(Backend, RequestIdCarrier):
         watcher = _WaitWatcher(callback)
         with self._mutex:
             self._watchers = [w for w in self._watchers if not w.closed()] + [watcher]
-        # The refusal that made the caller start watching came just before: watch its key now.
-        now = time.monotonic()
-        with self._mutex:
-            recent = [key for key, seen in self._interest.items() if now - seen <= _INTEREST_WINDOW]
+            # The refusal that made the caller start watching came just before: watch its key now.
+            now = time.monotonic()
+            recent = [key for key, refused in self._interest.items() if now - refused.seen <= _INTEREST_WINDOW]
         for key in recent:
-            self._watch(key)
+            self._start_watch(key)
         return watcher
 
-    def _watch(self, key: str) -> None:
+    def _watch(self, key: str, refused: _Refused) -> None:
         """Note a refused acquisition of ``key``; start its watching thread if none runs."""
-        now = time.monotonic()
         with self._mutex:
             if len(self._interest) > 1024:  # forget keys nobody waits for any more
-                self._interest = {k: t for k, t in self._interest.items() if now - t <= _INTEREST_WINDOW}
-            self._interest[key] = now
+                self._interest = {
+                    k: r for k, r in self._interest.items() if refused.seen - r.seen <= _INTEREST_WINDOW
+                }
+            self._interest[key] = refused
+        self._start_watch(key)
+
+    def _start_watch(self, key: str) -> None:
+        with self._mutex:
             if not self._listening() or self._wait_offered <= 0 or key in self._watching:
                 return
             self._watching.add(key)
@@ -517,40 +657,104 @@ class HttpBackend(Backend, RequestIdCarrier):
             watcher.notify(key)
 
     def _watch_loop(self, key: str) -> None:
+        won: Optional[tuple[_Refused, _Won]] = None
         try:
-            while self._listening():
-                with self._mutex:
-                    if time.monotonic() - self._interest.get(key, 0.0) > _INTEREST_WINDOW:
-                        return
-                wait = min(_WATCH_WAIT, self._wait_offered)
-                if wait <= 0:
-                    return
-                response = self._call(
-                    "GET",
-                    self._url(key),
-                    headers={wire.HEADER_PREFER: f"wait={wait}"},
-                    timeout=(self.timeout, self.timeout + wait),
-                )
-                self._raise_for(response, 200)
-                if not response.json().get("held"):
-                    # The waiters retry now; a refused retry starts a new watch.
-                    self._notify(key)
-                    return
-                if wire.HEADER_PREFERENCE_APPLIED not in response.headers:
-                    # The server had no free waiting slot and answered at once: the waiters'
-                    # own schedule (at most a second) covers this key until the next try.
-                    return
+            won = self._wait_for_grant(key)
         except Exception:  # noqa: BLE001 - a watch is an optimisation; the waiters retry anyway
-            return
+            won = None
         finally:
             with self._mutex:
                 self._watching.discard(key)
+        if won is not None:
+            refused, grant = won
+            self._notify(key)  # the waiting acquisition takes the grant now
+            if not grant.taken.wait(_CLAIM_WINDOW):
+                self._give_back_unclaimed(key, refused.token, grant)
+
+    def _wait_for_grant(self, key: str) -> Optional[tuple[_Refused, _Won]]:
+        """Repeat the latest refused acquisition of ``key`` with ``Prefer: wait`` until granted
+        (the grant, kept for its acquisition) or until nobody is refused any more."""
+        while self._listening():
+            with self._mutex:
+                refused = self._interest.get(key)
+            if refused is None or time.monotonic() - refused.seen > _INTEREST_WINDOW:
+                return None
+            wait = min(_WATCH_WAIT, self._wait_offered)
+            if wait <= 0:
+                return None
+            sent = time.monotonic()
+            response = self._call(
+                "POST",
+                self._url(key, lease=True),
+                headers={**refused.headers, wire.HEADER_PREFER: f"wait={wait}"},
+                json={"ttl_seconds": refused.wire_ttl},
+                timeout=(self.timeout, self.timeout + wait),
+            )
+            if response.status_code == 201:
+                return self._keep(key, refused, response, sent)
+            self._raise_for(response, 409)
+            if wire.HEADER_PREFERENCE_APPLIED not in response.headers:
+                # The server had no free waiting slot and answered at once: the waiters'
+                # own schedule (at most a second) covers this key until the next try.
+                return None
+        return None
+
+    def _keep(
+        self, key: str, refused: _Refused, response: requests.Response, sent: float
+    ) -> Optional[tuple[_Refused, _Won]]:
+        """Keep a watching request's grant for the acquisition it repeats."""
+        fence = self._fence_of(response)
+        waited = response.headers.get(wire.HEADER_WAITED, "")
+        try:
+            held_back = float(waited)
+        except ValueError:
+            held_back = 0.0  # then the request's sending is the earliest start there is
+        # No server held the request longer than its whole round trip (nor a negative time).
+        held_back = min(max(held_back, 0.0), time.monotonic() - sent) if math.isfinite(held_back) else 0.0
+        grant = _Won(fence, sent + held_back, refused.wire_ttl, refused.headers.get(wire.HEADER_OWNER))
+        attempt = (key, refused.token)
+        with self._mutex:
+            if attempt in self._fences:
+                # The acquisition got this lease by a request of its own (the server renewed
+                # it for the watching request): nothing to keep.
+                return None
+            self._won[attempt] = grant
+        return refused, grant
+
+    def _give_back_unclaimed(self, key: str, token: str, grant: _Won) -> None:
+        """Release a won grant nobody claimed (the waiter gave up), unless its acquisition is on
+        the wire right now: then its own answer decides, and the lease is never released under
+        a caller that was just told it holds it."""
+        attempt = (key, token)
+        with self._mutex:
+            if self._won.get(attempt) is not grant:
+                return  # claimed, renewed or released meanwhile
+            del self._won[attempt]
+            if attempt in self._in_flight:
+                return
+            done = threading.Event()
+            self._giving_back[attempt] = done
+        try:
+            response = self._call("DELETE", self._url(key, lease=True), headers={wire.HEADER_TOKEN: token})
+        except Exception:  # noqa: BLE001 - best effort: the lease runs out on its own
+            response = None
+        finally:
+            with self._mutex:
+                del self._giving_back[attempt]
+            done.set()
+        if response is not None and response.status_code == 204:
+            self._notify(key)  # another waiter of this process may take it now
 
     def close(self) -> None:
         """Close the session if this backend created it."""
         with self._mutex:
             watchers, self._watchers = self._watchers, []
+            unclaimed = list(self._won.items())
         for watcher in watchers:
             watcher.close()
+        # Nobody can claim these any more: give them back now rather than after the window.
+        for (key, token), grant in unclaimed:
+            self._give_back_unclaimed(key, token, grant)
+            grant.taken.set()
         if self._own_session:
             self._session.close()

@@ -45,6 +45,7 @@ from ..wire import (
     HEADER_REQUEST_ID,
     HEADER_TOKEN,
     HEADER_WAIT,
+    HEADER_WAITED,
     KEY_PATTERN,
     MAX_TTL,
     MIN_TTL,
@@ -363,12 +364,12 @@ class LockServiceApp:
         if not lease:
             if method == "GET":
                 return self._read(project, key, wait)
-            return self._released(self._store(lambda: self.service.force_release(project, key)))
+            return self._released(project, key, self._store(lambda: self.service.force_release(project, key)))
         token = _uuid(_header(environ, HEADER_TOKEN), HEADER_TOKEN, "invalid_token")
         if token is None:
             raise _Reject(400, "invalid_token", f"{HEADER_TOKEN} header is required")
         if method == "DELETE":
-            return self._released(self._store(lambda: self.service.release(project, key, token)))
+            return self._released(project, key, self._store(lambda: self.service.release(project, key, token)))
         ttl = self._ttl(environ)
         if method == "POST":
             owner = self._owner(environ)
@@ -470,30 +471,22 @@ class LockServiceApp:
                 self.metrics.store_error()
             raise _Reject(503, "unavailable", "the lock store is unavailable") from None
 
-    @staticmethod
-    def _released(dropped: bool) -> _Response:
+    def _released(self, project: str, key: str, dropped: bool) -> _Response:
+        if dropped and self.waits is not None:
+            self.waits.released(self.service.store_key(project, key))
         return _Response(204, None, [(HEADER_RELEASED, "true" if dropped else "false")])
 
     def _wait_free(
-        self, project: str, key: str, wait: Optional[int], seen: Optional[list[Holder]] = None
+        self, project: str, key: str, wait: Optional[int], held_for: Callable[[], Optional[float]]
     ) -> list[tuple[str, str]]:
         """Honour ``Prefer: wait=N`` on a held key; the ``Preference-Applied`` header if it was.
 
-        ``seen``, when given, receives the read that found the key free (the wait ended on a
-        release or an expiry), so a read request can answer from it without reading again.
+        ``held_for`` looks at the key after every wake-up (see :meth:`WaitRoom.wait_until_free`).
+        Without a free waiting slot nothing waits and no header is returned.
         """
         if self.waits is None or not wait:
             return []
         waits = self.waits
-
-        def held_for() -> Optional[float]:
-            holder = self.service.read(project, key)
-            if holder.held:
-                return holder.takeover_in or 0.0
-            if seen is not None:
-                seen.append(holder)
-            return None
-
         store_key = self.service.store_key(project, key)
         waited = self._store(lambda: waits.wait_until_free(store_key, held_for, wait))
         return [] if waited is None else [(HEADER_PREFERENCE_APPLIED, f"wait={wait}")]
@@ -501,22 +494,37 @@ class LockServiceApp:
     def _acquire(
         self, project: str, key: str, token: str, ttl: int, owner: str, wait: Optional[int]
     ) -> _Response:
+        received = time.monotonic()
         try:
             grant = self._store(lambda: self.service.acquire(project, key, token, ttl, owner))
         except _Reject as reject:
-            if reject.response.status != 409 or not wait or reject.response.body is None:
+            if not wait or reject.response.body is None or reject.response.body.get("code") != "lock_held":
                 raise
-            if reject.response.body.get("code") != "lock_held":
-                raise
-            applied = self._wait_free(project, key, wait)
+            # Each wake-up tries the grant itself: a release is turned into this request's grant
+            # in one store round trip, with no read before it.
+            granted: list[tuple[Grant, float]] = []
+
+            def held_for() -> Optional[float]:
+                tried = time.monotonic()
+                try:
+                    granted.append((self.service.acquire(project, key, token, ttl, owner), tried))
+                except Conflict as conflict:
+                    if conflict.code != "lock_held":
+                        raise
+                    return conflict.takeover_in or 0.0
+                return None
+
+            applied = self._wait_free(project, key, wait, held_for)
             if not applied:
                 raise
-            try:
-                grant = self._store(lambda: self.service.acquire(project, key, token, ttl, owner))
-            except _Reject as again:
-                again.response.headers.extend(applied)
+            if not granted:
+                reject.response.headers.extend(applied)
                 raise
-            return _lease_response(201, grant, applied)
+            grant, tried = granted[-1]
+            # How long the request was held before the grant was tried, rounded down: the
+            # client then knows the lease started no earlier than its sending plus this.
+            waited = f"{math.floor((tried - received) * 1000) / 1000:.3f}"
+            return _lease_response(201, grant, [*applied, (HEADER_WAITED, waited)])
         return _lease_response(201, grant)
 
     def _read(self, project: str, key: str, wait: Optional[int] = None) -> _Response:
@@ -524,9 +532,17 @@ class LockServiceApp:
         headers = []
         if holder.held and wait:
             free: list[Holder] = []
-            headers = self._wait_free(project, key, wait, free)
+
+            def held_for() -> Optional[float]:
+                seen = self.service.read(project, key)
+                if seen.held:
+                    return seen.takeover_in or 0.0
+                free.append(seen)  # the read after the wake-up: the answer needs no other
+                return None
+
+            headers = self._wait_free(project, key, wait, held_for)
             if free:
-                holder = free[-1]  # read just now, after the wake-up: no second round trip
+                holder = free[-1]
             elif headers:
                 holder = self._store(lambda: self.service.read(project, key))
         if holder.held and holder.takeover_in is not None:

@@ -46,16 +46,21 @@ _LABEL_TAG = "svc1"
 
 
 class Conflict(Exception):
-    """The request lost to the lock's state; ``code`` is the wire error code (409)."""
+    """The request lost to the lock's state; ``code`` is the wire error code (409).
 
-    def __init__(self, code: str, message: str) -> None:
+    ``takeover_in``, on a ``lock_held`` conflict when the state was read, is the seconds until
+    another token could take the key (what a waiting acquisition may sleep at most).
+    """
+
+    def __init__(self, code: str, message: str, takeover_in: Optional[float] = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.takeover_in = takeover_in
 
 
-def _held_conflict() -> Conflict:
-    return Conflict("lock_held", "the lock is held by another owner")
+def _held_conflict(takeover_in: Optional[float] = None) -> Conflict:
+    return Conflict("lock_held", "the lock is held by another owner", takeover_in)
 
 
 def _lost_conflict(message: str) -> Conflict:
@@ -165,7 +170,7 @@ class LockService:
         if state.held:
             label = _Label.parse(state.owner)
             if label is None or label.digest != digest:
-                raise _held_conflict()
+                raise _held_conflict(max(0.0, self._takeover_in(state)))
             if self._takeover_in(state) - TAKEOVER_GRACE <= 0:
                 raise _lost_conflict("the lease of this token lapsed; retry after the grace second")
             deadline = label.deadline

@@ -3,10 +3,13 @@
 A client sends ``Prefer: wait=N`` (RFC 7240) on ``GET /locks/{key}`` or on an acquisition. When
 the key is held, the server keeps the request for up to ``N`` seconds (at most its own
 ``max_wait``), until the store reports the key released or the holder's lease and grace run out,
-whichever comes first, then reads (or tries the grant) again and answers as usual, with
-``Preference-Applied: wait=N``. The waiting is driven by the store's release notifications when
-it has them (memory, Redis, PostgreSQL); otherwise the request sleeps until the holder's lease
-would end.
+whichever comes first, and answers as usual, with ``Preference-Applied: wait=N``. A read reads the
+key again at each wake-up; an acquisition tries the grant itself, so that a release becomes its
+grant in one store round trip, and its answer says how long it was held
+(``X-Lease-Lock-Waited``). The waiting is driven by the store's release notifications when
+it has them (memory, Redis, PostgreSQL); otherwise the request looks again every quarter second
+until the holder's lease would end. A release made through the same process wakes its waiter at
+once, without waiting for the store's notification.
 
 A waiting request is one request for the budgets, however long it waits. Each process lets at
 most ``max_waits`` requests wait at once (``serve`` defaults to half its threads), so waiters
@@ -57,6 +60,8 @@ class WaitRoom:
         self._dispatcher = ReleaseDispatcher(backend) if backend.capabilities.release_notify else None
         self._mutex = threading.Lock()
         self._waiting = 0
+        # store key -> the events of the requests waiting for it here, oldest first.
+        self._local: dict[str, list[threading.Event]] = {}
 
     @property
     def waiting(self) -> int:
@@ -74,10 +79,15 @@ class WaitRoom:
         """
         if self._slots is None or not self._slots.acquire(blocking=False):
             return None
+        # Registered before the first read, so a release between the read and the wait is seen.
+        try:
+            wake = self._dispatcher.register(store_key) if self._dispatcher is not None else threading.Event()
+        except BaseException:
+            self._slots.release()  # the store could not be watched: the slot is free again
+            raise
         with self._mutex:
             self._waiting += 1
-        # Registered before the first read, so a release between the read and the wait is seen.
-        wake = self._dispatcher.register(store_key) if self._dispatcher is not None else None
+            self._local.setdefault(store_key, []).append(wake)
         try:
             deadline = time.monotonic() + min(seconds, self.max_wait)
             while True:
@@ -87,17 +97,29 @@ class WaitRoom:
                 left = min(deadline - time.monotonic(), remaining + 0.001)
                 if left <= 0:
                     return False
-                if wake is not None and self._dispatcher is not None and self._dispatcher.active:
-                    wake.wait(left)
-                    wake.clear()
-                else:
-                    time.sleep(min(left, _UNNOTIFIED_SLICE))
+                notified = self._dispatcher is not None and self._dispatcher.active
+                wake.wait(left if notified else min(left, _UNNOTIFIED_SLICE))
+                wake.clear()
         finally:
-            if wake is not None and self._dispatcher is not None:
+            if self._dispatcher is not None:
                 self._dispatcher.unregister(store_key, wake)
             with self._mutex:
+                waiters = self._local[store_key]
+                waiters.remove(wake)
+                if not waiters:
+                    del self._local[store_key]
                 self._waiting -= 1
             self._slots.release()
+
+    def released(self, store_key: str) -> None:
+        """A release of ``store_key`` made through this process: wake its longest-waiting request
+        here at once, without waiting for the store's notification (which every process hears,
+        a store round trip and a thread later; or never, for a store without notifications)."""
+        with self._mutex:
+            for wake in self._local.get(store_key, ()):
+                if not wake.is_set():
+                    wake.set()
+                    return
 
     def close(self) -> None:
         """Stop the release notifications."""

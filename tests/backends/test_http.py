@@ -3,9 +3,11 @@ own rules (wire TTLs, UUIDs, error mapping, the fence kept from the grant)."""
 
 from __future__ import annotations
 
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timezone
+from pathlib import Path
 
 import lease_lock
 import pytest
@@ -250,5 +252,20 @@ def test_repr_never_shows_a_password_of_the_url() -> None:
     backend = HttpBackend("http://user:Sup3rSecretPw@127.0.0.1:8080/base", "key")
     try:
         assert "Sup3rSecretPw" not in repr(backend) and "127.0.0.1:8080" in repr(backend)
+    finally:
+        backend.close()
+
+
+def test_a_netrc_entry_for_the_host_never_replaces_the_service_key(
+    lock_service: ServiceInfo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    netrc = tmp_path / "netrc"
+    host = urllib.parse.urlsplit(lock_service.url).hostname
+    netrc.write_text(f"machine {host} login someone password secret\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    backend = HttpBackend(lock_service.url, lock_service.keys["alpha"])
+    try:
+        assert not backend.inspect(_key()).held
     finally:
         backend.close()

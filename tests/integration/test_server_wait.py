@@ -20,15 +20,23 @@ from tests.support.http_server import ThreadedServer, make_keys, start_serve, st
 
 
 class Recorder:
-    """WSGI middleware noting method, path and ``Prefer`` of every request."""
+    """WSGI middleware noting method, path and ``Prefer`` of every request, and the status of
+    every answer (in ``answered``, in the order the answers were made)."""
 
     def __init__(self, app: Callable[..., Any]) -> None:
         self.app = app
         self.seen: list[tuple[str, str, str]] = []
+        self.answered: list[tuple[str, str, str, str]] = []
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
-        self.seen.append((environ["REQUEST_METHOD"], environ["PATH_INFO"], environ.get("HTTP_PREFER", "")))
-        return self.app(environ, start_response)
+        request = (environ["REQUEST_METHOD"], environ["PATH_INFO"], environ.get("HTTP_PREFER", ""))
+        self.seen.append(request)
+
+        def note(status: str, headers: Any, *args: Any) -> Any:
+            self.answered.append((*request, status))
+            return start_response(status, headers, *args)
+
+        return self.app(environ, note)
 
 
 def _session(key: str) -> requests.Session:
@@ -100,6 +108,33 @@ def test_an_acquisition_may_wait_for_the_key(rig: Any) -> None:
         assert answer.status_code == 201 and answer.headers["Preference-Applied"] == "wait=20"
 
 
+def test_a_waiting_acquisition_is_granted_when_the_key_is_released_and_counts_once(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.toml"
+    keys = make_keys(keys_file)
+    # Three acquisitions per window for the project: the holder's, the waiter's, one more.
+    app = create_app(MemoryBackend(), keys_file, rate_limit=3, rate_window=3600, max_waits=2)
+    with ThreadedServer(app) as server, _session(keys["alpha"]) as holder, _session(keys["alpha"]) as waiter:
+        token = str(uuid.uuid4())
+        assert _acquire(holder, server.url, "k", token).status_code == 201
+        answers: list[requests.Response] = []
+        thread = threading.Thread(
+            target=lambda: answers.append(_acquire(waiter, server.url, "k", str(uuid.uuid4()), Prefer="wait=20"))
+        )
+        thread.start()
+        assert wait_until(lambda: app.waits is not None and app.waits.waiting == 1, 20)
+        released = holder.delete(f"{server.url}/locks/k/lease", headers={"X-Volcano-Lock-Token": token}, timeout=10)
+        assert released.status_code == 204
+        thread.join(30)
+        [answer] = answers
+        assert answer.status_code == 201 and answer.headers["Preference-Applied"] == "wait=20"
+        # How long the server held it before the grant: never more than the whole request took.
+        assert 0 <= float(answer.headers["X-Lease-Lock-Waited"]) <= answer.elapsed.total_seconds()
+        # One request for the acquire budget, however often the grant was tried.
+        assert _acquire(holder, server.url, "other", str(uuid.uuid4())).status_code == 201
+        assert _acquire(holder, server.url, "third", str(uuid.uuid4())).status_code == 429
+    app.close()
+
+
 def test_waits_are_capped_per_process_and_the_server_keeps_answering(tmp_path: Path) -> None:
     keys_file = tmp_path / "keys.toml"
     keys = make_keys(keys_file)
@@ -143,19 +178,24 @@ def _locker(url: str, key: str, **options: Any) -> Locker:
     return Locker(HttpBackend(url, key), ttl=5, **options)
 
 
-def test_a_waiting_locker_is_woken_by_the_release_without_polling(rig: Any) -> None:
+def test_a_waiting_locker_is_granted_by_its_waiting_acquisition(rig: Any) -> None:
     _app, recorder, url, keys = rig
     holder, waiter = _locker(url, keys["alpha"]), _locker(url, keys["alpha"], retry=Retry(delay=0.02, timeout=60))
+    lease = "/locks/handoff/lease"
     try:
         held = holder.acquire("handoff", ttl=30)
         got: list[Any] = []
         thread = threading.Thread(target=lambda: got.append(waiter.acquire("handoff")))
         thread.start()
-        assert wait_until(lambda: any(prefer for _m, path, prefer in recorder.seen if path == "/locks/handoff"), 20)
-        posts_before = sum(1 for method, path, _p in recorder.seen if method == "POST" and "handoff" in path)
+        # The waiter's refused acquisition is repeated as a waiting one (never as a waiting read).
+        assert wait_until(lambda: any(m == "POST" and p == lease and prefer for m, p, prefer in recorder.seen), 20)
+        posts_before = sum(1 for method, path, _p in recorder.seen if method == "POST" and path == lease)
         held.release()
         thread.join(30)
         assert len(got) == 1 and got[0].state == "held"
+        # The server granted the key in the waiting request itself.
+        assert ("POST", lease, "wait=5", "201 Created") in recorder.answered
+        assert not any(prefer for _m, path, prefer in recorder.seen if path == "/locks/handoff")
         got[0].release()
         # Polling every 20 ms for the whole wait would have sent hundreds of attempts.
         assert posts_before < 20

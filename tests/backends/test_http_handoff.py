@@ -1,0 +1,138 @@
+"""The HTTP client's hand-off through a real ``serve`` child: a refused acquisition is repeated
+with ``Prefer: wait``, the server grants it in that request when the holder releases, and the
+waiting acquisition takes the grant without another request. A grant nobody takes is given
+back; a grant taken too late is renewed by a request of its own."""
+
+from __future__ import annotations
+
+import threading
+import urllib.parse
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Union
+
+import pytest
+import requests
+from lease_lock.backends.http import HttpBackend
+from lease_lock.testing import wait_until
+
+from tests.support.http_server import ServiceInfo
+
+
+class RecordingSession(requests.Session):
+    """A session noting method, path, ``Prefer`` and status of every answered request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[tuple[str, str, str, int]] = []
+        self._mutex = threading.Lock()
+
+    def request(  # type: ignore[override]
+        self, method: Union[str, bytes], url: Union[str, bytes], *args: Any, **kwargs: Any
+    ) -> requests.Response:
+        response = super().request(method, url, *args, **kwargs)
+        prefer = (kwargs.get("headers") or {}).get("Prefer", "")
+        path = urllib.parse.unquote(urllib.parse.urlsplit(str(url)).path)
+        with self._mutex:
+            self.sent.append((str(method), path, prefer, response.status_code))
+        return response
+
+    def snapshot(self) -> list[tuple[str, str, str, int]]:
+        with self._mutex:
+            return list(self.sent)
+
+
+@dataclass
+class Rig:
+    holder: HttpBackend
+    waiter: HttpBackend
+    session: RecordingSession
+    notified: list[str]
+
+
+@pytest.fixture
+def rig(lock_service: ServiceInfo) -> Iterator[Rig]:
+    session = RecordingSession()
+    holder = HttpBackend(lock_service.url, lock_service.keys["alpha"])
+    waiter = HttpBackend(lock_service.url, lock_service.keys["alpha"], session=session)
+    notified: list[str] = []
+    # What a waiting Locker does once refused: watch for releases (here with a plain callback).
+    waiter.watch_releases(notified.append)
+    yield Rig(holder, waiter, session, notified)
+    holder.close()
+    waiter.close()
+    session.close()
+
+
+def _held_and_refused(rig: Rig, ttl: float = 5) -> tuple[str, str, str, int]:
+    """A fresh key held by the holder and refused to the waiter; the holder's token and fence."""
+    key, held_by, token = f"handoff:{uuid.uuid4().hex}", rig.holder.new_token(), rig.waiter.new_token()
+    fence = rig.holder.acquire_fenced(key, held_by, 30, "holder")
+    assert fence is not None
+    assert rig.waiter.acquire_fenced(key, token, ttl, "waiter") is None
+    return key, held_by, token, fence
+
+
+def _waiting_posts(rig: Rig, key: str) -> list[int]:
+    """The statuses of the waiter's answered ``POST``s of ``key`` that carried ``Prefer: wait``."""
+    lease = f"/locks/{key}/lease"
+    sent = rig.session.snapshot()
+    return [status for method, path, prefer, status in sent if method == "POST" and path == lease and prefer]
+
+
+def test_the_server_grants_the_waiting_acquisition_and_the_waiter_takes_it_without_a_request(rig: Rig) -> None:
+    key, held_by, token, fence = _held_and_refused(rig)
+    assert rig.holder.release(key, held_by)
+    assert wait_until(lambda: key in rig.notified, 20)
+    assert _waiting_posts(rig, key) == [201]
+    before = len(rig.session.snapshot())
+    granted = rig.waiter.acquire_fenced(key, token, 5, "waiter")
+    assert granted is not None and granted > fence
+    assert len(rig.session.snapshot()) == before  # taken without a request
+    assert rig.waiter.is_held(key, token)
+    state = rig.holder.inspect(key)
+    assert state.held and state.fence == granted and state.owner == "waiter"
+    assert rig.waiter.release(key, token)
+    assert not rig.holder.inspect(key).held
+
+
+def test_a_grant_nobody_takes_is_given_back(rig: Rig) -> None:
+    key, held_by, _token, _fence = _held_and_refused(rig)
+    assert rig.holder.release(key, held_by)
+    assert wait_until(lambda: _waiting_posts(rig, key) == [201], 20)
+    # The waiter never asks again (it gave up): the grant goes back, and others may take the key.
+    assert wait_until(lambda: not rig.holder.inspect(key).held, 30)
+    assert rig.holder.acquire_fenced(key, rig.holder.new_token(), 5, "holder") is not None
+
+
+def test_a_grant_taken_after_its_slack_is_renewed_by_a_request(rig: Rig) -> None:
+    key, held_by, token, _fence = _held_and_refused(rig)
+    assert rig.holder.release(key, held_by)
+    assert wait_until(lambda: key in rig.notified, 20)
+    # Asked for a longer lease than the one granted (5 s): the caller would count more than
+    # the store keeps, so the acquisition is sent and renews the lease from its own sending.
+    before = len(rig.session.snapshot())
+    assert rig.waiter.acquire_fenced(key, token, 6, "waiter") is not None
+    sent = rig.session.snapshot()[before:]
+    assert [(method, status) for method, _path, prefer, status in sent if not prefer] == [("POST", 201)]
+    assert rig.waiter.release(key, token)
+
+
+def test_a_grant_for_another_owner_label_is_renewed_by_a_request(rig: Rig) -> None:
+    key, held_by, token, _fence = _held_and_refused(rig)
+    assert rig.holder.release(key, held_by)
+    assert wait_until(lambda: key in rig.notified, 20)
+    before = len(rig.session.snapshot())
+    assert rig.waiter.acquire_fenced(key, token, 5, "someone else") is not None
+    assert [m for m, _p, _w, _s in rig.session.snapshot()[before:]] == ["POST"]
+    assert rig.holder.inspect(key).owner == "someone else"
+    assert rig.waiter.release(key, token)
+
+
+def test_closing_gives_back_a_grant_nobody_took(rig: Rig) -> None:
+    key, held_by, _token, _fence = _held_and_refused(rig)
+    assert rig.holder.release(key, held_by)
+    assert wait_until(lambda: key in rig.notified, 20)
+    rig.waiter.close()
+    assert not rig.holder.inspect(key).held

@@ -1,0 +1,80 @@
+"""The wait extension's waiting room: a release through the same process wakes its waiter at
+once, and a store that cannot be watched gives the waiting slot back."""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, Optional
+
+import pytest
+from lease_lock.backends.base import ReleaseWatcher
+from lease_lock.backends.memory import MemoryBackend
+from lease_lock.errors import BackendUnavailableError
+from lease_lock.server.waits import WaitRoom
+from lease_lock.testing import wait_until
+
+
+class Held:
+    """A ``held_for`` that reports the key held for a long time until ``free`` is set."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.free = threading.Event()
+
+    def __call__(self) -> Optional[float]:
+        self.calls += 1
+        return None if self.free.is_set() else 1000.0
+
+
+def test_a_release_through_this_process_wakes_the_waiter_without_the_store() -> None:
+    room = WaitRoom(MemoryBackend(), max_waits=2, max_wait=1000.0)
+    held = Held()
+    results: list[Optional[bool]] = []
+    waiter = threading.Thread(target=lambda: results.append(room.wait_until_free("k", held, 1000)))
+    waiter.start()
+    try:
+        assert wait_until(lambda: room.waiting == 1 and held.calls == 1, 20)
+        # Nothing was released in the store: only the local wake can end the wait early.
+        held.free.set()
+        room.released("k")
+        waiter.join(20)
+        assert results == [True] and held.calls == 2
+        assert room.waiting == 0
+    finally:
+        held.free.set()
+        room.released("k")
+        room.close()
+
+
+def test_a_release_of_another_key_wakes_nobody() -> None:
+    room = WaitRoom(MemoryBackend(), max_waits=2, max_wait=1000.0)
+    held = Held()
+    waiter = threading.Thread(target=lambda: room.wait_until_free("k", held, 1000))
+    waiter.start()
+    try:
+        assert wait_until(lambda: held.calls == 1, 20)
+        room.released("other")
+        room.released("k")  # wakes it; it reads again and keeps waiting
+        assert wait_until(lambda: held.calls == 2, 20)
+        assert room.waiting == 1
+    finally:
+        held.free.set()
+        room.released("k")
+        waiter.join(20)
+        room.close()
+
+
+class Unwatchable(MemoryBackend):
+    """A store whose release notifications cannot be started (as when it is down)."""
+
+    def watch_releases(self, callback: Callable[[str], None]) -> ReleaseWatcher:
+        raise BackendUnavailableError("down", backend="memory")
+
+
+def test_a_store_that_cannot_be_watched_gives_the_slot_back() -> None:
+    room = WaitRoom(Unwatchable(), max_waits=1, max_wait=10.0)
+    for _ in range(3):
+        with pytest.raises(BackendUnavailableError):
+            room.wait_until_free("k", Held(), 10)
+        assert room.waiting == 0
+    room.close()
