@@ -117,7 +117,8 @@ def reference_pauses(steps: list[tuple[float, float]], threshold: float = PAUSE_
     st.lists(
         st.tuples(
             st.floats(min_value=0.0, max_value=5.0),
-            st.one_of(st.floats(min_value=-100.0, max_value=100.0), st.just(0.0)),
+            # Clear of the threshold itself, where rounding decides.
+            st.one_of(st.floats(min_value=-100.0, max_value=0.04), st.floats(min_value=0.06, max_value=100.0)),
         ),
         max_size=40,
     )
@@ -130,7 +131,8 @@ def test_one_reader_counts_what_consecutive_readings_show(steps: list[tuple[floa
         sources.step(monotonic, monotonic + wall_extra)
         readings.append(lease_clock())
     expected = reference_pauses([(monotonic, monotonic + extra) for monotonic, extra in steps])
-    assert lease_clock.paused == pytest.approx(expected)
+    # The wall clock reads about 1.7e9 s, where a float resolves about 2e-7 s.
+    assert lease_clock.paused == pytest.approx(expected, abs=1e-6 * (len(steps) + 1))
     assert readings == sorted(readings)
 
 
@@ -243,9 +245,9 @@ def test_each_pause_is_counted_once_however_readings_interleave(steps: list[tupl
             index += 1
         read()
     read()
-    assert run.clock.paused <= injected + 1e-6, "a pause was counted twice"
+    assert run.clock.paused <= injected + 1e-4, "a pause was counted twice"
     if not any(kind == "step back" for kind, _ in steps):
-        assert run.clock.paused == pytest.approx(injected)
+        assert run.clock.paused == pytest.approx(injected, abs=1e-4)
     assert all(reading >= floor - 1e-9 for floor, reading in floors)
 
 
