@@ -122,25 +122,27 @@ class Heartbeat:
                 timer.cancelled = True
                 return timer
             queue = self._lanes.get(lane)
-            if queue is None and len(self._lanes) < LANES:
-                queue = self._lanes[lane] = deque()
             if queue is not None:
                 # The timer set just before in this lane is often cancelled already (a lock
                 # acquired and released again at once): drop it here, not in a later sweep.
                 while queue and queue[-1].cancelled:
                     queue.pop()
-            if queue is not None and (not queue or queue[-1].when <= when):
+                if queue and queue[-1].when > when:
+                    queue = None  # it would fall due before the back of its lane
+            elif len(self._lanes) < LANES:
+                queue = self._lanes[lane] = deque()
+            if queue is not None:
                 queue.append(timer)
             else:
                 heapq.heappush(self._heap, (when, next(self._sequence), timer))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
-            elif when < self._sleeping_until:
+            if when < self._sleeping_until:
                 # Wake the thread only when it sleeps past this timer. Timers that fall due
                 # later are picked up when it wakes anyway; waking it for each of them would
                 # hand it the GIL on every acquisition.
                 self._condition.notify()
+            elif self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
         return timer
 
     def cancel(self, timer: Timer) -> None:
