@@ -14,6 +14,12 @@ instead. Cancelling only marks the timer; cancelled timers are dropped when they
 front or are found at the back of their lane by the next timer set there (a lock acquired and
 released at once), or all at once when they outnumber the live ones.
 
+A lock whose first timer falls due well after its grant (at least :data:`ARRIVAL_LEAD`
+seconds: a third of a 30 s TTL, say) sets no timer at all when it is granted: it joins a queue
+of arrivals, which the thread empties every time it wakes (at least once a slice), setting the
+timers of the locks still held by then. A lock held for a moment, the usual case, is released
+before that and never costs a timer.
+
 The thread waits on a condition with a timeout in bounded slices that re-read the clock, never in
 one long sleep, so an injected clock (tests) or a pause found by the clock is honoured promptly.
 Tests can also call :meth:`Heartbeat.run_due` to do the due work on their own thread.
@@ -32,7 +38,7 @@ from typing import Callable, Optional, Protocol
 from .backends.base import Backend, ExtendRequest
 from .events import logger
 
-__all__ = ["LANES", "OVERRUN_WARNING", "Beating", "Heartbeat", "Timer"]
+__all__ = ["ARRIVAL_LEAD", "LANES", "OVERRUN_WARNING", "Beating", "Heartbeat", "Timer"]
 
 #: A beat that runs this many seconds after it was due is logged as a warning: the thread or the
 #: backend is too slow for the number of locks held.
@@ -41,6 +47,10 @@ OVERRUN_WARNING = 1.0
 #: The thread looks at the front of every lane each time it wakes, so they must stay few.
 LANES = 8
 _WAIT_SLICE = 1.0
+#: A lock whose first timer falls due at least this many seconds after its grant goes through
+#: the arrivals queue (see the module docstring): the thread wakes at least once a slice, so
+#: it sets that timer in time with a slice to spare.
+ARRIVAL_LEAD = 2 * _WAIT_SLICE
 #: Cancelled timers are dropped in one pass once at least this many (and as many as the live
 #: ones) were cancelled since the last pass, so released locks neither grow the queues nor wake
 #: the thread, at an amortized O(1) per cancel.
@@ -64,6 +74,10 @@ class Beating(Protocol):
 
     def heartbeat_failed(self, error: BaseException) -> None:
         """The extension raised ``error``."""
+
+    def heartbeat_arrived(self) -> None:
+        """The heartbeat takes the lock on (see :meth:`Heartbeat.arrive`): set its timer if it
+        is still held and has none yet."""
 
 
 class Timer:
@@ -96,6 +110,9 @@ class Heartbeat:
         self._condition = threading.Condition(self._mutex)
         self._lanes: dict[float, deque[Timer]] = {}
         self._heap: list[_Entry] = []
+        # Locks granted without a timer (see arrive()); appended and popped without the mutex.
+        self._arrivals: deque[weakref.ref[Beating]] = deque()
+        self._sweep_arrivals_at = _COMPACT_AFTER
         self._sequence = itertools.count()
         #: Cancels since the last compaction (counted without the mutex: a lost count only
         #: delays a compaction), and the count that triggers the next one.
@@ -145,6 +162,46 @@ class Heartbeat:
                 self._thread.start()
         return timer
 
+    def arrive(self, lock: Beating) -> None:
+        """``lock`` was just granted and its first timer falls due at least
+        :data:`ARRIVAL_LEAD` seconds from now: the thread sets it when it next wakes, if the
+        lock is still held then (``heartbeat_arrived``). No mutex, no timer."""
+        self._arrivals.append(weakref.ref(lock))
+        if self._thread is None:
+            with self._mutex:
+                if self._thread is None and not self._stopped:
+                    self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                    self._thread.start()
+        if len(self._arrivals) >= self._sweep_arrivals_at:
+            self._sweep_arrivals()
+
+    def _sweep_arrivals(self) -> None:
+        # Arrivals of collected locks are dropped in place (other threads append and the
+        # thread pops meanwhile, both atomic), in amortized O(1) like the timers' sweep.
+        with self._mutex:
+            arrivals = self._arrivals
+            for _ in range(len(arrivals)):
+                try:
+                    reference = arrivals.popleft()
+                except IndexError:
+                    break
+                if reference() is not None:
+                    arrivals.append(reference)
+            self._sweep_arrivals_at = max(_COMPACT_AFTER, 2 * len(arrivals))
+
+    def _take_arrivals(self) -> None:
+        """Set the timers of the locks that arrived and are still held. Called without the
+        mutex: each lock takes its own, then this one to schedule."""
+        arrivals = self._arrivals
+        while arrivals:
+            try:
+                reference = arrivals.popleft()
+            except IndexError:
+                break
+            lock = reference()
+            if lock is not None:
+                lock.heartbeat_arrived()
+
     def cancel(self, timer: Timer) -> None:
         """Make ``timer`` never fire (no mutex: the timer is only marked)."""
         if timer.cancelled:
@@ -188,7 +245,8 @@ class Heartbeat:
         return due
 
     def pending(self) -> int:
-        """Timers that will still fire."""
+        """Timers that will still fire (the locks that arrived get theirs first)."""
+        self._take_arrivals()
         with self._mutex:
             timers = [entry[2] for entry in self._heap]
             for queue in self._lanes.values():
@@ -215,6 +273,7 @@ class Heartbeat:
 
     def run_due(self) -> int:
         """Do every piece of work due at the clock's current reading; returns timers fired."""
+        self._take_arrivals()
         due: list[tuple[Beating, Timer]] = []
         now = self._clock()
         with self._mutex:
@@ -269,6 +328,7 @@ class Heartbeat:
 
     def _run(self) -> None:
         while True:
+            self._take_arrivals()
             with self._condition:
                 if self._stopped:
                     return
@@ -292,6 +352,7 @@ class Heartbeat:
             self._stopped = True
             self._heap.clear()
             self._lanes.clear()
+            self._arrivals.clear()
             self._cancelled = 0
             self._condition.notify_all()
             thread = self._thread

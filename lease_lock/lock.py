@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, TypeVar
 from .backends.base import Backend
 from .errors import LockLostError, LockStateError
 from .events import EVENT_TYPES, EventHook, LockEvent, emit, logger, wanted
-from .heartbeat import Heartbeat, Timer
+from .heartbeat import ARRIVAL_LEAD, Heartbeat, Timer
 from .lease import give_back, local_end
 from .options import LockOptions, check_extend_interval
 from .validation import check_ttl, describe_token
@@ -499,7 +499,12 @@ class Lock(GuardedBlock):
             extend = self._options.auto_extend and not self._clamped
             interval = self._interval()
             self._next_beat = sent + interval if extend else math.inf
-            self._arm(interval)
+            if (interval if extend else end - sent) >= ARRIVAL_LEAD:
+                # Most locks are released long before their first timer: the heartbeat sets
+                # it only if this one is still held when its thread next wakes.
+                self._host.heartbeat.arrive(self)
+            else:
+                self._arm(interval)
 
     def _schedule(self) -> None:
         """(Re)arm this lock's one heartbeat timer: the next extension or the lease's end."""
@@ -550,6 +555,13 @@ class Lock(GuardedBlock):
         # other threads.
         self._mark_lost("max-hold")
         return None
+
+    def heartbeat_arrived(self) -> None:
+        """Library side (the heartbeat calls it for a lock granted without a timer): set the
+        timer if the lock is still held and has none yet."""
+        with self._mutex:
+            if self._state == "held" and self._timer is None:
+                self._arm(self._interval())
 
     def heartbeat_sending(self, requested: float, sent: float) -> Optional[float]:
         """Library side: clamp a planned extension to the max-hold deadline as it leaves at ``sent``.

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from lease_lock import Lock, Locker, LockEvent, LockLostError, MemoryBackend
-from lease_lock.heartbeat import LANES, Heartbeat, Timer
+from lease_lock.heartbeat import ARRIVAL_LEAD, LANES, Heartbeat, Timer
 
 from .fakes import START, EventLog, FakeClock, RecordingBackend, advance_to_beat
 
@@ -423,6 +423,9 @@ class Beat:
     def heartbeat_failed(self, error: BaseException) -> None:
         raise AssertionError("no extension was asked for")
 
+    def heartbeat_arrived(self) -> None:
+        raise AssertionError("scheduled directly, never through the arrivals")
+
 
 @settings(deadline=None, max_examples=150)
 @given(
@@ -499,3 +502,33 @@ def test_many_ttls_still_extend_each_lock_on_time(locker: Locker, backend: Recor
         locker.heartbeat.run_due()
         assert [ttl for _, key, ttl in backend.called("extend") if key == lock.key] == [3.0 * (index + 1)]
         assert all(lock.state == "held" for lock in locks)
+
+
+def test_a_lock_released_before_its_first_beat_never_costs_a_timer(locker: Locker, clock: FakeClock) -> None:
+    # ttl 30 s: the first beat is 10 s away, so the grant only joins the arrivals; the
+    # heartbeat sets a timer for the locks still held when it next looks.
+    def timers() -> int:
+        return sum(1 for item in gc.get_objects() if isinstance(item, Timer))
+
+    before = timers()
+    for _ in range(100):
+        with locker.lock("brief"):
+            pass
+    auto_extend_off = locker.acquire("off", auto_extend=False)
+    auto_extend_off.release()
+    assert timers() == before
+    held = locker.acquire("held")
+    assert locker.heartbeat.pending() == 1, "the lock still held got its timer"
+    assert timers() == before + 1
+    held.release()
+    assert locker.heartbeat.pending() == 0
+
+
+def test_the_thread_takes_arrivals_on_its_own_in_time() -> None:
+    """Real time: a lease long enough to go through the arrivals is extended by the thread."""
+    extended = threading.Event()
+    locker = Locker(MemoryBackend(), on_event=lambda event: event.type == "extended" and extended.set())
+    lock = locker.acquire("k", ttl=3 * ARRIVAL_LEAD)
+    assert extended.wait(30)
+    assert lock.state == "held"
+    locker.close()
