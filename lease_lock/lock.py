@@ -685,7 +685,8 @@ class Lock(GuardedBlock):
                     return True
                 self._state = "released"
                 self._ended_at = now
-                self._cancel_timer()
+                if self._timer is not None:  # none yet, for most (see Heartbeat.arrive)
+                    self._cancel_timer()
         finally:
             # A plain store: this thread alone set the flag, and every reader takes the mutex
             # and finds the lock's state decided by now.
