@@ -129,8 +129,8 @@ class Acquisition:
                     return True
             self._attempt(lock, options)
         except BaseException as error:
-            # A grant or a join ended the acquiring already (in the same pass through the lock's
-            # mutex); every other way out ends it here.
+            # A grant (in its pass through the lock's mutex) or a join ended the acquiring
+            # already; every other way out ends it here.
             lock.stop_acquiring()
             if not isinstance(error, LockHeldError):
                 raise

@@ -328,7 +328,6 @@ class Heartbeat:
 
     def _run(self) -> None:
         while True:
-            self._take_arrivals()
             with self._condition:
                 if self._stopped:
                     return
@@ -339,7 +338,12 @@ class Heartbeat:
                     self._sleeping_until = self._clock() + wait
                     self._condition.wait(wait)
                     self._sleeping_until = -math.inf
-                    continue
+            if wait > 0:
+                # After each sleep, not before it: a lock granted just before it still gets its
+                # timer in time (ARRIVAL_LEAD is two slices), and a lock held for a moment is
+                # released and gone by then, so the thread never holds it for an instant.
+                self._take_arrivals()
+                continue
             try:
                 self.run_due()
             except Exception:  # noqa: BLE001 - the thread must outlive any one bad beat
