@@ -12,13 +12,12 @@ from __future__ import annotations
 import math
 import threading
 import time
-import weakref
 from typing import Any, Callable, Optional
 
 from .backends.base import Backend
 from .backends.service import request_id_scope
 from .errors import BackendUnavailableError, LockHeldError, LockStateError, RateLimitedError
-from .events import EventHook, LockEvent, emit, logger, wanted
+from .events import EVENT_TYPES, EventHook, LockEvent, emit, logger, wanted
 from .heartbeat import Heartbeat
 from .lease import give_back, local_end
 from .lock import Lock
@@ -38,6 +37,8 @@ _CANCEL_SLICE = 0.05
 
 #: See Acquisition._plan_for.
 _Plan = tuple[Retry, float, float, Optional[float], bool]
+#: How many attempt plans an acquisition keeps before it starts afresh.
+_PLANS = 16
 
 
 def _log_outage(key: str, error: BackendUnavailableError) -> None:
@@ -55,7 +56,7 @@ class Acquisition:
     """
 
     __slots__ = (
-        "_held", "_held_mutex", "_plan", "backend", "clock", "closed", "dispatcher", "fencing",
+        "_plans", "backend", "clock", "closed", "dispatcher", "fencing",
         "heartbeat", "holds", "max_hold", "on_event", "owner", "reentrant", "retry",
     )
 
@@ -83,32 +84,25 @@ class Acquisition:
         self.on_event = on_event
         #: Set by the Locker's close(): no attempt starts, and a grant in flight goes back.
         self.closed = False
+        #: The locks held, and by thread and key once asked (re-entrant joins, "this very thread").
         self.holds = ThreadHolds()
-        self._held: weakref.WeakSet[Lock] = weakref.WeakSet()
-        self._held_mutex = threading.Lock()
-        # The attempt plan of the options last acquired with (see _plan_for).
-        self._plan: Optional[tuple[LockOptions, Retry, _Plan]] = None
+        # The attempt plans of the options recently acquired with, by id (see _plan_for).
+        self._plans: dict[int, tuple[LockOptions, Retry, _Plan]] = {}
 
     # -- the set of held locks -----------------------------------------------------------------
 
     def forget(self, lock: Lock) -> None:
         """``lock`` was released: closing the locker has nothing left to give back for it."""
-        with self._held_mutex:
-            self._held.discard(lock)
+        self.holds.forget(lock)
 
     def take_held(self) -> list[Lock]:
         """Every lock still held, emptying the set (the Locker is closing)."""
-        with self._held_mutex:
-            held = list(self._held)
-            self._held = weakref.WeakSet()
-        return held
+        return self.holds.take()
 
     def after_fork(self) -> list[Lock]:
         """In a forked child: fresh mutexes, no thread's holds, and the locks a parent thread
         held at the fork (returned, emptying the set), which the child must never use."""
-        self._held_mutex = threading.Lock()
-        held = list(self._held)
-        self._held = weakref.WeakSet()
+        held = self.holds.take()
         self.holds = ThreadHolds()
         self.heartbeat.after_fork()
         self.dispatcher.after_fork()
@@ -134,16 +128,18 @@ class Acquisition:
                 if outer is not None and lock.join_hold(outer):
                     return True
             self._attempt(lock, options)
-        except LockHeldError as error:
+        except BaseException as error:
+            # A grant (in its pass through the lock's mutex) or a join ended the acquiring
+            # already; every other way out ends it here.
+            lock.stop_acquiring()
+            if not isinstance(error, LockHeldError):
+                raise
             if not raise_on_contention:
                 return False
             explained = self.holds.explain(lock.key, error)
             if explained is error:
                 raise
             raise explained from None
-        finally:
-            lock.stop_acquiring()
-        self.holds.note(lock)
         return True
 
     def _max_hold_for(self, options: LockOptions) -> Optional[float]:
@@ -163,26 +159,30 @@ class Acquisition:
         retries and the timeout of the attempt loop, the hold deadline, and whether to wait
         for release notifications.
 
-        Most calls of a program pass the same options object (the defaults, or options
-        remembered by ``lock_options``), so the plan of the latest one is kept; the options
-        object is kept with it, so an identity check cannot be fooled by a reused id."""
-        cached = self._plan
-        if cached is not None and cached[0] is options and cached[1] is self.retry:
-            return cached[2]
+        Most calls of a program pass one of a few options objects (the defaults, try_acquire's,
+        or options remembered by ``lock_options``), so the plans of the latest few are kept
+        (_attempt looks them up first); each options object is kept with its plan, so an
+        identity check cannot be fooled by a reused id."""
         policy = self.retry.merged(options.retry)
         retries = policy.retries if options.blocking else 0
         assert retries is not None and policy.timeout is not None
         timeout = policy.timeout if options.blocking else math.inf
         notify = self.dispatcher.available and options.blocking and retries > 0
         plan = (policy, retries, timeout, self._max_hold_for(options), notify)
-        self._plan = (options, self.retry, plan)
+        if len(self._plans) >= _PLANS:
+            self._plans = {}
+        self._plans[id(options)] = (options, self.retry, plan)
         return plan
 
     def _attempt(self, lock: Lock, options: LockOptions) -> None:
         """The retry loop: attempts paced by the retry policy until its timeout.
 
         Returns on a grant, raises ``LockHeldError`` otherwise."""
-        policy, retries, timeout, max_hold, notify = self._plan_for(options)
+        cached = self._plans.get(id(options))
+        if cached is not None and cached[0] is options and cached[1] is self.retry:
+            policy, retries, timeout, max_hold, notify = cached[2]
+        else:
+            policy, retries, timeout, max_hold, notify = self._plan_for(options)
         requested = min(lock.ttl, max_hold) if max_hold is not None else lock.ttl
         cancel = options.cancel
         wake: Optional[threading.Event] = None
@@ -257,11 +257,17 @@ class Acquisition:
                     self.check_open()
                 elif end is not None:
                     lock.hold_granted(sent, end, requested, fence, max_hold)
-                    with self._held_mutex:
-                        self._held.add(lock)
-                    # Checked here too so that the uncontended path builds no event fields.
-                    if wanted(self.on_event, "acquired"):
-                        self._emit(lock, "acquired", waited=received - start, attempts=attempts)
+                    self.holds.add(lock)
+                    # Checked here, not in _emit, so that the uncontended path builds no event fields.
+                    hook = self.on_event
+                    # wanted() spelled out: most programs receive no "acquired".
+                    if hook is not None or logger.isEnabledFor(EVENT_TYPES["acquired"]):
+                        emit(
+                            hook,
+                            LockEvent(
+                                type="acquired", key=lock.key, ttl=lock.ttl, waited=received - start, attempts=attempts
+                            ),
+                        )
                     return
                 else:
                     reason = "held"

@@ -45,6 +45,10 @@ class LeaseClock:
 
     The reading is the monotonic clock plus every pause that only the wall clock saw (see the
     module docstring). ``monotonic`` and ``wall`` are injectable for tests.
+
+    A reading takes no lock: it compares its two sources with the latest reading any thread
+    made, and only a jump beyond the threshold goes to the mutex, where it is judged again so
+    that a pause seen by several threads at once is counted once (see :meth:`_judge_jump`).
     """
 
     def __init__(
@@ -57,8 +61,16 @@ class LeaseClock:
         self._wall = wall
         self._threshold = threshold
         self._mutex = threading.Lock()
-        self._last_monotonic = self._monotonic()
-        self._last_wall = wall()
+        #: How many pauses were counted: a reading is stamped with the count it saw before
+        #: reading its sources, so a reading from before a counted pause is known as such.
+        self._pauses = 0
+        first = (self._monotonic(), wall())
+        #: The latest reading, ``(monotonic, wall, pauses)``: one tuple, replaced whole, so that
+        #: a thread never sees the halves of two readings. Threads race to write it, so it may
+        #: be a little older than the newest reading; it is only ever the base of the next check.
+        self._last = (*first, 0)
+        #: The reading that found the latest counted pause (written under the mutex only).
+        self._counted_at = first
         #: Seconds of pauses seen so far, added to every reading.
         self.paused = 0.0
 
@@ -67,12 +79,39 @@ class LeaseClock:
         self._mutex = threading.Lock()
 
     def __call__(self) -> float:
+        pauses = self._pauses
+        now_monotonic = self._monotonic()
+        now_wall = self._wall()
+        last_monotonic, last_wall, _ = self._last
+        if (now_wall - last_wall) - (now_monotonic - last_monotonic) > self._threshold:
+            self._judge_jump(now_monotonic, now_wall)
+        else:
+            self._last = (now_monotonic, now_wall, pauses)
+        # Read after the check: a pause counted meanwhile by another thread is included, which
+        # can only put this reading ahead, never behind.
+        return now_monotonic + self.paused
+
+    def _judge_jump(self, now_monotonic: float, now_wall: float) -> None:
+        """A reading saw the wall clock jump ahead: count the pause once, under the mutex.
+
+        Judged against the latest reading if it was made since the last counted pause; a
+        reading from before it (a thread that wrote its older reading late) would show that
+        pause again, so the reading that counted it is the base instead. A reading older than
+        its base is not judged at all: the base's own reading covered that span. So no pause
+        is counted twice, none is missed, and a backward wall step is never read as a pause.
+        """
         with self._mutex:
-            now_monotonic = self._monotonic()
-            now_wall = self._wall()
-            unexplained = (now_wall - self._last_wall) - (now_monotonic - self._last_monotonic)
+            last_monotonic, last_wall, pauses = self._last
+            if pauses != self._pauses:
+                last_monotonic, last_wall = self._counted_at
+            if now_monotonic < last_monotonic:
+                # This reading is older than the base (its thread was switched out after
+                # reading): the reading that made the base judged that span already, and a
+                # backward wall step inside it would read here as a forward jump.
+                return
+            unexplained = (now_wall - last_wall) - (now_monotonic - last_monotonic)
             if unexplained > self._threshold:
                 self.paused += unexplained
-            self._last_monotonic = now_monotonic
-            self._last_wall = now_wall
-            return now_monotonic + self.paused
+                self._pauses += 1
+                self._counted_at = (now_monotonic, now_wall)
+            self._last = (now_monotonic, now_wall, self._pauses)

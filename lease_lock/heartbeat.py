@@ -1,9 +1,24 @@
 """The heartbeat: one daemon thread per Locker that keeps all its leases alive.
 
-Locks are kept in a timer heap, each under a weak reference, so a lock that is garbage-collected
-while held simply stops being extended. Every timer firing either extends the lease (all the
-extensions that fall due together go to the backend as one ``extend_many`` call when the backend
-offers it) or notices that the local lease ran out and reports the loss.
+Each held lock has one timer, kept under a weak reference to the lock, so a lock that is
+garbage-collected while held simply stops being extended. Every timer firing either extends the
+lease (all the extensions that fall due together go to the backend as one ``extend_many`` call
+when the backend offers it) or notices that the local lease ran out and reports the loss.
+
+Scheduling is O(1) in the usual case. Every timer names a *lane*, the delay it was set for (a
+third of the TTL, say): locks of one locker mostly share a few delays, and timers set for the
+same delay one after the other fall due in the order they were set. So each lane is a FIFO
+queue, and a timer goes to the back of its lane; only a timer that would fall due before the
+back of its lane (threads racing to schedule) or that finds no lane free goes to a heap
+instead. Cancelling only marks the timer; cancelled timers are dropped when they reach the
+front or are found at the back of their lane by the next timer set there (a lock acquired and
+released at once), or all at once when they outnumber the live ones.
+
+A lock whose first timer falls due well after its grant (at least :data:`ARRIVAL_LEAD`
+seconds: a third of a 30 s TTL, say) sets no timer at all when it is granted: it joins a queue
+of arrivals, which the thread empties every time it wakes (at least once a slice), setting the
+timers of the locks still held by then. A lock held for a moment, the usual case, is released
+before that and never costs a timer.
 
 The thread waits on a condition with a timeout in bounded slices that re-read the clock, never in
 one long sleep, so an injected clock (tests) or a pause found by the clock is honoured promptly.
@@ -17,19 +32,28 @@ import itertools
 import math
 import threading
 import weakref
+from collections import deque
 from typing import Callable, Optional, Protocol
 
 from .backends.base import Backend, ExtendRequest
 from .events import logger
 
-__all__ = ["OVERRUN_WARNING", "Beating", "Heartbeat", "Timer"]
+__all__ = ["ARRIVAL_LEAD", "LANES", "OVERRUN_WARNING", "Beating", "Heartbeat", "Timer"]
 
 #: A beat that runs this many seconds after it was due is logged as a warning: the thread or the
 #: backend is too slow for the number of locks held.
 OVERRUN_WARNING = 1.0
+#: At most this many lanes (distinct delays) are kept; timers of further delays go to the heap.
+#: The thread looks at the front of every lane each time it wakes, so they must stay few.
+LANES = 8
 _WAIT_SLICE = 1.0
-#: Cancelled timers are dropped from the heap in one pass once they outnumber the live ones (and
-#: at least this many), so released locks neither grow the heap nor wake the thread.
+#: A lock whose first timer falls due at least this many seconds after its grant goes through
+#: the arrivals queue (see the module docstring): the thread wakes at least once a slice, so
+#: it sets that timer in time with a slice to spare.
+ARRIVAL_LEAD = 2 * _WAIT_SLICE
+#: Cancelled timers are dropped in one pass once at least this many (and as many as the live
+#: ones) were cancelled since the last pass, so released locks neither grow the queues nor wake
+#: the thread, at an amortized O(1) per cancel.
 _COMPACT_AFTER = 256
 
 
@@ -51,29 +75,28 @@ class Beating(Protocol):
     def heartbeat_failed(self, error: BaseException) -> None:
         """The extension raised ``error``."""
 
+    def heartbeat_arrived(self) -> None:
+        """The heartbeat takes the lock on (see :meth:`Heartbeat.arrive`): set its timer if it
+        is still held and has none yet."""
+
 
 class Timer:
-    """One lock's pending heartbeat work, ordered by due time; cancelled in place."""
+    """One lock's pending heartbeat work, due at clock time ``when``; cancelled in place."""
 
-    __slots__ = ("cancelled", "lock", "sequence", "when")
+    __slots__ = ("cancelled", "lock", "when")
 
-    def __init__(self, when: float, sequence: int, lock: weakref.ref[Beating]) -> None:
+    def __init__(self, when: float, lock: weakref.ref[Beating]) -> None:
         self.when = when
-        self.sequence = sequence
         self.lock = lock
         self.cancelled = False
 
-    def __lt__(self, other: Timer) -> bool:
-        return (self.when, self.sequence) < (other.when, other.sequence)
 
-
-#: A heap entry: ``(when, sequence, timer)``. Tuples of a float and a unique int compare in C,
-#: without calling ``Timer.__lt__`` for every step of a push or a pop.
+#: A heap entry: ``(when, sequence, timer)``. Tuples of a float and a unique int compare in C.
 _Entry = tuple[float, int, Timer]
 
 
 class Heartbeat:
-    """Timer heap plus the daemon thread that serves it; started on first use."""
+    """Timer lanes and heap plus the daemon thread that serves them; started on first use."""
 
     def __init__(self, backend: Backend, clock: Callable[[], float], name: str = "lease-lock-heartbeat") -> None:
         self._backend = backend
@@ -82,12 +105,19 @@ class Heartbeat:
         self._setup()
 
     def _setup(self) -> None:
-        # schedule() and cancel() take the bare lock: entering the Condition costs a Python call.
+        # schedule() takes the bare lock: entering the Condition costs a Python call.
         self._mutex = threading.Lock()
         self._condition = threading.Condition(self._mutex)
+        self._lanes: dict[float, deque[Timer]] = {}
         self._heap: list[_Entry] = []
-        self._cancelled = 0
+        # Locks granted without a timer (see arrive()); appended and popped without the mutex.
+        self._arrivals: deque[weakref.ref[Beating]] = deque()
+        self._sweep_arrivals_at = _COMPACT_AFTER
         self._sequence = itertools.count()
+        #: Cancels since the last compaction (counted without the mutex: a lost count only
+        #: delays a compaction), and the count that triggers the next one.
+        self._cancelled = 0
+        self._compact_at = _COMPACT_AFTER
         self._thread: Optional[threading.Thread] = None
         self._stopped = False
         #: Clock time the thread sleeps until (-inf while it is awake and will look again).
@@ -98,58 +128,156 @@ class Heartbeat:
         """The running thread, or ``None`` before the first lock is scheduled."""
         return self._thread
 
-    def schedule(self, lock: Beating, when: float) -> Timer:
-        """Fire ``lock``'s timer at clock time ``when``; returns the timer, for :meth:`cancel`."""
-        sequence = next(self._sequence)
-        timer = Timer(when, sequence, weakref.ref(lock))
+    def schedule(self, lock: Beating, when: float, lane: float) -> Timer:
+        """Fire ``lock``'s timer at clock time ``when``; returns the timer, for :meth:`cancel`.
+
+        ``lane`` is the delay the timer was set for (any float): timers of one lane are
+        expected, not required, to be scheduled in the order they fall due."""
+        timer = Timer(when, weakref.ref(lock))
         with self._mutex:
             if self._stopped:
                 timer.cancelled = True
                 return timer
-            heapq.heappush(self._heap, (when, sequence, timer))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
-            elif when < self._sleeping_until:
+            queue = self._lanes.get(lane)
+            if queue is not None:
+                # The timer set just before in this lane is often cancelled already (a lock
+                # acquired and released again at once): drop it here, not in a later sweep.
+                while queue and queue[-1].cancelled:
+                    queue.pop()
+                if queue and queue[-1].when > when:
+                    queue = None  # it would fall due before the back of its lane
+            elif len(self._lanes) < LANES:
+                queue = self._lanes[lane] = deque()
+            if queue is not None:
+                queue.append(timer)
+            else:
+                heapq.heappush(self._heap, (when, next(self._sequence), timer))
+            if when < self._sleeping_until:
                 # Wake the thread only when it sleeps past this timer. Timers that fall due
                 # later are picked up when it wakes anyway; waking it for each of them would
                 # hand it the GIL on every acquisition.
                 self._condition.notify()
+            elif self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
         return timer
 
-    def cancel(self, timer: Timer) -> None:
-        """Make ``timer`` never fire."""
-        with self._mutex:
-            if timer.cancelled:
-                return
-            timer.cancelled = True
-            self._cancelled += 1
-            if self._cancelled >= _COMPACT_AFTER and self._cancelled * 2 > len(self._heap):
-                self._heap = [entry for entry in self._heap if not entry[2].cancelled]
-                heapq.heapify(self._heap)
-                self._cancelled = 0
+    def arrive(self, lock: Beating) -> None:
+        """``lock`` was just granted and its first timer falls due at least
+        :data:`ARRIVAL_LEAD` seconds from now: the thread sets it when it next wakes, if the
+        lock is still held then (``heartbeat_arrived``). No mutex, no timer."""
+        self._arrivals.append(weakref.ref(lock))
+        if self._thread is None:
+            with self._mutex:
+                if self._thread is None and not self._stopped:
+                    self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                    self._thread.start()
+        if len(self._arrivals) >= self._sweep_arrivals_at:
+            self._sweep_arrivals()
 
-    def _drop_cancelled_top(self) -> None:
-        # Called with the condition held.
-        while self._heap and self._heap[0][2].cancelled:
-            heapq.heappop(self._heap)
-            self._cancelled -= 1
+    def _sweep_arrivals(self) -> None:
+        # Arrivals of collected locks are dropped in place (other threads append and the
+        # thread pops meanwhile, both atomic), in amortized O(1) like the timers' sweep.
+        with self._mutex:
+            arrivals = self._arrivals
+            for _ in range(len(arrivals)):
+                try:
+                    reference = arrivals.popleft()
+                except IndexError:
+                    break
+                if reference() is not None:
+                    arrivals.append(reference)
+            self._sweep_arrivals_at = max(_COMPACT_AFTER, 2 * len(arrivals))
+
+    def _take_arrivals(self) -> None:
+        """Set the timers of the locks that arrived and are still held. Called without the
+        mutex: each lock takes its own, then this one to schedule."""
+        arrivals = self._arrivals
+        while arrivals:
+            try:
+                reference = arrivals.popleft()
+            except IndexError:
+                break
+            lock = reference()
+            if lock is not None:
+                lock.heartbeat_arrived()
+
+    def cancel(self, timer: Timer) -> None:
+        """Make ``timer`` never fire (no mutex: the timer is only marked)."""
+        if timer.cancelled:
+            return
+        timer.cancelled = True
+        self._cancelled += 1
+        if self._cancelled >= self._compact_at:
+            self._compact()
+
+    def _compact(self) -> None:
+        with self._mutex:
+            for lane, queue in list(self._lanes.items()):
+                kept = deque(timer for timer in queue if not timer.cancelled)
+                if kept:
+                    self._lanes[lane] = kept
+                else:
+                    del self._lanes[lane]
+            self._heap = [entry for entry in self._heap if not entry[2].cancelled]
+            heapq.heapify(self._heap)
+            self._cancelled = 0
+            live = len(self._heap) + sum(len(queue) for queue in self._lanes.values())
+            self._compact_at = max(_COMPACT_AFTER, live)
+
+    def _next_due(self) -> float:
+        """When the earliest live timer falls due (``inf``: none); drops cancelled fronts.
+        Called with the mutex held."""
+        due = math.inf
+        for lane, queue in list(self._lanes.items()):
+            while queue and queue[0].cancelled:
+                queue.popleft()
+            if queue:
+                due = min(due, queue[0].when)
+            else:
+                # An empty lane frees its place for another delay.
+                del self._lanes[lane]
+        heap = self._heap
+        while heap and heap[0][2].cancelled:
+            heapq.heappop(heap)
+        if heap:
+            due = min(due, heap[0][0])
+        return due
 
     def pending(self) -> int:
-        """Timers that will still fire."""
-        with self._condition:
-            return len(self._heap) - self._cancelled
+        """Timers that will still fire (the locks that arrived get theirs first)."""
+        self._take_arrivals()
+        with self._mutex:
+            timers = [entry[2] for entry in self._heap]
+            for queue in self._lanes.values():
+                timers.extend(queue)
+            return sum(1 for timer in timers if not timer.cancelled)
+
+    def _pop_due(self, now: float) -> list[Timer]:
+        """Every live timer due at ``now``, earliest first; each is spent. Called with the mutex held."""
+        fired: list[Timer] = []
+        for queue in self._lanes.values():
+            while queue and queue[0].when <= now:
+                fired.append(queue.popleft())
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            fired.append(heapq.heappop(heap)[2])
+        fired.sort(key=_due_time)
+        live = []
+        for timer in fired:
+            if not timer.cancelled:
+                # A fired timer is spent: mark it so a later cancel() does not count it.
+                timer.cancelled = True
+                live.append(timer)
+        return live
 
     def run_due(self) -> int:
         """Do every piece of work due at the clock's current reading; returns timers fired."""
+        self._take_arrivals()
         due: list[tuple[Beating, Timer]] = []
         now = self._clock()
-        with self._condition:
-            self._drop_cancelled_top()
-            while self._heap and self._heap[0][0] <= now:
-                timer = heapq.heappop(self._heap)[2]
-                # A fired timer is spent: mark it so a later cancel() does not count it again.
-                timer.cancelled = True
+        with self._mutex:
+            for timer in self._pop_due(now):
                 lock = timer.lock()
                 if lock is not None:
                     due.append((lock, timer))
@@ -158,7 +286,6 @@ class Heartbeat:
                             "heartbeat ran %.2fs late for %r: too many locks or a slow backend",
                             now - timer.when, lock.key,
                         )
-                self._drop_cancelled_top()
         plans: list[tuple[Beating, float]] = []
         for lock, timer in due:
             requested = lock.heartbeat_due(now, timer)
@@ -167,7 +294,6 @@ class Heartbeat:
         if plans:
             self._extend(plans)
         return len(due)
-
     def _extend(self, plans: list[tuple[Beating, float]]) -> None:
         if len(plans) > 1 and self._backend.capabilities.batch_extend:
             sent = self._clock()
@@ -205,14 +331,19 @@ class Heartbeat:
             with self._condition:
                 if self._stopped:
                     return
-                self._drop_cancelled_top()
-                wait = self._heap[0][0] - self._clock() if self._heap else _WAIT_SLICE
+                due = self._next_due()
+                wait = due - self._clock() if due != math.inf else _WAIT_SLICE
                 if wait > 0:
                     wait = min(wait, _WAIT_SLICE)
                     self._sleeping_until = self._clock() + wait
                     self._condition.wait(wait)
                     self._sleeping_until = -math.inf
-                    continue
+            if wait > 0:
+                # After each sleep, not before it: a lock granted just before it still gets its
+                # timer in time (ARRIVAL_LEAD is two slices), and a lock held for a moment is
+                # released and gone by then, so the thread never holds it for an instant.
+                self._take_arrivals()
+                continue
             try:
                 self.run_due()
             except Exception:  # noqa: BLE001 - the thread must outlive any one bad beat
@@ -224,6 +355,8 @@ class Heartbeat:
         with self._condition:
             self._stopped = True
             self._heap.clear()
+            self._lanes.clear()
+            self._arrivals.clear()
             self._cancelled = 0
             self._condition.notify_all()
             thread = self._thread
@@ -233,3 +366,7 @@ class Heartbeat:
     def after_fork(self) -> None:
         """In a forked child: the parent's thread does not exist here; start afresh, empty."""
         self._setup()
+
+
+def _due_time(timer: Timer) -> float:
+    return timer.when

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, TypeVar
 
 from .backends.base import Backend
 from .errors import LockLostError, LockStateError
-from .events import EventHook, LockEvent, emit, logger, wanted
-from .heartbeat import Heartbeat, Timer
+from .events import EVENT_TYPES, EventHook, LockEvent, emit, logger, wanted
+from .heartbeat import ARRIVAL_LEAD, Heartbeat, Timer
 from .lease import give_back, local_end
 from .options import LockOptions, check_extend_interval
 from .validation import check_ttl, describe_token
@@ -201,6 +201,7 @@ class Lock(GuardedBlock):
         "_outer",
         "_releasing",
         "_state",
+        "_thread",
         "_timer",
         "_ttl",
         "fence",
@@ -223,7 +224,9 @@ class Lock(GuardedBlock):
         # Built on first use: most locks are released without anyone looking at the signal,
         # and an Event costs a Condition and two locks.
         self._lost_signal: Optional[LossSignal] = None
-        self._mutex = threading.RLock()
+        # Not re-entrant: nothing that runs under it (the clock, the heartbeat's bookkeeping)
+        # comes back to this lock, and hooks and listeners run outside it.
+        self._mutex = threading.Lock()
         self._state = "unlocked"
         self._busy_acquiring = False
         self._lost_reason: Optional[str] = None
@@ -238,8 +241,10 @@ class Lock(GuardedBlock):
         self._extend_error: Optional[BaseException] = None
         self._timer: Optional[Timer] = None
         self._releasing = False
-        #: Called (outside the mutex) when the lock is lost; a LockSet listens here.
-        self._loss_listeners: list[Callable[[], None]] = []
+        self._thread: Optional[threading.Thread] = None
+        #: Called (outside the mutex) when the lock is lost; a LockSet listens here. Made on
+        #: first use: most locks have no listener.
+        self._loss_listeners: Optional[list[Callable[[], None]]] = None
         self._given_back = False
         # Re-entrant holds (Locker._acquire_lock joins them): a joined handle points at the lock
         # whose lease it shares and reads and releases through it; that lock counts the joined
@@ -281,6 +286,8 @@ class Lock(GuardedBlock):
         """Call ``listener()`` (on the thread that finds the loss, outside the lock's mutex) when
         the lease is lost; a :class:`~lease_lock.LockSet` listens to its members this way."""
         with self._mutex:
+            if self._loss_listeners is None:
+                self._loss_listeners = []
             self._loss_listeners.append(listener)
 
     @property
@@ -336,6 +343,12 @@ class Lock(GuardedBlock):
         with self._mutex:
             return self._joined + (0 if self._let_go else 1)
 
+    @property
+    def thread(self) -> Optional[threading.Thread]:
+        """The thread that was granted this lease (``None`` before the grant and for a hold that
+        joined another's lease)."""
+        return self._thread
+
     def __repr__(self) -> str:
         return f"<Lock key={self.key!r} state={self.state} token={describe_token(self.token)}>"
 
@@ -387,7 +400,7 @@ class Lock(GuardedBlock):
             self._ended_at = at if at is not None else self._host.clock()
             self._cancel_timer()
             signal = self._lost_signal
-            listeners = list(self._loss_listeners)
+            listeners = list(self._loss_listeners or ())
         if signal is not None:
             signal._fire()
         for listener in listeners:
@@ -436,6 +449,8 @@ class Lock(GuardedBlock):
         self.token = outer.token
         self.fence = outer.fence
         self._outer = outer
+        # Joined: the acquiring ends here (see stop_acquiring).
+        self._busy_acquiring = False
         return True
 
     def _release_hold(self, handle: Lock) -> bool:
@@ -459,8 +474,9 @@ class Lock(GuardedBlock):
 
     def stop_acquiring(self) -> None:
         """Library side: the acquisition this lock was in has ended, granted or not."""
-        with self._mutex:
-            self._busy_acquiring = False
+        # A plain store, no mutex: only the acquiring thread writes while the flag is set, and
+        # a thread reading it under the mutex sees either value of a finished acquisition.
+        self._busy_acquiring = False
 
     def hold_granted(
         self, sent: float, end: float, requested: float, fence: Optional[int], max_hold: Optional[float]
@@ -468,9 +484,11 @@ class Lock(GuardedBlock):
         """Library side (the acquisition calls it): record a grant of ``requested`` seconds whose
         request left at ``sent`` and whose local lease ends at ``end`` (see
         :func:`lease_lock.lease.local_end`)."""
+        thread = threading.current_thread()
         with self._mutex:
             self._state = "held"
             self._busy_acquiring = False
+            self._thread = thread
             self._acquired_at = sent
             self._deadline = sent + max_hold if max_hold is not None else math.inf
             self._lease_end = end
@@ -479,19 +497,35 @@ class Lock(GuardedBlock):
             # A grant clamped to the deadline already ends there: an extension could only ask
             # for a sliver of time, which a normal round trip answers "late".
             extend = self._options.auto_extend and not self._clamped
-            self._next_beat = sent + self._interval() if extend else math.inf
-            # What _schedule() does, without its second pass through the mutex.
-            if self._timer is not None:
-                self._cancel_timer()
-            self._timer = self._host.heartbeat.schedule(self, min(self._next_beat, end))
+            interval = self._interval()
+            self._next_beat = sent + interval if extend else math.inf
+            if (interval if extend else end - sent) >= ARRIVAL_LEAD:
+                # Most locks are released long before their first timer: the heartbeat sets
+                # it only if this one is still held when its thread next wakes.
+                self._host.heartbeat.arrive(self)
+            else:
+                self._arm(interval)
 
     def _schedule(self) -> None:
         """(Re)arm this lock's one heartbeat timer: the next extension or the lease's end."""
         with self._mutex:
             if self._state != "held":
                 return
+            self._arm(self._interval())
+
+    def _arm(self, interval: float) -> None:
+        """Set the one timer: the next extension, or a check that the lease ran out (which
+        reports the loss when nobody reads the lock). Called with the mutex held.
+
+        The timer's lane is the delay it is set for, so that the timers of one locker's locks
+        queue in the order they fall due (see :mod:`lease_lock.heartbeat`). ``interval`` is the
+        lock's extension interval (see _interval)."""
+        if self._timer is not None:
             self._cancel_timer()
-            self._timer = self._host.heartbeat.schedule(self, min(self._next_beat, self._lease_end))
+        if self._next_beat <= self._lease_end:
+            self._timer = self._host.heartbeat.schedule(self, self._next_beat, interval)
+        else:
+            self._timer = self._host.heartbeat.schedule(self, self._lease_end, self._ttl)
 
     def _cancel_timer(self) -> None:
         timer, self._timer = self._timer, None
@@ -511,7 +545,7 @@ class Lock(GuardedBlock):
             if self._state != "held":
                 return None
             if now < self._next_beat:
-                self._schedule()
+                self._arm(self._interval())
                 return None
             requested = self._request_ttl(now)
             if requested > 0:
@@ -521,6 +555,13 @@ class Lock(GuardedBlock):
         # other threads.
         self._mark_lost("max-hold")
         return None
+
+    def heartbeat_arrived(self) -> None:
+        """Library side (the heartbeat calls it for a lock granted without a timer): set the
+        timer if the lock is still held and has none yet."""
+        with self._mutex:
+            if self._state == "held" and self._timer is None:
+                self._arm(self._interval())
 
     def heartbeat_sending(self, requested: float, sent: float) -> Optional[float]:
         """Library side: clamp a planned extension to the max-hold deadline as it leaves at ``sent``.
@@ -627,33 +668,33 @@ class Lock(GuardedBlock):
                 return False
             self._releasing = True
         try:
-            return self._release(state, now)
-        finally:
+            backend = self._host.backend
+            if state == "lost":
+                backend.release(self.key, self.token)
+                self._given_back = True
+                return False
+            if not backend.release(self.key, self.token):
+                self._given_back = True
+                self._mark_lost("release")
+                return False
             with self._mutex:
-                self._releasing = False
-
-    def _release(self, state: str, now: float) -> bool:
-        backend = self._host.backend
-        if state == "lost":
-            backend.release(self.key, self.token)
-            self._given_back = True
-            return False
-        deleted = backend.release(self.key, self.token)
-        if not deleted:
-            self._given_back = True
-            self._mark_lost("release")
-            return False
-        with self._mutex:
-            self._given_back = True
-            if self._state != "held":
-                # The local lease lapsed while the release was in flight: that end was reported
-                # already, but the key we deleted was ours.
-                return True
-            self._state = "released"
-            self._ended_at = now
-            self._cancel_timer()
+                self._given_back = True
+                if self._state != "held":
+                    # The local lease lapsed while the release was in flight: that end was
+                    # reported already, but the key we deleted was ours.
+                    return True
+                self._state = "released"
+                self._ended_at = now
+                if self._timer is not None:  # none yet, for most (see Heartbeat.arrive)
+                    self._cancel_timer()
+        finally:
+            # A plain store: this thread alone set the flag, and every reader takes the mutex
+            # and finds the lock's state decided by now.
+            self._releasing = False
         self._host.forget(self)
-        self._emit("released")
+        # wanted() spelled out: this is the hot path, and most programs receive no "released".
+        if self._host.on_event is not None or logger.isEnabledFor(EVENT_TYPES["released"]):
+            self._emit("released")
         return True
 
     def extend(self, ttl: Optional[float] = None) -> None:
@@ -744,15 +785,16 @@ class Lock(GuardedBlock):
         """Release when leaving a protected block (or giving up a half-acquired set); a driver
         error becomes a ``release_failed``
         event, the heartbeat stops and the key runs out on its own."""
+        self._finish(block_raised=True, result=None)
+
+    def _finish(self, *, block_raised: bool, result: Any) -> None:
+        """Leave a protected block: the block's own exception first, then a loss, then a failed
+        release (which only ``release_on_exit`` does, when the block raised)."""
         try:
             self.release()
         except Exception as error:  # noqa: BLE001 - a failed release here is reported as an event, never raised over the block's own outcome
             self._stop_heartbeat()
             self._emit("release_failed", error=error)
-
-    def _finish(self, *, block_raised: bool, result: Any) -> None:
-        """Leave a protected block: the block's own exception first, then a loss, then a failed release."""
-        self.release_on_exit()
         if block_raised:
             return
         # A release that found the key not ours marked the lock lost; a lock the block released
@@ -774,7 +816,7 @@ class Lock(GuardedBlock):
     def after_fork(self) -> None:
         """Library side (the Locker calls it in a forked child): this copy must never extend or
         release the parent's lease."""
-        self._mutex = threading.RLock()
+        self._mutex = threading.Lock()
         # The timer sits in the parent's heap, which the child's heartbeat has dropped. Cancelling
         # it would take the parent's heartbeat lock, which a parent thread may have held at the
         # fork and will never release here.

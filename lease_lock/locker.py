@@ -280,9 +280,8 @@ class Locker:
             self._checked_keys[key] = full
         return full
 
-    def _new_token(self) -> str:
-        if self._token_factory is None:
-            return self._backend.new_token()
+    def _factory_token(self) -> str:
+        assert self._token_factory is not None
         token = check_token(self._token_factory(), "token_factory()")
         self._backend.check_token(token)
         return token
@@ -313,8 +312,10 @@ class Locker:
         if options.token is not None:
             self._backend.check_token(options.token)
             token = options.token
+        elif self._token_factory is None:
+            token = self._backend.new_token()
         else:
-            token = self._new_token()
+            token = self._factory_token()
         return Lock(self._acquisition, full_key, lease, options, token, self)
 
     def acquire(self, key: str, ttl: Optional[float] = None, **opts: Any) -> Lock:

@@ -1,10 +1,12 @@
-"""Which key each thread holds through one Locker: re-entrant holds, and telling a thread that
-it is waiting for itself.
+"""The locks one Locker holds, and which key each thread holds through it: closing and forking
+give back or drop the held locks, re-entrant holds join them, and a thread waiting for itself is
+told so.
 
-A :class:`ThreadHolds` index maps ``(thread, key)`` to the lock that thread was granted, so that
-a nested acquire of a key the same thread already holds through the same locker can join that
-lease (``reentrant=True``), or, without it, fail with an error that says what happened instead
-of "held elsewhere".
+A :class:`ThreadHolds` keeps every granted lock under a plain weak reference, so that a lock
+dropped while held is collected (and stops being extended). Finding the lock a thread holds on a
+key goes through an index of ``(thread, key)``, which is built only once something asks (a
+re-entrant acquire, or a contention error to explain): a program that never does pays nothing
+for it per acquisition. Once built, it is kept up to date with every grant.
 """
 
 from __future__ import annotations
@@ -20,50 +22,106 @@ if TYPE_CHECKING:
 
 __all__ = ["ThreadHolds"]
 
-_Entry = tuple["weakref.ref[threading.Thread]", "weakref.ref[Lock]"]
-#: Index size at which entries of collected locks are first swept.
+#: Size at which entries of collected locks are first swept.
 _FIRST_SWEEP = 1024
 
 
 class ThreadHolds:
-    """The locks granted to each thread, by key, for one Locker. Thread-safe."""
+    """The locks granted through one Locker, and by thread and key once asked. Thread-safe."""
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
-        self._entries: dict[tuple[int, str], _Entry] = {}
-        # Entries of collected locks are swept once the index grows past this (see note).
+        # Plain weak references (no callback, so CPython hands out the lock's existing one, and
+        # forget() finds it again): a collected lock's reference reads None and is swept in bulk
+        # (see _sweep_held), which costs a grant nothing. A dead reference equals only itself, so
+        # the sweep can never drop a live lock that happens to reuse a collected one's id.
+        self._held: set[weakref.ref[Lock]] = set()
+        self._held_sweep_at = _FIRST_SWEEP
+        # (thread id, key) -> the locks; kept once first asked (see the module docstring):
+        # grants are noted from the moment ``_noting`` is set, and the index is read without
+        # the mutex once it is complete (``_indexed``).
+        self._entries: dict[tuple[int, str], tuple[weakref.ref[Lock], ...]] = {}
         self._sweep_at = _FIRST_SWEEP
+        self._noting = False
+        self._indexed = False
 
-    def note(self, lock: Lock) -> None:
+    # -- the held set --------------------------------------------------------------------------
+
+    def add(self, lock: Lock) -> None:
         """``lock`` was just granted to the calling thread."""
-        # Plain weak references (no callback, so CPython hands out the object's existing one):
-        # a collected lock's entry reads as absent in find() and is swept in bulk below, which
-        # costs the uncontended cycle nothing, where a callback per lock cost a closure and a
-        # second pass through the mutex.
-        entry = (weakref.ref(threading.current_thread()), weakref.ref(lock))
-        slot = (threading.get_ident(), lock.key)
+        reference = weakref.ref(lock)
+        self._held.add(reference)
+        if len(self._held) >= self._held_sweep_at:
+            self._sweep_held()
+        # Checked after adding: an index built meanwhile either saw this lock in the set or is
+        # seen here (see _index).
+        if self._noting:
+            self._note(lock, reference)
+
+    def _sweep_held(self) -> None:
         with self._mutex:
-            self._entries[slot] = entry
-            if len(self._entries) >= self._sweep_at:
-                self._entries = {
-                    key: value for key, value in self._entries.items() if value[1]() is not None
+            # list() copies the set in one step, while other threads may be adding to it.
+            for reference in [reference for reference in list(self._held) if reference() is None]:
+                self._held.discard(reference)
+            # Sweeping again only after as many new entries as live ones keeps it amortized O(1).
+            self._held_sweep_at = max(_FIRST_SWEEP, 2 * len(self._held))
+
+    def forget(self, lock: Lock) -> None:
+        """``lock`` was released: closing the locker has nothing left to give back for it."""
+        self._held.discard(weakref.ref(lock))
+
+    def take(self) -> list[Lock]:
+        """Every lock still granted, emptying the set (the Locker is closing or forked)."""
+        held, self._held = self._held, set()
+        return [lock for reference in list(held) if (lock := reference()) is not None]
+
+    # -- by thread and key ---------------------------------------------------------------------
+
+    def _note(self, lock: Lock, reference: weakref.ref[Lock]) -> None:
+        thread = lock.thread
+        if thread is None or thread.ident is None:
+            return
+        with self._mutex:
+            entries = self._entries
+            # The latest grant to this thread on this key is the one it holds.
+            entries[(thread.ident, lock.key)] = (reference,)
+            if len(entries) >= self._sweep_at:
+                self._entries = entries = {
+                    slot: alive for slot, references in entries.items() if (alive := _alive(references))
                 }
-                # Sweeping again only after as many new entries as live ones keeps it amortized O(1).
-                self._sweep_at = max(_FIRST_SWEEP, 2 * len(self._entries))
+                self._sweep_at = max(_FIRST_SWEEP, 2 * len(entries))
+
+    def _index(self) -> dict[tuple[int, str], tuple[weakref.ref[Lock], ...]]:
+        if self._indexed:
+            return self._entries
+        with self._mutex:
+            if not self._noting:
+                # Built under the mutex, which _note waits for, and published before the held
+                # set is read: a grant is either in the set now or notes itself afterwards. The
+                # order of grants is not known here, so every lock the thread was granted on a
+                # key is kept (find() reads their state, which reads the clock and may run event
+                # hooks, so not under the mutex).
+                self._noting = True
+                built = self._entries
+                for reference in list(self._held):
+                    lock = reference()
+                    thread = None if lock is None else lock.thread
+                    if lock is not None and thread is not None and thread.ident is not None:
+                        slot = (thread.ident, lock.key)
+                        built[slot] = (*built.get(slot, ()), reference)
+                # Only now may a thread read the index without the mutex.
+                self._indexed = True
+            return self._entries
 
     def find(self, key: str) -> Optional[Lock]:
         """The lock the calling thread holds on ``key`` (read against the clock), else ``None``."""
-        slot = (threading.get_ident(), key)
-        with self._mutex:
-            entry = self._entries.get(slot)
-        if entry is None:
-            return None
-        thread, reference = entry
-        lock = reference()
-        # A thread id can be reused once its thread ended: the entry must be this very thread's.
-        if thread() is not threading.current_thread() or lock is None or lock.state != "held":
-            return None
-        return lock
+        current = threading.current_thread()
+        for reference in self._index().get((threading.get_ident(), key), ()):
+            lock = reference()
+            # A thread id can be reused once its thread ended: the lock must be this very thread's.
+            if lock is not None and lock.thread is current and lock.state == "held":
+                return lock
+        return None
 
     def explain(self, key: str, error: LockHeldError) -> LockHeldError:
         """``error``, or a clearer one when the calling thread itself holds ``key``."""
@@ -81,3 +139,7 @@ class ThreadHolds:
                 "to the call), which joins the outer hold instead"
             ),
         )
+
+
+def _alive(references: tuple[weakref.ref[Lock], ...]) -> tuple[weakref.ref[Lock], ...]:
+    return tuple(reference for reference in references if reference() is not None)

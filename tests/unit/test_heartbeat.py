@@ -9,9 +9,13 @@ from __future__ import annotations
 import gc
 import threading
 import weakref
+from typing import Optional
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from lease_lock import Lock, Locker, LockEvent, LockLostError, MemoryBackend
+from lease_lock.heartbeat import ARRIVAL_LEAD, LANES, Heartbeat, Timer
 
 from .fakes import START, EventLog, FakeClock, RecordingBackend, advance_to_beat
 
@@ -392,4 +396,139 @@ def test_slowly_applied_batch_answers_are_not_late(backend: RecordingBackend, cl
     # Every answer arrived 10 s into a 30 s lease: all three were extended in time.
     assert [kind for kind, _ in seen if kind in ("extended", "lost")] == ["extended"] * 3
     assert len(locks) == 3  # held by this list all along: collected locks are not extended
+    locker.close()
+
+
+# -- the timer queues -------------------------------------------------------------------------
+
+
+class Beat:
+    """A stand-in lock that records when its timer fired and asks for no extension."""
+
+    def __init__(self, name: str) -> None:
+        self.key = name
+        self.token = "beat-token"  # noqa: S105 - a test value
+        self.fired: list[float] = []
+
+    def heartbeat_due(self, now: float, timer: Timer) -> Optional[float]:
+        self.fired.append(now)
+        return None
+
+    def heartbeat_sending(self, requested: float, sent: float) -> Optional[float]:
+        raise AssertionError("no extension was asked for")
+
+    def heartbeat_answered(self, sent: float, received: float, requested: float, granted: bool) -> bool:
+        raise AssertionError("no extension was asked for")
+
+    def heartbeat_failed(self, error: BaseException) -> None:
+        raise AssertionError("no extension was asked for")
+
+    def heartbeat_arrived(self) -> None:
+        raise AssertionError("scheduled directly, never through the arrivals")
+
+
+@settings(deadline=None, max_examples=150)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("schedule"), st.integers(0, 40), st.sampled_from([1, 2, 3, 5, 7, 11, 13, 17, 19, 23])),
+            st.tuples(st.just("cancel"), st.integers(0, 60), st.just(0)),
+            st.tuples(st.just("run"), st.integers(0, 10), st.just(0)),
+        ),
+        max_size=60,
+    )
+)
+def test_every_live_timer_fires_once_on_time_whatever_its_lane(ops: list[tuple[str, int, int]]) -> None:
+    # Timers of many lanes (more than the heartbeat keeps), scheduled out of order within a
+    # lane, cancelled or not: each live timer fires exactly once, at the first run at or after
+    # its time, and a cancelled one never does. Times are whole seconds of a fake clock.
+    now = [0.0]
+    heartbeat = Heartbeat(MemoryBackend(), lambda: now[0])
+    heartbeat._run = lambda: None  # type: ignore[method-assign]  # the test runs the due work
+    beats: list[tuple[Beat, Timer, float]] = []
+    cancelled: set[int] = set()
+    try:
+        for op, amount, lane in ops:
+            if op == "schedule":
+                beat = Beat(f"b{len(beats)}")
+                when = now[0] + amount
+                beats.append((beat, heartbeat.schedule(beat, when, float(lane)), when))
+            elif op == "cancel" and beats:
+                index = amount % len(beats)
+                heartbeat.cancel(beats[index][1])
+                if not beats[index][0].fired:
+                    cancelled.add(index)
+            elif op == "run":
+                now[0] += amount
+                heartbeat.run_due()
+                for index, (beat, _, when) in enumerate(beats):
+                    due = when <= now[0] and index not in cancelled
+                    assert beat.fired == ([beat.fired[0]] if due else []), (index, when, now[0])
+        assert heartbeat.pending() == sum(
+            1 for index, (beat, _, _) in enumerate(beats) if not beat.fired and index not in cancelled
+        )
+        now[0] += 100
+        heartbeat.run_due()
+        for index, (beat, _, when) in enumerate(beats):
+            assert len(beat.fired) == (0 if index in cancelled else 1)
+            assert all(fired >= when for fired in beat.fired)
+        assert heartbeat.pending() == 0
+    finally:
+        heartbeat.stop()
+
+
+def test_acquiring_and_releasing_at_once_leaves_no_timers_behind(locker: Locker, clock: FakeClock) -> None:
+    # A lock held for a moment cancels its timer at once: the queues must not keep the cancelled
+    # timers until they would have fallen due (a tight loop makes hundreds of thousands a second).
+    def timers() -> int:
+        return sum(1 for item in gc.get_objects() if type(item) is Timer)  # no isinstance: lazy objects
+
+    before = timers()
+    kept = locker.acquire("kept")
+    for _ in range(5000):
+        with locker.lock("k"):
+            clock.advance(0.001)
+    assert timers() - before <= 300
+    assert locker.heartbeat.pending() == 1
+    kept.release()
+    assert locker.heartbeat.pending() == 0
+
+
+def test_many_ttls_still_extend_each_lock_on_time(locker: Locker, backend: RecordingBackend, clock: FakeClock) -> None:
+    # More distinct intervals than the heartbeat keeps lanes for: the rest wait in its heap.
+    locks = [locker.acquire(f"k{index}", ttl=3.0 * (index + 1)) for index in range(LANES + 4)]
+    for index, lock in enumerate(locks):
+        clock.set(START + index + 1.0)
+        locker.heartbeat.run_due()
+        assert [ttl for _, key, ttl in backend.called("extend") if key == lock.key] == [3.0 * (index + 1)]
+        assert all(lock.state == "held" for lock in locks)
+
+
+def test_a_lock_released_before_its_first_beat_never_costs_a_timer(locker: Locker, clock: FakeClock) -> None:
+    # ttl 30 s: the first beat is 10 s away, so the grant only joins the arrivals; the
+    # heartbeat sets a timer for the locks still held when it next looks.
+    def timers() -> int:
+        return sum(1 for item in gc.get_objects() if type(item) is Timer)  # no isinstance: lazy objects
+
+    before = timers()
+    for _ in range(100):
+        with locker.lock("brief"):
+            pass
+    auto_extend_off = locker.acquire("off", auto_extend=False)
+    auto_extend_off.release()
+    assert timers() == before
+    held = locker.acquire("held")
+    assert locker.heartbeat.pending() == 1, "the lock still held got its timer"
+    assert timers() == before + 1
+    held.release()
+    assert locker.heartbeat.pending() == 0
+
+
+def test_the_thread_takes_arrivals_on_its_own_in_time() -> None:
+    """Real time: a lease long enough to go through the arrivals is extended by the thread."""
+    extended = threading.Event()
+    locker = Locker(MemoryBackend(), on_event=lambda event: event.type == "extended" and extended.set())
+    lock = locker.acquire("k", ttl=3 * ARRIVAL_LEAD)
+    assert extended.wait(30)
+    assert lock.state == "held"
     locker.close()

@@ -210,9 +210,11 @@ def test_real_backend_without_reentrant_names_this_thread(real_locker: Locker, r
 
 
 def test_the_hold_index_forgets_collected_locks(locker: Locker) -> None:
-    # Every grant is noted for its thread; entries of locks that are gone are swept, so a
-    # program locking ever new keys does not grow the index without bound.
+    # Once the index is in use (here from the first look-up on), every grant is noted for its
+    # thread; entries of locks that are gone are swept, so a program locking ever new keys does
+    # not grow the index without bound.
     holds = locker._acquisition.holds
+    assert holds.find("absent") is None
     for index in range(5000):
         locker.acquire(f"key-{index}").release()
     assert len(holds._entries) <= 1024
@@ -223,3 +225,46 @@ def test_the_hold_index_forgets_collected_locks(locker: Locker) -> None:
     assert all(holds.find(lock.key) is lock for lock in kept)
     for lock in kept:
         lock.release()
+
+
+def test_a_reentrant_acquire_joins_a_hold_taken_before_anyone_asked(
+    locker: Locker, backend: RecordingBackend
+) -> None:
+    # The thread's holds are indexed only once something asks: holds taken before (here
+    # without reentrant) are found all the same, and so are the ones taken after.
+    earlier = [locker.acquire(f"k{index}") for index in range(50)]
+    with locker.lock("k7", reentrant=True) as joined:
+        assert joined.token == earlier[7].token and earlier[7].holds == 2
+    later = locker.acquire("later")
+    with locker.lock("later", reentrant=True) as joined:
+        assert joined.token == later.token
+    assert grants(backend) == 51
+    # A lock of another thread on a key is not this thread's hold.
+    other: list[Any] = []
+    worker = threading.Thread(target=lambda: other.append(locker.acquire("theirs")))
+    worker.start()
+    worker.join(30)
+    assert locker.try_acquire("theirs", reentrant=True) is None
+    for lock in [*earlier, later, *other]:
+        assert lock.release() is True
+
+
+def test_the_granting_thread_is_recorded(locker: Locker) -> None:
+    lock = locker.lock("k")
+    assert lock.thread is None
+    with lock:
+        assert lock.thread is threading.current_thread()
+        with locker.lock("k", reentrant=True) as joined:
+            assert joined.thread is None, "a joined hold has no lease of its own"
+
+
+def test_closing_gives_back_what_is_held_even_after_many_were_dropped(
+    backend: RecordingBackend, clock: Any
+) -> None:
+    locker = Locker(backend, clock=clock)
+    for index in range(3000):
+        locker.acquire(f"dropped-{index}")  # dropped while held: collected, never given back
+    kept = locker.acquire("kept")
+    locker.close()
+    assert kept.lost_reason == "closed"
+    assert backend.called("release") == [("release", "kept", None)]
