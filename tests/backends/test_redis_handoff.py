@@ -216,6 +216,17 @@ def test_releases_while_a_wake_is_outstanding_push_no_other(backend: RedisBacken
     assert _take_wake(backend, key)
 
 
+def test_a_woken_grant_if_free_answers_the_wake_too(backend: RedisBackend, key: str) -> None:
+    # The lock service's waiting requests take the key with grant_if_free: it must end the
+    # outstanding wake as an acquire does, or the next release would wake nobody.
+    _wake_taken(backend, key)
+    woken = RedisBackend(backend.client)
+    woken._woken.add(key)
+    assert isinstance(woken.grant_if_free(key, "b" * 32, 30, "woken"), int)
+    assert woken.release(key, "b" * 32)
+    assert _take_wake(backend, key)
+
+
 def test_an_unanswered_wake_stops_holding_back_others(backend: RedisBackend, key: str) -> None:
     # A woken process that died before trying must not keep every later waiter asleep.
     _wake_taken(backend, key)

@@ -389,16 +389,19 @@ class RedisBackend(ServiceStore):
 
     # -- primitives ----------------------------------------------------------------------------
 
+    def _answer_wake(self, key: str, keys: list[str], argv: list[Any]) -> None:
+        """When this process was woken for ``key``, make the attempt being built end the
+        outstanding wake, so that the next release wakes a waiter again (see the scripts)."""
+        if self._woken and key in self._woken:
+            self._woken.discard(key)
+            keys.append(handoff_keys(key)[0])
+            argv.append("1")
+
     def _grant(self, key: str, token: str, ttl: float, owner: str, fenced: bool) -> Optional[str]:
         ms = _millis(ttl)
         argv = [f"{token}|", ms, owner, "1" if fenced else "0", max(_COUNTER_LIFETIME_MS, ms)]
         keys = [key, self._fence_key(key)] if fenced else [key]
-        if self._woken and key in self._woken:
-            # This process was woken for the key: this attempt ends the outstanding wake, so
-            # that the next release wakes a waiter again (see the release scripts).
-            self._woken.discard(key)
-            keys.append(handoff_keys(key)[0])
-            argv.append("1")
+        self._answer_wake(key, keys, argv)
         if self.wait_for_replicas is None:
             reply = _scripts.ACQUIRE(self._commands, keys, argv)
             return None if reply is None else reply.decode("ascii")
@@ -437,7 +440,9 @@ class RedisBackend(ServiceStore):
             return super().grant_if_free(key, token, ttl, owner)
         ms = _millis(ttl)
         argv = [f"{token}|", ms, owner, "1", max(_COUNTER_LIFETIME_MS, ms)]
-        reply = _scripts.GRANT_IF_FREE(self._commands, [key, self._fence_key(key)], argv)
+        keys = [key, self._fence_key(key)]
+        self._answer_wake(key, keys, argv)
+        reply = _scripts.GRANT_IF_FREE(self._commands, keys, argv)
         if isinstance(reply, list):
             return self._state(key, reply)
         return int(reply)

@@ -77,6 +77,14 @@ fence = string.format('%.0f', math.max(micros, last + 1))
 redis.call('SET', KEYS[2], fence, 'PX', ARGV[5])
 """
 
+# An attempt that answers a wake (ARGV[6] "1") ends it: the last KEYS entry is the key's waiting
+# marker, whose field ``o`` says a wake is outstanding (see _ANNOUNCE).
+_ANSWER_WAKE = """
+if ARGV[6] == '1' then
+  redis.call('HDEL', KEYS[#KEYS], 'o')
+end
+"""
+
 #: KEYS[1] lease key, KEYS[2] fence counter (same hash slot; only when fenced), and last the
 #: key's waiting marker when ARGV[6] is "1".
 #: ARGV[1] "<token>|", ARGV[2] lease in ms, ARGV[3] owner, ARGV[4] "1" to fence,
@@ -85,10 +93,8 @@ redis.call('SET', KEYS[2], fence, 'PX', ARGV[5])
 #: A repeated acquire by the holding token keeps its fence and sets a new lease.
 ACQUIRE = Script(
     _EFFECTS
+    + _ANSWER_WAKE
     + """
-if ARGV[6] == '1' then
-  redis.call('HDEL', KEYS[#KEYS], 'o')
-end
 local current = redis.call('GET', KEYS[1])
 local mine = ARGV[1]
 local fence = ''
@@ -118,6 +124,7 @@ return fence
 #: grant, else what INSPECT returns for the key (read in the same atomic step).
 GRANT_IF_FREE = Script(
     _EFFECTS
+    + _ANSWER_WAKE
     + """
 local current = redis.call('GET', KEYS[1])
 if current then
