@@ -106,27 +106,24 @@ def test_a_grant_nobody_takes_is_given_back(rig: Rig) -> None:
     assert rig.holder.acquire_fenced(key, rig.holder.new_token(), 5, "holder") is not None
 
 
-def test_a_grant_taken_after_its_slack_is_renewed_by_a_request(rig: Rig) -> None:
+@pytest.mark.parametrize(
+    ("ttl", "owner"),
+    # A longer lease than the one granted (5 s): the caller would count more than the store
+    # keeps. Another owner label: the grant was written under the waiter's.
+    [(6, "waiter"), (5, "someone else")],
+    ids=["longer-lease", "another-owner"],
+)
+def test_a_grant_that_does_not_fit_the_call_is_renewed_by_a_request(rig: Rig, ttl: int, owner: str) -> None:
     key, held_by, token, _fence = _held_and_refused(rig)
     assert rig.holder.release(key, held_by)
     assert wait_until(lambda: key in rig.notified, 20)
-    # Asked for a longer lease than the one granted (5 s): the caller would count more than
-    # the store keeps, so the acquisition is sent and renews the lease from its own sending.
+    # So the acquisition is sent, and renews the lease from its own sending.
     before = len(rig.session.snapshot())
-    assert rig.waiter.acquire_fenced(key, token, 6, "waiter") is not None
+    assert rig.waiter.acquire_fenced(key, token, ttl, owner) is not None
     sent = rig.session.snapshot()[before:]
     assert [(method, status) for method, _path, prefer, status in sent if not prefer] == [("POST", 201)]
-    assert rig.waiter.release(key, token)
-
-
-def test_a_grant_for_another_owner_label_is_renewed_by_a_request(rig: Rig) -> None:
-    key, held_by, token, _fence = _held_and_refused(rig)
-    assert rig.holder.release(key, held_by)
-    assert wait_until(lambda: key in rig.notified, 20)
-    before = len(rig.session.snapshot())
-    assert rig.waiter.acquire_fenced(key, token, 5, "someone else") is not None
-    assert [m for m, _p, _w, _s in rig.session.snapshot()[before:]] == ["POST"]
-    assert rig.holder.inspect(key).owner == "someone else"
+    assert {method for method, _path, _prefer, _status in sent} == {"POST"}
+    assert rig.holder.inspect(key).owner == owner
     assert rig.waiter.release(key, token)
 
 

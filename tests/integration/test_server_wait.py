@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 from collections.abc import Iterator
@@ -54,6 +55,36 @@ def _acquire(session: requests.Session, url: str, key: str, token: str, **header
     )
 
 
+def _answer_after_release(
+    app: LockServiceApp, url: str, holder: requests.Session, key: str, token: str, ask: Callable[[], requests.Response]
+) -> requests.Response:
+    """Send ``ask()`` on a thread, wait until the server holds it, release ``key`` (held by
+    ``holder`` with ``token``) and return the held request's answer."""
+    answers: list[requests.Response] = []
+    thread = threading.Thread(target=lambda: answers.append(ask()))
+    thread.start()
+    assert wait_until(lambda: app.waits is not None and app.waits.waiting == 1, 20)
+    released = holder.delete(f"{url}/locks/{key}/lease", headers={"X-Volcano-Lock-Token": token}, timeout=10)
+    assert released.status_code == 204
+    thread.join(30)
+    [answer] = answers
+    return answer
+
+
+@contextlib.contextmanager
+def _budgeted(
+    tmp_path: Path, rate_limit: int
+) -> Iterator[tuple[LockServiceApp, str, requests.Session, requests.Session]]:
+    """A service with ``rate_limit`` requests per budget for the whole test, and two sessions of
+    project alpha: the holder's and the waiter's."""
+    keys_file = tmp_path / "keys.toml"
+    keys = make_keys(keys_file)
+    app = create_app(MemoryBackend(), keys_file, rate_limit=rate_limit, rate_window=3600, max_waits=2)
+    with ThreadedServer(app) as server, _session(keys["alpha"]) as holder, _session(keys["alpha"]) as waiter:
+        yield app, server.url, holder, waiter
+    app.close()
+
+
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[tuple[LockServiceApp, Recorder, str, dict[str, str]]]:
     keys_file = tmp_path / "keys.toml"
@@ -66,29 +97,18 @@ def rig(tmp_path: Path) -> Iterator[tuple[LockServiceApp, Recorder, str, dict[st
 
 
 def test_a_held_read_waits_for_the_release_and_counts_once(tmp_path: Path) -> None:
-    keys_file = tmp_path / "keys.toml"
-    keys = make_keys(keys_file)
-    app = create_app(MemoryBackend(), keys_file, rate_limit=2, rate_window=3600, max_waits=2)
-    with ThreadedServer(app) as server, _session(keys["alpha"]) as holder, _session(keys["alpha"]) as reader:
+    with _budgeted(tmp_path, rate_limit=2) as (app, url, holder, reader):
         token = str(uuid.uuid4())
-        assert _acquire(holder, server.url, "k", token).headers["X-Lease-Lock-Wait"] == "30"
-        answers: list[requests.Response] = []
-        read = f"{server.url}/locks/k"
-        waiter = threading.Thread(
-            target=lambda: answers.append(reader.get(read, headers={"Prefer": "wait=20"}, timeout=60))
+        assert _acquire(holder, url, "k", token).headers["X-Lease-Lock-Wait"] == "30"
+        read = f"{url}/locks/k"
+        answer = _answer_after_release(
+            app, url, holder, "k", token, lambda: reader.get(read, headers={"Prefer": "wait=20"}, timeout=60)
         )
-        waiter.start()
-        assert wait_until(lambda: app.waits is not None and app.waits.waiting == 1, 20)
-        released = holder.delete(f"{server.url}/locks/k/lease", headers={"X-Volcano-Lock-Token": token}, timeout=10)
-        assert released.status_code == 204
-        waiter.join(30)
-        [answer] = answers
         assert answer.status_code == 200 and answer.json() == {"held": False}
         assert answer.headers["Preference-Applied"] == "wait=20"
         # One request for the read budget (2 per window), however often the store was read.
-        assert reader.get(f"{server.url}/locks/k", timeout=10).status_code == 200
-        assert reader.get(f"{server.url}/locks/k", timeout=10).status_code == 429
-    app.close()
+        assert reader.get(read, timeout=10).status_code == 200
+        assert reader.get(read, timeout=10).status_code == 429
 
 
 def test_an_acquisition_may_wait_for_the_key(rig: Any) -> None:
@@ -96,43 +116,27 @@ def test_an_acquisition_may_wait_for_the_key(rig: Any) -> None:
     with _session(keys["alpha"]) as first, _session(keys["alpha"]) as second:
         token = str(uuid.uuid4())
         assert _acquire(first, url, "job", token).status_code == 201
-        answers: list[requests.Response] = []
-        waiter = threading.Thread(
-            target=lambda: answers.append(_acquire(second, url, "job", str(uuid.uuid4()), Prefer="wait=20"))
+        answer = _answer_after_release(
+            app, url, first, "job", token, lambda: _acquire(second, url, "job", str(uuid.uuid4()), Prefer="wait=20")
         )
-        waiter.start()
-        assert wait_until(lambda: app.waits.waiting == 1, 20)
-        first.delete(f"{url}/locks/job/lease", headers={"X-Volcano-Lock-Token": token}, timeout=10)
-        waiter.join(30)
-        [answer] = answers
         assert answer.status_code == 201 and answer.headers["Preference-Applied"] == "wait=20"
 
 
 def test_a_waiting_acquisition_is_granted_when_the_key_is_released_and_counts_once(tmp_path: Path) -> None:
-    keys_file = tmp_path / "keys.toml"
-    keys = make_keys(keys_file)
     # Three acquisitions per window for the project: the holder's, the waiter's, one more.
-    app = create_app(MemoryBackend(), keys_file, rate_limit=3, rate_window=3600, max_waits=2)
-    with ThreadedServer(app) as server, _session(keys["alpha"]) as holder, _session(keys["alpha"]) as waiter:
+    with _budgeted(tmp_path, rate_limit=3) as (app, url, holder, waiter):
         token = str(uuid.uuid4())
-        assert _acquire(holder, server.url, "k", token).status_code == 201
-        answers: list[requests.Response] = []
-        thread = threading.Thread(
-            target=lambda: answers.append(_acquire(waiter, server.url, "k", str(uuid.uuid4()), Prefer="wait=20"))
+        assert _acquire(holder, url, "k", token).status_code == 201
+        answer = _answer_after_release(
+            app, url, holder, "k", token,
+            lambda: _acquire(waiter, url, "k", str(uuid.uuid4()), Prefer="wait=20"),
         )
-        thread.start()
-        assert wait_until(lambda: app.waits is not None and app.waits.waiting == 1, 20)
-        released = holder.delete(f"{server.url}/locks/k/lease", headers={"X-Volcano-Lock-Token": token}, timeout=10)
-        assert released.status_code == 204
-        thread.join(30)
-        [answer] = answers
         assert answer.status_code == 201 and answer.headers["Preference-Applied"] == "wait=20"
         # How long the server held it before the grant: never more than the whole request took.
         assert 0 <= float(answer.headers["X-Lease-Lock-Waited"]) <= answer.elapsed.total_seconds()
         # One request for the acquire budget, however often the grant was tried.
-        assert _acquire(holder, server.url, "other", str(uuid.uuid4())).status_code == 201
-        assert _acquire(holder, server.url, "third", str(uuid.uuid4())).status_code == 429
-    app.close()
+        assert _acquire(holder, url, "other", str(uuid.uuid4())).status_code == 201
+        assert _acquire(holder, url, "third", str(uuid.uuid4())).status_code == 429
 
 
 def test_waits_are_capped_per_process_and_the_server_keeps_answering(tmp_path: Path) -> None:
