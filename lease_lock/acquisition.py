@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 from .backends.base import Backend
 from .backends.service import request_id_scope
 from .errors import BackendUnavailableError, LockHeldError, LockStateError, RateLimitedError
-from .events import EVENT_TYPES, EventHook, LockEvent, emit, logger, wanted
+from .events import EventHook, LockEvent, emit, logger, wanted
 from .heartbeat import Heartbeat
 from .lease import give_back, local_end
 from .lock import Lock
@@ -258,16 +258,9 @@ class Acquisition:
                 elif end is not None:
                     lock.hold_granted(sent, end, requested, fence, max_hold)
                     self.holds.add(lock)
-                    # Checked here, not in _emit, so that the uncontended path builds no event fields.
-                    hook = self.on_event
-                    # wanted() spelled out: most programs receive no "acquired".
-                    if hook is not None or logger.isEnabledFor(EVENT_TYPES["acquired"]):
-                        emit(
-                            hook,
-                            LockEvent(
-                                type="acquired", key=lock.key, ttl=lock.ttl, waited=received - start, attempts=attempts
-                            ),
-                        )
+                    # Checked here too so that the uncontended path builds no event fields.
+                    if wanted(self.on_event, "acquired"):
+                        self._emit(lock, "acquired", waited=received - start, attempts=attempts)
                     return
                 else:
                     reason = "held"

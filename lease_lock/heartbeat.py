@@ -158,9 +158,13 @@ class Heartbeat:
                 # hand it the GIL on every acquisition.
                 self._condition.notify()
             elif self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
+                self._start_thread()
         return timer
+
+    def _start_thread(self) -> None:
+        # Called with the mutex held, while no thread runs.
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread.start()
 
     def arrive(self, lock: Beating) -> None:
         """``lock`` was just granted and its first timer falls due at least
@@ -170,8 +174,7 @@ class Heartbeat:
         if self._thread is None:
             with self._mutex:
                 if self._thread is None and not self._stopped:
-                    self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                    self._thread.start()
+                    self._start_thread()
         if len(self._arrivals) >= self._sweep_arrivals_at:
             self._sweep_arrivals()
 
@@ -294,6 +297,7 @@ class Heartbeat:
         if plans:
             self._extend(plans)
         return len(due)
+
     def _extend(self, plans: list[tuple[Beating, float]]) -> None:
         if len(plans) > 1 and self._backend.capabilities.batch_extend:
             sent = self._clock()

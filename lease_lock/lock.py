@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, TypeVar
 
 from .backends.base import Backend
 from .errors import LockLostError, LockStateError
-from .events import EVENT_TYPES, EventHook, LockEvent, emit, logger, wanted
+from .events import EventHook, LockEvent, emit, logger, wanted
 from .heartbeat import ARRIVAL_LEAD, Heartbeat, Timer
 from .lease import give_back, local_end
 from .options import LockOptions, check_extend_interval
@@ -520,8 +520,7 @@ class Lock(GuardedBlock):
         The timer's lane is the delay it is set for, so that the timers of one locker's locks
         queue in the order they fall due (see :mod:`lease_lock.heartbeat`). ``interval`` is the
         lock's extension interval (see _interval)."""
-        if self._timer is not None:
-            self._cancel_timer()
+        self._cancel_timer()
         if self._next_beat <= self._lease_end:
             self._timer = self._host.heartbeat.schedule(self, self._next_beat, interval)
         else:
@@ -685,16 +684,13 @@ class Lock(GuardedBlock):
                     return True
                 self._state = "released"
                 self._ended_at = now
-                if self._timer is not None:  # none yet, for most (see Heartbeat.arrive)
-                    self._cancel_timer()
+                self._cancel_timer()
         finally:
             # A plain store: this thread alone set the flag, and every reader takes the mutex
             # and finds the lock's state decided by now.
             self._releasing = False
         self._host.forget(self)
-        # wanted() spelled out: this is the hot path, and most programs receive no "released".
-        if self._host.on_event is not None or logger.isEnabledFor(EVENT_TYPES["released"]):
-            self._emit("released")
+        self._emit("released")
         return True
 
     def extend(self, ttl: Optional[float] = None) -> None:

@@ -29,6 +29,8 @@ import os
 import time
 from typing import Any, Callable
 
+from redis.exceptions import ResponseError
+
 __all__ = ["IDLE_RECHECK", "KEEP", "DirectCommands"]
 
 #: A kept connection idle this long is checked out through the pool again (see module notes).
@@ -99,24 +101,17 @@ class DirectCommands:
             self._pid = os.getpid()
         connection = self._take()
         try:
-            reply = connection.retry.call_with_retry(
+            return connection.retry.call_with_retry(
                 lambda: _send(connection, args), lambda _error, *_rest: connection.disconnect()
             )
-        except Exception as error:
-            from redis.exceptions import ResponseError
-
+        except BaseException as error:
             if not isinstance(error, ResponseError):
-                # A reply may be half read: this socket must never be read again.
+                # A reply may be half read (a connection error, a timeout, an interrupt): this
+                # socket must never be read again. An error reply was read in full.
                 connection.disconnect()
-            self._keep(connection)
             raise
-        except BaseException:
-            # Interrupted (KeyboardInterrupt, a signal handler's exception) mid-call.
-            connection.disconnect()
+        finally:
             self._keep(connection)
-            raise
-        self._keep(connection)
-        return reply
 
     def _take(self) -> Any:
         assert self._pool is not None and self._checkout is not None
