@@ -1,11 +1,14 @@
 """Contended hand-offs: several processes looping acquire/release on one key, Redis and PostgreSQL.
 
-    python -m benchmarks.contended [--workers 8] [--seconds 10] [--stores redis,postgres]
+    python -m benchmarks.contended [--workers 8] [--seconds 10] [--rounds 5] [--stores redis,postgres]
         [--redis-url redis://127.0.0.1:6379/0] [--postgres-url postgresql://postgres@127.0.0.1:5432/test]
 
 Each worker is its own process with its own connection and Locker (default options, the
 default retry policy with a timeout longer than the run) and loops ``locker.acquire(key)`` /
-``lock.release()`` on the same key for ``--seconds``. Rows, per store, all in one run:
+``lock.release()`` on the same key. The rows of a store take turns ``--rounds`` times, each
+turn lasting ``--seconds / --rounds`` (a fresh key and fresh processes each time), and each row
+adds up its turns, so that a change in the machine's load weighs on all rows alike. Rows, per
+store, all in one run:
 
 - ``Locker, 1 process``: the same loop alone, the uncontended cycle rate the contended rows are
   compared with (``vs 1 proc``).
@@ -165,6 +168,14 @@ class Run:
     latencies: list[float]
     overlaps: int
 
+    def __add__(self, other: Run) -> Run:
+        """This run and a later round of the same contestant, as one run."""
+        counts = [mine + theirs for mine, theirs in zip(self.counts, other.counts)]
+        return Run(
+            self.name, self.workers, self.seconds + other.seconds, counts,
+            self.latencies + other.latencies, self.overlaps + other.overlaps,
+        )
+
     @property
     def handoffs(self) -> float:
         """Grants per second that went to another worker than the grant before."""
@@ -238,8 +249,8 @@ def _print_row(run: Run, single: Run) -> None:
 
 def _as_json(run: Run, single: Run) -> dict[str, Any]:
     return {
-        "name": run.name, "workers": run.workers, "rate": run.rate, "vs_single": run.rate / single.rate,
-        "handoffs_per_second": run.handoffs,
+        "name": run.name, "workers": run.workers, "seconds": run.seconds, "rate": run.rate,
+        "vs_single": run.rate / single.rate, "handoffs_per_second": run.handoffs,
         "min": min(run.counts), "max": max(run.counts), "min_share": run.fairness, "overlaps": run.overlaps,
         "p50_ms": percentile(run.latencies, 0.5) * 1000 if run.latencies else None,
         "p99_ms": percentile(run.latencies, 0.99) * 1000 if run.latencies else None,
@@ -251,23 +262,31 @@ def main(argv: Optional[list[str]] = None) -> None:
     """Run every contestant on every store and print one table per store."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n", 1)[0])
     parser.add_argument("--workers", type=int, default=8)
-    parser.add_argument("--seconds", type=float, default=10.0, help="per row")
+    parser.add_argument("--seconds", type=float, default=10.0, help="per row, all rounds together")
+    parser.add_argument("--rounds", type=int, default=5, help="turns the rows take, each for seconds/rounds")
     parser.add_argument("--stores", default="redis,postgres")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--postgres-url", default="postgresql://postgres@127.0.0.1:5432/test")
     add_json_argument(parser)
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     stores = [store.strip() for store in args.stores.split(",") if store.strip()]
     info = machine()
     print(f"{info['cpus']} CPUs, {info['system']}, Python {info['python']}; "
-          f"{args.workers} workers, {args.seconds:g} s per row")
+          f"{args.workers} workers, {args.seconds:g} s per row in {args.rounds} turns")
     output: dict[str, Any] = {}
     for store in stores:
         url = args.redis_url if store == "redis" else args.postgres_url
         peer = "python-redis-lock" if store == "redis" else "pg_advisory_lock"
-        single = run("Locker", store, url, 1, args.seconds)
-        rows = [single, run("Locker", store, url, args.workers, args.seconds)]
-        rows.append(run(peer, store, url, args.workers, args.seconds))
+        # The rows take turns, round after round, so that a change in the machine's load during
+        # the run weighs on every row alike instead of on whichever ran at that moment.
+        contestants = [("Locker", 1), ("Locker", args.workers), (peer, args.workers)]
+        rows: list[Run] = []
+        for round_index in range(args.rounds):
+            results = [run(name, store, url, workers, args.seconds / args.rounds) for name, workers in contestants]
+            rows = results if round_index == 0 else [total + result for total, result in zip(rows, results)]
+        single = rows[0]
         print(f"\n{store}: one key, each process loops acquire/release")
         print(f"{'contestant':<34} {'grants/s':>9} {'vs 1 proc':>9} {'handoffs/s':>10} {'min':>7} {'max':>7} "
               f"{'min/share':>9} {'p50 ms':>8} {'p99 ms':>8} {'overlaps':>8}")

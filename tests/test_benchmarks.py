@@ -143,7 +143,7 @@ def test_json_results_become_figures(tmp_path: Path, redis_server: RedisServer) 
 
 def test_contended_in_miniature(tmp_path: Path, redis_server: RedisServer, postgres_server: PostgresServer) -> None:
     output = run_benchmark(
-        "contended", "--workers", "3", "--seconds", "0.5", "--redis-url", redis_server.url,
+        "contended", "--workers", "3", "--seconds", "0.5", "--rounds", "2", "--redis-url", redis_server.url,
         "--postgres-url", postgres_server.url, "--json", str(tmp_path / "contended.json"),
     )
     redis_part, postgres_part = output.split("\npostgres:", 1)
@@ -160,5 +160,6 @@ def test_contended_in_miniature(tmp_path: Path, redis_server: RedisServer, postg
     for store in ("redis", "postgres"):
         rows = document["results"][store]
         assert [row["workers"] for row in rows] == [1, 3, 3]
+        assert [row["seconds"] for row in rows] == [0.5, 0.5, 0.5]  # two turns of 0.25 s each
         assert all(row["rate"] > 0 and row["overlaps"] == 0 for row in rows)
         assert rows[0]["p50_ms"] is None  # one process hands nothing to another
