@@ -3,6 +3,7 @@ page's usage example runs as written."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +37,43 @@ class TestTheDocumentedBackend(BackendContract):
         backend = DictBackend()
         yield backend
         backend.close()
+
+
+class DictBackendWithoutFences(DictBackend):  # type: ignore[misc,valid-type]
+    """The page's backend as a store that keeps no fence counter would be written: its
+    capabilities say so and ``acquire_fenced`` refuses, as the page tells such a store to do."""
+
+    capabilities = dataclasses.replace(DictBackend.capabilities, fencing=False)
+
+    def acquire(self, key: str, token: str, ttl: float, owner: str) -> bool:
+        # The page's storage, with the fence it keeps hidden from every answer.
+        return super().acquire_fenced(key, token, ttl, owner) is not None
+
+    def acquire_fenced(self, key: str, token: str, ttl: float, owner: str) -> None:
+        raise NotImplementedError("this store hands out no fences")
+
+    def inspect(self, key: str) -> lease_lock.LockState:
+        return dataclasses.replace(super().inspect(key), fence=None)
+
+
+class TestABackendWithoutFences(BackendContract):
+    # A third party that implements the lock calls and no fences passes the suite too: the
+    # fencing tests check that it refuses fences plainly instead.
+    @pytest.fixture
+    def backend(self) -> Iterator[lease_lock.Backend]:
+        backend = DictBackendWithoutFences()
+        yield backend
+        backend.close()
+
+
+def test_a_backend_without_fences_cannot_pass_for_one_with_them() -> None:
+    # The fencing tests must not pass by the mere declaration: a store that says it has no
+    # fences but hands them out anyway (or that a Locker would accept with fencing=True) fails.
+    backend = DictBackend()
+    backend.capabilities = dataclasses.replace(DictBackend.capabilities, fencing=False)
+    contract = BackendContract()
+    with pytest.raises(pytest.fail.Exception):
+        contract.without_fences(backend, "contract:lying")
 
 
 def test_the_page_shows_the_contract_subclass() -> None:
