@@ -323,6 +323,17 @@ def test_refuses_decode_responses(redis_server: RedisServer) -> None:
     client.close()
 
 
+def test_refuses_a_client_that_encodes_in_anything_but_utf8(redis_server: RedisServer) -> None:
+    # A lease written in latin-1 would read back (as UTF-8, in every process) as a free key.
+    client = redis_server.client(encoding="latin-1")
+    with pytest.raises(ValidationError, match="encoding='utf-8'"):
+        RedisBackend(client)
+    client.close()
+    utf8 = redis_server.client(encoding="UTF8")  # another spelling of the same codec
+    RedisBackend(utf8).close()
+    utf8.close()
+
+
 def test_refuses_a_pipeline(client: Any) -> None:
     with pytest.raises(ValidationError, match="not a pipeline"):
         RedisBackend(client.pipeline())

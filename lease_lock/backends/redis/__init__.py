@@ -14,6 +14,7 @@ does not step back past the last fence.
 
 from __future__ import annotations
 
+import codecs
 import functools
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -190,6 +191,19 @@ def _check_client(client: Any) -> None:
         raise ValidationError(
             "client must be made with decode_responses=False (the default): the backend "
             "reads raw replies; create a second client for lease_lock or drop that option"
+        )
+    encoding = getattr(encoder, "encoding", "utf-8")
+    try:
+        utf8 = codecs.lookup(encoding).name == "utf-8"
+    except LookupError:
+        utf8 = False
+    if not utf8:
+        # Leases are read back as UTF-8 by every process: one written in another encoding
+        # would read as a free key.
+        raise ValidationError(
+            f"client must be made with encoding='utf-8' (the default), not {encoding!r}: "
+            "lease_lock stores keys, tokens and owner labels as UTF-8 so that every process "
+            "reads them alike"
         )
 
 
