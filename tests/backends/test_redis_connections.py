@@ -10,9 +10,12 @@ from typing import Any
 
 import pytest
 import redis
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from lease_lock.backends.redis import RedisBackend, _connections
 from lease_lock.errors import BackendUnavailableError
 from redis.backoff import NoBackoff
+from redis.connection import Encoder, PythonRespSerializer
 from redis.retry import Retry
 
 from tests.support.redis_server import RedisServer
@@ -156,11 +159,11 @@ def test_no_more_than_keep_connections_stay_checked_out(private_redis_server: Re
     threads_count = _connections.KEEP * 2
     inside = threading.Barrier(threads_count)
     errors: list[BaseException] = []
-    original = _connections._send
+    original = _connections._send_packed
 
-    def slow_send(connection: Any, args: tuple[Any, ...]) -> Any:
+    def slow_send(connection: Any, packed: bytes) -> Any:
         # Every thread is inside a call at once, so each holds a connection of its own.
-        reply = original(connection, args)
+        reply = original(connection, packed)
         inside.wait(timeout=30)
         return reply
 
@@ -170,7 +173,7 @@ def test_no_more_than_keep_connections_stay_checked_out(private_redis_server: Re
         except BaseException as error:  # noqa: BLE001 - reported below
             errors.append(error)
 
-    _connections._send = slow_send
+    _connections._send_packed = slow_send
     try:
         threads = [threading.Thread(target=one_call, args=(index,)) for index in range(threads_count)]
         for thread in threads:
@@ -178,7 +181,7 @@ def test_no_more_than_keep_connections_stay_checked_out(private_redis_server: Re
         for thread in threads:
             thread.join(timeout=60)
     finally:
-        _connections._send = original
+        _connections._send_packed = original
     assert not errors
     assert backend._commands.kept == _connections.KEEP
     assert len(client.connection_pool._in_use_connections) == _connections.KEEP
@@ -202,6 +205,46 @@ def test_clients_it_cannot_serve_directly_go_through_execute_command(
         assert backend.is_held(key, TOKEN)
         assert backend.release(key, TOKEN)
         assert backend._commands.kept == 0
+    finally:
+        backend.close()
+        client.close()
+
+
+_COMMAND_NAMES = st.text(alphabet=st.characters(min_codepoint=65, max_codepoint=90), min_size=1, max_size=12)
+_ARGUMENTS = st.one_of(
+    st.text(), st.integers(min_value=-(2**70), max_value=2**70), st.binary(max_size=7000),
+    st.floats(allow_nan=False), st.binary(max_size=20).map(memoryview),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=_COMMAND_NAMES, arguments=st.lists(_ARGUMENTS, max_size=12), encoding=st.sampled_from(["utf-8", "latin-1"]))
+def test_packed_commands_are_what_redis_py_sends(name: str, arguments: list[Any], encoding: str) -> None:
+    encoder = Encoder(encoding, "replace", False)
+    expected = b"".join(bytes(part) for part in PythonRespSerializer(6000, encoder.encode).pack(name, *arguments))
+    assert _connections.pack_command((name, *arguments), encoder) == expected
+
+
+def test_packing_refuses_what_redis_py_refuses() -> None:
+    encoder = Encoder("utf-8", "strict", False)
+    with pytest.raises(redis.DataError):
+        _connections.pack_command(("SET", "k", True), encoder)
+    with pytest.raises(UnicodeEncodeError):
+        _connections.pack_command(("SET", "k", "\udc80"), encoder)
+
+
+def test_keys_and_owners_are_stored_as_redis_py_would_write_them(private_redis_server: RedisServer) -> None:
+    # Packed here, read back by a plain redis-py client: the same bytes under the same key.
+    client = _client(private_redis_server)
+    backend = RedisBackend(client)
+    assert backend._commands.direct
+    name = f"kept:{uuid.uuid4().hex}:é/ключ/🔒"
+    try:
+        assert backend.acquire(name, TOKEN, 30, "owner é 🔒")
+        assert client.get(name) == f"{TOKEN}||owner é 🔒".encode()
+        assert backend.inspect(name).owner == "owner é 🔒"
+        assert backend.release(name, TOKEN)
+        assert client.exists(name) == 0
     finally:
         backend.close()
         client.close()
