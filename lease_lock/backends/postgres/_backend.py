@@ -244,20 +244,24 @@ class PostgresBackend(ServiceStore):
         retried = False
         rechecked = False
         attempt = 0
+        source = self._source
         while True:
             attempt += 1
             try:
-                conn, switched = self._source.take()
+                conn, switched = source.take()
             except psycopg2.Error as exc:
                 if is_connect_failure(exc):
                     raise unavailable(exc, self._listen_dsn, self.names.label) from exc
                 raise
             try:
-                self._ensure_ready(conn, counters=counters, write=write)
-                with conn.cursor() as cursor:
-                    cursor.execute(statement, parameters)
-                    rows = cursor.fetchall() if cursor.description is not None else []
-                    return cursor.rowcount, rows, retried
+                if not self._tables_ready or (counters and not self._counters_ready):
+                    self._ensure_ready(conn, counters=counters, write=write)
+                cursor = source.cursors.get(conn)
+                if cursor is None:
+                    cursor = source.cursor(conn)
+                cursor.execute(statement, parameters)
+                rows = cursor.fetchall() if cursor.description is not None else []
+                return cursor.rowcount, rows, retried
             except psycopg2.errors.UndefinedTable:
                 # Dropped under a running backend (the table, or only its fence sequence):
                 # forget what was checked and look again once, which recreates it for a write
@@ -269,16 +273,15 @@ class PostgresBackend(ServiceStore):
             except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
                 if not is_connection_failure(exc, conn):
                     raise
-                self._source.discard(conn)
-                if attempt >= self._source.attempts:
+                source.discard(conn)
+                if attempt >= source.attempts:
                     raise unavailable(exc, self._listen_dsn, self.names.label) from exc
                 retried = True
             finally:
-                self._source.give_back(conn, switched)
+                source.give_back(conn, switched)
 
     def _ensure_ready(self, conn: Any, *, counters: bool, write: bool = True) -> None:
-        if self._tables_ready and (self._counters_ready or not counters):
-            return
+        # Called by _run only while something is left to check.
         if not write:
             # Reading never writes: a read checks that the lock table exists and can be read,
             # and creates nothing (a mistyped table name must say so, not read as "free").

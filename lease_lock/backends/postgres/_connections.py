@@ -178,10 +178,18 @@ class ConnectionSource:
             )
         # SimpleConnectionPool is not thread-safe; a lock of our own makes every pool safe.
         self._pool_lock = threading.Lock()
+        #: The cursor kept for each connection (see :meth:`cursor`); a connection is lent to
+        #: one borrower at a time, and so is its cursor.
+        self.cursors: dict[Any, Any] = {}
+        #: Past this many kept cursors, those of closed connections are dropped.
+        self._cursor_limit = 1 if self.pool is None else 2 * max(1, int(self.pool.maxconn))
         #: Serialises the first-use table checks of the backend that owns this source.
         self.ready_lock = threading.Lock()
         #: The process that owns the single connection (None with a pool).
         self._owner_pid = os.getpid() if self.pool is None else None
+        #: Set in a forked child (see ``_after_fork``), which must not use a single connection.
+        #: A flag rather than a getpid() per statement, which is a system call.
+        self._inherited = False
         _LIVE.add(self)
 
     @property
@@ -203,6 +211,7 @@ class ConnectionSource:
         """``conn`` was found broken: close it, and with a :class:`LazyPool` every idle one."""
         if self.pool is None:
             return
+        self.cursors.pop(conn, None)
         with contextlib.suppress(psycopg2.Error):
             conn.close()
         if isinstance(self.pool, LazyPool):
@@ -212,40 +221,67 @@ class ConnectionSource:
         # In the forked child: no other thread exists, so every lock is renewed as free.
         if self.pool is None:
             self._slots = threading.Lock()
+            self._inherited = True
         else:
             self._slots = _Slots(max(1, int(self.pool.maxconn)))
         self._pool_lock = threading.Lock()
         self.ready_lock = threading.Lock()
+        # The kept cursors hold the parent's connections; freeing one that is still open would
+        # end the parent's session (see _close_inherited), so they are kept, never used again.
+        _KEPT_INHERITED.extend(self.cursors.values())
+        self.cursors = {}
+
+    def cursor(self, conn: Any) -> Any:
+        """A new cursor for ``conn``, kept in :attr:`cursors` for its next loans.
+
+        Callers look in :attr:`cursors` first: a fresh cursor per statement costs more client
+        CPU than the rest of what the backend adds to a statement.
+        """
+        cursor = conn.cursor()
+        with self._pool_lock:
+            cursors = self.cursors
+            if len(cursors) >= self._cursor_limit:
+                # Connections a pool closed on its own (beyond its size, or at closeall) are
+                # never lent again: their cursors go.
+                for kept in [kept for kept in cursors if kept.closed]:
+                    del cursors[kept]
+            cursors[conn] = cursor
+        return cursor
 
     def take(self) -> tuple[Any, bool]:
         """An idle connection in autocommit mode, lent until :meth:`give_back`.
 
         Returns the connection and whether autocommit was switched on for the loan (to be
         switched off again on return). The hot path calls this pair instead of :meth:`borrow`
-        because a generator-based context manager costs more than the bookkeeping itself.
+        because a generator-based context manager costs more than the bookkeeping itself, and
+        the usual case (an idle autocommit connection) is decided inline for the same reason.
         """
         self._slots.acquire()
         try:
-            conn = self._take()
+            conn = self.connection
+            if conn is None or self._inherited:
+                conn = self._take()
+            if conn.closed or (conn.autocommit and conn.get_transaction_status() == _IDLE):
+                # A closed connection is the driver's business: its first use raises its error.
+                return conn, False
             try:
                 _refuse_busy(conn, "the connection" if self.pool is None else "a pooled connection")
-                switched = not conn.closed and not conn.autocommit
-                if switched:
-                    conn.autocommit = True
+                conn.autocommit = True
             except BaseException:
                 self._give_back(conn)
                 raise
         except BaseException:
             self._slots.release()
             raise
-        return conn, switched
+        return conn, True
 
     def give_back(self, conn: Any, switched: bool) -> None:
         """Return a connection from :meth:`take`, restoring the caller's autocommit setting."""
         try:
             if switched and not conn.closed:
                 conn.autocommit = False
-            self._give_back(conn)
+            if self.pool is not None:
+                self._give_back(conn)
         finally:
             self._slots.release()
 
@@ -260,7 +296,7 @@ class ConnectionSource:
 
     def _take(self) -> Any:
         if self.pool is None:
-            if self._owner_pid != os.getpid():
+            if self._inherited:
                 raise ValidationError(
                     f"this PostgreSQL connection was opened by process {self._owner_pid} before "
                     "fork(); a child process must not share its socket: give each process its "
