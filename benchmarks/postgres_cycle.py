@@ -11,8 +11,9 @@ Cycle contestants, each on its own autocommit connection; each alternates with i
 cycle at a time and is judged on the median cycle time (see ``measure.py``):
 
 - ``raw SQL floor``: the backend's own two statements (grant, and the token-checked delete
-  that also sends the release NOTIFY) typed by hand on a bare cursor: what the library's
-  overhead is judged against. Two commits, two WAL flushes.
+  that also sends the release NOTIFY on the backend's channel) typed by hand on a bare cursor,
+  reading what each returns (the fence of a fenced grant, the release's row): what the
+  library's overhead is judged against. Two commits, two WAL flushes, the same round trips.
 - ``minimal pair``: the smallest correct pair (``INSERT ... ON CONFLICT ... WHERE expired OR
   ours`` and a token-checked ``DELETE``, no contention filter, no NOTIFY), to show what the
   NOTIFY of every release costs.
@@ -62,11 +63,15 @@ def _connect(url: str) -> Any:
     return conn
 
 
-def _raw_cycle(conn: Any, grant: str, drop: str, **extra: Any) -> Callable[[], None]:
-    """Two statements by hand on one cursor, with nothing else around them."""
+def _raw_cycle(conn: Any, grant: str, drop: str, channel: str = "bench_unheard",
+               read_grant: bool = False, **extra: Any) -> Callable[[], None]:
+    """Two statements by hand on one cursor, with nothing else around them.
+
+    ``read_grant``: the grant returns a row (the fence), read as the caller that asked must.
+    """
     cursor = conn.cursor()
     key = f"bench:raw:{uuid.uuid4().hex[:8]}"
-    parameters = {"key": key, "token": TOKEN, "ttl": TTL, "owner": "bench", "channel": "bench_unheard",
+    parameters = {"key": key, "token": TOKEN, "ttl": TTL, "owner": "bench", "channel": channel,
                   **{name: make(key) for name, make in extra.items()}}
 
     def cycle() -> None:
@@ -74,7 +79,13 @@ def _raw_cycle(conn: Any, grant: str, drop: str, **extra: Any) -> Callable[[], N
         cursor.execute(drop, parameters)
         cursor.fetchall()
 
-    return cycle
+    def fenced_cycle() -> None:
+        cursor.execute(grant, parameters)
+        cursor.fetchall()
+        cursor.execute(drop, parameters)
+        cursor.fetchall()
+
+    return fenced_cycle if read_grant else cycle
 
 
 def _minimal_pair(table: str) -> tuple[str, str]:
@@ -205,11 +216,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     def floor_on(backend: PostgresBackend, fenced: bool = False) -> Callable[[], None]:
         # The backend's own two statements typed by hand on the backend's own connection, so
         # that the pair shares one server process and only the client-side work differs.
-        statements = backend._sql
+        # The release notifies on the backend's own channel, so both sides send the same NOTIFY.
+        statements, channel = backend._sql, backend.names.channel
         if fenced:
             return _raw_cycle(backend.connection, statements["acquire_fenced"], statements["release"],
-                              gate=lambda key: backend.names.gate, slot=_key_slot)
-        return _raw_cycle(backend.connection, statements["acquire"], statements["release"])
+                              channel, read_grant=True, gate=lambda key: backend.names.gate,
+                              slot=_key_slot)
+        return _raw_cycle(backend.connection, statements["acquire"], statements["release"], channel)
 
     def raw(table: str) -> Callable[[], None]:
         return floor_on(backend(table))
