@@ -135,6 +135,38 @@ def test_simple_pool_is_made_thread_safe(postgres_server: PostgresServer, table:
     pool.closeall()
 
 
+
+def test_kept_cursors_stay_bounded_when_the_pool_closes_what_it_returns(
+    postgres_server: PostgresServer, table: str
+) -> None:
+    # minconn=0: the pool closes every connection given back, so each statement runs on a new
+    # connection with a new kept cursor; those of closed connections must not pile up.
+    pool = psycopg2.pool.ThreadedConnectionPool(0, 2, postgres_server.dsn)
+    backend = PostgresBackend(pool, table=table)
+    for index in range(30):
+        assert backend.acquire(f"k{index}", TOKEN, 30, "o")
+        assert backend.release(f"k{index}", TOKEN) is True
+    assert len(backend._source.cursors) <= 4
+    backend.close()
+    pool.closeall()
+
+
+def test_refuses_an_autocommit_connection_inside_an_explicit_transaction(
+    postgres_server: PostgresServer, admin: Any, table: str
+) -> None:
+    conn = psycopg2.connect(postgres_server.dsn)
+    conn.autocommit = True
+    backend = PostgresBackend(conn, table=table)
+    assert backend.acquire("k", TOKEN, 30, "o")
+    _sql(conn, "BEGIN")
+    with pytest.raises(ValidationError, match="inside a transaction"):
+        backend.release("k", TOKEN)
+    _sql(conn, "ROLLBACK")
+    assert _sql(admin, f'SELECT token FROM "{table}" WHERE key = %s', "k") == [(TOKEN,)]
+    assert backend.release("k", TOKEN) is True
+    assert conn.autocommit is True
+    conn.close()
+
 # -- server clock ---------------------------------------------------------------------------------
 
 
