@@ -18,7 +18,7 @@ from ...errors import ValidationError
 from ...validation import redact_url
 from ._errors import scrub
 
-__all__ = ["ConnectionSource", "LazyPool", "check_dsn", "connect_parameters"]
+__all__ = ["ConnectionSource", "KeptCursor", "LazyPool", "check_dsn", "connect_parameters"]
 
 _IDLE = psycopg2.extensions.TRANSACTION_STATUS_IDLE
 
@@ -52,6 +52,18 @@ class _Slots:
             tokens.put(None)
         self.acquire: Callable[[], None] = tokens.get
         self.release: Callable[[], None] = functools.partial(tokens.put, None)
+
+
+class KeptCursor(psycopg2.extensions.cursor):  # type: ignore[misc]  # psycopg2 has no types
+    """The cursor kept for one connection, knowing which statements its session has prepared.
+
+    ``prepared`` holds the names of the server-side prepared statements this backend made on
+    the connection's session; the backend clears it when the server says one is missing.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.prepared: set[str] = set()
 
 
 class LazyPool:
@@ -180,7 +192,7 @@ class ConnectionSource:
         self._pool_lock = threading.Lock()
         #: The cursor kept for each connection (see :meth:`cursor`); a connection is lent to
         #: one borrower at a time, and so is its cursor.
-        self.cursors: dict[Any, Any] = {}
+        self.cursors: dict[Any, KeptCursor] = {}
         #: Past this many kept cursors, those of closed connections are dropped.
         self._cursor_limit = 1 if self.pool is None else 2 * max(1, int(self.pool.maxconn))
         #: Serialises the first-use table checks of the backend that owns this source.
@@ -231,13 +243,14 @@ class ConnectionSource:
         _KEPT_INHERITED.extend(self.cursors.values())
         self.cursors = {}
 
-    def cursor(self, conn: Any) -> Any:
+    def cursor(self, conn: Any) -> KeptCursor:
         """A new cursor for ``conn``, kept in :attr:`cursors` for its next loans.
 
         Callers look in :attr:`cursors` first: a fresh cursor per statement costs more client
-        CPU than the rest of what the backend adds to a statement.
+        CPU than the rest of what the backend adds to a statement. The cursor is of our own
+        class whatever the connection's ``cursor_factory``, so rows are always plain tuples.
         """
-        cursor = conn.cursor()
+        cursor: KeptCursor = conn.cursor(cursor_factory=KeptCursor)
         with self._pool_lock:
             cursors = self.cursors
             if len(cursors) >= self._cursor_limit:
