@@ -748,25 +748,23 @@ def _statements(names: Names, write_prefix: str) -> dict[str, _Statement]:
             " RETURNING count, (window_index + 1) * %(window)s - (SELECT at FROM now)"
         ),
     }
-    reads = (
-        {
-            # Inputs: key, token. Result: a row if the token holds a live lease.
-            "is_held": (
-                f"SELECT 1 FROM {t} WHERE key = %(key)s AND token = %(token)s"
-                " AND expires_at > clock_timestamp()"
-            ),
-            # Inputs: key. Result: the live lease's state, remaining time measured here.
-            "inspect": (
-                f"SELECT {state_columns} FROM {t}, (SELECT clock_timestamp() AS at) AS now"
-                " WHERE key = %(key)s AND expires_at > now.at"
-            ),
-            # Inputs: prefix. Result: the state of every live lease under it, by key.
-            "scan": (
-                f"SELECT {state_columns} FROM {t}, (SELECT clock_timestamp() AS at) AS now"
-                " WHERE starts_with(key, %(prefix)s) AND expires_at > now.at ORDER BY key"
-            ),
-        }
-    )
+    reads = {
+        # Inputs: key, token. Result: a row if the token holds a live lease.
+        "is_held": (
+            f"SELECT 1 FROM {t} WHERE key = %(key)s AND token = %(token)s"
+            " AND expires_at > clock_timestamp()"
+        ),
+        # Inputs: key. Result: the live lease's state, remaining time measured here.
+        "inspect": (
+            f"SELECT {state_columns} FROM {t}, (SELECT clock_timestamp() AS at) AS now"
+            " WHERE key = %(key)s AND expires_at > now.at"
+        ),
+        # Inputs: prefix. Result: the state of every live lease under it, by key.
+        "scan": (
+            f"SELECT {state_columns} FROM {t}, (SELECT clock_timestamp() AS at) AS now"
+            " WHERE starts_with(key, %(prefix)s) AND expires_at > now.at ORDER BY key"
+        ),
+    }
     built = {name: _statement(name, write_prefix, sql) for name, sql in statements.items()}
     built.update((name, _statement(name, "", sql)) for name, sql in reads.items())
     return built

@@ -293,7 +293,7 @@ class ConnectionSource:
         try:
             if switched and not conn.closed:
                 conn.autocommit = False
-            if self.pool is not None:
+            if self.pool is not None:  # a single connection has no pool to go back to
                 self._give_back(conn)
         finally:
             self._slots.release()
