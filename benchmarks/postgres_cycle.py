@@ -11,8 +11,11 @@ Cycle contestants, each on its own autocommit connection; each alternates with i
 cycle at a time and is judged on the median cycle time (see ``measure.py``):
 
 - ``raw SQL floor``: the backend's own two statements (grant, and the token-checked delete
-  that also sends the release NOTIFY) typed by hand on a bare cursor: what the library's
-  overhead is judged against. Two commits, two WAL flushes.
+  that also sends the release NOTIFY on the backend's channel) typed by hand on a bare cursor,
+  reading what each returns (the fence of a fenced grant, the release's row): what the
+  library's overhead is judged against. Two commits, two WAL flushes, the same round trips.
+  Like the backend, it runs the server-side prepared statements the backend makes (``EXECUTE``);
+  ``raw SQL, prepared vs sent as text`` shows what preparing saves the server.
 - ``minimal pair``: the smallest correct pair (``INSERT ... ON CONFLICT ... WHERE expired OR
   ours`` and a token-checked ``DELETE``, no contention filter, no NOTIFY), to show what the
   NOTIFY of every release costs.
@@ -62,19 +65,32 @@ def _connect(url: str) -> Any:
     return conn
 
 
-def _raw_cycle(conn: Any, grant: str, drop: str, **extra: Any) -> Callable[[], None]:
-    """Two statements by hand on one cursor, with nothing else around them."""
+def _raw_cycle(conn: Any, grant: str, drop: str, channel: str = "bench_unheard",
+               read_grant: bool = False, prepare: tuple[str, ...] = (), **extra: Any) -> Callable[[], None]:
+    """Two statements by hand on one cursor, with nothing else around them.
+
+    ``read_grant``: the grant returns a row (the fence), read as the caller that asked must.
+    ``prepare``: queries run once first (they prepare the statements the cycle executes).
+    """
     cursor = conn.cursor()
     key = f"bench:raw:{uuid.uuid4().hex[:8]}"
-    parameters = {"key": key, "token": TOKEN, "ttl": TTL, "owner": "bench", "channel": "bench_unheard",
+    parameters = {"key": key, "token": TOKEN, "ttl": TTL, "owner": "bench", "channel": channel,
                   **{name: make(key) for name, make in extra.items()}}
+    for query in prepare:
+        cursor.execute(query, parameters)
 
     def cycle() -> None:
         cursor.execute(grant, parameters)
         cursor.execute(drop, parameters)
         cursor.fetchall()
 
-    return cycle
+    def fenced_cycle() -> None:
+        cursor.execute(grant, parameters)
+        cursor.fetchall()
+        cursor.execute(drop, parameters)
+        cursor.fetchall()
+
+    return fenced_cycle if read_grant else cycle
 
 
 def _minimal_pair(table: str) -> tuple[str, str]:
@@ -202,14 +218,20 @@ def main(argv: Optional[list[str]] = None) -> None:
     def backend(table: str, **options: Any) -> PostgresBackend:
         return PostgresBackend(connection(), table=table, **options)
 
-    def floor_on(backend: PostgresBackend, fenced: bool = False) -> Callable[[], None]:
+    def floor_on(backend: PostgresBackend, fenced: bool = False, prepared: bool = True) -> Callable[[], None]:
         # The backend's own two statements typed by hand on the backend's own connection, so
         # that the pair shares one server process and only the client-side work differs.
-        statements = backend._sql
+        # The release notifies on the backend's own channel, so both sides send the same NOTIFY.
+        # prepared: EXECUTE the statements the backend prepares (prepared first, once), as the
+        # backend does; otherwise send their text, parsed and planned on every call.
+        grant, drop = backend._sql["acquire_fenced" if fenced else "acquire"], backend._sql["release"]
+        extra: dict[str, Callable[[str], int]] = {}
         if fenced:
-            return _raw_cycle(backend.connection, statements["acquire_fenced"], statements["release"],
-                              gate=lambda key: backend.names.gate, slot=_key_slot)
-        return _raw_cycle(backend.connection, statements["acquire"], statements["release"])
+            extra = {"gate": lambda key: backend.names.gate, "slot": _key_slot}
+        if prepared:
+            return _raw_cycle(backend.connection, grant.sql, drop.sql, backend.names.channel, fenced,
+                              (grant.prepare_then_sql, drop.prepare_then_sql), **extra)
+        return _raw_cycle(backend.connection, grant.text, drop.text, backend.names.channel, fenced, **extra)
 
     def raw(table: str) -> Callable[[], None]:
         return floor_on(backend(table))
@@ -226,9 +248,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     def on_same_connection(
         make_cycle: Callable[[Any], Callable[[], None]], table: str
     ) -> tuple[Callable[[], None], Callable[[], None]]:
-        """A contestant built on a bare connection, and the floor on that same connection."""
+        """A contestant built on a bare connection, and the floor on that same connection.
+
+        These contestants send their statements as text, so their floor does too.
+        """
         shared = backend(table)
-        return make_cycle(shared.connection), floor_on(shared)
+        return make_cycle(shared.connection), floor_on(shared, prepared=False)
 
     add("backend acquire/release", logged, lambda b: _backend_cycle(b, fenced=False))
     add("backend fenced", logged, lambda b: _backend_cycle(b, fenced=True), fenced=True)
@@ -246,10 +271,14 @@ def main(argv: Optional[list[str]] = None) -> None:
         contestants.append((name, cycle, floor))
     unlogged_floor = raw(unlogged)
     contestants.append(("raw SQL, UNLOGGED table", unlogged_floor, raw(logged)))
+    as_text = backend(logged)
+    contestants.append(("raw SQL, prepared vs sent as text", floor_on(as_text), floor_on(as_text, prepared=False)))
 
     print("\nUncontended acquire+release cycles: each contestant alternates one cycle at a time")
     print("with its floor, the backend's own two statements (fenced ones for fenced rows) typed by")
-    print("hand on the same connection and table (last row: the UNLOGGED floor against the logged).")
+    print("hand on the same connection and table, EXECUTEd as the backend prepares them (the minimal")
+    print("pair and advisory rows: sent as text, against the floor sent as text; the last two rows:")
+    print("the UNLOGGED floor against the logged, the prepared floor against the floor as text).")
     print(f"{args.seconds:g} s each; rates at the median cycle time of each side")
     print(f"{'contestant':<38} {'cycles/s':>9} {'floor/s':>8} {'vs floor':>9}")
     for name, cycle, floor in contestants:

@@ -8,6 +8,7 @@ from typing import Any, Iterator
 
 import freezegun
 import psycopg2
+import psycopg2.extras
 import psycopg2.pool
 import pytest
 from lease_lock.backends import backend_from_url
@@ -134,6 +135,105 @@ def test_simple_pool_is_made_thread_safe(postgres_server: PostgresServer, table:
     assert not pool.closed, "a caller's pool stays open"
     pool.closeall()
 
+
+
+def test_kept_cursors_stay_bounded_when_the_pool_closes_what_it_returns(
+    postgres_server: PostgresServer, table: str
+) -> None:
+    # minconn=0: the pool closes every connection given back, so each statement runs on a new
+    # connection with a new kept cursor; those of closed connections must not pile up.
+    pool = psycopg2.pool.ThreadedConnectionPool(0, 2, postgres_server.dsn)
+    backend = PostgresBackend(pool, table=table)
+    for index in range(30):
+        assert backend.acquire(f"k{index}", TOKEN, 30, "o")
+        assert backend.release(f"k{index}", TOKEN) is True
+    assert len(backend._source.cursors) <= 4
+    backend.close()
+    pool.closeall()
+
+
+def test_refuses_an_autocommit_connection_inside_an_explicit_transaction(
+    postgres_server: PostgresServer, admin: Any, table: str
+) -> None:
+    conn = psycopg2.connect(postgres_server.dsn)
+    conn.autocommit = True
+    backend = PostgresBackend(conn, table=table)
+    assert backend.acquire("k", TOKEN, 30, "o")
+    _sql(conn, "BEGIN")
+    with pytest.raises(ValidationError, match="inside a transaction"):
+        backend.release("k", TOKEN)
+    _sql(conn, "ROLLBACK")
+    assert _sql(admin, f'SELECT token FROM "{table}" WHERE key = %s', "k") == [(TOKEN,)]
+    assert backend.release("k", TOKEN) is True
+    assert conn.autocommit is True
+    conn.close()
+
+
+def _cycle(backend: PostgresBackend, key: str) -> None:
+    """Every prepared statement once, each answer checked."""
+    fence = backend.acquire_fenced(key, TOKEN, 30, "o")
+    assert fence is not None
+    assert backend.acquire(key, TOKEN, 30, "o"), "the holder's re-acquire"
+    assert not backend.acquire(key, OTHER, 30, "o"), "another token is turned away"
+    assert backend.extend(key, TOKEN, 30)
+    assert backend.is_held(key, TOKEN)
+    assert backend.inspect(key).fence == fence
+    assert backend.release(key, TOKEN) is True
+    assert not backend.is_held(key, TOKEN)
+
+
+def _prepared(conn: Any) -> set[str]:
+    return {name for (name,) in _sql(conn, "SELECT name FROM pg_prepared_statements")}
+
+
+def test_statements_are_prepared_again_after_the_session_drops_them(
+    postgres_server: PostgresServer, table: str
+) -> None:
+    conn = psycopg2.connect(postgres_server.dsn)
+    conn.autocommit = True
+    backend = PostgresBackend(conn, table=table)
+    _cycle(backend, "k")
+    names = _prepared(conn)
+    assert len(names) == 6 and all(name.startswith("lease_lock_") for name in names)
+    for reset in ("DEALLOCATE ALL", "DISCARD ALL"):
+        _sql(conn, reset)
+        assert _prepared(conn) == set()
+        _cycle(backend, "k")
+        assert _prepared(conn) == names
+    conn.close()
+
+
+def test_two_backends_share_one_connections_prepared_statements(
+    postgres_server: PostgresServer, table: str
+) -> None:
+    conn = psycopg2.connect(postgres_server.dsn)
+    first, second = PostgresBackend(conn, table=table), PostgresBackend(conn, table=table)
+    _cycle(first, "k1")
+    _cycle(second, "k2")
+    assert first.acquire("k", TOKEN, 30, "o")
+    assert not second.acquire("k", OTHER, 30, "o")
+    assert second.release("k", TOKEN) is True
+    assert conn.autocommit is False
+    conn.close()
+
+
+def test_rows_are_tuples_whatever_the_connections_cursor_factory(
+    postgres_server: PostgresServer, table: str
+) -> None:
+    conn = psycopg2.connect(postgres_server.dsn, cursor_factory=psycopg2.extras.RealDictCursor)
+    backend = PostgresBackend(conn, table=table)
+    _cycle(backend, "k")
+    assert list(backend.scan("")) == []
+    conn.close()
+
+
+def test_asynchronous_commit_runs_every_statement(postgres_server: PostgresServer, table: str) -> None:
+    backend = PostgresBackend.from_url(postgres_server.url, table=table, synchronous_commit=False)
+    for _ in range(3):
+        _cycle(backend, "k")
+    assert backend.force_release("k") is False
+    assert backend.count_in_window("c", 60)[0] == 1
+    backend.close()
 
 # -- server clock ---------------------------------------------------------------------------------
 

@@ -131,6 +131,35 @@ def test_restart_and_killed_pooled_sessions_then_every_call_succeeds(
         backend.close()
 
 
+def test_fresh_sessions_after_a_restart_or_a_kill_prepare_the_statements_again(
+    private: PostgresServer, app_name: str, table: str
+) -> None:
+    backend = PostgresBackend.from_url(_url(private, app_name, table) + "&max_connections=1")
+
+    def prepared_on_the_pooled_session() -> set[str]:
+        conn = backend.pool.getconn()
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute("SELECT name FROM pg_prepared_statements")
+                return {name for (name,) in cursor.fetchall()}
+        finally:
+            conn.rollback()
+            backend.pool.putconn(conn)
+
+    try:
+        _twenty_of_each(backend)
+        names = prepared_on_the_pooled_session()
+        # Every prepared kind _twenty_of_each runs: fenced grant, extend, inspect, is_held, release.
+        assert len(names) == 5
+        private.restart()
+        _twenty_of_each(backend)
+        assert prepared_on_the_pooled_session() == names
+        assert _terminate(private, app_name) == 1
+        _twenty_of_each(backend)
+        assert prepared_on_the_pooled_session() == names
+    finally:
+        backend.close()
+
 def test_server_down_is_backend_unavailable_then_recovers(
     private: PostgresServer, app_name: str, table: str
 ) -> None:

@@ -18,7 +18,7 @@ from ...errors import ValidationError
 from ...validation import redact_url
 from ._errors import scrub
 
-__all__ = ["ConnectionSource", "LazyPool", "check_dsn", "connect_parameters"]
+__all__ = ["ConnectionSource", "KeptCursor", "LazyPool", "check_dsn", "connect_parameters"]
 
 _IDLE = psycopg2.extensions.TRANSACTION_STATUS_IDLE
 
@@ -52,6 +52,18 @@ class _Slots:
             tokens.put(None)
         self.acquire: Callable[[], None] = tokens.get
         self.release: Callable[[], None] = functools.partial(tokens.put, None)
+
+
+class KeptCursor(psycopg2.extensions.cursor):  # type: ignore[misc]  # psycopg2 has no types
+    """The cursor kept for one connection, knowing which statements its session has prepared.
+
+    ``prepared`` holds the names of the server-side prepared statements this backend made on
+    the connection's session; the backend clears it when the server says one is missing.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.prepared: set[str] = set()
 
 
 class LazyPool:
@@ -178,10 +190,18 @@ class ConnectionSource:
             )
         # SimpleConnectionPool is not thread-safe; a lock of our own makes every pool safe.
         self._pool_lock = threading.Lock()
+        #: The cursor kept for each connection (see :meth:`cursor`); a connection is lent to
+        #: one borrower at a time, and so is its cursor.
+        self.cursors: dict[Any, KeptCursor] = {}
+        #: Past this many kept cursors, those of closed connections are dropped.
+        self._cursor_limit = 1 if self.pool is None else 2 * max(1, int(self.pool.maxconn))
         #: Serialises the first-use table checks of the backend that owns this source.
         self.ready_lock = threading.Lock()
         #: The process that owns the single connection (None with a pool).
         self._owner_pid = os.getpid() if self.pool is None else None
+        #: Set in a forked child (see ``_after_fork``), which must not use a single connection.
+        #: A flag rather than a getpid() per statement, which is a system call.
+        self._inherited = False
         _LIVE.add(self)
 
     @property
@@ -203,6 +223,7 @@ class ConnectionSource:
         """``conn`` was found broken: close it, and with a :class:`LazyPool` every idle one."""
         if self.pool is None:
             return
+        self.cursors.pop(conn, None)
         with contextlib.suppress(psycopg2.Error):
             conn.close()
         if isinstance(self.pool, LazyPool):
@@ -212,40 +233,68 @@ class ConnectionSource:
         # In the forked child: no other thread exists, so every lock is renewed as free.
         if self.pool is None:
             self._slots = threading.Lock()
+            self._inherited = True
         else:
             self._slots = _Slots(max(1, int(self.pool.maxconn)))
         self._pool_lock = threading.Lock()
         self.ready_lock = threading.Lock()
+        # The kept cursors hold the parent's connections; freeing one that is still open would
+        # end the parent's session (see _close_inherited), so they are kept, never used again.
+        _KEPT_INHERITED.extend(self.cursors.values())
+        self.cursors = {}
+
+    def cursor(self, conn: Any) -> KeptCursor:
+        """A new cursor for ``conn``, kept in :attr:`cursors` for its next loans.
+
+        Callers look in :attr:`cursors` first: a fresh cursor per statement costs more client
+        CPU than the rest of what the backend adds to a statement. The cursor is of our own
+        class whatever the connection's ``cursor_factory``, so rows are always plain tuples.
+        """
+        cursor: KeptCursor = conn.cursor(cursor_factory=KeptCursor)
+        with self._pool_lock:
+            cursors = self.cursors
+            if len(cursors) >= self._cursor_limit:
+                # Connections a pool closed on its own (beyond its size, or at closeall) are
+                # never lent again: their cursors go.
+                for kept in [kept for kept in cursors if kept.closed]:
+                    del cursors[kept]
+            cursors[conn] = cursor
+        return cursor
 
     def take(self) -> tuple[Any, bool]:
         """An idle connection in autocommit mode, lent until :meth:`give_back`.
 
         Returns the connection and whether autocommit was switched on for the loan (to be
         switched off again on return). The hot path calls this pair instead of :meth:`borrow`
-        because a generator-based context manager costs more than the bookkeeping itself.
+        because a generator-based context manager costs more than the bookkeeping itself, and
+        the usual case (an idle autocommit connection) is decided inline for the same reason.
         """
         self._slots.acquire()
         try:
-            conn = self._take()
+            conn = self.connection
+            if conn is None or self._inherited:
+                conn = self._take()
+            if conn.closed or (conn.autocommit and conn.get_transaction_status() == _IDLE):
+                # A closed connection is the driver's business: its first use raises its error.
+                return conn, False
             try:
                 _refuse_busy(conn, "the connection" if self.pool is None else "a pooled connection")
-                switched = not conn.closed and not conn.autocommit
-                if switched:
-                    conn.autocommit = True
+                conn.autocommit = True
             except BaseException:
                 self._give_back(conn)
                 raise
         except BaseException:
             self._slots.release()
             raise
-        return conn, switched
+        return conn, True
 
     def give_back(self, conn: Any, switched: bool) -> None:
         """Return a connection from :meth:`take`, restoring the caller's autocommit setting."""
         try:
             if switched and not conn.closed:
                 conn.autocommit = False
-            self._give_back(conn)
+            if self.pool is not None:  # a single connection has no pool to go back to
+                self._give_back(conn)
         finally:
             self._slots.release()
 
@@ -260,7 +309,7 @@ class ConnectionSource:
 
     def _take(self) -> Any:
         if self.pool is None:
-            if self._owner_pid != os.getpid():
+            if self._inherited:
                 raise ValidationError(
                     f"this PostgreSQL connection was opened by process {self._owner_pid} before "
                     "fork(); a child process must not share its socket: give each process its "
