@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 import redis
@@ -159,11 +159,11 @@ def test_no_more_than_keep_connections_stay_checked_out(private_redis_server: Re
     threads_count = _connections.KEEP * 2
     inside = threading.Barrier(threads_count)
     errors: list[BaseException] = []
-    original = _connections._send_packed
+    original = _connections._send
 
-    def slow_send(connection: Any, packed: bytes) -> Any:
+    def slow_send(connection: Any, args: tuple[Any, ...], packed: Optional[bytes]) -> Any:
         # Every thread is inside a call at once, so each holds a connection of its own.
-        reply = original(connection, packed)
+        reply = original(connection, args, packed)
         inside.wait(timeout=30)
         return reply
 
@@ -173,7 +173,7 @@ def test_no_more_than_keep_connections_stay_checked_out(private_redis_server: Re
         except BaseException as error:  # noqa: BLE001 - reported below
             errors.append(error)
 
-    _connections._send_packed = slow_send
+    _connections._send = slow_send
     try:
         threads = [threading.Thread(target=one_call, args=(index,)) for index in range(threads_count)]
         for thread in threads:
@@ -181,7 +181,7 @@ def test_no_more_than_keep_connections_stay_checked_out(private_redis_server: Re
         for thread in threads:
             thread.join(timeout=60)
     finally:
-        _connections._send_packed = original
+        _connections._send = original
     assert not errors
     assert backend._commands.kept == _connections.KEEP
     assert len(client.connection_pool._in_use_connections) == _connections.KEEP
@@ -231,6 +231,20 @@ def test_packing_refuses_what_redis_py_refuses() -> None:
         _connections.pack_command(("SET", "k", True), encoder)
     with pytest.raises(UnicodeEncodeError):
         _connections.pack_command(("SET", "k", "\udc80"), encoder)
+
+
+def test_an_argument_the_encoder_refuses_costs_no_connection(private_redis_server: RedisServer) -> None:
+    client = _client(private_redis_server)
+    backend = RedisBackend(client)
+    try:
+        for _ in range(2 * _connections.KEEP):
+            with pytest.raises(UnicodeEncodeError):
+                backend.is_held("kept:\udc80", TOKEN)  # a lone surrogate has no UTF-8 form
+        assert backend._commands.kept == 0
+        assert len(client.connection_pool._in_use_connections) == 0
+    finally:
+        backend.close()
+        client.close()
 
 
 def test_keys_and_owners_are_stored_as_redis_py_would_write_them(private_redis_server: RedisServer) -> None:

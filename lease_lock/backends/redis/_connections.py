@@ -32,7 +32,7 @@ from __future__ import annotations
 import inspect
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from redis.exceptions import ResponseError
 
@@ -62,7 +62,7 @@ def _serves_directly(client: Any) -> bool:
 def pack_command(args: tuple[Any, ...], encoder: Any) -> bytes:
     """``args`` as one RESP command, byte for byte what redis-py's Python packer sends for them.
 
-    ``encoder`` is the connection's (``connection.encoder``): ``str`` arguments are encoded
+    ``encoder`` is the client's (``client.get_encoder()``): ``str`` arguments are encoded
     with its encoding, and anything but ``str``, ``int`` and ``bytes`` goes through its
     ``encode``, which also raises redis-py's own error for what it refuses. The command name
     must hold no space (redis-py would split it into words).
@@ -104,14 +104,15 @@ class DirectCommands:
     ``list.append`` are atomic), or from the pool when the list is empty.
     """
 
-    __slots__ = ("_checkout", "_client", "_direct", "_free", "_pack", "_pid", "_pool")
+    __slots__ = ("_checkout", "_client", "_direct", "_encoder", "_free", "_pid", "_pool")
 
     def __init__(self, client: Any) -> None:
         self._client = client
         self._direct = _serves_directly(client)
         self._pool = client.connection_pool if self._direct else None
         self._checkout = _checkout(self._pool) if self._direct else None
-        self._pack = self._direct and _packs_in_python(self._pool)
+        #: The client's encoder when commands are packed here (see pack_command), else None.
+        self._encoder = client.get_encoder() if self._direct and _packs_in_python(self._pool) else None
         #: Kept connections with the clock reading of their last reply.
         self._free: list[tuple[Any, float]] = []
         self._pid = os.getpid()
@@ -135,14 +136,13 @@ class DirectCommands:
             # could shut the parent's sockets down); the pool starts afresh in the child too.
             self._free = []
             self._pid = os.getpid()
+        # Packed before a connection is taken: an argument the encoder refuses takes none.
+        packed = pack_command(args, self._encoder) if self._encoder is not None else None
         connection = self._take()
-        if self._pack:
-            packed = pack_command(args, connection.encoder)
-            send = lambda: _send_packed(connection, packed)  # noqa: E731
-        else:
-            send = lambda: _send(connection, args)  # noqa: E731
         try:
-            return connection.retry.call_with_retry(send, lambda _error, *_rest: connection.disconnect())
+            return connection.retry.call_with_retry(
+                lambda: _send(connection, args, packed), lambda _error, *_rest: connection.disconnect()
+            )
         except BaseException as error:
             if not isinstance(error, ResponseError):
                 # A reply may be half read (a connection error, a timeout, an interrupt): this
@@ -179,11 +179,9 @@ class DirectCommands:
             self._pool.release(connection)
 
 
-def _send(connection: Any, args: tuple[Any, ...]) -> Any:
-    connection.send_command(*args)
-    return connection.read_response()
-
-
-def _send_packed(connection: Any, packed: bytes) -> Any:
-    connection.send_packed_command([packed])  # a list of buffers, as redis-py's packer gives
+def _send(connection: Any, args: tuple[Any, ...], packed: Optional[bytes]) -> Any:
+    if packed is None:
+        connection.send_command(*args)
+    else:
+        connection.send_packed_command([packed])  # a list of buffers, as redis-py's packer gives
     return connection.read_response()
