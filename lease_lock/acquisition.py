@@ -244,7 +244,8 @@ class Acquisition:
                         break
                     if self.closed:
                         # close() ran while this attempt was in flight: nobody would extend or give
-                        # back this lease, so it goes back now.
+                        # back this lease, so it goes back now, and check_open() raises (a closed
+                        # Locker never reopens).
                         give_back(self.backend, lock.key, lock.token)
                         self.check_open()
                     lock.hold_granted(sent, end, requested, fence, max_hold)
