@@ -18,6 +18,11 @@ the floor one cycle at a time and is judged on the median cycle time, see ``meas
   RedisLock`` and ``tooz`` (its redis driver): each library's non-blocking acquire and its
   release. Peers that are not installed are named as missing at the top of the output.
 
+The Locker against the backend alone: the same alternation with the backend's own
+``acquire``/``release`` (and ``acquire_fenced``) as the floor, each with a fresh token per
+cycle as every lock needs, so that the ratio is the core's own share of a cycle on this store,
+measured in the same run as the rest.
+
 Hand-off latency: a waiter blocks in each library's own blocking acquire while another client
 holds the key; the time from the start of the holder's release to the waiter holding the lock
 is recorded (p50/p99), next to a bare ``BLPOP`` wake-up (``LPUSH`` to a blocked ``BLPOP``).
@@ -208,6 +213,45 @@ def _tooz_coordinator(client: Any) -> Any:
     return coordinator
 
 
+def versus_backend(client: Any) -> list[tuple[str, Callable[[], None], Callable[[], None]]]:
+    """``(name, backend alone, Locker)``: one cycle each of the Locker with default options and
+    of the bare backend calls it makes, plain and fenced, each on its own backend and key."""
+
+    def backend_alone(fencing: bool) -> Callable[[], None]:
+        backend = RedisBackend(client)
+        key = _key("backend-alone")
+        grant = backend.acquire_fenced if fencing else backend.acquire
+
+        def cycle() -> None:
+            token = backend.new_token()
+            answer = grant(key, token, TTL, "bench")
+            if answer is None or answer is False:
+                raise RuntimeError("backend alone: uncontended acquire failed")
+            backend.release(key, token)
+
+        return cycle
+
+    plain = Locker(RedisBackend(client), ttl=TTL)
+    fenced = Locker(RedisBackend(client), fencing=True, ttl=TTL)
+    with_key, plain_key, fenced_key = _key("vs-with"), _key("vs-acquire"), _key("vs-fenced")
+
+    def with_cycle() -> None:
+        with plain.lock(with_key):
+            pass
+
+    def plain_cycle() -> None:
+        plain.acquire(plain_key).release()
+
+    def fenced_cycle() -> None:
+        fenced.acquire(fenced_key).release()
+
+    return [
+        ("Locker vs backend: with lock()", backend_alone(False), with_cycle),
+        ("Locker vs backend: acquire().release()", backend_alone(False), plain_cycle),
+        ("Locker vs backend: fenced", backend_alone(True), fenced_cycle),
+    ]
+
+
 # -- hand-off ---------------------------------------------------------------------------------
 
 
@@ -388,6 +432,16 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:<40} {pairing.rate:>10,.0f} {pairing.floor_rate:>10,.0f} {pairing.ratio:>8.2f}x")
         results["cycles"].append({"name": name, "rate": pairing.rate, "floor": floor_name,
                                   "floor_rate": pairing.floor_rate, "ratio": pairing.ratio})
+
+    print("\nThe Locker against the backend alone (each alternating with the backend's own calls,")
+    print(f"fresh token per cycle, for {args.seconds:g} s; >= 0.95x means within 5% of the backend)")
+    print(f"{'contestant':<40} {'cycles/s':>10} {'backend/s':>10} {'vs backend':>10}")
+    results["versus_backend"] = []
+    for name, backend_cycle, locker_cycle in versus_backend(client):
+        pairing = paired(backend_cycle, locker_cycle, args.seconds)
+        print(f"{name:<40} {pairing.rate:>10,.0f} {pairing.floor_rate:>10,.0f} {pairing.ratio:>9.2f}x")
+        results["versus_backend"].append({"name": name, "rate": pairing.rate, "backend_rate": pairing.floor_rate,
+                                          "ratio": pairing.ratio})
 
     print(f"\nHand-off latency, release -> waiter holds ({args.handoffs} samples)")
     print(f"{'contestant':<40} {'p50 ms':>9} {'p99 ms':>9}")

@@ -231,9 +231,29 @@ class Acquisition:
                 received = self.clock()
                 # The local end of a granted lease, None when the grant came back too late.
                 end = local_end(sent, requested, received) if granted else None
-                if not unreachable and outage is not None:
+                if outage is not None and not unreachable:
                     logger.warning("backend reachable again while acquiring %r", lock.key)
                     outage = None
+                if end is not None:
+                    # A grant in time: the usual outcome, so judged first.
+                    if cancel is not None and cancel.is_set():
+                        # A winning attempt still in flight when the wait was cancelled is given
+                        # back: nobody will use it.
+                        give_back(self.backend, lock.key, lock.token)
+                        reason = "cancelled"
+                        break
+                    if self.closed:
+                        # close() ran while this attempt was in flight: nobody would extend or give
+                        # back this lease, so it goes back now, and check_open() raises (a closed
+                        # Locker never reopens).
+                        give_back(self.backend, lock.key, lock.token)
+                        self.check_open()
+                    lock.hold_granted(sent, end, requested, fence, max_hold)
+                    self.holds.add(lock)
+                    # Checked here too so that the uncontended path builds no event fields.
+                    if wanted(self.on_event, "acquired"):
+                        self._emit(lock, "acquired", waited=received - start, attempts=attempts)
+                    return
                 if unreachable:
                     reason = "unavailable"
                     self._emit(
@@ -241,27 +261,11 @@ class Acquisition:
                     )
                 elif rate_limit_pause is not None:
                     reason = "held"
-                elif granted and end is None:
+                elif granted:
+                    # Granted, but the answer came back after the local lease had ended.
                     give_back(self.backend, lock.key, lock.token)
                     reason = "late-acquire"
                     self._emit(lock, "contended", attempt=attempts, elapsed=received - start, reason="late")
-                elif granted and cancel is not None and cancel.is_set():
-                    # A winning attempt still in flight when the wait was cancelled is given back: nobody will use it.
-                    give_back(self.backend, lock.key, lock.token)
-                    reason = "cancelled"
-                    break
-                elif granted and self.closed:
-                    # close() ran while this attempt was in flight: nobody would extend or give
-                    # back this lease, so it goes back now.
-                    give_back(self.backend, lock.key, lock.token)
-                    self.check_open()
-                elif end is not None:
-                    lock.hold_granted(sent, end, requested, fence, max_hold)
-                    self.holds.add(lock)
-                    # Checked here too so that the uncontended path builds no event fields.
-                    if wanted(self.on_event, "acquired"):
-                        self._emit(lock, "acquired", waited=received - start, attempts=attempts)
-                    return
                 else:
                     reason = "held"
                     self._emit(lock, "contended", attempt=attempts, elapsed=received - start, reason="held")

@@ -690,7 +690,9 @@ class Lock(GuardedBlock):
             # and finds the lock's state decided by now.
             self._releasing = False
         self._host.forget(self)
-        self._emit("released")
+        # Checked here too, as for "acquired": a release nobody listens to costs no _emit call.
+        if wanted(self._host.on_event, "released"):
+            self._emit("released")
         return True
 
     def extend(self, ttl: Optional[float] = None) -> None:

@@ -332,8 +332,9 @@ class Locker:
         retry schedule, and a timeout spent that way has the last such error as ``__cause__``.
         A non-blocking call raises ``BackendUnavailableError`` at once.
         """
-        lock = self._make_lock(key, ttl, lock_options(opts) if opts else _DEFAULT_OPTIONS)
-        self._acquisition.acquire(lock, lock.options, raise_on_contention=True)
+        options = lock_options(opts) if opts else _DEFAULT_OPTIONS
+        lock = self._make_lock(key, ttl, options)
+        self._acquisition.acquire(lock, options, raise_on_contention=True)
         return lock
 
     def try_acquire(self, key: str, ttl: Optional[float] = None, **opts: Any) -> Optional[Lock]:
@@ -349,7 +350,7 @@ class Locker:
             options = _ONE_ATTEMPT
         lock = self._make_lock(key, ttl, options)
         try:
-            self._acquisition.acquire(lock, lock.options, raise_on_contention=True)
+            self._acquisition.acquire(lock, options, raise_on_contention=True)
         except LockHeldError as error:
             # None means "another holder has the key" and nothing else: every other failure raises.
             if error.reason != "held":
