@@ -38,7 +38,7 @@ pytestmark = pytest.mark.slow
 
 
 def candidate(url: str, key: str, resource_path: str, ttl: float) -> None:
-    """One candidate: campaign, write while leader, obey ``resign`` on stdin."""
+    """One candidate: campaign, write while leader, obey ``resign`` and ``stop`` on stdin."""
     sys.path.insert(0, str(ROOT))
     import lease_lock
     from benchmarks.chaos_harness.resource import SqliteResource
@@ -69,11 +69,15 @@ def candidate(url: str, key: str, resource_path: str, ttl: float) -> None:
     locker = lease_lock.connect(url, fencing=True, ttl=ttl)
     leadership = locker.elect(key, on_elected=on_elected, on_revoked=on_revoked)
 
+    stop = threading.Event()
+
     def commands() -> None:
         for line in sys.stdin:
             if line.strip() == "resign":
                 leadership.resign()
                 say("resigned")
+            elif line.strip() == "stop":
+                stop.set()
 
     threading.Thread(target=commands, daemon=True).start()
     say("ready")
@@ -85,6 +89,13 @@ def candidate(url: str, key: str, resource_path: str, ttl: float) -> None:
             seq += 1
             if not resource.write(key, fence, pid, seq):
                 say("refused", fence=fence, seq=seq)
+        if stop.is_set():
+            # The whole process stops (every thread, wherever it is), but never inside a write
+            # to the resource: a process stopped there would keep the file's write lock, and
+            # nobody, successor included, could write until it resumed.
+            stop.clear()
+            say("stopping")
+            os.kill(os.getpid(), signal.SIGSTOP)
         time.sleep(0.02)
 
 
@@ -125,6 +136,16 @@ class Candidate:
             found = self._changed.wait_for(lambda: any(r["event"] == event for r in self.events), LIMIT)
             assert found, f"candidate {self.pid} printed no {event!r} (got {self.events})"
             return next(r for r in self.events if r["event"] == event)
+
+    def pause(self) -> None:
+        """Have the process stop itself (SIGSTOP) between two writes; return once it is stopped."""
+        self.send("stop")
+        self.wait_for("stopping")
+        deadline = time.monotonic() + LIMIT
+        # /proc/<pid>/stat: the state follows the parenthesised command name; "T" is stopped.
+        while Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+            assert time.monotonic() < deadline, f"candidate {self.pid} did not stop"
+            time.sleep(0.01)
 
     def send(self, command: str) -> None:
         assert self.process.stdin is not None
@@ -229,7 +250,7 @@ def test_sigstop_past_the_ttl_revokes_on_resume_and_late_writes_are_refused(elec
     leader = wait_any(candidates, "elected", "a first leader")
     old_fence = leader.of("elected")[0]["fence"]
     wait_writes_by(path, leader.pid, 10)
-    leader.process.send_signal(signal.SIGSTOP)
+    leader.pause()
     standbys = [one for one in candidates if one is not leader]
     successor = wait_any(standbys, "elected", "a successor while the leader is stopped")
     assert successor.of("elected")[0]["fence"] > old_fence
