@@ -50,6 +50,21 @@ def parse_wait_preference(header: Optional[str]) -> Optional[int]:
     return None
 
 
+class _Waiter:
+    """One waiting request: its wake-up event and where it is (both under the room's mutex).
+
+    ``asleep`` while it waits on ``wake``; ``poked`` when a release through this process came
+    while it was awake, so that it reads the store again before sleeping.
+    """
+
+    __slots__ = ("asleep", "poked", "wake")
+
+    def __init__(self, wake: threading.Event) -> None:
+        self.wake = wake
+        self.asleep = False
+        self.poked = False
+
+
 class WaitRoom:
     """Holds waiting requests of one server process, at most ``max_waits`` at a time."""
 
@@ -60,8 +75,8 @@ class WaitRoom:
         self._dispatcher = ReleaseDispatcher(backend) if backend.capabilities.release_notify else None
         self._mutex = threading.Lock()
         self._waiting = 0
-        # store key -> the events of the requests waiting for it here, oldest first.
-        self._local: dict[str, list[threading.Event]] = {}
+        # store key -> the requests waiting for it here, oldest first.
+        self._local: dict[str, list[_Waiter]] = {}
 
     @property
     def waiting(self) -> int:
@@ -85,9 +100,10 @@ class WaitRoom:
         except BaseException:
             self._slots.release()  # the store could not be watched: the slot is free again
             raise
+        waiter = _Waiter(wake)
         with self._mutex:
             self._waiting += 1
-            self._local.setdefault(store_key, []).append(wake)
+            self._local.setdefault(store_key, []).append(waiter)
         try:
             deadline = time.monotonic() + min(seconds, self.max_wait)
             while True:
@@ -97,15 +113,23 @@ class WaitRoom:
                 left = min(deadline - time.monotonic(), remaining + 0.001)
                 if left <= 0:
                     return False
+                with self._mutex:
+                    if waiter.poked:
+                        # Released here while this request was reading: read again at once.
+                        waiter.poked = False
+                        continue
+                    waiter.asleep = True
                 notified = self._dispatcher is not None and self._dispatcher.active
                 wake.wait(left if notified else min(left, _UNNOTIFIED_SLICE))
-                wake.clear()
+                with self._mutex:
+                    waiter.asleep = False
+                    wake.clear()
         finally:
             if self._dispatcher is not None:
                 self._dispatcher.unregister(store_key, wake)
             with self._mutex:
                 waiters = self._local[store_key]
-                waiters.remove(wake)
+                waiters.remove(waiter)
                 if not waiters:
                     del self._local[store_key]
                 self._waiting -= 1
@@ -116,10 +140,17 @@ class WaitRoom:
         here at once, without waiting for the store's notification (which every process hears,
         a store round trip and a thread later; or never, for a store without notifications)."""
         with self._mutex:
-            for wake in self._local.get(store_key, ()):
-                if not wake.is_set():
-                    wake.set()
-                    return
+            for waiter in self._local.get(store_key, ()):
+                if waiter.poked or waiter.wake.is_set():
+                    continue  # woken already: the next one gets this release
+                if waiter.asleep:
+                    waiter.wake.set()
+                else:
+                    # Awake and reading the store: not through the store's event, which the
+                    # dispatcher would take, once the request leaves with its grant, for a
+                    # store wake-up left unused and send on (a round trip before the answer).
+                    waiter.poked = True
+                return
 
     def close(self) -> None:
         """Stop the release notifications."""

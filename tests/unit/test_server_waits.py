@@ -78,3 +78,55 @@ def test_a_store_that_cannot_be_watched_gives_the_slot_back() -> None:
             room.wait_until_free("k", Held(), 10)
         assert room.waiting == 0
     room.close()
+
+
+def test_a_release_while_the_waiter_takes_the_key_leaves_the_store_event_alone() -> None:
+    # The store's event stays the store's: a local wake that finds the request awake (reading,
+    # here taking the key) must not set it, or the request would leave with its grant and an
+    # event that the dispatcher takes for an unused store wake-up (and sends on to another
+    # waiter, a store round trip before the answer).
+    room = WaitRoom(MemoryBackend(), max_waits=1, max_wait=1000.0)
+    assert room._dispatcher is not None
+    seen_set: list[bool] = []
+    unregister = room._dispatcher.unregister
+
+    def spy(key: str, event: threading.Event) -> None:
+        seen_set.append(event.is_set())
+        unregister(key, event)
+
+    room._dispatcher.unregister = spy  # type: ignore[method-assign]
+    calls: list[int] = []
+
+    def held_for() -> Optional[float]:
+        calls.append(1)
+        if len(calls) == 1:
+            return 0.001  # held a moment more: the request sleeps, then reads again
+        room.released("k")  # the holder's release lands while this read takes the key
+        return None
+
+    try:
+        assert room.wait_until_free("k", held_for, 1000) is True
+        assert len(calls) == 2 and seen_set == [False]
+        assert room.waiting == 0
+    finally:
+        room.close()
+
+
+def test_a_release_while_the_waiter_reads_makes_it_read_again_at_once() -> None:
+    # No lost wake-up: a release that came while the request was reading (and found the key
+    # still held) sends it back to the store instead of to sleep.
+    room = WaitRoom(MemoryBackend(), max_waits=1, max_wait=1000.0)
+    calls: list[int] = []
+
+    def held_for() -> Optional[float]:
+        calls.append(1)
+        if len(calls) == 1:
+            room.released("k")
+            return 1000.0
+        return None
+
+    try:
+        assert room.wait_until_free("k", held_for, 1000) is True
+        assert len(calls) == 2
+    finally:
+        room.close()
