@@ -477,18 +477,19 @@ class LockServiceApp:
         return _Response(204, None, [(HEADER_RELEASED, "true" if dropped else "false")])
 
     def _wait_free(
-        self, project: str, key: str, wait: Optional[int], held_for: Callable[[], Optional[float]]
+        self, project: str, key: str, wait: Optional[int], held_for: Callable[[], Optional[float]], *, takes: bool
     ) -> list[tuple[str, str]]:
         """Honour ``Prefer: wait=N`` on a held key; the ``Preference-Applied`` header if it was.
 
-        ``held_for`` looks at the key after every wake-up (see :meth:`WaitRoom.wait_until_free`).
-        Without a free waiting slot nothing waits and no header is returned.
+        ``held_for`` looks at the key after every wake-up, and ``takes`` it when free or not
+        (see :meth:`WaitRoom.wait_until_free`). Without a free waiting slot nothing waits and
+        no header is returned.
         """
         if self.waits is None or not wait:
             return []
         waits = self.waits
         store_key = self.service.store_key(project, key)
-        waited = self._store(lambda: waits.wait_until_free(store_key, held_for, wait))
+        waited = self._store(lambda: waits.wait_until_free(store_key, held_for, wait, takes=takes))
         return [] if waited is None else [(HEADER_PREFERENCE_APPLIED, f"wait={wait}")]
 
     def _acquire(
@@ -514,7 +515,7 @@ class LockServiceApp:
                     return conflict.takeover_in or 0.0
                 return None
 
-            applied = self._wait_free(project, key, wait, held_for)
+            applied = self._wait_free(project, key, wait, held_for, takes=True)
             if not applied:
                 raise
             if not granted:
@@ -540,7 +541,7 @@ class LockServiceApp:
                 free.append(seen)  # the read after the wake-up: the answer needs no other
                 return None
 
-            headers = self._wait_free(project, key, wait, held_for)
+            headers = self._wait_free(project, key, wait, held_for, takes=False)
             if free:
                 holder = free[-1]
             elif headers:

@@ -54,15 +54,17 @@ class _Waiter:
     """One waiting request: its wake-up event and where it is (both under the room's mutex).
 
     ``asleep`` while it waits on ``wake``; ``poked`` when a release through this process came
-    while it was awake, so that it reads the store again before sleeping.
+    while it was awake, so that it reads the store again before sleeping; ``woken_here`` when
+    such a release set ``wake`` itself (the store did not).
     """
 
-    __slots__ = ("asleep", "poked", "wake")
+    __slots__ = ("asleep", "poked", "wake", "woken_here")
 
     def __init__(self, wake: threading.Event) -> None:
         self.wake = wake
         self.asleep = False
         self.poked = False
+        self.woken_here = False
 
 
 class WaitRoom:
@@ -84,13 +86,17 @@ class WaitRoom:
         return self._waiting
 
     def wait_until_free(
-        self, store_key: str, held_for: Callable[[], Optional[float]], seconds: float
+        self, store_key: str, held_for: Callable[[], Optional[float]], seconds: float, *, takes: bool = True
     ) -> Optional[bool]:
         """Wait up to ``seconds`` until ``store_key`` looks free.
 
         ``held_for`` reads the store: ``None`` when the key is free, else the seconds until
-        another token may take it. Returns ``None`` when no waiting slot was free (the caller
-        answers at once, without the preference), else whether the key was seen free.
+        another token may take it. ``takes`` says whether ``held_for`` takes the key when it
+        finds it free (an acquisition) or only reads it (a read): a store that wakes one waiting
+        process per release woke this one for a key it does not take, so a read hands that
+        wake on to the next waiter, here or in another process. Returns ``None`` when no
+        waiting slot was free (the caller answers at once, without the preference), else
+        whether the key was seen free.
         """
         if self._slots is None or not self._slots.acquire(blocking=False):
             return None
@@ -106,9 +112,12 @@ class WaitRoom:
             self._local.setdefault(store_key, []).append(waiter)
         try:
             deadline = time.monotonic() + min(seconds, self.max_wait)
+            woken_by_store = False
             while True:
                 remaining = held_for()
                 if remaining is None:
+                    if woken_by_store and not takes:
+                        wake.set()  # left set, the unregister below hands the wake on
                     return True
                 left = min(deadline - time.monotonic(), remaining + 0.001)
                 if left <= 0:
@@ -120,9 +129,10 @@ class WaitRoom:
                         continue
                     waiter.asleep = True
                 notified = self._dispatcher is not None and self._dispatcher.active
-                wake.wait(left if notified else min(left, _UNNOTIFIED_SLICE))
+                woken = wake.wait(left if notified else min(left, _UNNOTIFIED_SLICE))
                 with self._mutex:
-                    waiter.asleep = False
+                    woken_by_store = woken and not waiter.woken_here
+                    waiter.asleep = waiter.woken_here = False
                     wake.clear()
         finally:
             if self._dispatcher is not None:
@@ -144,6 +154,7 @@ class WaitRoom:
                 if waiter.poked or waiter.wake.is_set():
                     continue  # woken already: the next one gets this release
                 if waiter.asleep:
+                    waiter.woken_here = True
                     waiter.wake.set()
                 else:
                     # Awake and reading the store: not through the store's event, which the

@@ -9,12 +9,13 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Iterator
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import pytest
 from lease_lock import Locker
 from lease_lock.backends.handoff import HandoffSource
 from lease_lock.backends.redis import RedisBackend, handoff_keys
+from lease_lock.server.waits import WaitRoom
 from lease_lock.testing import wait_until
 from lease_lock.waiting import ReleaseDispatcher
 
@@ -271,3 +272,48 @@ def test_a_woken_locker_hands_the_key_on_while_a_holder_cycles(redis_server: Red
         holder.close()
         waiter.close()
         first_client.close()
+
+
+@pytest.mark.parametrize("takes", [False, True], ids=["read", "acquisition"])
+def test_a_waiting_read_hands_the_wake_it_took_on(redis_server: RedisServer, key: str, takes: bool) -> None:
+    # The lock service's waiting requests: a release wakes one waiting process. A read woken
+    # that way takes nothing, so the wake goes on (to a process that will take the key); an
+    # acquisition that took the key keeps it.
+    room_backend = RedisBackend.from_url(redis_server.url)
+    holder = RedisBackend.from_url(redis_server.url)
+    room = WaitRoom(room_backend, max_waits=1, max_wait=60.0)
+    handed_on: list[str] = []
+    answers: list[Optional[bool]] = []
+
+    def held_for() -> Optional[float]:
+        if takes:
+            return None if room_backend.acquire(key, "b" * 32, 30, "waiter") else 30.0
+        return 30.0 if room_backend.inspect(key).held else None
+
+    try:
+        assert holder.acquire(key, TOKEN_A, 30, "holder")
+        waiting = threading.Thread(target=lambda: answers.append(room.wait_until_free(key, held_for, 60, takes=takes)))
+        waiting.start()
+        assert wait_until(lambda: _blocked(holder.client) >= 1 and room.waiting == 1, 30)
+        watcher = room._dispatcher._watcher  # type: ignore[union-attr]
+        requeue = watcher.requeue
+
+        def spy(name: str) -> None:
+            handed_on.append(name)
+            requeue(name)
+
+        watcher.requeue = spy
+        assert holder.release(key, TOKEN_A)
+        waiting.join(30)
+        assert answers == [True]
+        if takes:
+            assert handed_on == [] and holder.client.llen(handoff_keys(key)[1]) == 0
+        else:
+            # Handed on (this process's watcher, still blocked on the list a moment, may take it
+            # once more and put it back too): the wake waits in the list for the next process.
+            assert handed_on and set(handed_on) == {key}
+            assert wait_until(lambda: holder.client.llen(handoff_keys(key)[1]) == 1, 30)
+    finally:
+        room.close()
+        room_backend.close()
+        holder.close()
