@@ -32,9 +32,11 @@ DictBackend = NAMESPACE["DictBackend"]
 
 
 class TestTheDocumentedBackend(BackendContract):
+    store: Any = DictBackend
+
     @pytest.fixture
     def backend(self) -> Iterator[lease_lock.Backend]:
-        backend = DictBackend()
+        backend = self.store()
         yield backend
         backend.close()
 
@@ -56,14 +58,10 @@ class DictBackendWithoutFences(DictBackend):  # type: ignore[misc,valid-type]
         return dataclasses.replace(super().inspect(key), fence=None)
 
 
-class TestABackendWithoutFences(BackendContract):
+class TestABackendWithoutFences(TestTheDocumentedBackend):
     # A third party that implements the lock calls and no fences passes the suite too: the
     # fencing tests check that it refuses fences plainly instead.
-    @pytest.fixture
-    def backend(self) -> Iterator[lease_lock.Backend]:
-        backend = DictBackendWithoutFences()
-        yield backend
-        backend.close()
+    store = DictBackendWithoutFences
 
 
 def test_a_backend_without_fences_cannot_pass_for_one_with_them() -> None:
