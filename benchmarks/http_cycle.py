@@ -2,12 +2,17 @@
 
 Cycles: for each store, number of server processes and number of concurrent clients, the same
 client load (``HttpBackend.acquire_fenced`` + ``release``, one key per client, keep-alive
-sessions) runs first against a **bare WSGI app** that answers the same statuses and bodies
-(201 with a fence, 204) at once, then against ``lease-lock serve``. Both run under the same
-server code and settings (``lease_lock.server.serving.serve``: waitress, keep-alive, the same
-threads and worker processes) and the same clients; the ratio is service/bare cycles per second.
-The two sides run in alternating slices (three each) so that a busy stretch of a shared
-machine lands on both. Clients are spread over up to 8 processes so that the client's own GIL does not cap the figure.
+sessions) runs against a **bare WSGI app** that answers the same statuses and bodies (201 with
+a fence, 204) at once, and against ``lease-lock serve``. On Redis rows it also runs against a
+**store-only app**: the bare app making the one raw store call the service's request makes
+(``SET NX PX`` for a grant, the token-checked ``EVALSHA`` delete for a release) before it
+answers, which shows how much of the gap to the bare app is the store's round trip itself.
+Every side runs under the same server code and settings (``lease_lock.server.serving.serve``:
+waitress, keep-alive, the same threads and worker processes) and the same clients; the ratio is
+service/bare cycles per second, "vs store-only" service/store-only. The sides take turns in
+short slices, each following each other equally often, so that a busy stretch of a shared
+machine lands on all of them. Clients are spread over up to 8 processes so that the client's
+own GIL does not cap the figure.
 
 Hand-off: a waiter blocked in ``Locker.acquire`` while another client releases; latency from
 the release call to the waiter's grant, with the ``Prefer: wait`` extension and without it
@@ -33,7 +38,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -54,18 +59,58 @@ _SLICE = 0.2
 # -- the floor: a bare WSGI app answering like the service -------------------------------------
 
 
+# The raw release of the store-only app: the token-checked delete every Redis lock library sends.
+_COMPARE_AND_DELETE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+_STORE_TTL_MS = 30_000
+
+
 def bare_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
     """Answers like the service at once, with no store: a grant with 201 and a lease body, a
     release with 204, a read with 200; the same headers as the service's answers (the request id
     echoed, ``Cache-Control``, the wait extension's announcement) in the same order."""
+    return _answer(environ, start_response, None)
+
+
+def store_only_app(redis_url: str) -> Callable[[dict[str, Any], Callable[..., Any]], list[bytes]]:
+    """:func:`bare_app` plus the one raw Redis call of each request: ``SET key token NX PX`` for a
+    grant (409 when it is refused), the token-checked ``EVALSHA`` delete for a release."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    compare_and_delete = client.register_script(_COMPARE_AND_DELETE)
+
+    def store_call(method: str, environ: dict[str, Any]) -> bool:
+        key = "bench-store-only" + environ["PATH_INFO"]
+        token = environ.get("HTTP_X_VOLCANO_LOCK_TOKEN", "")
+        if method == "POST":
+            return bool(client.set(key, token, nx=True, px=_STORE_TTL_MS))
+        if method == "DELETE":
+            return bool(compare_and_delete(keys=[key], args=[token]))
+        return True
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        return _answer(environ, start_response, store_call)
+
+    return app
+
+
+def _answer(
+    environ: dict[str, Any],
+    start_response: Callable[..., Any],
+    store_call: Optional[Callable[[str, dict[str, Any]], bool]],
+) -> list[bytes]:
     environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
     method = environ["REQUEST_METHOD"]
     request_id = environ.get("HTTP_X_VOLCANO_REQUEST_ID") or str(uuid.uuid4())
-    if method == "POST":
+    done = store_call is None or store_call(method, environ)
+    if method == "POST" and not done:
+        status, headers = "409 Conflict", []
+        body = b'{"error": "the lock is held by another owner", "code": "lock_held"}'
+    elif method == "POST":
         status, headers = "201 Created", []
         body = b'{"expires_at": "2099-01-01T00:00:00.000Z", "fencing_token": 1000000000000001}'
     elif method == "DELETE":
-        status, headers, body = "204 No Content", [("X-Lease-Lock-Released", "true")], b""
+        status, headers, body = "204 No Content", [("X-Lease-Lock-Released", "true" if done else "false")], b""
     else:
         status, headers, body = "200 OK", [], b'{"held": false}'
     headers.append(("X-Volcano-Request-Id", request_id))
@@ -76,13 +121,18 @@ def bare_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> lis
     return [body]
 
 
-def _serve_bare(workers: int) -> None:
+def _serve_bare(workers: int, redis_url: Optional[str]) -> None:
+    """Serve :func:`bare_app`, or with ``redis_url`` the :func:`store_only_app` on that store."""
     from lease_lock.server.serving import serve
 
     def announce(url: str, _workers: int) -> None:
         print(f"bare: serving on {url}", file=sys.stderr, flush=True)
 
-    serve(lambda: bare_app, "127.0.0.1", 0, workers=workers, threads=_THREADS, announce=announce)
+    def build() -> Callable[[dict[str, Any], Callable[..., Any]], list[bytes]]:
+        # Built in each worker process, so that each has its own store connections.
+        return bare_app if redis_url is None else store_only_app(redis_url)
+
+    serve(build, "127.0.0.1", 0, workers=workers, threads=_THREADS, announce=announce)
 
 
 @contextmanager
@@ -106,9 +156,11 @@ def _server(command: list[str], log: Path) -> Iterator[str]:
         process.wait(30)
 
 
-def _bare_server(workers: int, tmp: Path) -> Any:
+def _bare_server(workers: int, tmp: Path, redis_url: Optional[str] = None) -> Any:
     command = [sys.executable, "-m", "benchmarks.http_cycle", "--serve-bare", "--workers", str(workers)]
-    return _server(command, tmp / f"bare-{workers}.log")
+    if redis_url is not None:
+        command += ["--serve-store", redis_url]
+    return _server(command, tmp / f"bare-{workers}-{time.monotonic_ns()}.log")
 
 
 def _service(store: str, keys_file: Path, workers: int, tmp: Path, *extra: str) -> Any:
@@ -124,13 +176,14 @@ def _service(store: str, keys_file: Path, workers: int, tmp: Path, *extra: str) 
 
 
 def _client_process(
-    urls: tuple[str, str], key: str, threads: int, ready: Any, start: Any, slices: int, out: Any
+    urls: tuple[str, ...], key: str, threads: int, ready: Any, start: Any, slices: int, out: Any
 ) -> None:
-    """``threads`` clients, each running cycles against both servers by slice (see _slice_side)
-    from the moment ``start`` holds, once every client passed ``ready`` (warm); puts the cycle
-    times of each side."""
+    """``threads`` clients, each running cycles against every server in turn by slice (see
+    _slice_side) from the moment ``start`` holds, once every client passed ``ready`` (warm); puts
+    the cycle times of each side, in the order of ``urls``."""
+    sides = len(urls)
 
-    def loop(index: int, times: tuple[list[float], list[float]]) -> None:
+    def loop(index: int, times: list[list[float]]) -> None:
         backends = [HttpBackend(url, key) for url in urls]
         name = f"cycle.{uuid.uuid4().hex[:12]}.{index}"
         tokens = [backend.new_token() for backend in backends]
@@ -143,7 +196,7 @@ def _client_process(
         time.sleep(max(0.0, began_at - time.monotonic()))
         clock = time.perf_counter
         while True:
-            side = _slice_side(time.monotonic() - began_at, slices)
+            side = _slice_side(time.monotonic() - began_at, slices, sides)
             if side is None:
                 break
             backend, token = backends[side], tokens[side]
@@ -154,13 +207,13 @@ def _client_process(
         for backend in backends:
             backend.close()
 
-    per_thread: list[tuple[list[float], list[float]]] = [([], []) for _ in range(threads)]
+    per_thread: list[list[list[float]]] = [[[] for _ in urls] for _ in range(threads)]
     workers = [threading.Thread(target=loop, args=(i, per_thread[i])) for i in range(threads)]
     for worker in workers:
         worker.start()
     for worker in workers:
         worker.join()
-    out.put(([t for times in per_thread for t in times[0]], [t for times in per_thread for t in times[1]]))
+    out.put([[t for times in per_thread for t in times[side]] for side in range(sides)])
 
 
 def _set_start(start: Any) -> None:
@@ -168,27 +221,30 @@ def _set_start(start: Any) -> None:
     start.value = time.monotonic() + 0.1
 
 
-def _slice_side(elapsed: float, slices: int) -> Optional[int]:
-    """Which server the clients load ``elapsed`` seconds into a run of ``slices`` slices:
-    0 (bare) or 1 (service), ``None`` once the run is over.
+def _slice_side(elapsed: float, slices: int, sides: int = 2) -> Optional[int]:
+    """Which of ``sides`` servers the clients load ``elapsed`` seconds into a run of ``slices``
+    slices (0 is the bare app), ``None`` once the run is over.
 
-    Slices come in pairs, one per side, and the order inside a pair flips every pair, so that
-    neither side always follows the other (as in ``benchmarks.measure.paired``).
+    Slices come in rounds of one slice per side, each round's order the previous one's turned by
+    one place, so that no side always follows the same other (with two sides the order flips
+    every pair, as in ``benchmarks.measure.paired``).
     """
     index = int(elapsed // _SLICE)
     if index >= slices:
         return None
-    first = (index // 2) % 2
-    return first if index % 2 == 0 else 1 - first
+    turn, place = divmod(index, sides)
+    return (place + turn) % sides
 
 
-def _alternating(
-    bare_url: str, service_url: str, key: str, clients: int, seconds: float
-) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
-    """Bare and service loads in alternating slices of _SLICE seconds, ``seconds`` per side, by
-    the same client threads, so that a busy stretch of a shared machine falls on both sides; each
-    side's cycles/s and p50/p99 (ms) over all its slices."""
-    slices = 2 * max(1, round(seconds / _SLICE))
+Figures = tuple[float, float, float]
+
+
+def _alternating(urls: tuple[str, ...], key: str, clients: int, seconds: float) -> list[Figures]:
+    """The loads of every server of ``urls`` in turns of _SLICE seconds, ``seconds`` per server,
+    by the same client threads, so that a busy stretch of a shared machine falls on every side;
+    each side's cycles/s and p50/p99 (ms) over all its slices, in the order of ``urls``."""
+    sides = len(urls)
+    slices = sides * max(1, round(seconds / _SLICE))
     context = multiprocessing.get_context("fork")
     processes = min(clients, _MAX_CLIENT_PROCESSES)
     queue = context.Queue()
@@ -198,28 +254,23 @@ def _alternating(
     spawned = []
     for index in range(processes):
         threads = clients // processes + (1 if index < clients % processes else 0)
-        process = context.Process(
-            target=_client_process, args=((bare_url, service_url), key, threads, ready, start, slices, queue)
-        )
+        process = context.Process(target=_client_process, args=(urls, key, threads, ready, start, slices, queue))
         process.start()
         spawned.append(process)
     ready.wait(timeout=120)
-    sides: tuple[list[float], list[float]] = ([], [])
+    observed: list[list[float]] = [[] for _ in urls]
     for _ in spawned:
-        bare_times, service_times = queue.get(timeout=120 + 2 * seconds)
-        sides[0].extend(bare_times)
-        sides[1].extend(service_times)
+        for side, times in enumerate(queue.get(timeout=120 + sides * seconds)):
+            observed[side].extend(times)
     for process in spawned:
         process.join(30)
-    side_seconds = slices // 2 * _SLICE
+    side_seconds = slices // sides * _SLICE
     results = []
-    for observed in sides:
-        if not observed:
+    for times in observed:
+        if not times:
             raise RuntimeError("no cycle completed")
-        results.append(
-            (len(observed) / side_seconds, percentile(observed, 0.5) * 1000, percentile(observed, 0.99) * 1000)
-        )
-    return results[0], results[1]
+        results.append((len(times) / side_seconds, percentile(times, 0.5) * 1000, percentile(times, 0.99) * 1000))
+    return results
 
 
 # -- hand-off ----------------------------------------------------------------------------------
@@ -264,10 +315,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--handoffs", type=int, default=30, help="hand-offs per row (0: skip)")
     parser.add_argument("--serve-bare", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-store", default=None, help=argparse.SUPPRESS)
     add_json_argument(parser)
     args = parser.parse_args(argv)
     if args.serve_bare:
-        _serve_bare(args.workers)
+        _serve_bare(args.workers, args.serve_store)
         return
 
     clients = [int(n) for n in args.clients.split(",")]
@@ -279,7 +331,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         _, key = create_key(keys_file, f"bench-{uuid.uuid4().hex[:8]}", "full")
         print(f"acquire+release cycles, {args.seconds:.1f} s each, {_THREADS} threads per server process")
         header = f"{'store':<8}{'procs':>6}{'clients':>8}{'bare c/s':>10}{'service c/s':>12}{'ratio':>7}"
-        print(header + f"{'p50 ms':>8}{'p99 ms':>8}{'bare p50':>9}{'bare p99':>9}")
+        header += f"{'p50 ms':>8}{'p99 ms':>8}{'bare p50':>9}{'bare p99':>9}"
+        print(header + f"{'store-only c/s':>15}{'vs store-only':>14}")
         rows: list[dict[str, Any]] = []
         handoffs: list[dict[str, Any]] = []
         for store in args.stores.split(","):
@@ -287,18 +340,28 @@ def main(argv: Optional[list[str]] = None) -> None:
                 if store == "memory" and workers > 1:
                     continue  # one process's memory is not shared
                 for count in clients:
-                    with _bare_server(workers, tmp) as bare_url, _service(
-                        stores[store], keys_file, workers, tmp
-                    ) as service_url:
-                        bare, served = _alternating(bare_url, service_url, key, count, args.seconds)
-                    rows.append({
+                    with ExitStack() as servers:
+                        urls = [servers.enter_context(_bare_server(workers, tmp))]
+                        if store == "redis":
+                            urls.append(servers.enter_context(_bare_server(workers, tmp, stores[store])))
+                        urls.append(servers.enter_context(_service(stores[store], keys_file, workers, tmp)))
+                        figures = _alternating(tuple(urls), key, count, args.seconds)
+                    bare, served = figures[0], figures[-1]
+                    store_only = figures[1] if len(figures) == 3 else None
+                    row = {
                         "store": store, "processes": workers, "clients": count, "bare_rate": bare[0],
                         "service_rate": served[0], "ratio": served[0] / bare[0], "p50_ms": served[1],
                         "p99_ms": served[2], "bare_p50_ms": bare[1], "bare_p99_ms": bare[2],
-                    })
+                    }
+                    store_cells = f"{'-':>15}{'-':>14}"
+                    if store_only is not None:
+                        row.update(store_only_rate=store_only[0], ratio_to_store_only=served[0] / store_only[0])
+                        store_cells = f"{store_only[0]:>15.0f}{served[0] / store_only[0]:>14.2f}"
+                    rows.append(row)
                     print(
                         f"{store:<8}{workers:>6}{count:>8}{bare[0]:>10.0f}{served[0]:>12.0f}"
                         f"{served[0] / bare[0]:>7.2f}{served[1]:>8.2f}{served[2]:>8.2f}{bare[1]:>9.2f}{bare[2]:>9.2f}"
+                        + store_cells
                     )
         if args.handoffs:
             print(f"\nHand-off latency (ms), {args.handoffs} hand-offs, one server process")

@@ -124,6 +124,16 @@ def _http(out: Path, document: dict[str, Any]) -> Path:
     for bar, row in zip(bars, rows[::-1]):
         axes.text(bar.get_width() + 0.02, bar.get_y() + bar.get_height() / 2,
                   f"{row['service_rate']:,.0f}/s", va="center", fontsize=7.5)
+    # Where the bare app lands once it makes the raw store calls too (Redis rows of runs that
+    # measured it): the part of the gap that is the store's round trip.
+    store_only = [(bar, row["store_only_rate"] / row["bare_rate"])
+                  for bar, row in zip(bars, rows[::-1]) if "store_only_rate" in row]
+    if store_only:
+        axes.scatter([ratio for _, ratio in store_only],
+                     [bar.get_y() + bar.get_height() / 2 for bar, _ in store_only],
+                     marker="|", s=160, color="#c0392b", zorder=3,
+                     label="the bare app plus the raw store calls")
+        axes.legend(loc="lower right", fontsize=7)
     axes.axvline(1.0, color="#888888", linewidth=0.8)
     axes.set_xlabel("acquire + release cycles through the service / a bare WSGI app on the same server")
     axes.set_title("HTTP lock service against its floor")

@@ -102,6 +102,9 @@ def test_http_cycle_against_the_bare_floor_and_handoffs(redis_server: RedisServe
     configurations = [(row[0], row[1], row[2]) for row in cycles]
     assert configurations == [("memory", "1", "2"), ("redis", "1", "2"), ("redis", "2", "2")]
     assert all(float(row[3]) > 0 and float(row[4]) > 0 for row in cycles)
+    # The store-only app (the bare app plus the raw Redis calls) runs on Redis rows only.
+    assert cycles[0][-2:] == ["-", "-"]
+    assert all(float(row[-2]) > 0 and float(row[-1]) > 0 for row in cycles[1:])
     handoff = table_rows(output.split("Hand-off latency", 1)[1], "with Prefer: wait", "without (--max-waits 0)")
     assert all(len(cells) == 2 for cells in handoff.values())
 
@@ -119,9 +122,13 @@ def test_json_results_become_figures(tmp_path: Path, redis_server: RedisServer) 
     data.mkdir()
     run_benchmark("heartbeat_scale", "--sizes", "10", "--seconds", "1", "--json", str(data / "heartbeat_scale.json"))
     run_benchmark(
-        "http_cycle", "--seconds", "0.2", "--clients", "1", "--processes", "1", "--stores", "memory",
-        "--handoffs", "3", "--json", str(data / "http_cycle.json"),
+        "http_cycle", "--seconds", "0.2", "--clients", "1", "--processes", "1", "--stores", "memory,redis",
+        "--redis-url", redis_server.url, "--handoffs", "3", "--json", str(data / "http_cycle.json"),
     )
+    http_rows = json.loads((data / "http_cycle.json").read_text())["results"]["rows"]
+    # The store-only floor is measured on the Redis row only, and the service's ratio to it kept.
+    assert ["store_only_rate" in row for row in http_rows] == [False, True]
+    assert http_rows[1]["ratio_to_store_only"] > 0
     run_benchmark(
         "redis_cycle", "--url", redis_server.url, "--seconds", "0.2", "--handoffs", "3",
         "--json", str(data / "redis_cycle.json"),
@@ -137,6 +144,7 @@ def test_json_results_become_figures(tmp_path: Path, redis_server: RedisServer) 
     # No PostgreSQL data: its cycle figure is left out, and the hand-off figure shows Redis only.
     assert written == ["handoff-latency.svg", "heartbeat-scale.svg", "http-service.svg", "redis-cycles.svg"]
     assert printed.count(".svg") == 4
+    assert "the bare app plus the raw store calls" in (out / "http-service.svg").read_text()
     svg = (out / "redis-cycles.svg").read_text()
     assert "benchmarks.redis_cycle" in svg and document["date"] in svg
 
