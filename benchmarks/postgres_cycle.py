@@ -28,6 +28,12 @@ cycle at a time and is judged on the median cycle time (see ``measure.py``):
 - Trade-offs a user may choose: the backend with ``synchronous_commit=False`` and on an
   ``UNLOGGED`` table (each next to its own raw floor on the same table).
 
+Core CPU: this thread's CPU time per ``Locker`` cycle outside the backend's calls (the core's
+own work) and inside them, between real PostgreSQL round trips and in a hot loop on the memory
+backend. The same core code costs more between round trips, where the process slept while the
+server ran and its caches went cold, which is why the core's share of a database cycle is larger
+than its hot-loop cost suggests.
+
 Hand-off: a waiter blocks in ``Locker.acquire`` while another connection holds the key; the
 time from the start of the holder's release to the waiter holding the lock (p50/p99), with
 LISTEN/NOTIFY (the default) and with notifications turned off (polling every 50 ms), next to a
@@ -46,6 +52,7 @@ from typing import Any, ClassVar, Optional
 
 import psycopg2
 from lease_lock.backends.base import Capabilities
+from lease_lock.backends.memory import MemoryBackend
 from lease_lock.backends.postgres import PostgresBackend, ddl
 from lease_lock.backends.postgres._backend import _key_slot
 from lease_lock.locker import Locker
@@ -125,6 +132,53 @@ def _locker_cycle(locker: Locker) -> Callable[[], None]:
     return cycle
 
 
+class _CpuCounted:
+    """Mixed into a backend: adds up this thread's CPU time inside its grant and release."""
+
+    inside = 0.0
+
+    def acquire(self, key: str, token: str, ttl: float, owner: str) -> bool:
+        started = time.thread_time()
+        try:
+            return super().acquire(key, token, ttl, owner)  # type: ignore[misc, no-any-return]
+        finally:
+            self.inside += time.thread_time() - started
+
+    def release(self, key: str, token: str) -> bool:
+        started = time.thread_time()
+        try:
+            return super().release(key, token)  # type: ignore[misc, no-any-return]
+        finally:
+            self.inside += time.thread_time() - started
+
+
+class _CountedPostgres(_CpuCounted, PostgresBackend):
+    pass
+
+
+class _CountedMemory(_CpuCounted, MemoryBackend):
+    pass
+
+
+def _core_cpu(backend: Any, cycles: int) -> tuple[float, float]:
+    """Microseconds of this thread's CPU per ``Locker`` cycle outside and inside the calls of
+    ``backend`` (a :class:`_CpuCounted` backend); the run of three with the least outside."""
+    locker = Locker(backend, ttl=TTL)
+    key = f"bench:cpu:{uuid.uuid4().hex[:8]}"
+    best: Optional[tuple[float, float]] = None
+    for _ in range(3):
+        backend.inside = 0.0
+        started = time.thread_time()
+        for _ in range(cycles):
+            locker.acquire(key).release()
+        total = time.thread_time() - started
+        run = ((total - backend.inside) / cycles * 1e6, backend.inside / cycles * 1e6)
+        best = run if best is None or run[0] < best[0] else best
+    locker.close()
+    assert best is not None
+    return best
+
+
 def _advisory_cycle(conn: Any) -> Callable[[], None]:
     cursor = conn.cursor()
 
@@ -197,7 +251,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--handoffs", type=int, default=100)
     add_json_argument(parser)
     args = parser.parse_args(argv)
-    output: dict[str, Any] = {"cycles": [], "handoffs": []}
+    output: dict[str, Any] = {"cycles": [], "core_cpu": [], "handoffs": []}
 
     admin = _connect(args.url)
     tables = {"logged": f"bench_pg_{uuid.uuid4().hex[:6]}", "unlogged": f"bench_pgu_{uuid.uuid4().hex[:6]}"}
@@ -286,6 +340,20 @@ def main(argv: Optional[list[str]] = None) -> None:
         print(f"{name:<38} {pairing.rate:>9,.0f} {pairing.floor_rate:>8,.0f} {pairing.ratio:>8.2f}x")
         output["cycles"].append({"name": name, "rate": pairing.rate, "floor_rate": pairing.floor_rate,
                                  "ratio": pairing.ratio})
+
+    # Where the Locker's own time goes: the same core code costs more CPU between two real round
+    # trips (the caches went cold while the process slept) than in a hot loop on memory.
+    cpu_cycles = max(200, int(args.seconds * 500))
+    between = _core_cpu(_CountedPostgres(connection(), table=logged), cpu_cycles)
+    hot = _core_cpu(_CountedMemory(), cpu_cycles * 20)
+    print("\nThis thread's CPU per Locker cycle (µs; the best of three runs), outside the backend's")
+    print("calls (the core) and inside them")
+    print(f"{'where':<38} {'core':>9} {'backend':>9}")
+    for name, (outside, inside) in (
+        ("between PostgreSQL round trips", between), ("hot loop on the memory backend", hot)
+    ):
+        print(f"{name:<38} {outside:>9.1f} {inside:>9.1f}")
+        output["core_cpu"].append({"name": name, "core_us": outside, "backend_us": inside})
 
     notified = Locker(backend(logged), ttl=TTL)
     polling_conn = _connect(args.url)

@@ -90,6 +90,10 @@ def test_postgres_cycle_and_handoffs(postgres_server: PostgresServer) -> None:
     rows = table_rows(output, "backend acquire/release", "backend fenced", "Locker fenced", "raw SQL, UNLOGGED table")
     assert all(cells[-1].endswith("x") for cells in rows.values())
     table_rows(output.split("Hand-off latency", 1)[1], "bare LISTEN/NOTIFY wake-up", "Locker hand-off, LISTEN/NOTIFY")
+    core = table_rows(
+        output.split("CPU per Locker cycle", 1)[1], "between PostgreSQL round trips", "hot loop on the memory backend"
+    )
+    assert all(float(cells[0]) > 0 and float(cells[1]) > 0 for cells in core.values())
 
 
 def test_http_cycle_against_the_bare_floor_and_handoffs(redis_server: RedisServer) -> None:
