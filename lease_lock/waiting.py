@@ -98,10 +98,17 @@ class ReleaseDispatcher:
         watcher (the caller reads the lease itself).
 
         The figure read while queueing serves the first wait after it only; a later wait follows
-        a lost race, and nobody here knows the new holder's lease.
+        a lost race, and nobody here knows the new holder's lease. After a woken attempt that
+        lost, a watcher that keeps the waiter's turn (:meth:`HandoffWatcher.kept_turn`) says
+        when to try again instead.
         """
-        if not isinstance(self._watcher, HandoffWatcher):
+        watcher = self._watcher
+        if not isinstance(watcher, HandoffWatcher):
             return None
+        kept = watcher.kept_turn(key)
+        if kept is not None:
+            # This process's woken attempt lost, and the store keeps its turn: try again then.
+            return kept
         with self._mutex:
             end = self._lease_ends.pop(key, math.inf)
         return max(0.0, end - time.monotonic())

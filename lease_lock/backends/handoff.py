@@ -51,6 +51,16 @@ class HandoffWatcher(abc.ABC):
     def requeue(self, key: str) -> None:
         """Put back a wake for ``key`` that was taken but not used (best effort, never raises)."""
 
+    def kept_turn(self, key: str) -> Optional[float]:
+        """Seconds until a waiter here whose woken attempt at ``key`` just lost should try
+        again on its own, or ``None`` (wait for the next wake as usual).
+
+        A store may keep a woken waiter's turn for a moment after it lost the race to a holder
+        that took the key straight back: releases meanwhile wake nobody, and the waiter tries
+        again when this says. Each figure is handed out once. The default keeps no turn.
+        """
+        return None
+
     @abc.abstractmethod
     def close(self) -> None:
         """Stop the thread and free the connection. Idempotent."""

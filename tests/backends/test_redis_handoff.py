@@ -15,6 +15,7 @@ import pytest
 from lease_lock import Locker
 from lease_lock.backends.handoff import HandoffSource
 from lease_lock.backends.redis import RedisBackend, handoff_keys
+from lease_lock.backends.redis._watch import TURN_RETRIES, TURN_RETRY_MS
 from lease_lock.server.waits import WaitRoom
 from lease_lock.testing import wait_until
 from lease_lock.waiting import ReleaseDispatcher
@@ -23,6 +24,7 @@ from tests.support.handoff import WakeCounter, hand_key_round
 from tests.support.redis_server import RedisServer
 
 TOKEN_A = "a" * 32
+TOKEN_B = "b" * 32
 
 
 @pytest.fixture
@@ -138,6 +140,51 @@ def test_dispatcher_wakes_at_once_for_a_key_freed_before_queueing(backend: Redis
         dispatcher.close()
 
 
+def test_a_waiter_whose_woken_attempt_lost_looks_again_when_its_turn_is_due(
+    backend: RedisBackend, key: str
+) -> None:
+    # What the core's attempt loop asks before it sleeps after a lost attempt: with a kept turn,
+    # the few milliseconds of the turn, not the holder's lease (nor a second).
+    _wake_taken(backend, key)
+    holder = RedisBackend(backend.client)
+    assert holder.acquire(key, TOKEN_A, 30, "holder")
+    dispatcher = ReleaseDispatcher(backend)
+    try:
+        waiting = dispatcher.register(key)
+        assert dispatcher.lease_left(key) is not None  # the figure read while queueing
+        backend._turns.woken(key)
+        assert not backend.acquire(key, TOKEN_B, 30, "woken waiter")
+        left = dispatcher.lease_left(key)
+        assert left is not None and 0.0 <= left <= TURN_RETRY_MS / 1000
+        dispatcher.unregister(key, waiting)
+    finally:
+        dispatcher.close()
+
+
+def test_a_turn_kept_for_a_waiter_that_leaves_is_passed_on(backend: RedisBackend, key: str) -> None:
+    # The loser of a woken attempt times out during its kept turn: a release in that turn woke
+    # nobody, so leaving pushes a wake for another process.
+    _wake_taken(backend, key)
+    holder = RedisBackend(backend.client)
+    assert holder.acquire(key, TOKEN_A, 30, "holder")
+    dispatcher = ReleaseDispatcher(backend)
+    try:
+        waiting = dispatcher.register(key)
+        backend._turns.woken(key)
+        assert not backend.acquire(key, TOKEN_B, 30, "woken waiter")
+        assert holder.release(key, TOKEN_A)
+        # Within the kept turn this release woke nobody; on a machine slow enough to get past
+        # the turn first it did, and that wake is taken here, so only the leaving waiter's
+        # wake can be found below.
+        _take_wake(backend, key)
+        dispatcher.unregister(key, waiting)
+        # (This process's own watcher may still be blocked on the key's list for a moment; a
+        # wake it catches goes back to the list, since nobody here waits any more.)
+        assert wait_until(lambda: _take_wake(backend, key), 30)
+    finally:
+        dispatcher.close()
+
+
 def test_an_unused_wake_is_passed_on_when_its_waiter_leaves(backend: RedisBackend, key: str) -> None:
     first, second = ReleaseDispatcher(backend), ReleaseDispatcher(backend)
     try:
@@ -207,14 +254,69 @@ def test_releases_while_a_wake_is_outstanding_push_no_other(backend: RedisBacken
         assert backend.acquire(key, TOKEN_A, 30, "holder")
         assert backend.release(key, TOKEN_A)
         assert not _take_wake(backend, key)
-    # The woken process tries (and here fails, the key being held): the wake is answered, so
-    # the next release wakes a waiter again.
-    other = RedisBackend(backend.client)
-    assert other.acquire(key, TOKEN_A, 30, "holder")
-    other._woken.add(key)
-    assert not other.acquire(key, "b" * 32, 30, "woken waiter")
+    # The woken process tries and wins: the wake is answered, so the next release wakes a
+    # waiter again.
+    woken = RedisBackend(backend.client)
+    woken._turns.woken(key)
+    assert woken.acquire(key, TOKEN_B, 30, "woken waiter")
+    assert woken.release(key, TOKEN_B)
+    assert _take_wake(backend, key)
+
+
+def _server_ms(backend: RedisBackend) -> int:
+    seconds, micros = backend.client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _outstanding_until(backend: RedisBackend, key: str) -> Optional[int]:
+    """The server time (ms) until which the key's wake is outstanding, or None."""
+    marker, _ = handoff_keys(key)
+    due = backend.client.hget(marker, "o")
+    return None if due is None else int(due)
+
+
+def test_a_woken_attempt_that_loses_keeps_its_turn_a_moment(backend: RedisBackend, key: str) -> None:
+    # The holder took the key straight back before the woken waiter tried: the waiter loses,
+    # and the store keeps its turn (the wake stays outstanding) for TURN_RETRY_MS, doubling on
+    # each further loss, while the waiter is told to try again on its own when the turn is due.
+    _wake_taken(backend, key)
+    assert backend.acquire(key, TOKEN_A, 30, "holder")
+    woken = RedisBackend(backend.client)
+    woken._turns.woken(key)
+    for losses in range(TURN_RETRIES):
+        before = _server_ms(backend)
+        assert not woken.acquire(key, TOKEN_B, 30, "woken waiter")
+        after = _server_ms(backend)
+        kept = TURN_RETRY_MS << losses
+        due = _outstanding_until(backend, key)
+        assert due is not None and before + kept <= due <= after + kept
+        # The waiter's next look at the key is due when the turn's pause ends, and is told once.
+        wait = woken._turns.kept_turn(key)
+        assert wait is not None and 0.0 <= wait <= kept / 1000
+        assert woken._turns.kept_turn(key) is None
+    # The last kept turn lost too: the turn is given up, the wake answered, and the next
+    # release wakes a waiter again.
+    assert not woken.acquire(key, TOKEN_B, 30, "woken waiter")
+    assert _outstanding_until(backend, key) is None
+    assert woken._turns.kept_turn(key) is None
     assert backend.release(key, TOKEN_A)
     assert _take_wake(backend, key)
+
+
+def test_a_kept_turn_that_wins_answers_the_wake(backend: RedisBackend, key: str) -> None:
+    _wake_taken(backend, key)
+    assert backend.acquire(key, TOKEN_A, 30, "holder")
+    woken = RedisBackend(backend.client)
+    woken._turns.woken(key)
+    assert not woken.acquire(key, TOKEN_B, 30, "woken waiter")
+    assert _outstanding_until(backend, key) is not None
+    # The holder lets go for good; the waiter's own retry (no wake needed) takes the key.
+    assert backend.release(key, TOKEN_A)
+    assert woken._turns.kept_turn(key) is not None
+    assert woken.acquire(key, TOKEN_B, 30, "woken waiter")
+    assert _outstanding_until(backend, key) is None
+    # Nothing of the turn is left: the next attempt is a plain one.
+    assert woken._turns.answering(key) is None
 
 
 def test_a_woken_grant_if_free_answers_the_wake_too(backend: RedisBackend, key: str) -> None:
@@ -222,7 +324,7 @@ def test_a_woken_grant_if_free_answers_the_wake_too(backend: RedisBackend, key: 
     # outstanding wake as an acquire does, or the next release would wake nobody.
     _wake_taken(backend, key)
     woken = RedisBackend(backend.client)
-    woken._woken.add(key)
+    woken._turns.woken(key)
     assert isinstance(woken.grant_if_free(key, "b" * 32, 30, "woken"), int)
     assert woken.release(key, "b" * 32)
     assert _take_wake(backend, key)

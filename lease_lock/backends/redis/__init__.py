@@ -42,7 +42,14 @@ from ._url import (
     retries_seen,
     start_counting_retries,
 )
-from ._watch import OUTSTANDING_MS, WAKE_MS, RedisHandoffWatcher, RedisReleaseWatcher, release_channel
+from ._watch import (
+    OUTSTANDING_MS,
+    WAKE_MS,
+    RedisHandoffWatcher,
+    RedisReleaseWatcher,
+    Turns,
+    release_channel,
+)
 
 __all__ = ["RedisBackend", "fence_key", "handoff_keys", "hash_tag", "is_fence_key"]
 
@@ -51,8 +58,6 @@ _COUNTER_LIFETIME_MS = 86_400_000
 #: Batched reads and extensions go out in pipelines of at most this many commands.
 _BATCH = 1000
 _COUNTER_PREFIX = "lease_lock:window:"
-#: How many taken wakes a backend remembers before it forgets them all.
-_WOKEN_LIMIT = 10_000
 
 
 def hash_tag(key: str) -> Optional[str]:
@@ -277,8 +282,9 @@ class RedisBackend(ServiceStore):
         self._channel = release_channel(db)
         self._watchers: list[Union[RedisReleaseWatcher, RedisHandoffWatcher]] = []
         self._watchers_lock = threading.Lock()
-        #: Keys whose wake this process took and has not tried since (see _grant).
-        self._woken: set[str] = set()
+        #: The wakes this process took and has not answered yet, and the turns its waiters
+        #: keep after losing a race (see _grant and the scripts).
+        self._turns = Turns()
         # Whether the client counts its failed tries (only the clients from_url builds do): a
         # release then reads its answer in that light, and other clients skip the counting.
         self._counts_retries = False
@@ -403,19 +409,40 @@ class RedisBackend(ServiceStore):
 
     # -- primitives ----------------------------------------------------------------------------
 
-    def _answer_wake(self, key: str, keys: list[str], argv: list[Any]) -> None:
-        """When this process was woken for ``key``, make the attempt being built end the
-        outstanding wake, so that the next release wakes a waiter again (see the scripts)."""
-        if self._woken and key in self._woken:
-            self._woken.discard(key)
-            keys.append(handoff_keys(key)[0])
-            argv.append("1")
+    def _answer_wake(self, key: str, keys: list[str], argv: list[Any], keep_turn: bool) -> int:
+        """When this process was woken for ``key``, make the attempt being built answer the
+        wake (see the scripts): if it wins, the next release wakes a waiter again; if it loses
+        and ``keep_turn``, the store keeps the turn for the milliseconds returned (``0``: the
+        turn is given up, or the attempt answers no wake)."""
+        kept = self._turns.answering(key)
+        if kept is None:
+            return 0
+        if not keep_turn and kept:
+            self._turns.settled(key)
+            kept = 0
+        keys.append(handoff_keys(key)[0])
+        argv += ["1", kept]
+        return kept
 
     def _grant(self, key: str, token: str, ttl: float, owner: str, fenced: bool) -> Optional[str]:
         ms = _millis(ttl)
         argv = [f"{token}|", ms, owner, "1" if fenced else "0", max(_COUNTER_LIFETIME_MS, ms)]
         keys = [key, self._fence_key(key)] if fenced else [key]
-        self._answer_wake(key, keys, argv)
+        if not self._answer_wake(key, keys, argv, keep_turn=True):
+            return self._ask_grant(key, token, keys, argv)
+        try:
+            fence = self._ask_grant(key, token, keys, argv)
+        except BaseException:
+            self._turns.settled(key)
+            raise
+        if fence is None:
+            self._turns.lost(key)
+        else:
+            self._turns.settled(key)
+        return fence
+
+    def _ask_grant(self, key: str, token: str, keys: list[str], argv: list[Any]) -> Optional[str]:
+        """Run ACQUIRE: the fence as text (``""`` unfenced) on a grant, ``None`` on contention."""
         if self.wait_for_replicas is None:
             reply = _scripts.ACQUIRE(self._commands, keys, argv)
             return None if reply is None else reply.decode("ascii")
@@ -455,7 +482,9 @@ class RedisBackend(ServiceStore):
         ms = _millis(ttl)
         argv = [f"{token}|", ms, owner, "1", max(_COUNTER_LIFETIME_MS, ms)]
         keys = [key, self._fence_key(key)]
-        self._answer_wake(key, keys, argv)
+        # The lock service's waiting requests answer a wake too, but keep no turn: they wait
+        # for the next wake instead.
+        self._answer_wake(key, keys, argv, keep_turn=False)
         reply = _scripts.GRANT_IF_FREE(self._commands, keys, argv)
         if isinstance(reply, list):
             return self._state(key, reply)
@@ -605,15 +634,13 @@ class RedisBackend(ServiceStore):
 
         def deliver(key: str) -> bool:
             # Noted before the waiter wakes, since its attempt may start at once.
-            if len(self._woken) >= _WOKEN_LIMIT:
-                self._woken.clear()  # notes of waiters that left; each costs one more wake
-            self._woken.add(key)
+            self._turns.woken(key)
             taken = callback(key)
             if not taken:
-                self._woken.discard(key)
+                self._turns.unwoken(key)
             return taken
 
-        watcher = RedisHandoffWatcher(self.client, handoff_keys, deliver, translate)
+        watcher = RedisHandoffWatcher(self.client, handoff_keys, deliver, translate, self._turns)
         with self._watchers_lock:
             self._watchers = [item for item in self._watchers if not item.closed] + [watcher]
         return watcher

@@ -78,22 +78,40 @@ redis.call('SET', KEYS[2], fence, 'PX', ARGV[5])
 """
 
 # An attempt that answers a wake (ARGV[6] "1") ends it: the last KEYS entry is the key's waiting
-# marker, whose field ``o`` says a wake is outstanding (see _ANNOUNCE).
+# marker, whose field ``o`` says until when a wake is outstanding (see _ANNOUNCE).
 _ANSWER_WAKE = """
 if ARGV[6] == '1' then
   redis.call('HDEL', KEYS[#KEYS], 'o')
 end
 """
 
+# ACQUIRE's answer to a wake: a win ends it, and so does a loss unless ARGV[7] (milliseconds,
+# "0" for none) keeps the waiter's turn: the wake then stays outstanding that long, while the
+# loser tries again on its own (see TURN_RETRY_MS in _watch).
+_ANSWER_WAKE_KEEPING_TURN = """
+if ARGV[6] == '1' then
+  local kept = tonumber(ARGV[7] or '0')
+  local current = redis.call('GET', KEYS[1])
+  if kept > 0 and current and string.sub(current, 1, #ARGV[1]) ~= ARGV[1] then
+    local now = redis.call('TIME')
+    local millis = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+    redis.call('HSET', KEYS[#KEYS], 'o', string.format('%.0f', millis + kept))
+  else
+    redis.call('HDEL', KEYS[#KEYS], 'o')
+  end
+end
+"""
+
 #: KEYS[1] lease key, KEYS[2] fence counter (same hash slot; only when fenced), and last the
 #: key's waiting marker when ARGV[6] is "1".
 #: ARGV[1] "<token>|", ARGV[2] lease in ms, ARGV[3] owner, ARGV[4] "1" to fence,
-#: ARGV[5] counter lifetime in ms, ARGV[6] "1" when this attempt answers a wake (see RELEASE).
+#: ARGV[5] counter lifetime in ms, ARGV[6] "1" when this attempt answers a wake (see RELEASE),
+#: ARGV[7] with it: how many ms the waiter's turn is kept if it loses ("0": none).
 #: Returns nil when another token holds the key, else the fence as text ("" when unfenced).
 #: A repeated acquire by the holding token keeps its fence and sets a new lease.
 ACQUIRE = Script(
     _EFFECTS
-    + _ANSWER_WAKE
+    + _ANSWER_WAKE_KEEPING_TURN
     + """
 local current = redis.call('GET', KEYS[1])
 local mine = ARGV[1]
@@ -157,11 +175,13 @@ return 0
 # The announcement of a release: a pub/sub message for every watcher and, when some process
 # waits for the key (its waiting marker KEYS[2] exists), one wake on the key's wake list KEYS[3]
 # for the one watcher that has waited longest (a wake nobody took is replaced, not added to).
-# A wake is outstanding from its push (the marker's field ``o``, the server time in ms) until
-# the woken process's next attempt at the key clears it (ACQUIRE with ARGV[6]), or for
-# OUTSTANDING_MS at most: meanwhile further releases push no wake, since a woken waiter is
-# about to try anyway. Without that, a holder that releases and re-takes at once would wake a
-# waiter on every cycle, only for each woken attempt to fail.
+# A wake is outstanding until the time in the marker's field ``o`` (server ms): from its push
+# for OUTSTANDING_MS at most, until the woken process's attempt at the key answers it (ACQUIRE
+# with ARGV[6]), which clears it or, on a loss that keeps the waiter's turn, moves it to the
+# end of that turn. Meanwhile further releases push no wake, since a woken waiter is about to
+# try anyway. Without that, a holder that releases and re-takes at once would wake a waiter on
+# every cycle, only for each woken attempt to fail. (A field further ahead than OUTSTANDING_MS
+# is not believed: a server clock stepped back must not silence the wakes.)
 _ANNOUNCE = (
     _EFFECTS
     + """
@@ -170,11 +190,11 @@ local function announce(channel, message, wake_ms, outstanding_ms)
   if redis.call('EXISTS', KEYS[2]) == 1 then
     local now = redis.call('TIME')
     local millis = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-    local pushed = tonumber(redis.call('HGET', KEYS[2], 'o') or '')
-    if pushed and millis - pushed >= 0 and millis - pushed < tonumber(outstanding_ms) then
+    local due = tonumber(redis.call('HGET', KEYS[2], 'o') or '')
+    if due and millis < due and due - millis <= tonumber(outstanding_ms) then
       return
     end
-    redis.call('HSET', KEYS[2], 'o', string.format('%.0f', millis))
+    redis.call('HSET', KEYS[2], 'o', string.format('%.0f', millis + tonumber(outstanding_ms)))
     redis.call('DEL', KEYS[3])
     redis.call('LPUSH', KEYS[3], '1')
     redis.call('PEXPIRE', KEYS[3], wake_ms)

@@ -19,7 +19,10 @@ from redis.exceptions import RedisError
 from ..base import ReleaseWatcher
 from ..handoff import HandoffWatcher
 
-__all__ = ["OUTSTANDING_MS", "WAKE_MS", "RedisHandoffWatcher", "RedisReleaseWatcher", "release_channel"]
+__all__ = [
+    "OUTSTANDING_MS", "TURN_RETRIES", "TURN_RETRY_MS", "WAKE_MS",
+    "RedisHandoffWatcher", "RedisReleaseWatcher", "Turns", "release_channel",
+]
 
 _log = logging.getLogger("lease_lock")
 
@@ -124,8 +127,92 @@ WAKE_MS = 10000
 #: than a woken waiter needs to try; if it died instead, the next release after this wakes
 #: another.
 OUTSTANDING_MS = 250
+#: A woken attempt that loses its race (the releasing process took the key straight back)
+#: keeps the waiter's turn: it tries again on its own after TURN_RETRY_MS, then after twice
+#: that, TURN_RETRIES times in all, while releases wake nobody else; a loss after the last
+#: retry gives the turn up, and the next release wakes a waiter again. So a holder that
+#: releases and re-takes in a loop meets one waiter at a time instead of a wake-up chain per
+#: release, and a key freed during a kept turn waits at most the turn's current pause.
+TURN_RETRY_MS = 2
+TURN_RETRIES = 3
+_TURN_NOTES_LIMIT = 10_000
 #: The longest one BLPOP blocks: close() and keys whose waiters left are noticed this often.
 _BLOCK = 1.0
+
+
+class Turns:
+    """The keys whose wake a waiter of this process took, and the turns its lost attempts keep.
+
+    Shared by a backend (which builds each attempt and learns its outcome) and its hand-off
+    watcher (which delivers the wakes and tells the waiter when a kept turn is due). Methods
+    are called from the watcher's thread and from acquiring threads.
+    """
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        #: Keys woken here and not tried since -> how many times that wake's turn was lost.
+        self._woken: dict[str, int] = {}
+        #: Keys whose attempt answering a wake is in flight -> the same count.
+        self._trying: dict[str, int] = {}
+        #: Keys whose kept turn is due -> when (monotonic seconds).
+        self._due: dict[str, float] = {}
+
+    def woken(self, key: str) -> None:
+        """A wake for ``key`` reached a waiter here: its next attempt answers it."""
+        with self._mutex:
+            if len(self._woken) >= _TURN_NOTES_LIMIT:
+                # Notes of waiters that left without trying; each costs one more wake.
+                self._woken.clear()
+                self._due.clear()
+            self._woken[key] = 0
+
+    def unwoken(self, key: str) -> None:
+        """Nobody here took the wake for ``key``."""
+        with self._mutex:
+            self._woken.pop(key, None)
+
+    def answering(self, key: str) -> Optional[int]:
+        """An attempt at ``key`` is being built: ``None`` when it answers no wake; else the
+        milliseconds the store is to keep the turn if it loses (``0``: the turn is given up).
+        A kept turn waits for :meth:`lost` or :meth:`settled`."""
+        if not self._woken:
+            return None  # the usual case, without the mutex
+        with self._mutex:
+            losses = self._woken.pop(key, None)
+            if losses is None or losses >= TURN_RETRIES:
+                return None if losses is None else 0
+            self._trying[key] = losses
+        return TURN_RETRY_MS << losses
+
+    def lost(self, key: str) -> None:
+        """The attempt that answered a wake for ``key`` lost, and its turn is kept: the
+        waiter's next attempt answers the same wake, due when the turn's pause ends."""
+        with self._mutex:
+            losses = self._trying.pop(key, None)
+            if losses is None:
+                return
+            self._woken[key] = losses + 1
+            self._due[key] = time.monotonic() + (TURN_RETRY_MS << losses) / 1000
+
+    def settled(self, key: str) -> None:
+        """The attempt that answered a wake for ``key`` won, or failed without an answer."""
+        with self._mutex:
+            self._trying.pop(key, None)
+
+    def give_up(self, key: str) -> bool:
+        """The waiters here for ``key`` left: forget its wake; ``True`` when a turn was kept."""
+        with self._mutex:
+            losses = self._woken.pop(key, 0)
+            due = self._due.pop(key, None)
+        return losses > 0 or due is not None
+
+    def kept_turn(self, key: str) -> Optional[float]:
+        """Seconds until the kept turn for ``key`` is due, once; ``None`` when none is kept."""
+        if not self._due:
+            return None
+        with self._mutex:
+            due = self._due.pop(key, None)
+        return None if due is None else max(0.0, due - time.monotonic())
 
 
 class RedisHandoffWatcher(HandoffWatcher):
@@ -136,7 +223,8 @@ class RedisHandoffWatcher(HandoffWatcher):
     (``names(key)[1]``), which Redis hands to the watcher that has been blocked on it longest.
     Wakes are single elements (a release replaces any unclaimed one), so a burst of releases
     nobody took leaves one wake, not a backlog. A private control list interrupts the ``BLPOP``
-    when a new key is wanted.
+    when a new key is wanted. ``turns`` (shared with the backend) says when a turn its waiters
+    lost is due again (:meth:`kept_turn`).
     """
 
     def __init__(
@@ -145,11 +233,13 @@ class RedisHandoffWatcher(HandoffWatcher):
         names: Callable[[str], tuple[str, str]],
         callback: Callable[[str], bool],
         translate: Callable[[BaseException], Optional[BaseException]],
+        turns: Optional[Turns] = None,
     ) -> None:
         self._client = client
         self._names = names
         self._callback = callback
         self._translate = translate
+        self._turns = turns
         self._control = f"lease_lock:handoff:{uuid.uuid4().hex}"
         self._mutex = threading.Lock()
         self._wanted: dict[str, str] = {}  # wake list -> key
@@ -201,11 +291,19 @@ class RedisHandoffWatcher(HandoffWatcher):
             return 0.0
         return None if left_ms < 0 else left_ms / 1000
 
+    def kept_turn(self, key: str) -> Optional[float]:
+        """Seconds until a waiter here whose woken attempt at ``key`` lost tries again (its
+        turn kept, see :data:`TURN_RETRY_MS`), once; ``None`` when no turn is kept."""
+        return None if self._turns is None else self._turns.kept_turn(key)
+
     def unwant(self, key: str) -> None:
-        """Forget ``key``; the thread drops its wake list at its next turn."""
+        """Forget ``key``; the thread drops its wake list at its next turn. A turn kept for a
+        waiter here is passed on with a wake, since a release during it woke nobody."""
         _, wake = self._names(key)
         with self._mutex:
             self._wanted.pop(wake, None)
+        if self._turns is not None and self._turns.give_up(key):
+            self.requeue(key)
 
     def requeue(self, key: str) -> None:
         """Push a wake back for another watcher."""
