@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Callable, Optional
 
 import pytest
@@ -140,38 +141,40 @@ def test_dispatcher_wakes_at_once_for_a_key_freed_before_queueing(backend: Redis
         dispatcher.close()
 
 
+@contextmanager
+def _after_a_lost_woken_attempt(
+    backend: RedisBackend, key: str
+) -> Iterator[tuple[RedisBackend, ReleaseDispatcher, threading.Event]]:
+    """A waiter of ``backend``'s process was woken for ``key`` and lost to a holder that took it
+    back: yields the holder, the waiter's dispatcher and its registered event."""
+    _wake_taken(backend, key)
+    holder = RedisBackend(backend.client)
+    assert holder.acquire(key, TOKEN_A, 30, "holder")
+    dispatcher = ReleaseDispatcher(backend)
+    try:
+        waiting = dispatcher.register(key)
+        backend._turns.woken(key)
+        assert not backend.acquire(key, TOKEN_B, 30, "woken waiter")
+        yield holder, dispatcher, waiting
+    finally:
+        dispatcher.close()
+
+
 def test_a_waiter_whose_woken_attempt_lost_looks_again_when_its_turn_is_due(
     backend: RedisBackend, key: str
 ) -> None:
     # What the core's attempt loop asks before it sleeps after a lost attempt: with a kept turn,
     # the few milliseconds of the turn, not the holder's lease (nor a second).
-    _wake_taken(backend, key)
-    holder = RedisBackend(backend.client)
-    assert holder.acquire(key, TOKEN_A, 30, "holder")
-    dispatcher = ReleaseDispatcher(backend)
-    try:
-        waiting = dispatcher.register(key)
-        assert dispatcher.lease_left(key) is not None  # the figure read while queueing
-        backend._turns.woken(key)
-        assert not backend.acquire(key, TOKEN_B, 30, "woken waiter")
+    with _after_a_lost_woken_attempt(backend, key) as (_, dispatcher, waiting):
         left = dispatcher.lease_left(key)
         assert left is not None and 0.0 <= left <= TURN_RETRY_MS / 1000
         dispatcher.unregister(key, waiting)
-    finally:
-        dispatcher.close()
 
 
 def test_a_turn_kept_for_a_waiter_that_leaves_is_passed_on(backend: RedisBackend, key: str) -> None:
     # The loser of a woken attempt times out during its kept turn: a release in that turn woke
     # nobody, so leaving pushes a wake for another process.
-    _wake_taken(backend, key)
-    holder = RedisBackend(backend.client)
-    assert holder.acquire(key, TOKEN_A, 30, "holder")
-    dispatcher = ReleaseDispatcher(backend)
-    try:
-        waiting = dispatcher.register(key)
-        backend._turns.woken(key)
-        assert not backend.acquire(key, TOKEN_B, 30, "woken waiter")
+    with _after_a_lost_woken_attempt(backend, key) as (holder, dispatcher, waiting):
         assert holder.release(key, TOKEN_A)
         # Within the kept turn this release woke nobody; on a machine slow enough to get past
         # the turn first it did, and that wake is taken here, so only the leaving waiter's
@@ -181,8 +184,6 @@ def test_a_turn_kept_for_a_waiter_that_leaves_is_passed_on(backend: RedisBackend
         # (This process's own watcher may still be blocked on the key's list for a moment; a
         # wake it catches goes back to the list, since nobody here waits any more.)
         assert wait_until(lambda: _take_wake(backend, key), 30)
-    finally:
-        dispatcher.close()
 
 
 def test_an_unused_wake_is_passed_on_when_its_waiter_leaves(backend: RedisBackend, key: str) -> None:
