@@ -144,12 +144,13 @@ class Turns:
     """The keys whose wake a waiter of this process took, and the turns its lost attempts keep.
 
     Shared by a backend (which builds each attempt and learns its outcome) and its hand-off
-    watcher (which delivers the wakes and tells the waiter when a kept turn is due). Methods
-    are called from the watcher's thread and from acquiring threads.
+    watcher (which delivers the wakes and tells the waiter when a kept turn is due), and called
+    from the watcher's thread and from acquiring threads. Each step is one or two dict operations,
+    each atomic under the interpreter lock, and no mutex: a fork can never copy one held. Two
+    threads racing on one key cost at most a wake answered twice or a turn given up early.
     """
 
     def __init__(self) -> None:
-        self._mutex = threading.Lock()
         #: Keys woken here and not tried since -> how many times that wake's turn was lost.
         self._woken: dict[str, int] = {}
         #: Keys whose attempt answering a wake is in flight -> the same count.
@@ -159,59 +160,54 @@ class Turns:
 
     def woken(self, key: str) -> None:
         """A wake for ``key`` reached a waiter here: its next attempt answers it."""
-        with self._mutex:
-            if len(self._woken) >= _TURN_NOTES_LIMIT:
-                # Notes of waiters that left without trying; each costs one more wake.
-                self._woken.clear()
-                self._due.clear()
-            self._woken[key] = 0
+        if len(self._woken) >= _TURN_NOTES_LIMIT:
+            # Notes of waiters that left without trying; each costs one more wake.
+            self._woken.clear()
+            self._due.clear()
+        self._woken[key] = 0
 
     def unwoken(self, key: str) -> None:
         """Nobody here took the wake for ``key``."""
-        with self._mutex:
-            self._woken.pop(key, None)
+        self._woken.pop(key, None)
 
     def answering(self, key: str) -> Optional[int]:
         """An attempt at ``key`` is being built: ``None`` when it answers no wake; else the
         milliseconds the store is to keep the turn if it loses (``0``: the turn is given up).
         A kept turn waits for :meth:`lost` or :meth:`settled`."""
         if not self._woken:
-            return None  # the usual case, without the mutex
-        with self._mutex:
-            losses = self._woken.pop(key, None)
-            if losses is None or losses >= TURN_RETRIES:
-                return None if losses is None else 0
-            self._trying[key] = losses
+            return None  # the usual case
+        losses = self._woken.pop(key, None)
+        if losses is None:
+            return None
+        if losses >= TURN_RETRIES:
+            return 0
+        self._trying[key] = losses
         return TURN_RETRY_MS << losses
 
     def lost(self, key: str) -> None:
         """The attempt that answered a wake for ``key`` lost, and its turn is kept: the
         waiter's next attempt answers the same wake, due when the turn's pause ends."""
-        with self._mutex:
-            losses = self._trying.pop(key, None)
-            if losses is None:
-                return
-            self._woken[key] = losses + 1
-            self._due[key] = time.monotonic() + (TURN_RETRY_MS << losses) / 1000
+        losses = self._trying.pop(key, None)
+        if losses is None:
+            return
+        self._due[key] = time.monotonic() + (TURN_RETRY_MS << losses) / 1000
+        self._woken[key] = losses + 1
 
     def settled(self, key: str) -> None:
         """The attempt that answered a wake for ``key`` won, or failed without an answer."""
-        with self._mutex:
-            self._trying.pop(key, None)
+        self._trying.pop(key, None)
 
     def give_up(self, key: str) -> bool:
         """The waiters here for ``key`` left: forget its wake; ``True`` when a turn was kept."""
-        with self._mutex:
-            losses = self._woken.pop(key, 0)
-            due = self._due.pop(key, None)
+        losses = self._woken.pop(key, 0)
+        due = self._due.pop(key, None)
         return losses > 0 or due is not None
 
     def kept_turn(self, key: str) -> Optional[float]:
         """Seconds until the kept turn for ``key`` is due, once; ``None`` when none is kept."""
         if not self._due:
             return None
-        with self._mutex:
-            due = self._due.pop(key, None)
+        due = self._due.pop(key, None)
         return None if due is None else max(0.0, due - time.monotonic())
 
 
