@@ -414,12 +414,9 @@ class RedisBackend(ServiceStore):
         wake (see the scripts): if it wins, the next release wakes a waiter again; if it loses
         and ``keep_turn``, the store keeps the turn for the milliseconds returned (``0``: the
         turn is given up, or the attempt answers no wake)."""
-        kept = self._turns.answering(key)
+        kept = self._turns.answering(key, keep_turn)
         if kept is None:
             return 0
-        if not keep_turn and kept:
-            self._turns.settled(key)
-            kept = 0
         keys.append(handoff_keys(key)[0])
         argv += ["1", kept]
         return kept
@@ -433,12 +430,9 @@ class RedisBackend(ServiceStore):
         try:
             fence = self._ask_grant(key, token, keys, argv)
         except BaseException:
-            self._turns.settled(key)
+            self._turns.answered(key, lost=False)
             raise
-        if fence is None:
-            self._turns.lost(key)
-        else:
-            self._turns.settled(key)
+        self._turns.answered(key, lost=fence is None)
         return fence
 
     def _ask_grant(self, key: str, token: str, keys: list[str], argv: list[Any]) -> Optional[str]:

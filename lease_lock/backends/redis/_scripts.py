@@ -77,22 +77,22 @@ fence = string.format('%.0f', math.max(micros, last + 1))
 redis.call('SET', KEYS[2], fence, 'PX', ARGV[5])
 """
 
-# An attempt that answers a wake (ARGV[6] "1") ends it: the last KEYS entry is the key's waiting
-# marker, whose field ``o`` says until when a wake is outstanding (see _ANNOUNCE).
-_ANSWER_WAKE = """
-if ARGV[6] == '1' then
-  redis.call('HDEL', KEYS[#KEYS], 'o')
-end
+# Reads the lease of KEYS[1] into the Lua locals ``current`` (its value or false) and ``mine``
+# (this token's "<token>|" prefix).
+_READ_LEASE = """
+local current = redis.call('GET', KEYS[1])
+local mine = ARGV[1]
 """
 
-# ACQUIRE's answer to a wake: a win ends it, and so does a loss unless ARGV[7] (milliseconds,
-# "0" for none) keeps the waiter's turn: the wake then stays outstanding that long, while the
-# loser tries again on its own (see TURN_RETRY_MS in _watch).
-_ANSWER_WAKE_KEEPING_TURN = """
+# An attempt that answers a wake (ARGV[6] "1") ends it: the last KEYS entry is the key's waiting
+# marker, whose field ``o`` says until when a wake is outstanding (see _ANNOUNCE). A loss (the
+# key held by another token) ends it too unless ARGV[7] (milliseconds, "0" for none) keeps the
+# waiter's turn: the wake then stays outstanding that long, while the loser tries again on its
+# own (see TURN_RETRY_MS in _watch). Needs the locals of _READ_LEASE.
+_ANSWER_WAKE = """
 if ARGV[6] == '1' then
   local kept = tonumber(ARGV[7] or '0')
-  local current = redis.call('GET', KEYS[1])
-  if kept > 0 and current and string.sub(current, 1, #ARGV[1]) ~= ARGV[1] then
+  if kept > 0 and current and string.sub(current, 1, #mine) ~= mine then
     local now = redis.call('TIME')
     local millis = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
     redis.call('HSET', KEYS[#KEYS], 'o', string.format('%.0f', millis + kept))
@@ -111,10 +111,9 @@ end
 #: A repeated acquire by the holding token keeps its fence and sets a new lease.
 ACQUIRE = Script(
     _EFFECTS
-    + _ANSWER_WAKE_KEEPING_TURN
+    + _READ_LEASE
+    + _ANSWER_WAKE
     + """
-local current = redis.call('GET', KEYS[1])
-local mine = ARGV[1]
 local fence = ''
 if current then
   if string.sub(current, 1, #mine) ~= mine then
@@ -137,19 +136,19 @@ return fence
 """
 )
 
-#: The same keys and ARGV as ACQUIRE (ARGV[4] is ignored: always fenced).
+#: The same keys and ARGV as ACQUIRE (ARGV[4] is ignored: always fenced; the lock service's
+#: waiting requests keep no turn, so ARGV[7] is "0").
 #: Grants only a key no lease holds, this token's included. Returns the fence as text on a
 #: grant, else what INSPECT returns for the key (read in the same atomic step).
 GRANT_IF_FREE = Script(
     _EFFECTS
+    + _READ_LEASE
     + _ANSWER_WAKE
     + """
-local current = redis.call('GET', KEYS[1])
 if current then
   local now = redis.call('TIME')
   return {current, redis.call('PTTL', KEYS[1]), now[1], now[2]}
 end
-local mine = ARGV[1]
 local fence = ''
 """
     + _TAKE_FENCE

@@ -170,32 +170,29 @@ class Turns:
         """Nobody here took the wake for ``key``."""
         self._woken.pop(key, None)
 
-    def answering(self, key: str) -> Optional[int]:
+    def answering(self, key: str, keep_turn: bool = True) -> Optional[int]:
         """An attempt at ``key`` is being built: ``None`` when it answers no wake; else the
-        milliseconds the store is to keep the turn if it loses (``0``: the turn is given up).
-        A kept turn waits for :meth:`lost` or :meth:`settled`."""
+        milliseconds the store is to keep the turn if it loses (``0``: the turn is given up,
+        always so without ``keep_turn``). A kept turn waits for :meth:`answered`."""
         if not self._woken:
             return None  # the usual case
         losses = self._woken.pop(key, None)
         if losses is None:
             return None
-        if losses >= TURN_RETRIES:
+        if not keep_turn or losses >= TURN_RETRIES:
             return 0
         self._trying[key] = losses
         return TURN_RETRY_MS << losses
 
-    def lost(self, key: str) -> None:
-        """The attempt that answered a wake for ``key`` lost, and its turn is kept: the
-        waiter's next attempt answers the same wake, due when the turn's pause ends."""
+    def answered(self, key: str, lost: bool) -> None:
+        """The attempt whose turn is kept came back: ``lost`` when another token held the key,
+        so the waiter's next attempt answers the same wake, due when the turn's pause ends;
+        otherwise (it won, or failed without an answer) the turn is over."""
         losses = self._trying.pop(key, None)
-        if losses is None:
+        if losses is None or not lost:
             return
         self._due[key] = time.monotonic() + (TURN_RETRY_MS << losses) / 1000
         self._woken[key] = losses + 1
-
-    def settled(self, key: str) -> None:
-        """The attempt that answered a wake for ``key`` won, or failed without an answer."""
-        self._trying.pop(key, None)
 
     def give_up(self, key: str) -> bool:
         """The waiters here for ``key`` left: forget its wake; ``True`` when a turn was kept."""
