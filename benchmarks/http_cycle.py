@@ -59,8 +59,6 @@ _SLICE = 0.2
 # -- the floor: a bare WSGI app answering like the service -------------------------------------
 
 
-# The raw release of the store-only app: the token-checked delete every Redis lock library sends.
-_COMPARE_AND_DELETE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 _STORE_TTL_MS = 30_000
 
 
@@ -76,8 +74,10 @@ def store_only_app(redis_url: str) -> Callable[[dict[str, Any], Callable[..., An
     grant (409 when it is refused), the token-checked ``EVALSHA`` delete for a release."""
     import redis
 
+    from benchmarks.redis_cycle import UNLOCK
+
     client = redis.Redis.from_url(redis_url)
-    compare_and_delete = client.register_script(_COMPARE_AND_DELETE)
+    compare_and_delete = client.register_script(UNLOCK)
 
     def store_call(method: str, environ: dict[str, Any]) -> bool:
         key = "bench-store-only" + environ["PATH_INFO"]
@@ -88,10 +88,7 @@ def store_only_app(redis_url: str) -> Callable[[dict[str, Any], Callable[..., An
             return bool(compare_and_delete(keys=[key], args=[token]))
         return True
 
-    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
-        return _answer(environ, start_response, store_call)
-
-    return app
+    return functools.partial(_answer, store_call=store_call)
 
 
 def _answer(
@@ -103,6 +100,7 @@ def _answer(
     method = environ["REQUEST_METHOD"]
     request_id = environ.get("HTTP_X_VOLCANO_REQUEST_ID") or str(uuid.uuid4())
     done = store_call is None or store_call(method, environ)
+    headers: list[tuple[str, str]]
     if method == "POST" and not done:
         status, headers = "409 Conflict", []
         body = b'{"error": "the lock is held by another owner", "code": "lock_held"}'

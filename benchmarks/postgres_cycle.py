@@ -165,18 +165,16 @@ def _core_cpu(backend: Any, cycles: int) -> tuple[float, float]:
     ``backend`` (a :class:`_CpuCounted` backend); the run of three with the least outside."""
     locker = Locker(backend, ttl=TTL)
     key = f"bench:cpu:{uuid.uuid4().hex[:8]}"
-    best: Optional[tuple[float, float]] = None
+    runs = []
     for _ in range(3):
         backend.inside = 0.0
         started = time.thread_time()
         for _ in range(cycles):
             locker.acquire(key).release()
         total = time.thread_time() - started
-        run = ((total - backend.inside) / cycles * 1e6, backend.inside / cycles * 1e6)
-        best = run if best is None or run[0] < best[0] else best
+        runs.append(((total - backend.inside) / cycles * 1e6, backend.inside / cycles * 1e6))
     locker.close()
-    assert best is not None
-    return best
+    return min(runs, key=lambda run: run[0])
 
 
 def _advisory_cycle(conn: Any) -> Callable[[], None]:

@@ -47,11 +47,12 @@ from lease_lock.locker import Locker
 
 from benchmarks.measure import add_json_argument, paired, percentile, write_json
 
-__all__ = ["main"]
+__all__ = ["UNLOCK", "main"]
 
 TTL = 30.0
 _PEER_MODULES = ("redis_lock", "pottery", "sherlock", "tooz")
-_UNLOCK = """
+#: The raw floor's release: the token-checked delete every Redis lock library sends.
+UNLOCK = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
@@ -68,7 +69,7 @@ def cycle_contestants(client: Any) -> dict[str, Callable[[], None]]:
     contestants: dict[str, Callable[[], None]] = {}
 
     floor_key = _key("floor")
-    unlock = client.register_script(_UNLOCK)
+    unlock = client.register_script(UNLOCK)
     unlock([floor_key], ["warm"])
 
     def floor() -> None:
