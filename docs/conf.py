@@ -58,11 +58,11 @@ suppress_warnings = ["misc.highlighting_failure"]
 def _add_defining_module_ids(app: Sphinx, doctree: nodes.document) -> None:
     """Give an object documented under a re-exporting module the id of its defining module too.
 
-    viewcode's "[docs]" link on a source page points at ``<module>.<name>`` for one module per
-    source file, which is the defining module when one of its names is documented there
-    (``lease_lock.backends.base.parse_url_options``) while its other names are documented under
-    the package that re-exports them (``lease_lock.Backend``). With both ids every such link
-    lands on the object's entry.
+    viewcode's "[docs]" links on a source page all point at ``<module>.<name>`` with one module:
+    the one under which the build first met a name of that file. That is the defining module
+    when one of its names is documented there (``lease_lock.backends.base.parse_url_options``),
+    though its other names are documented under the package that re-exports them
+    (``lease_lock.Backend``). With both ids every such link lands on the object's entry.
     """
     from sphinx import addnodes
 
@@ -74,8 +74,10 @@ def _add_defining_module_ids(app: Sphinx, doctree: nodes.document) -> None:
         defining = getattr(getattr(sys.modules.get(module), top, None), "__module__", None)
         if isinstance(defining, str) and defining != module:
             alias = f"{defining}.{fullname}"
-            if alias not in signature["ids"]:
+            # Never a second element with one id: the object may be documented there as well.
+            if alias not in doctree.ids:
                 signature["ids"].append(alias)
+                doctree.ids[alias] = signature
 
 
 def setup(app: Sphinx) -> None:

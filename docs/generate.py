@@ -86,7 +86,7 @@ def epilog_rst(text: str) -> str:
     index = 0
     while index < len(lines):
         line = lines[index]
-        rows = []
+        rows: list[tuple[str, ...]] = []
         if line.endswith(":") and not line.startswith(" "):
             while index + 1 + len(rows) < len(lines) and (match := _ROW.match(lines[index + 1 + len(rows)])):
                 rows.append(match.groups())
