@@ -63,21 +63,36 @@ def _save(figure: Any, out: Path, name: str, footer: str) -> Path:
     return path
 
 
+def _value_column(axes: Any, bars: Any, labels: list[str]) -> None:
+    """Each bar's figures as a column of tick labels right of the plot, on the bar's line.
+
+    Written beside the bars, a figure runs into the reference line or into a marker drawn past
+    the bar's end, and the longest ones leave the plot; outside it nothing can cover them.
+    """
+    column = axes.twinx()
+    column.set_ylim(axes.get_ylim())
+    column.set_yticks([bar.get_y() + bar.get_height() / 2 for bar in bars], labels, fontsize=7.5)
+    column.tick_params(axis="y", length=0)
+    for side in ("top", "right"):
+        axes.spines[side].set_visible(False)
+        column.spines[side].set_visible(False)
+    column.spines["left"].set_visible(False)
+    column.spines["bottom"].set_visible(False)
+
+
 def _ratio_bars(out: Path, name: str, document: dict[str, Any], title: str) -> Path:
-    rows = document["results"]["cycles"]
-    names = [row["name"] for row in rows][::-1]
-    ratios = [row["ratio"] for row in rows][::-1]
+    rows = document["results"]["cycles"][::-1]
+    names = [row["name"] for row in rows]
+    ratios = [row["ratio"] for row in rows]
     figure, axes = _figure(0.42 * len(rows) + 1.6)
     bars = axes.barh(names, ratios, color=["#3b6ea5" if "lease_lock" in n or "Locker" in n or "backend" in n
                                            else "#9aa5b1" for n in names])
     axes.axvline(1.0, color="#c0392b", linewidth=1)
     axes.text(1.02, -0.75, "floor = 1.0", color="#c0392b", va="center", fontsize=8)
-    for bar, row in zip(bars, rows[::-1]):
-        axes.text(bar.get_width() + 0.01, bar.get_y() + bar.get_height() / 2,
-                  f"{row['ratio']:.2f}x  ({row['rate']:,.0f}/s)", va="center", fontsize=7.5)
-    axes.set_xlim(0, max(1.25, max(ratios) + 0.35))
+    axes.set_xlim(0, max(1.25, max(ratios) * 1.05))
     axes.set_xlabel("speed relative to the floor (median cycle times, paired)")
     axes.set_title(title)
+    _value_column(axes, bars, [f"{row['ratio']:.2f}x  ({row['rate']:,.0f}/s)" for row in rows])
     return _save(figure, out, name, _provenance(document))
 
 
@@ -102,42 +117,46 @@ def _heartbeat(out: Path, document: dict[str, Any]) -> Path:
     figure, axes = _figure(3.4)
     axes.plot(locks, [row["cpu"] * 100 for row in rows], marker="o", color="#3b6ea5", label="CPU while holding, %")
     axes.set_xscale("log")
-    axes.set_xlabel("locks held by one Locker (one heartbeat thread)")
+    axes.set_xlabel("locks held by one Locker (one heartbeat thread; log scale)")
     axes.set_ylabel("CPU, % of one core", color="#3b6ea5")
     second = axes.twinx()
     second.plot(locks, [row["rss_per_lock"] / 1024 for row in rows], marker="s", color="#9a6324", label="RSS per lock")
     second.set_ylabel("RSS per lock, KB", color="#9a6324")
-    second.set_ylim(bottom=0)
-    for row in rows:
-        axes.annotate(f"{row['lost']} lost, {row['ext_per_s']:,.0f} ext/s", (row["locks"], row["cpu"] * 100),
-                      textcoords="offset points", xytext=(4, 6), fontsize=7)
+    # Headroom on both axes, so that no marker sits on the frame.
+    axes.set_ylim(0, 1.15 * max(row["cpu"] * 100 for row in rows))
+    second.set_ylim(0, 1.15 * max(row["rss_per_lock"] / 1024 for row in rows))
+    # Each size's outcome goes under its tick: written beside the points it ran into the lines
+    # and past the plot's edge.
+    outcomes = [f"{row['locks']:,} locks\n{row['lost']} lost, {row['ext_per_s']:,.0f} ext/s" for row in rows]
+    axes.set_xticks(locks, outcomes)
+    axes.minorticks_off()
+    axes.margins(x=0.12)
     axes.set_title(f"Heartbeat scale (memory backend, ttl {document['results']['ttl']:g} s)")
     return _save(figure, out, "heartbeat-scale", _provenance(document))
 
 
 def _http(out: Path, document: dict[str, Any]) -> Path:
-    rows = document["results"]["rows"]
-    figure, axes = _figure(2.4)
-    names = [f"{row['store']}, {row['processes']} proc, {row['clients']} clients" for row in rows][::-1]
-    ratios = [row["ratio"] for row in rows][::-1]
-    bars = axes.barh(names, ratios, color="#3b6ea5")
-    for bar, row in zip(bars, rows[::-1]):
-        axes.text(bar.get_width() + 0.02, bar.get_y() + bar.get_height() / 2,
-                  f"{row['service_rate']:,.0f}/s", va="center", fontsize=7.5)
+    rows = document["results"]["rows"][::-1]
+    figure, axes = _figure(0.3 * len(rows) + 1.8)
+    names = [f"{row['store']}, {row['processes']} proc, {row['clients']} clients" for row in rows]
+    bars = axes.barh(names, [row["ratio"] for row in rows], color="#3b6ea5")
     # Where the bare app lands once it makes the raw store calls too (Redis rows of runs that
     # measured it): the part of the gap that is the store's round trip.
-    store_only = [(bar, row["store_only_rate"] / row["bare_rate"])
-                  for bar, row in zip(bars, rows[::-1]) if "store_only_rate" in row]
+    store_only = [
+        (bar, row["store_only_rate"] / row["bare_rate"]) for bar, row in zip(bars, rows) if "store_only_rate" in row
+    ]
     if store_only:
         axes.scatter([ratio for _, ratio in store_only],
                      [bar.get_y() + bar.get_height() / 2 for bar, _ in store_only],
                      marker="|", s=160, color="#c0392b", zorder=3)
     axes.axvline(1.0, color="#888888", linewidth=0.8)
+    axes.set_xlim(0, 1.05 * max([1.0, *(row["ratio"] for row in rows), *(ratio for _, ratio in store_only)]))
     axes.set_xlabel("acquire + release cycles through the service / a bare WSGI app on the same server")
     title = "HTTP lock service against its floor"
     if store_only:
         title += "\n(red tick: the bare app plus the raw store calls)"
     axes.set_title(title, fontsize=10)
+    _value_column(axes, bars, [f"{row['ratio']:.2f}  ({row['service_rate']:,.0f}/s)" for row in rows])
     return _save(figure, out, "http-service", _provenance(document))
 
 

@@ -1,14 +1,16 @@
-"""Generate the capability matrix from the backends' declared capabilities.
+"""Generate the pages that are derived from the code.
 
 ``python docs/generate.py`` rewrites ``docs/backends/capabilities.md`` (one row per built-in
 backend); ``python docs/generate.py --check`` exits 1 if it is out of date, and the test suite
-runs that check. The API reference itself comes from the docstrings through Sphinx autodoc.
+runs that check. The API reference itself comes from the docstrings through Sphinx autodoc, and
+the command reference from :func:`command_parser` through sphinx-argparse.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import sys
 from pathlib import Path
 
@@ -46,6 +48,59 @@ def capabilities() -> str:
         name = f"`{backend.__module__}.{backend.__name__}`"
         lines.append(f"| `{scheme}://` | {name} | " + " | ".join(cells) + f" | {caps.clock} |")
     return "\n".join(lines) + "\n"
+
+
+def command_parser() -> argparse.ArgumentParser:
+    """``lease-lock``'s parser, with each epilog rewritten from terminal text to reStructuredText.
+
+    sphinx-argparse reads an epilog as reStructuredText, where the two-column blocks that
+    ``--help`` prints (``exit status:`` and its rows) run together into one paragraph; here each
+    such block becomes a table, so the page shows the same rows as the terminal.
+    """
+    from lease_lock.cli import build_parser
+
+    parser = build_parser()
+    for sub in _parsers(parser):
+        if sub.epilog:
+            sub.epilog = epilog_rst(sub.epilog)
+    return parser
+
+
+def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                found.extend(_parsers(sub))
+    return found
+
+
+#: A row of a ``--help`` two-column block: indented, the columns apart by two spaces or more.
+_ROW = re.compile(r"^ +(\S.*?) {2,}(\S.*)$")
+
+
+def epilog_rst(text: str) -> str:
+    """An epilog in reStructuredText: a ``title:`` line followed by indented rows is a table."""
+    out: list[str] = []
+    lines = text.splitlines()
+    index = 0
+    while index < len(lines):
+        line = lines[index]
+        rows: list[tuple[str, ...]] = []
+        if line.endswith(":") and not line.startswith(" "):
+            while index + 1 + len(rows) < len(lines) and (match := _ROW.match(lines[index + 1 + len(rows)])):
+                rows.append(match.groups())
+        if not rows:
+            out.append(line)
+            index += 1
+            continue
+        title = line[:-1]
+        out += ["", f".. list-table:: {title[:1].upper()}{title[1:]}", ""]
+        for first, second in rows:
+            out += [f"   * - {first}", f"     - {second}"]
+        out.append("")
+        index += 1 + len(rows)
+    return "\n".join(out) + "\n"
 
 
 PAGES = {DOCS / "backends" / "capabilities.md": capabilities}
