@@ -159,6 +159,14 @@ def _record_outcome(sender: Any = None, args: Any = None, state: Any = None, ret
         redis.Redis.from_url(redis_url).rpush(f"{flags}:handled", f"{state}:{type(retval).__name__}")
 
 
+@app.task(base=SingletonTask, lock_on_enqueue=True, bind=True, max_retries=1)
+def retries_at_once(self: Any, flags: str) -> int:
+    """Asks to be retried at once: the retry's delivery may arrive while this run still ends."""
+    if not self.request.retries:
+        raise self.retry(countdown=0)
+    return int(self.request.retries)
+
+
 @pytest.fixture(scope="module")
 def celery_redis(redis_server: Any) -> str:
     """Point the app at the tests' Redis, on a queue of its own."""
@@ -514,6 +522,16 @@ def test_a_store_that_cannot_adopt_is_refused_before_anything_is_claimed() -> No
     assert not list(backend.scan(""))
     with pytest.raises(NotImplementedError, match="CannotAdopt"):
         backend.adopt("k", "claim-token-0000", "run-token-00000", 1.0, "o")
+
+
+def test_a_claimed_task_retried_at_once_runs_its_retry(thread_worker: None) -> None:
+    # The retry message is sent only once the run has given the key back and claimed it for
+    # the retry: sent from inside retry(), it would meet the run still holding the key.
+    flags = uuid.uuid4().hex
+    result = retries_at_once.delay(flags)
+    assert result.get(timeout=WAIT) == 1
+    key = retries_at_once.lease_lock_key((flags,), {})
+    wait_until(lambda: not task_locker(app).get(key).held, "the retry to give the key back")
 
 
 @pytest.mark.parametrize(
