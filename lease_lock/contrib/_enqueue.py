@@ -18,6 +18,7 @@ import hashlib
 import inspect
 import json
 import logging
+import time
 from typing import Any, Callable, Optional
 
 from ..backends import Backend, LockState
@@ -26,7 +27,7 @@ from ..lock import Lock
 from ..locker import Locker
 from ..validation import check_key, check_token, check_ttl
 
-__all__ = ["adopt", "call_key", "check_adopts", "claim", "job_id_of", "label", "log_skip", "unclaim"]
+__all__ = ["adopt", "call_key", "check_adopts", "claim", "job_id_of", "label", "log_skip", "run_holder", "unclaim"]
 
 #: What separates the locker's owner label from the job id in a claim's owner label.
 _JOB_TAG = " job="
@@ -108,6 +109,26 @@ def adopt(locker: Locker, key: str, job_id: str, ttl: Optional[float], **options
     if lock is not None:
         label(locker, lock, job_id)
     return lock
+
+
+#: How long a claimed run that found its key held waits for the holder's job id to appear.
+_LABEL_WAIT = 2.0
+
+
+def run_holder(locker: Locker, key: str) -> LockState:
+    """The state of ``key`` as a claimed run that could not adopt it sees the holder.
+
+    A run that adopted a claim writes its job id back into the owner label one step after its
+    own grant (see :func:`adopt`), so a holder without a job id is looked at again for up to two
+    seconds before it is taken for one that is not a job: a second delivery of the running job
+    must know the holder is its own first delivery.
+    """
+    give_up = time.monotonic() + _LABEL_WAIT
+    state = locker.get(key)
+    while state.held and job_id_of(state) is None and time.monotonic() < give_up:
+        time.sleep(0.05)
+        state = locker.get(key)
+    return state
 
 
 def claim(locker: Locker, key: str, job_id: str, ttl: float) -> Optional[LockState]:

@@ -37,7 +37,7 @@ from ..errors import LockLostError, ValidationError
 from ..locker import Locker
 from ..validation import check_bool, check_duration, check_ttl
 from ._config import check_backend_options, resolve_url
-from ._enqueue import adopt, call_key, check_adopts, claim, job_id_of, log_skip, unclaim
+from ._enqueue import adopt, call_key, check_adopts, claim, job_id_of, log_skip, run_holder, unclaim
 from ._lazy import LazyLocker
 
 __all__ = [
@@ -178,9 +178,8 @@ class SingletonTask(Task):  # type: ignore[misc]  # Celery ships no type hints
       logs a WARNING. A second delivery of the running message is ignored (Celery's
       ``Ignore``: it stores no state, since its task id is the running call's); a delivery of
       another message fails with :class:`AlreadyQueued` under ``"raise"`` and returns
-      ``None`` otherwise. A message
-      that is never run frees its key when ``lock_enqueue_ttl`` seconds (default one hour)
-      have passed since it was sent.
+      ``None`` otherwise. A message that is never run frees its key when
+      ``lock_enqueue_ttl`` seconds (default one hour) have passed since it was sent.
 
     The heartbeat keeps the lease alive for the whole run. A lost lock is always logged on the
     task logger. The lock is taken in one attempt: waiting for it would tie up a worker slot.
@@ -332,9 +331,9 @@ class SingletonTask(Task):  # type: ignore[misc]  # Celery ships no type hints
         return result
 
     def _busy(self, locker: Locker, key: str, *, enqueued: bool) -> Any:
-        state = locker.get(key)
         if enqueued:
-            return self._duplicate_run(key, state)
+            return self._duplicate_run(key, run_holder(locker, key))
+        state = locker.get(key)
         if self.lock_on_busy == "skip":
             log_skip("task", f"{self.name}[{self.request.id}]", key, state, logger)
             return None

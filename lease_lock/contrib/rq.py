@@ -33,7 +33,7 @@ from ..locker import Locker
 from ..options import LockOptions
 from ..validation import check_key, check_ttl
 from ._config import ENV_URL, warn_if_one_host
-from ._enqueue import adopt, call_key, check_adopts, claim, job_id_of, log_skip, unclaim
+from ._enqueue import adopt, call_key, check_adopts, claim, job_id_of, log_skip, run_holder, unclaim
 from ._lazy import LazyLocker
 
 __all__ = ["META_KEY", "enqueue_once", "job_locker", "process_locker", "run_claimed", "singleton", "was_skipped"]
@@ -240,7 +240,7 @@ def run_claimed(func: Union[Callable[..., Any], str], key: str, *args: Any, **kw
     lock = adopt(locker, key, job.id, None)
     name = func if isinstance(func, str) else f"{function.__module__}.{function.__qualname__}"
     if lock is None:
-        state = locker.get(key)
+        state = run_holder(locker, key)
         if job_id_of(state) == job.id:
             log_skip("RQ job", f"{name}[{job.id}] (a second delivery)", key, state)
         else:

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -147,7 +148,23 @@ def dies(self: Any, flags: str, redis_url: str) -> str:
     return str(self.request.id)
 
 
-_REDELIVERED = {task.name for task in (redelivered_existing, redelivered_raise, redelivered_skip, dies)}
+@app.task(base=SingletonTask, lock_on_enqueue=True, bind=True)
+def labelled_late(self: Any, flags: str, redis_url: str) -> str:
+    """Delivered while the test holds its key under a label that names the job only later."""
+    return str(self.request.id)
+
+
+_REDELIVERED = {
+    task.name for task in (redelivered_existing, redelivered_raise, redelivered_skip, dies, labelled_late)
+}
+
+
+@signals.task_prerun.connect
+def _record_delivery(sender: Any = None, args: Any = None, **_: Any) -> None:
+    """In the worker: ``labelled_late``'s deliveries announce themselves in ``<flags>:delivered``."""
+    if sender is not None and sender.name == labelled_late.name:
+        flags, redis_url = args
+        redis.Redis.from_url(redis_url).rpush(f"{flags}:delivered", "1")
 
 
 @signals.task_postrun.connect
@@ -500,6 +517,27 @@ def test_a_redelivery_after_its_run_died_takes_the_key(redis_server: Any, celery
         wait_until(lambda: app.AsyncResult(first.id).state == "SUCCESS", "the redelivery's result")
     assert app.AsyncResult(first.id).get(timeout=WAIT) == first.id
     assert client.lrange(f"{flags}:handled", 0, -1) == [b"SUCCESS:str"]
+
+
+def test_a_second_delivery_meets_its_first_before_the_first_names_its_job(
+    redis_server: Any, thread_worker: None
+) -> None:
+    # A run that adopted its claim writes the job id into the owner label one step after its
+    # grant. A second delivery arriving in between must still see its own first delivery,
+    # not another holder, or it would store a result over the running call's.
+    url = redis_server.url
+    client = redis.Redis.from_url(url)
+    flags = f"ll-celery-{uuid.uuid4().hex}"
+    locker = task_locker(app)
+    key = labelled_late.lease_lock_key((flags, url), {})
+    task_id = str(uuid.uuid4())
+    with locker.lock(key, 60) as first_run:  # the first delivery's run, not labelled yet
+        app.send_task(labelled_late.name, (flags, url), task_id=task_id)
+        wait_until(lambda: client.llen(f"{flags}:delivered") == 1, "the second delivery to start")
+        time.sleep(0.3)  # the delivery has found the key held by now, on an idle machine
+        assert locker.backend.acquire(first_run.key, first_run.token, 60, f"{locker.owner} job={task_id}")
+        wait_until(lambda: client.llen(f"{flags}:handled") == 1, "the second delivery to be handled")
+    assert client.lrange(f"{flags}:handled", 0, -1) == [b"IGNORED:Ignore"]
 
 
 class CannotAdopt(MemoryBackend):
