@@ -419,6 +419,136 @@ class BackendContract:
             watcher.close()
         assert not watcher.active
 
+    # -- adopting a claim ----------------------------------------------------------------------
+
+    def adopts(self, backend: Backend, key: str) -> bool:
+        """``True`` for a backend that implements :meth:`~lease_lock.backends.base.Backend.adopt`,
+        whose adoption tests then run. ``False``, after checking that it says so, for one that
+        keeps the base class's refusal: ``adopt`` raises ``NotImplementedError`` naming the
+        backend and leaves the key alone (a read-then-write stand-in would be unsafe)."""
+        if type(backend).adopt is not Backend.adopt:
+            return True
+        claim = self.token(backend)
+        assert self.grant(backend, key, claim, self.long_ttl(backend))
+        with pytest.raises(NotImplementedError, match=type(backend).__name__):
+            backend.adopt(key, claim, self.token(backend), self.long_ttl(backend), self.owner)
+        assert backend.is_held(key, claim)
+        return False
+
+    def claimed(self, backend: Backend, key: str) -> tuple[str, Optional[int]]:
+        """A claim on ``key`` (a grant to a fresh token, fenced when the backend fences): its
+        token and fence."""
+        claim = self.token(backend)
+        assert self.grant(backend, key, claim, self.long_ttl(backend))
+        return claim, backend.inspect(key).fence
+
+    def test_adopt_replaces_the_claim_with_a_new_grant(self, backend: Backend, key: str) -> None:
+        if not self.adopts(backend, key):
+            return
+        claim, claim_fence = self.claimed(backend, key)
+        run = self.token(backend)
+        fence = backend.adopt(key, claim, run, self.long_ttl(backend), "adopter:1")
+        assert fence is not None
+        assert backend.is_held(key, run) and not backend.is_held(key, claim)
+        state = backend.inspect(key)
+        assert state.held and state.owner == "adopter:1"
+        if backend.capabilities.fencing:
+            assert claim_fence is not None and fence > claim_fence and state.fence == fence
+        # The claim's token is no longer a holder: it can neither release nor extend the key.
+        assert not backend.release(key, claim)
+        assert not backend.extend(key, claim, self.long_ttl(backend))
+        assert backend.is_held(key, run)
+
+    def test_a_claim_is_adopted_once(self, backend: Backend, key: str) -> None:
+        if not self.adopts(backend, key):
+            return
+        claim, _ = self.claimed(backend, key)
+        first, second = self.token(backend), self.token(backend)
+        fence = backend.adopt(key, claim, first, self.long_ttl(backend), "first:1")
+        assert fence is not None
+        assert backend.adopt(key, claim, second, self.long_ttl(backend), "second:1") is None
+        state = backend.inspect(key)
+        assert backend.is_held(key, first) and not backend.is_held(key, second)
+        assert state.owner == "first:1"
+        if backend.capabilities.fencing:
+            assert state.fence == fence
+
+    def test_racing_adoptions_of_one_claim_grant_once(self, backend: Backend, key: str) -> None:
+        if not self.adopts(backend, key):
+            return
+        claim, _ = self.claimed(backend, key)
+        tokens = [self.token(backend) for _ in range(8)]
+        answers: dict[str, Optional[int]] = {}
+        start = threading.Barrier(len(tokens))
+
+        def adopt(token: str) -> None:
+            start.wait()
+            answers[token] = backend.adopt(key, claim, token, self.long_ttl(backend), self.owner)
+
+        threads = [threading.Thread(target=adopt, args=(token,)) for token in tokens]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert len(answers) == len(tokens)
+        winners = [token for token, fence in answers.items() if fence is not None]
+        assert len(winners) == 1
+        assert backend.is_held(key, winners[0])
+
+    def test_adopt_of_a_free_key_grants_it(self, backend: Backend, key: str) -> None:
+        if not self.adopts(backend, key):
+            return
+        run = self.token(backend)
+        assert backend.adopt(key, self.token(backend), run, self.long_ttl(backend), self.owner) is not None
+        assert backend.is_held(key, run)
+
+    def test_adopt_repeated_by_its_token_keeps_the_grant(self, backend: Backend, key: str) -> None:
+        # A call whose answer was lost is sent again by the same token: it must not lose the key.
+        if not self.adopts(backend, key):
+            return
+        claim, _ = self.claimed(backend, key)
+        run = self.token(backend)
+        fence = backend.adopt(key, claim, run, self.long_ttl(backend), self.owner)
+        again = backend.adopt(key, claim, run, self.long_ttl(backend), self.owner)
+        assert fence is not None and again == fence
+        assert backend.is_held(key, run)
+
+    def test_adopt_leaves_another_holder_alone(self, backend: Backend, key: str) -> None:
+        if not self.adopts(backend, key):
+            return
+        holder = self.token(backend)
+        assert self.grant(backend, key, holder, self.long_ttl(backend))
+        before = backend.inspect(key)
+        run = self.token(backend)
+        assert backend.adopt(key, self.token(backend), run, self.long_ttl(backend), "adopter:1") is None
+        after = backend.inspect(key)
+        assert backend.is_held(key, holder) and not backend.is_held(key, run)
+        assert (after.owner, after.fence) == (before.owner, before.fence)
+
+    def test_adopt_after_the_adopter_lapsed_takes_the_key(self, backend: Backend, key: str) -> None:
+        # A run that adopted the claim and died: once its lease ran out, a second delivery of
+        # the same job adopts again, as a new grant with a larger fence.
+        if not self.adopts(backend, key):
+            return
+        claim, _ = self.claimed(backend, key)
+        short = self.short_ttl(backend)
+        crashed = backend.adopt(key, claim, self.token(backend), short, self.owner)
+        assert crashed is not None
+        assert self.wait_for_expiry(backend, key, short)
+        redelivery = self.token(backend)
+        fences: list[int] = []
+
+        def adopt() -> bool:
+            fence = backend.adopt(key, claim, redelivery, self.long_ttl(backend), self.owner)
+            if fence is not None:
+                fences.append(fence)
+            return fence is not None
+
+        assert wait_until(adopt, self.expiry_grace + 10)
+        assert backend.is_held(key, redelivery)
+        if backend.capabilities.fencing:
+            assert fences[0] > crashed
+
 
 class ServiceStoreContract:
     """The shared counters of a :class:`~lease_lock.backends.service.ServiceStore`, as tests.

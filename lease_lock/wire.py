@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 __all__ = [
+    "HEADER_ADOPT",
     "HEADER_EXPIRES_IN",
     "HEADER_OWNER",
     "HEADER_PREFER",
@@ -34,6 +35,10 @@ HEADER_TOKEN = "X-Volcano-Lock-Token"  # noqa: S105 - a header name, not a secre
 HEADER_REQUEST_ID = "X-Volcano-Request-Id"
 #: Extension: the owner label stored with a grant (percent-encoded UTF-8).
 HEADER_OWNER = "X-Lease-Lock-Owner"
+#: Extension: on an acquisition, the token of a claim (a UUID) that the grant replaces: the key
+#: is granted when free or held by that token, as a new grant with a new fence, and refused
+#: (409 ``lock_held``) when any other token holds it.
+HEADER_ADOPT = "X-Lease-Lock-Adopt"
 #: Extension: on release and force release, ``true`` when a lease was actually dropped.
 HEADER_RELEASED = "X-Lease-Lock-Released"
 #: Extension: on a held read, seconds until another token could take the key (server-measured).

@@ -195,6 +195,31 @@ class Backend(abc.ABC):
         """Start delivering release notifications to ``callback`` (``release_notify``)."""
         raise NotImplementedError(f"{type(self).__name__} delivers no release notifications")
 
+    def adopt(self, key: str, claim_token: str, token: str, ttl: float, owner: str) -> Optional[int]:
+        """Hand ``key`` over from the claim ``claim_token`` to ``token``, in one atomic step.
+
+        When ``key`` is free or held by ``claim_token``, it is granted to ``token`` for ``ttl``
+        seconds with ``owner`` as its label. That is a new grant, not a renewal of the claim:
+        the claim's token no longer holds the key, and the grant's fence is larger than the
+        claim's (as after any change of hands). When ``token`` itself holds the key (the same
+        call repeated after its answer was lost), its lease is reset to ``ttl`` and its fence
+        kept, as :meth:`acquire_fenced` does. Any other holder leaves the key untouched and the
+        answer is ``None``. Returns the fence (``0`` from a backend without fences).
+
+        A claim is adopted at most once: a second adoption of the same claim by another token
+        finds the key held by the first adopter and gets ``None``. That is what keeps a
+        redelivered queue message, which carries the same job id, from running beside its
+        first delivery (see :mod:`lease_lock.contrib.celery`).
+
+        The default refuses with ``NotImplementedError``. A backend that cannot compare and
+        replace the holding token in one step must not emulate this with a read and a write:
+        two deliveries could then both see the claim and both take the key.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot adopt a claim (replace its token in one atomic step), "
+            "which lock_on_enqueue and enqueue_once need; implement Backend.adopt"
+        )
+
     # -- validation hooks ----------------------------------------------------------------------
 
     def check_key(self, key: str) -> None:

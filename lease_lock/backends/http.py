@@ -443,13 +443,7 @@ class HttpBackend(Backend, RequestIdCarrier):
             headers[wire.HEADER_OWNER] = owner_header
         url = self._url(key, lease=True)
         body = {"ttl_seconds": wire_ttl}
-        try:
-            response = self._send("POST", url, headers=dict(headers), json=body)
-        except (requests.ConnectionError, requests.Timeout):
-            response = self._call("POST", url, headers=dict(headers), json=body)
-        else:
-            if response.status_code == 503:
-                response = self._call("POST", url, headers=dict(headers), json=body)
+        response = self._post_twice(url, headers, body)
         if response.status_code == 409:
             self._watch(key, _Refused(time.monotonic(), token, wire_ttl, headers))
             return None
@@ -457,6 +451,42 @@ class HttpBackend(Backend, RequestIdCarrier):
         fence = self._fence_of(response)
         self._remember(key, token, fence, wire_ttl)
         return fence
+
+    def adopt(self, key: str, claim_token: str, token: str, ttl: float, owner: str) -> Optional[int]:
+        """Replace the claim ``claim_token`` on ``key`` (or a free key) with a new grant to
+        ``token``: ``POST /locks/{key}/lease`` with ``X-Lease-Lock-Adopt``, tried once more
+        after a transport failure or a 503 (a repeat by the token holding the key keeps its
+        grant and fence)."""
+        self.check_key(key)
+        self.check_token(claim_token)
+        self.check_token(token)
+        wire_ttl = self.wire_ttl(ttl)
+        headers = {
+            wire.HEADER_TOKEN: token,
+            wire.HEADER_ADOPT: claim_token,
+            wire.HEADER_REQUEST_ID: getattr(self._scope, "request_id", None) or str(uuid.uuid4()),
+        }
+        if owner:
+            headers[wire.HEADER_OWNER] = urllib.parse.quote(owner, safe=_OWNER_SAFE)
+        url, body = self._url(key, lease=True), {"ttl_seconds": wire_ttl}
+        response = self._post_twice(url, headers, body)
+        if response.status_code == 409:
+            return None
+        self._raise_for(response, 201)
+        fence = self._fence_of(response)
+        self._remember(key, token, fence, wire_ttl)
+        return fence
+
+    def _post_twice(self, url: str, headers: dict[str, str], body: dict[str, Any]) -> requests.Response:
+        """A POST, sent once more (same headers: same token and request id) after a transport
+        failure or a 503; the second failure raises ``BackendUnavailableError``."""
+        try:
+            response = self._send("POST", url, headers=dict(headers), json=body)
+        except (requests.ConnectionError, requests.Timeout):
+            return self._call("POST", url, headers=dict(headers), json=body)
+        if response.status_code == 503:
+            return self._call("POST", url, headers=dict(headers), json=body)
+        return response
 
     @staticmethod
     def _fence_of(response: requests.Response) -> int:

@@ -83,10 +83,14 @@ class MemoryBackend(ServiceStore, forksafe.MutexForkGuard):
             return None
         return lease
 
-    def _grant(self, key: str, token: str, ttl: float, owner: str, fenced: bool) -> Optional[_Lease]:
+    def _grant(
+        self, key: str, token: str, ttl: float, owner: str, fenced: bool, replaces: Optional[str] = None
+    ) -> Optional[_Lease]:
         with self._mutex:
             now = self._clock()
             lease = self._live(key, now)
+            if lease is not None and replaces is not None and lease.token == replaces:
+                lease = None  # an adopted claim: the new lease below takes its place
             if lease is not None:
                 if lease.token != token:
                     return None
@@ -114,6 +118,11 @@ class MemoryBackend(ServiceStore, forksafe.MutexForkGuard):
     def acquire_fenced(self, key: str, token: str, ttl: float, owner: str) -> Optional[int]:
         """Grant or renew ``key`` for ``token`` and return its fence."""
         lease = self._grant(key, token, ttl, owner, fenced=True)
+        return None if lease is None else lease.fence
+
+    def adopt(self, key: str, claim_token: str, token: str, ttl: float, owner: str) -> Optional[int]:
+        """Replace the claim ``claim_token`` on ``key`` (or a free key) with a new fenced grant."""
+        lease = self._grant(key, token, ttl, owner, fenced=True, replaces=claim_token)
         return None if lease is None else lease.fence
 
     def grant_if_free(self, key: str, token: str, ttl: float, owner: str) -> Union[int, LockState]:

@@ -343,11 +343,12 @@ class SqliteBackend(ServiceStore, forksafe.MutexForkGuard):
     # -- primitives ----------------------------------------------------------------------------
 
     def _grant(
-        self, key: str, token: str, ttl: float, owner: str, fenced: bool
+        self, key: str, token: str, ttl: float, owner: str, fenced: bool, replaces: Optional[str] = None
     ) -> tuple[bool, Optional[int]]:
         with self._write() as (connection, now):
             row = connection.execute(_SELECT_LEASE, (key,)).fetchone()
-            if self._live(row, now):
+            # An adopted claim (``replaces``) is overwritten below by a new lease and fence.
+            if self._live(row, now) and (replaces is None or row[0] != replaces):
                 if row[0] != token:
                     return False, None
                 fence: Optional[int] = row[2]
@@ -380,6 +381,12 @@ class SqliteBackend(ServiceStore, forksafe.MutexForkGuard):
     def acquire_fenced(self, key: str, token: str, ttl: float, owner: str) -> Optional[int]:
         """Grant or renew ``key`` for ``token``; return its fence (bumped in the same write)."""
         granted, fence = self._grant(key, token, ttl, owner, fenced=True)
+        return fence if granted else None
+
+    def adopt(self, key: str, claim_token: str, token: str, ttl: float, owner: str) -> Optional[int]:
+        """Replace the claim ``claim_token`` on ``key`` (or a free key) with a new fenced grant,
+        in one write transaction."""
+        granted, fence = self._grant(key, token, ttl, owner, fenced=True, replaces=claim_token)
         return fence if granted else None
 
     def release(self, key: str, token: str) -> bool:

@@ -1,11 +1,15 @@
 """Shared by the Celery and RQ integrations: keys made from a call, and a key claimed when a job
-is enqueued, then continued by the worker that runs it.
+is enqueued, then adopted by the worker that runs it.
 
-A claim is a lease whose token is the job's id. The worker's own grant uses the same token, and
-a repeated grant to the token holding a key keeps the lease (and its fence), so the run
-continues the claim instead of contending with it. The owner label stored beside the lease
-names the job, so a duplicate can answer with the first job's id. A job that is never run
-frees its key when the claim's lease runs out.
+A claim is a lease whose token is the job's id. A job id is known to every delivery of the
+job's message (a broker may deliver one message twice), so it must never be the token a run
+holds the key under: two deliveries would then both "hold" it. A run therefore *adopts* the
+claim: one atomic step of the store (:meth:`~lease_lock.backends.base.Backend.adopt`) replaces
+the job id with a fresh token of that run, and a second delivery of the same message finds the
+key held by a run, not by the queue, and is a duplicate. The owner label stored beside the
+lease names the job, so a duplicate can answer with the first job's id. A job that is never run
+frees its key when the claim's lease runs out; a run that dies frees it when its own (heartbeated,
+much shorter) lease runs out, after which a redelivery adopts the key again.
 """
 
 from __future__ import annotations
@@ -14,14 +18,16 @@ import hashlib
 import inspect
 import json
 import logging
+import time
 from typing import Any, Callable, Optional
 
-from ..backends import LockState
+from ..backends import Backend, LockState
+from ..errors import ValidationError
 from ..lock import Lock
 from ..locker import Locker
 from ..validation import check_key, check_token, check_ttl
 
-__all__ = ["call_key", "claim", "job_id_of", "label", "log_skip", "unclaim"]
+__all__ = ["adopt", "call_key", "check_adopts", "claim", "job_id_of", "label", "log_skip", "run_holder", "unclaim"]
 
 #: What separates the locker's owner label from the job id in a claim's owner label.
 _JOB_TAG = " job="
@@ -63,11 +69,66 @@ def job_id_of(state: LockState) -> Optional[str]:
     return job_id if tag and job_id else None
 
 
-def _grant(locker: Locker, full_key: str, job_id: str, ttl: float) -> bool:
+def _grant(locker: Locker, full_key: str, token: str, job_id: str, ttl: float) -> bool:
     backend, owner = locker.backend, _owner(locker, job_id)
     if locker.fencing:
-        return backend.acquire_fenced(full_key, job_id, ttl, owner) is not None
-    return backend.acquire(full_key, job_id, ttl, owner)
+        return backend.acquire_fenced(full_key, token, ttl, owner) is not None
+    return backend.acquire(full_key, token, ttl, owner)
+
+
+def check_adopts(locker: Locker, option: str) -> None:
+    """Raise ``ValidationError`` when ``locker``'s backend cannot adopt a claim, which
+    ``option`` needs; checked before any claim is written."""
+    if type(locker.backend).adopt is Backend.adopt:
+        raise ValidationError(
+            f"{option} needs a backend that can adopt a claim (Backend.adopt); "
+            f"{type(locker.backend).__name__} cannot"
+        )
+
+
+def adopt(locker: Locker, key: str, job_id: str, ttl: Optional[float], **options: Any) -> Optional[Lock]:
+    """The run of job ``job_id`` takes over its claim on ``key``: a held :class:`Lock` under a
+    token of its own (heartbeated like any lock, ``options`` as for ``try_acquire``), or
+    ``None`` when another run or holder has the key.
+
+    A free key (the claim ran out, or an earlier run of the job ended, died or released) is
+    taken as well: the job still needs its run.
+    """
+    backend = locker.backend
+    lease = locker.ttl if ttl is None else check_ttl(ttl)
+    check_token(job_id, "job id")
+    backend.check_token(job_id)
+    full_key = check_key(locker.key_prefix + check_key(key), "key")
+    backend.check_key(full_key)
+    token = backend.new_token()
+    if backend.adopt(full_key, job_id, token, lease, _owner(locker, job_id)) is None:
+        return None
+    # The key is this run's now; the lock below is the same lease (a repeated grant to the
+    # holding token keeps it and its fence), with the heartbeat and the outcome rules of a Lock.
+    lock = locker.try_acquire(key, lease, token=token, **options)
+    if lock is not None:
+        label(locker, lock, job_id)
+    return lock
+
+
+#: How long a claimed run that found its key held waits for the holder's job id to appear.
+_LABEL_WAIT = 2.0
+
+
+def run_holder(locker: Locker, key: str) -> LockState:
+    """The state of ``key`` as a claimed run that could not adopt it sees the holder.
+
+    A run that adopted a claim writes its job id back into the owner label one step after its
+    own grant (see :func:`adopt`), so a holder without a job id is looked at again for up to two
+    seconds before it is taken for one that is not a job: a second delivery of the running job
+    must know the holder is its own first delivery.
+    """
+    give_up = time.monotonic() + _LABEL_WAIT
+    state = locker.get(key)
+    while state.held and job_id_of(state) is None and time.monotonic() < give_up:
+        time.sleep(0.05)
+        state = locker.get(key)
+    return state
 
 
 def claim(locker: Locker, key: str, job_id: str, ttl: float) -> Optional[LockState]:
@@ -78,13 +139,14 @@ def claim(locker: Locker, key: str, job_id: str, ttl: float) -> Optional[LockSta
     process, so it must outlive this locker and is not heartbeated here.
     """
     check_ttl(ttl, "lock_enqueue_ttl")
+    check_adopts(locker, "a key claimed when a job is enqueued")
     check_token(job_id, "job id")
     locker.backend.check_token(job_id)
     full_key = check_key(locker.key_prefix + check_key(key), "key")
     locker.backend.check_key(full_key)
     # A holder may release between the refused grant and the look: try again a few times.
     for _ in range(3):
-        if _grant(locker, full_key, job_id, ttl):
+        if _grant(locker, full_key, job_id, job_id, ttl):
             return None
         state = locker.get(key)
         if state.held:
@@ -101,7 +163,7 @@ def label(locker: Locker, lock: Lock, job_id: str) -> None:
     """Write the job id back into the owner label of a worker's grant of a claimed key, so a
     duplicate sent while the job runs can still name it (a repeated grant to the holding token
     keeps the lease and its fence)."""
-    _grant(locker, lock.key, job_id, lock.ttl)
+    _grant(locker, lock.key, lock.token, job_id, lock.ttl)
 
 
 def log_skip(kind: str, name: str, key: str, state: LockState, log: logging.Logger = logger) -> None:

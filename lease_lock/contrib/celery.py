@@ -27,7 +27,7 @@ import weakref
 from typing import Any, Callable, ClassVar, Optional, Union
 
 from celery import Celery, Task, bootsteps
-from celery.exceptions import Retry
+from celery.exceptions import Ignore
 from celery.utils import uuid
 from celery.utils.log import get_task_logger
 
@@ -37,7 +37,7 @@ from ..errors import LockLostError, ValidationError
 from ..locker import Locker
 from ..validation import check_bool, check_duration, check_ttl
 from ._config import check_backend_options, resolve_url
-from ._enqueue import call_key, claim, job_id_of, label, log_skip, unclaim
+from ._enqueue import adopt, call_key, check_adopts, claim, job_id_of, log_skip, run_holder, unclaim
 from ._lazy import LazyLocker
 
 __all__ = [
@@ -169,11 +169,16 @@ class SingletonTask(Task):  # type: ignore[misc]  # Celery ships no type hints
     - ``lock_fail_on_loss``: ``True`` (default) makes a run whose lock was lost fail with
       :class:`~lease_lock.LockLostError`; ``False`` only logs it and keeps the result.
     - ``lock_on_enqueue``: ``True`` takes the lock in ``apply_async``/``delay`` before the
-      message is sent, with the task id as the lease's token; the worker's run continues that
-      lease. A call while one with the same key is queued or running is not sent and is
-      answered per ``lock_duplicate``: ``"existing"`` (default) the first call's
-      ``AsyncResult`` (same id), ``"raise"`` :class:`AlreadyQueued` carrying that id,
-      ``"skip"`` ``None``. A message that is never run frees its key when
+      message is sent (a claim, whose token is the task id); the worker's run adopts that claim
+      under a token of its own, once. A call while one with the same key is queued or running
+      is not sent and is answered per ``lock_duplicate``: ``"existing"`` (default) the first
+      call's ``AsyncResult`` (same id), ``"raise"`` :class:`AlreadyQueued` carrying that id,
+      ``"skip"`` ``None``. A delivery that finds its key held by another run (a broker's
+      second delivery of the same message included) is a duplicate too and does not run; it
+      logs a WARNING. A second delivery of the running message is ignored (Celery's
+      ``Ignore``: it stores no state, since its task id is the running call's); a delivery of
+      another message fails with :class:`AlreadyQueued` under ``"raise"`` and returns
+      ``None`` otherwise. A message that is never run frees its key when
       ``lock_enqueue_ttl`` seconds (default one hour) have passed since it was sent.
 
     The heartbeat keeps the lease alive for the whole run. A lost lock is always logged on the
@@ -253,11 +258,22 @@ class SingletonTask(Task):  # type: ignore[misc]  # Celery ships no type hints
         if not self.lock_on_enqueue:
             return super().apply_async(args, kwargs, task_id, *rest, **options)
         task_id = task_id or uuid()
+        if task_id == self.request.id and getattr(self.request, "lease_lock_running", False):
+            # retry() of the running message: its run still holds the key, so the retry is sent
+            # once the run has given the key back and claimed it again for the retry (see
+            # __call__). Sent now, its delivery could find the key held by this run and be
+            # dropped as a duplicate.
+            self.request.lease_lock_resend = (args, kwargs, task_id, rest, options)
+            return self.AsyncResult(task_id)
         locker = task_locker(self.app)
         key = self.lease_lock_key(tuple(args or ()), dict(kwargs or {}))
         holder = claim(locker, key, task_id, self.lock_enqueue_ttl)
         if holder is not None:
             return self._duplicate(key, holder)
+        return self._send_claimed(locker, key, (args, kwargs, task_id, rest, options))
+
+    def _send_claimed(self, locker: Locker, key: str, message: tuple[Any, ...]) -> Any:
+        args, kwargs, task_id, rest, options = message
         try:
             return super().apply_async(args, kwargs, task_id, *rest, **options)
         except BaseException:
@@ -280,26 +296,31 @@ class SingletonTask(Task):  # type: ignore[misc]  # Celery ships no type hints
         options: dict[str, Any] = {} if self.lock_max_hold is None else {"max_hold": self.lock_max_hold}
         claimed = self.lock_on_enqueue and self.request.id is not None and not self.request.called_directly
         if claimed:
-            # The run continues the claim its apply_async took, whose token is the task id.
-            options["token"] = self.request.id
-        lock = locker.try_acquire(key, self.lock_ttl, **options)
+            # The run takes over the claim its apply_async took, under a token of its own: a
+            # second delivery of this message then finds the key held by a run.
+            check_adopts(locker, "lock_on_enqueue")
+            lock = adopt(locker, key, self.request.id, self.lock_ttl, **options)
+        else:
+            lock = locker.try_acquire(key, self.lock_ttl, **options)
         if lock is None:
             return self._busy(locker, key, enqueued=claimed)
-        if claimed:
-            label(locker, lock, self.request.id)
         # In a worker the request is already pushed; Task.__call__ would push a bare one over
         # it (losing the id that retry() needs), so it is only used for direct calls.
         body = super().__call__ if self.request.called_directly else self.run
         result = None
         try:
-            with lock:
-                result = body(*args, **kwargs)
-        except Retry:
-            if claimed:
-                # The retry message was sent under this task id: claim the key for it again,
-                # since leaving the block gave the run's lease back.
-                claim(locker, key, self.request.id, self.lock_enqueue_ttl)
-            raise
+            self.request.lease_lock_running = claimed
+            try:
+                with lock:
+                    result = body(*args, **kwargs)
+            finally:
+                self.request.lease_lock_running = False
+                retry = getattr(self.request, "lease_lock_resend", None)
+                self.request.lease_lock_resend = None
+                if retry is not None:
+                    # The run has given the key back: claim it for the retry, then send it.
+                    claim(locker, key, self.request.id, self.lock_enqueue_ttl)
+                    self._send_claimed(locker, key, retry)
         except LockLostError as error:
             if error.key != lock.key:
                 raise
@@ -310,13 +331,27 @@ class SingletonTask(Task):  # type: ignore[misc]  # Celery ships no type hints
         return result
 
     def _busy(self, locker: Locker, key: str, *, enqueued: bool) -> Any:
+        if enqueued:
+            return self._duplicate_run(key, run_holder(locker, key))
         state = locker.get(key)
-        # A claimed run that finds its key taken by another call is a duplicate of it:
-        # retrying would only send it again.
-        if self.lock_on_busy == "skip" or enqueued:
+        if self.lock_on_busy == "skip":
             log_skip("task", f"{self.name}[{self.request.id}]", key, state, logger)
             return None
         raise self.retry(countdown=self.retry_countdown(state))
+
+    def _duplicate_run(self, key: str, state: LockState) -> Any:
+        # A claimed run that finds its key held by another run is a duplicate of it (retrying
+        # would only send it again).
+        log_skip("task", f"{self.name}[{self.request.id}]", key, state, logger)
+        first = job_id_of(state)
+        if first is not None and first == self.request.id:
+            # A second delivery of the message being run shares its task id, so any state it
+            # stored would be the running call's: a result backend keeps the first SUCCESS it
+            # is given, and the run's real result would be dropped. The run answers for both.
+            raise Ignore()
+        if self.lock_duplicate == "raise":
+            raise AlreadyQueued(key, first, state.owner)
+        return None
 
     def retry_countdown(self, state: LockState) -> float:
         """Seconds before a busy run is tried again: the holder's remaining lease, or sooner, a

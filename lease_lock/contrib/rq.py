@@ -33,7 +33,7 @@ from ..locker import Locker
 from ..options import LockOptions
 from ..validation import check_key, check_ttl
 from ._config import ENV_URL, warn_if_one_host
-from ._enqueue import call_key, claim, job_id_of, label, log_skip, unclaim
+from ._enqueue import adopt, call_key, check_adopts, claim, job_id_of, log_skip, run_holder, unclaim
 from ._lazy import LazyLocker
 
 __all__ = ["META_KEY", "enqueue_once", "job_locker", "process_locker", "run_claimed", "singleton", "was_skipped"]
@@ -180,8 +180,9 @@ def enqueue_once(
     running; then that job (an ``rq.job.Job``) is returned and nothing is sent.
 
     The key is ``key``, or by default the function's dotted name plus its arguments bound to its
-    signature. It is taken before the job is sent, with the job id as the lease's token, and
-    the worker's run continues that lease (heartbeated while it runs, released when it ends).
+    signature. It is claimed before the job is sent, with the job id as the claim's token, and
+    the worker's run adopts the claim under a token of its own, once (heartbeated while it
+    runs, released when it ends): the same job delivered again while it runs is skipped.
     A job never run frees its key after ``enqueue_ttl`` seconds (default one hour). A duplicate
     whose first job can no longer be found returns ``None``. Keywords RQ takes (``job_id``,
     ``job_timeout``, ``meta``, ...) go to RQ; the rest are the function's. The sender and the
@@ -223,7 +224,9 @@ def run_claimed(func: Union[Callable[..., Any], str], key: str, *args: Any, **kw
     """The job ``enqueue_once`` sends: run ``func`` under the key claimed for this job.
 
     A run that finds the key held by another job (its claim ran out and another took it) is
-    skipped like a busy ``singleton`` run.
+    skipped like a busy ``singleton`` run. So is a second delivery of this same job while its
+    first delivery runs (the job id pushed onto a queue again), which logs the skip but writes
+    no skip into the job's meta: the job itself did run.
     """
     from rq import get_current_job
     from rq.utils import import_attribute
@@ -233,11 +236,15 @@ def run_claimed(func: Union[Callable[..., Any], str], key: str, *args: Any, **kw
     if job is None:
         raise ValidationError("run_claimed runs as an RQ job sent by enqueue_once")
     locker = job_locker(job.connection)
-    lock = locker.try_acquire(key, token=job.id)
+    check_adopts(locker, "enqueue_once")
+    lock = adopt(locker, key, job.id, None)
     name = func if isinstance(func, str) else f"{function.__module__}.{function.__qualname__}"
     if lock is None:
-        _skipped(key, locker.get(key), name)
+        state = run_holder(locker, key)
+        if job_id_of(state) == job.id:
+            log_skip("RQ job", f"{name}[{job.id}] (a second delivery)", key, state)
+        else:
+            _skipped(key, state, name)
         return None
-    label(locker, lock, job.id)
     with lock:
         return function(*args, **kwargs)

@@ -37,6 +37,7 @@ from ..backends.service import ServiceStore
 from ..errors import BackendUnavailableError
 from ..validation import check_owner
 from ..wire import (
+    HEADER_ADOPT,
     HEADER_EXPIRES_IN,
     HEADER_OWNER,
     HEADER_PREFER,
@@ -373,6 +374,13 @@ class LockServiceApp:
         ttl = self._ttl(environ)
         if method == "POST":
             owner = self._owner(environ)
+            claim = _uuid(_header(environ, HEADER_ADOPT), HEADER_ADOPT, "invalid_token")
+            if claim is not None:
+                # One attempt: an adoption that finds another holder is a duplicate, which
+                # waiting would not make less of one.
+                return _lease_response(
+                    201, self._store(lambda: self.service.adopt(project, key, claim, token, ttl, owner))
+                )
             return self._acquire(project, key, token, ttl, owner, wait)
         grant = self._store(lambda: self.service.renew(project, key, token, ttl))
         return _lease_response(200, grant)

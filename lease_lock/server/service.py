@@ -188,6 +188,28 @@ class LockService:
             raise _held_conflict()
         return Grant(now + granted, fence)
 
+    def adopt(self, project: str, key: str, claim_token: str, token: str, ttl: int, owner: str) -> Grant:
+        """Grant ``key`` to ``token`` when it is free or held by ``claim_token``, replacing that
+        claim: a new grant, with a fresh deadline and a new fence (the store's
+        :meth:`~lease_lock.backends.base.Backend.adopt`).
+
+        A repeat by the token that already holds the key is an acquisition (its deadline is
+        kept). Raises :class:`Conflict` ``lock_held`` when another token holds the key.
+        """
+        store_key = self.store_key(project, key)
+        digest = _digest(token)
+        label = _Label.parse(self.backend.inspect(store_key).owner)
+        if label is not None and label.digest == digest:
+            return self.acquire(project, key, token, ttl, owner)
+        now = self._clock()
+        fresh = min(float(ttl), MAX_LIFETIME)
+        fence = self.backend.adopt(
+            store_key, claim_token, token, fresh + TAKEOVER_GRACE, _Label(now + MAX_LIFETIME, digest, owner).encode()
+        )
+        if fence is None:
+            raise _held_conflict(max(0.0, self._takeover_in(self.backend.inspect(store_key))))
+        return Grant(now + fresh, fence)
+
     def renew(self, project: str, key: str, token: str, ttl: int) -> Grant:
         """Set the lease of ``token`` to ``ttl`` seconds from now, capped by its deadline.
 

@@ -269,3 +269,22 @@ def test_a_netrc_entry_for_the_host_never_replaces_the_service_key(
         assert not backend.inspect(_key()).held
     finally:
         backend.close()
+
+
+def test_an_adoption_on_the_wire(lock_service: ServiceInfo, client: HttpBackend) -> None:
+    # What the HTTP backend's adopt sends, checked at the service: a malformed claim token is
+    # refused before anything is written, and a refused adoption does not wait.
+    key = _key()
+    claim, holder = client.new_token(), client.new_token()
+    url = f"{lock_service.url}/locks/{key}/lease"
+    headers = {"Authorization": f"Bearer {lock_service.keys['alpha']}", "X-Volcano-Lock-Token": holder}
+    bad = requests.post(url, headers={**headers, "X-Lease-Lock-Adopt": "not-a-uuid"}, json={"ttl_seconds": 30},
+                        timeout=30)
+    assert bad.status_code == 400 and bad.json()["code"] == "invalid_token"
+    assert not client.inspect(key).held
+    assert client.acquire(key, client.new_token(), 30, "other")
+    refused = requests.post(url, headers={**headers, "X-Lease-Lock-Adopt": claim, "Prefer": "wait=5"},
+                            json={"ttl_seconds": 30}, timeout=30)
+    assert refused.status_code == 409 and refused.json()["code"] == "lock_held"
+    assert "Preference-Applied" not in refused.headers
+    assert client.inspect(key).owner == "other"

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -22,8 +23,9 @@ import pytest
 import redis
 from celery import Celery, signals
 from celery.contrib.testing.worker import start_worker
-from lease_lock import Locker, LockState, ValidationError
+from lease_lock import Backend, Locker, LockState, MemoryBackend, ValidationError
 from lease_lock.contrib.celery import AlreadyQueued, SingletonTask, broker_lock_url, check_settings, task_locker
+from lease_lock.testing import BackendContract
 
 from tests.support.polling import wait_until
 
@@ -115,6 +117,70 @@ def retries_once(self: Any, flags: str) -> int:
     """Asks to be retried once; its key stays claimed while the retry waits."""
     if not self.request.retries:
         raise self.retry(countdown=2)
+    return int(self.request.retries)
+
+
+@app.task(base=SingletonTask, lock_on_enqueue=True, lock_duplicate="existing", bind=True)
+def redelivered_existing(self: Any, flags: str, redis_url: str) -> str:
+    """Run while the test delivers its message a second time; a duplicate is ignored."""
+    _hold(flags, redis_url, str(os.getpid()))
+    return str(self.request.id)
+
+
+@app.task(base=SingletonTask, lock_on_enqueue=True, lock_duplicate="raise", bind=True)
+def redelivered_raise(self: Any, flags: str, redis_url: str) -> str:
+    """As ``redelivered_existing``; a duplicate fails with AlreadyQueued."""
+    _hold(flags, redis_url, str(os.getpid()))
+    return str(self.request.id)
+
+
+@app.task(base=SingletonTask, lock_on_enqueue=True, lock_duplicate="skip", bind=True)
+def redelivered_skip(self: Any, flags: str, redis_url: str) -> str:
+    """As ``redelivered_existing``; a duplicate returns None."""
+    _hold(flags, redis_url, str(os.getpid()))
+    return str(self.request.id)
+
+
+@app.task(base=SingletonTask, lock_on_enqueue=True, lock_ttl=2, bind=True)
+def dies(self: Any, flags: str, redis_url: str) -> str:
+    """Its first delivery's process is killed by the test while it runs."""
+    _hold(flags, redis_url, str(os.getpid()))
+    return str(self.request.id)
+
+
+@app.task(base=SingletonTask, lock_on_enqueue=True, bind=True)
+def labelled_late(self: Any, flags: str, redis_url: str) -> str:
+    """Delivered while the test holds its key under a label that names the job only later."""
+    return str(self.request.id)
+
+
+_REDELIVERED = {
+    task.name for task in (redelivered_existing, redelivered_raise, redelivered_skip, dies, labelled_late)
+}
+
+
+@signals.task_prerun.connect
+def _record_delivery(sender: Any = None, args: Any = None, **_: Any) -> None:
+    """In the worker: ``labelled_late``'s deliveries announce themselves in ``<flags>:delivered``."""
+    if sender is not None and sender.name == labelled_late.name:
+        flags, redis_url = args
+        redis.Redis.from_url(redis_url).rpush(f"{flags}:delivered", "1")
+
+
+@signals.task_postrun.connect
+def _record_outcome(sender: Any = None, args: Any = None, state: Any = None, retval: Any = None, **_: Any) -> None:
+    """In the worker: every delivery of the redelivery tests' tasks, run or not, leaves
+    ``<state>:<type of result>`` in ``<flags>:handled``."""
+    if sender is not None and sender.name in _REDELIVERED:
+        flags, redis_url = args
+        redis.Redis.from_url(redis_url).rpush(f"{flags}:handled", f"{state}:{type(retval).__name__}")
+
+
+@app.task(base=SingletonTask, lock_on_enqueue=True, bind=True, max_retries=1)
+def retries_at_once(self: Any, flags: str) -> int:
+    """Asks to be retried at once: the retry's delivery may arrive while this run still ends."""
+    if not self.request.retries:
+        raise self.retry(countdown=0)
     return int(self.request.retries)
 
 
@@ -315,7 +381,8 @@ def test_a_duplicate_of_a_queued_message_raises_or_skips_and_an_unrun_message_fr
 def test_a_skip_is_logged_at_warning_with_key_and_holder(
     redis_server: Any, thread_worker: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Celery's task loggers do not propagate to the root logger, where caplog listens.
+    # Celery's task loggers may not propagate to the root logger, where caplog listens; when
+    # they do, the handler added here sees each record a second time.
     task_logger = logging.getLogger("lease_lock.contrib.celery")
     task_logger.addHandler(caplog.handler)
     try:
@@ -323,7 +390,7 @@ def test_a_skip_is_logged_at_warning_with_key_and_holder(
     finally:
         task_logger.removeHandler(caplog.handler)
     assert started == 1 and None in outcomes
-    skips = [record for record in caplog.records if "skipped" in record.getMessage()]
+    skips = list({id(record): record for record in caplog.records if "skipped" in record.getMessage()}.values())
     assert len(skips) == 1 and skips[0].levelno == logging.WARNING
     assert "'report:mon'" in skips[0].getMessage() and task_locker(app).owner in skips[0].getMessage()
 
@@ -376,6 +443,133 @@ def test_a_claimed_task_that_retries_keeps_its_key_for_the_retry(thread_worker: 
     assert retries_once.delay(flags).id == first.id
     assert first.get(timeout=WAIT) == 1
     key = retries_once.lease_lock_key((flags,), {})
+    wait_until(lambda: not task_locker(app).get(key).held, "the retry to give the key back")
+
+
+def deliver_twice(redis_url: str, queue: str, task: Any, *, same_id: bool) -> tuple[int, list[str]]:
+    """Send ``task`` and, once its body runs, publish the same call again without a claim:
+    with ``same_id`` the same message (same task id), as a broker delivers it again when a
+    visibility timeout passes, an ``acks_late`` worker lost its connection or an ETA message
+    is restored; else a message of its own. Returns how many bodies ran at once and how each
+    delivery was handled, in order."""
+    client = redis.Redis.from_url(redis_url)
+    flags = f"ll-celery-{uuid.uuid4().hex}"
+    first = task.apply_async((flags, redis_url), queue=queue)
+    second_id = first.id if same_id else str(uuid.uuid4())
+    try:
+        wait_until(lambda: client.llen(f"{flags}:started") == 1, "the first delivery to start")
+        app.send_task(task.name, (flags, redis_url), task_id=second_id, queue=queue)
+        # Handled as a duplicate, or (the bug) running beside the first: either ends the wait.
+        wait_until(
+            lambda: client.llen(f"{flags}:handled") == 1 or client.llen(f"{flags}:started") == 2,
+            "the second delivery to be handled",
+        )
+        concurrent = int(client.llen(f"{flags}:started"))
+    finally:
+        client.rpush(f"{flags}:go", "1", "1")
+    wait_until(lambda: client.llen(f"{flags}:handled") == 2, "both deliveries to be handled")
+    # The first run's result stands, whatever the duplicate did.
+    assert first.get(timeout=WAIT) == first.id
+    assert not task_locker(app).get(task.lease_lock_key((flags, redis_url), {})).held
+    assert client.llen(f"{flags}:started") == 1
+    return concurrent, [item.decode() for item in client.lrange(f"{flags}:handled", 0, -1)]
+
+
+def test_a_second_delivery_of_a_running_message_does_not_run_beside_it(redis_server: Any, celery_redis: str) -> None:
+    queue = f"ll-redeliver-{uuid.uuid4().hex[:8]}"
+    url = redis_server.url
+    with prefork_worker(url, queue):
+        for task in (redelivered_existing, redelivered_raise, redelivered_skip):
+            # The same task id: ignored, so that nothing is stored over the running call's state.
+            assert deliver_twice(url, queue, task, same_id=True) == (1, ["IGNORED:Ignore", "SUCCESS:str"])
+        # Another message with the key: answered per lock_duplicate in its own result.
+        assert deliver_twice(url, queue, redelivered_raise, same_id=False) == (
+            1, ["FAILURE:AlreadyQueued", "SUCCESS:str"],
+        )
+        for task in (redelivered_existing, redelivered_skip):
+            assert deliver_twice(url, queue, task, same_id=False) == (1, ["SUCCESS:NoneType", "SUCCESS:str"])
+
+
+def test_a_redelivery_after_its_run_died_takes_the_key(redis_server: Any, celery_redis: str) -> None:
+    queue = f"ll-died-{uuid.uuid4().hex[:8]}"
+    client = redis.Redis.from_url(redis_server.url)
+    flags = f"ll-celery-{uuid.uuid4().hex}"
+    key = dies.lease_lock_key((flags, redis_server.url), {})
+    locker = task_locker(app)
+    with prefork_worker(redis_server.url, queue):
+        first = dies.apply_async((flags, redis_server.url), queue=queue)
+        try:
+            wait_until(lambda: client.llen(f"{flags}:started") == 1, "the first delivery to start")
+            held = locker.get(key)
+            # The run holds the key under a token of its own: the owner label names the job.
+            assert held.held and held.owner is not None and held.owner.endswith(f"job={first.id}")
+            held_fence = locker.backend.inspect(held.key).fence
+            os.kill(int(client.lindex(f"{flags}:started", 0) or 0), signal.SIGKILL)
+            # Nothing heartbeats the dead run's lease (lock_ttl=2): the key comes free by itself.
+            assert BackendContract().wait_for_expiry(locker.backend, held.key, 2.0)
+            app.send_task(dies.name, (flags, redis_server.url), task_id=first.id, queue=queue)
+            wait_until(lambda: client.llen(f"{flags}:started") == 2, "the redelivery to run")
+            # A new grant: the redelivery's fence is larger than the dead run's.
+            before, after = held_fence, locker.backend.inspect(held.key).fence
+            assert before is not None and after is not None and after > before
+        finally:
+            client.rpush(f"{flags}:go", "1", "1")
+        # A fresh AsyncResult per look: one that saw the dead run's FAILURE keeps it cached.
+        wait_until(lambda: app.AsyncResult(first.id).state == "SUCCESS", "the redelivery's result")
+    assert app.AsyncResult(first.id).get(timeout=WAIT) == first.id
+    assert client.lrange(f"{flags}:handled", 0, -1) == [b"SUCCESS:str"]
+
+
+def test_a_second_delivery_meets_its_first_before_the_first_names_its_job(
+    redis_server: Any, thread_worker: None
+) -> None:
+    # A run that adopted its claim writes the job id into the owner label one step after its
+    # grant. A second delivery arriving in between must still see its own first delivery,
+    # not another holder, or it would store a result over the running call's.
+    url = redis_server.url
+    client = redis.Redis.from_url(url)
+    flags = f"ll-celery-{uuid.uuid4().hex}"
+    locker = task_locker(app)
+    key = labelled_late.lease_lock_key((flags, url), {})
+    task_id = str(uuid.uuid4())
+    with locker.lock(key, 60) as first_run:  # the first delivery's run, not labelled yet
+        app.send_task(labelled_late.name, (flags, url), task_id=task_id)
+        wait_until(lambda: client.llen(f"{flags}:delivered") == 1, "the second delivery to start")
+        time.sleep(0.3)  # the delivery has found the key held by now, on an idle machine
+        assert locker.backend.acquire(first_run.key, first_run.token, 60, f"{locker.owner} job={task_id}")
+        wait_until(lambda: client.llen(f"{flags}:handled") == 1, "the second delivery to be handled")
+    assert client.lrange(f"{flags}:handled", 0, -1) == [b"IGNORED:Ignore"]
+
+
+class CannotAdopt(MemoryBackend):
+    """A store that keeps the base class's refusal to adopt a claim."""
+
+    adopt = Backend.adopt
+
+
+def test_a_store_that_cannot_adopt_is_refused_before_anything_is_claimed() -> None:
+    backend = CannotAdopt()
+    other = Celery("cannot-adopt", broker="memory://")
+    other.conf.lease_lock_locker = Locker(backend)
+
+    def job(customer_id: int) -> None:
+        """Never sent."""
+
+    task = other.task(base=SingletonTask, lock_on_enqueue=True, name=f"no-adopt-{uuid.uuid4().hex}", shared=False)(job)
+    with pytest.raises(ValidationError, match="CannotAdopt cannot"):
+        task.delay(1)
+    assert not list(backend.scan(""))
+    with pytest.raises(NotImplementedError, match="CannotAdopt"):
+        backend.adopt("k", "claim-token-0000", "run-token-00000", 1.0, "o")
+
+
+def test_a_claimed_task_retried_at_once_runs_its_retry(thread_worker: None) -> None:
+    # The retry message is sent only once the run has given the key back and claimed it for
+    # the retry: sent from inside retry(), it would meet the run still holding the key.
+    flags = uuid.uuid4().hex
+    result = retries_at_once.delay(flags)
+    assert result.get(timeout=WAIT) == 1
+    key = retries_at_once.lease_lock_key((flags,), {})
     wait_until(lambda: not task_locker(app).get(key).held, "the retry to give the key back")
 
 

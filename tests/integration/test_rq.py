@@ -66,6 +66,15 @@ def customer_job(customer_id: int, flags: str, redis_url: str) -> str:
     return f"ran {customer_id}"
 
 
+def polling_job(customer_id: int, flags: str, redis_url: str) -> str:
+    """Like ``customer_job``, but polls for the go: a work horse's blocking read may time out
+    while the test waits for another worker to start."""
+    client = redis.Redis.from_url(redis_url)
+    client.rpush(f"{flags}:started", customer_id)
+    wait_until(lambda: client.lpop(f"{flags}:go") is not None, "the test to let the job finish", WAIT)
+    return f"ran {customer_id}"
+
+
 def never_run(flags: str) -> None:
     """Queued where no worker listens."""
 
@@ -196,3 +205,41 @@ def test_a_job_id_that_is_not_a_token_is_refused_before_anything_is_sent() -> No
     with pytest.raises(ValidationError, match="job id"):
         enqueue_once(Queue("q", connection=redis.Redis.from_url("redis://127.0.0.1:1/0")), never_run, "x",
                      key="k", job_id="short")
+
+
+def test_the_same_job_delivered_again_while_it_runs_is_skipped(
+    redis_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The job id pushed onto the queue a second time (as a requeue of a job that looks stuck
+    # does) while its first delivery runs: the second delivery adopts nothing and skips.
+    monkeypatch.delenv("LEASE_LOCK_URL", raising=False)
+    url = redis_server.url
+    client = redis.Redis.from_url(url)
+    flags = f"ll-rq-{uuid.uuid4().hex}"
+    queue = Queue(flags, connection=client)
+    first = enqueue_once(queue, polling_job, 1, flags, url)
+    assert first is not None
+    workers = start_workers(url, flags, 1)
+    logs: list[Optional[str]] = []
+    try:
+        wait_until(lambda: client.llen(f"{flags}:started") == 1, "the first delivery to start")
+        queue.push_job_id(first.id)
+        workers += start_workers(url, flags, 1)  # a burst worker that finds the job queued
+        # Skipped (its worker quits while the first still runs), or (the bug) running beside
+        # the first: either ends the wait.
+        wait_until(
+            lambda: workers[1].poll() is not None or client.llen(f"{flags}:started") == 2,
+            "the second delivery to be handled",
+        )
+        concurrent = client.llen(f"{flags}:started")
+    finally:
+        client.rpush(f"{flags}:go", "1", "1")
+        logs = [worker.communicate(timeout=WAIT)[0] for worker in workers]
+    assert concurrent == 1, logs
+    assert client.llen(f"{flags}:started") == 1, logs
+    # Both deliveries finished, the second without running the body (newest result first);
+    # the job is not marked skipped: it ran.
+    assert [result.return_value for result in first.results()] == ["ran 1", None], logs
+    assert not was_skipped(first)
+    assert not list(job_locker(client).list(f"{polling_job.__module__}.polling_job"))
+    client.delete(f"{flags}:started", f"{flags}:go")

@@ -365,6 +365,16 @@ class PostgresBackend(ServiceStore):
         _, rows, _ = self._run(self._sql["acquire_fenced"], parameters)
         return int(rows[0][0]) if rows else None
 
+    def adopt(self, key: str, claim_token: str, token: str, ttl: float, owner: str) -> Optional[int]:
+        """Replace the claim ``claim_token`` on ``key`` (or a free key) with a new fenced grant,
+        in one statement (under the key's advisory lock, like every fenced grant)."""
+        parameters = {
+            "key": key, "token": token, "ttl": float(ttl), "owner": owner,
+            "gate": self.names.gate, "slot": _key_slot(key), "claim": claim_token,
+        }
+        _, rows, _ = self._run(self._sql["adopt"], parameters)
+        return int(rows[0][0]) if rows else None
+
     def release(self, key: str, token: str) -> bool:
         """Delete ``key`` if ``token`` holds it and announce the release to listeners.
 
@@ -673,6 +683,10 @@ def _statements(names: Names, write_prefix: str) -> dict[str, _Statement]:
         f"NOT EXISTS (SELECT 1 FROM {t} WHERE key = %(key)s AND token <> %(token)s"
         " AND expires_at > clock_timestamp())"
     )
+    free_but_claim = (
+        f"NOT EXISTS (SELECT 1 FROM {t} WHERE key = %(key)s AND token <> %(token)s"
+        " AND token <> %(claim)s AND expires_at > clock_timestamp())"
+    )
     state_columns = (
         "key, expires_at, fence, owner, extract(epoch FROM expires_at - now.at)::float8"
     )
@@ -706,6 +720,20 @@ def _statements(names: Names, write_prefix: str) -> dict[str, _Statement]:
                 " ELSE GREATEST(EXCLUDED.fence, held.fence + 1) END"
             )
             + " RETURNING fence"
+        ),
+        # Inputs: key, token, ttl, owner, gate, slot, claim. Result: the fence, or no row.
+        # acquire_fenced with the claim's live row counted as free: the claim is replaced by
+        # a new grant with a new, larger fence; the token's own live row keeps its fence.
+        "adopt": (
+            "WITH gate AS MATERIALIZED (SELECT pg_advisory_xact_lock(%(gate)s, %(slot)s)),"
+            + fence_drawn.format(free=free_but_claim)
+            + f" INSERT INTO {t} AS held (key, token, expires_at, fence, owner)"
+            f" SELECT %(key)s, %(token)s, {lease}, fence.value, %(owner)s FROM fence "
+            + take_over.format(
+                fence=f"CASE WHEN {still_ours} THEN COALESCE(held.fence, EXCLUDED.fence)"
+                " ELSE GREATEST(EXCLUDED.fence, held.fence + 1) END"
+            )
+            + " OR held.token = %(claim)s RETURNING fence"
         ),
         # Inputs: key, token, channel. Result: one row (was the lease live?) if the token
         # held the row; the NOTIFY is delivered when the statement commits.

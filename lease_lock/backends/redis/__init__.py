@@ -435,12 +435,15 @@ class RedisBackend(ServiceStore):
         self._turns.answered(key, lost=fence is None)
         return fence
 
-    def _ask_grant(self, key: str, token: str, keys: list[str], argv: list[Any]) -> Optional[str]:
-        """Run ACQUIRE: the fence as text (``""`` unfenced) on a grant, ``None`` on contention."""
+    def _ask_grant(
+        self, key: str, token: str, keys: list[str], argv: list[Any], script: Script = _scripts.ACQUIRE
+    ) -> Optional[str]:
+        """Run ACQUIRE (or ``script``, which answers like it): the fence as text (``""``
+        unfenced) on a grant, ``None`` on contention."""
         if self.wait_for_replicas is None:
-            reply = _scripts.ACQUIRE(self._commands, keys, argv)
+            reply = script(self._commands, keys, argv)
             return None if reply is None else reply.decode("ascii")
-        reply, acknowledged = self._batch([(_scripts.ACQUIRE, keys, argv)], wait=True)
+        reply, acknowledged = self._batch([(script, keys, argv)], wait=True)
         if reply is None:
             return None
         if acknowledged < self.wait_for_replicas[0]:
@@ -462,6 +465,15 @@ class RedisBackend(ServiceStore):
         the same script as the grant; a same-token re-acquire returns the fence it has.
         """
         fence = self._grant(key, token, ttl, owner, fenced=True)
+        return None if fence is None else int(fence)
+
+    @_reports_unavailable
+    def adopt(self, key: str, claim_token: str, token: str, ttl: float, owner: str) -> Optional[int]:
+        """Replace the claim ``claim_token`` on ``key`` (or a free key) with a new fenced grant:
+        one script, the fence counter in the key's hash slot as for every fenced grant."""
+        ms = _millis(ttl)
+        argv = [f"{token}|", ms, owner, f"{claim_token}|", max(_COUNTER_LIFETIME_MS, ms)]
+        fence = self._ask_grant(key, token, [key, self._fence_key(key)], argv, _scripts.ADOPT)
         return None if fence is None else int(fence)
 
     @_reports_unavailable

@@ -21,6 +21,7 @@ from redis.exceptions import NoScriptError
 
 __all__ = [
     "ACQUIRE",
+    "ADOPT",
     "COUNT_IN_WINDOW",
     "EXTEND",
     "FORCE_RELEASE",
@@ -263,5 +264,35 @@ end
 local left = (index + 1) * width - micros
 redis.call('PEXPIRE', KEYS[1], string.format('%.0f', math.ceil(left / 1000) + 1000))
 return {count, string.format('%.0f', left)}
+"""
+)
+
+#: KEYS[1] lease key, KEYS[2] fence counter (same hash slot).
+#: ARGV[1] "<token>|", ARGV[2] lease in ms, ARGV[3] owner, ARGV[4] "<claim token>|",
+#: ARGV[5] counter lifetime in ms.
+#: Hands the key from the claim to the token: a free key, or one the claim holds, gets a new
+#: lease with a new fence; the token's own lease is renewed with its fence kept. Returns the
+#: fence as text, or nil when any other token holds the key.
+ADOPT = Script(
+    _EFFECTS
+    + _READ_LEASE
+    + """
+local fence = ''
+if current and string.sub(current, 1, #mine) == mine then
+  local rest = string.sub(current, #mine + 1)
+  local bar = string.find(rest, '|', 1, true)
+  local kept = bar and string.sub(rest, 1, bar - 1) or ''
+  if kept ~= '' then
+    redis.call('SET', KEYS[1], mine .. kept .. '|' .. ARGV[3], 'PX', ARGV[2])
+    return kept
+  end
+elseif current and string.sub(current, 1, #ARGV[4]) ~= ARGV[4] then
+  return false
+end
+"""
+    + _TAKE_FENCE
+    + """
+redis.call('SET', KEYS[1], mine .. fence .. '|' .. ARGV[3], 'PX', ARGV[2])
+return fence
 """
 )
