@@ -43,6 +43,7 @@ bare LISTEN/NOTIFY wake-up between two connections.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import select
 import threading
 import time
@@ -192,9 +193,7 @@ def _advisory_cycle(conn: Any) -> Callable[[], None]:
 class _PollingBackend(PostgresBackend):
     """The same backend with release notifications switched off, so waiters poll."""
 
-    capabilities: ClassVar[Capabilities] = Capabilities(
-        server_clock=True, fencing=True, scan=True, batch_extend=True
-    )
+    capabilities: ClassVar[Capabilities] = dataclasses.replace(PostgresBackend.capabilities, release_notify=False)
 
 
 def _handoffs(url: str, table: str, waiter: Locker, samples: int) -> list[float]:

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.support.postgres_server import PostgresServer
 from tests.support.redis_server import RedisServer
@@ -175,3 +178,20 @@ def test_contended_in_miniature(tmp_path: Path, redis_server: RedisServer, postg
         assert [row["seconds"] for row in rows] == [0.5, 0.5, 0.5]  # two turns of 0.25 s each
         assert all(row["rate"] > 0 and row["overlaps"] == 0 for row in rows)
         assert rows[0]["p50_ms"] is None  # one process hands nothing to another
+
+
+def test_instruction_count_in_miniature() -> None:
+    # Counted, not timed: callgrind is needed, and CI must have it (.ci/run installs it).
+    if shutil.which("valgrind") is None:
+        message = "valgrind is not on PATH (install the valgrind package)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    output = run_benchmark("instructions", "--cycles", "5")
+    rows = table_rows(
+        output, "bare backend acquire + release", "with locker.lock(key): pass", "core (Locker minus bare)"
+    )
+    bare, locker, core = (float(rows[name][0].replace(",", "")) for name in rows)
+    # The core's share is what the Locker adds to the same backend calls.
+    assert 0 < bare < locker
+    assert core == pytest.approx(locker - bare, abs=1)

@@ -64,6 +64,10 @@ class LockState:
 class Capabilities:
     """What a backend can do beyond the required primitives.
 
+    Every field defaults to the weakest claim (nothing offered, no clock named), so a backend
+    that forgets to declare something is treated as lacking it: the core refuses what needs it
+    instead of trusting a guarantee nobody made. Built-in backends declare every field.
+
     - ``server_clock``: expiry is judged on a server's clock (not this process's).
     - ``fencing``: ``acquire_fenced`` returns fences: integers that grow with every grant of a key.
     - ``release_notify``: ``watch_releases`` delivers release notifications.
@@ -74,14 +78,14 @@ class Capabilities:
     - ``clock``: a short description of the clock that judges expiry, for the docs.
     """
 
-    server_clock: bool = True
-    fencing: bool = True
+    server_clock: bool = False
+    fencing: bool = False
     release_notify: bool = False
     replica_wait: bool = False
     scan: bool = False
     batch_extend: bool = False
     min_ttl: float = 0.0
-    clock: str = "the server's clock"
+    clock: str = "not declared"
 
 
 @dataclass(frozen=True)
@@ -138,20 +142,24 @@ class Backend(abc.ABC):
 
     # -- required primitives ------------------------------------------------------------------
 
-    @abc.abstractmethod
     def acquire(self, key: str, token: str, ttl: float, owner: str) -> bool:
         """Grant ``key`` to ``token`` for ``ttl`` seconds if it is free or already ours.
 
         Returns ``True`` on a grant. A repeated acquire by the token holding the key resets its
         lease to ``ttl`` (an absolute new lease, never added) and returns ``True``.
+
+        The default is a fenced grant with the fence dropped. A backend whose unfenced grant is
+        cheaper overrides it; one without fences (whose :meth:`acquire_fenced` refuses) must.
         """
+        return self.acquire_fenced(key, token, ttl, owner) is not None
 
     @abc.abstractmethod
     def acquire_fenced(self, key: str, token: str, ttl: float, owner: str) -> Optional[int]:
         """Like :meth:`acquire` but returns the grant's fence, or ``None`` on contention.
 
         Fences of one key are positive ints below 2**53, larger for every later grant, kept
-        across extensions and same-token re-acquires (which return the same fence).
+        across extensions and same-token re-acquires (which return the same fence). A backend
+        without fences (``capabilities.fencing`` off) raises ``NotImplementedError`` here.
         """
 
     @abc.abstractmethod

@@ -172,6 +172,8 @@ class HttpBackend(Backend, RequestIdCarrier):
         scan=True,
         # Through the server's wait extension, when the server offers it (see watch_releases).
         release_notify=True,
+        replica_wait=False,
+        batch_extend=False,
         min_ttl=float(wire.MIN_TTL),
         clock="the lock service's clock (its store's clock for a lease_lock server)",
     )
@@ -384,10 +386,8 @@ class HttpBackend(Backend, RequestIdCarrier):
         raise requests.HTTPError(f"unexpected status {status} ({detail})", response=response)
 
     # -- primitives ------------------------------------------------------------------------------
-
-    def acquire(self, key: str, token: str, ttl: float, owner: str) -> bool:
-        """Grant or renew ``key`` for ``token`` (``POST /locks/{key}/lease``)."""
-        return self.acquire_fenced(key, token, ttl, owner) is not None
+    # acquire is the base class's: the service fences every grant, so a plain grant is a fenced
+    # one (POST /locks/{key}/lease) with the fence dropped.
 
     def request_id_scope(self, request_id: Optional[str]) -> ContextManager[None]:
         """Send ``request_id`` (a UUID) with this thread's acquisitions inside the block."""

@@ -58,6 +58,8 @@ class MemoryBackend(ServiceStore, forksafe.MutexForkGuard):
         release_notify=True,
         scan=True,
         batch_extend=True,
+        replica_wait=False,
+        min_ttl=0.0,
         clock="this process's monotonic clock",
     )
 

@@ -152,6 +152,10 @@ class PeerRedisBackend(Backend):
     capabilities: ClassVar[Capabilities] = Capabilities(
         server_clock=True,
         fencing=False,
+        release_notify=False,
+        replica_wait=False,
+        scan=False,
+        batch_extend=False,
         min_ttl=0.0,
         clock="the Redis server's clock (key expiry)",
     )

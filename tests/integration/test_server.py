@@ -16,7 +16,7 @@ from typing import Any, Optional
 import pytest
 import requests
 from lease_lock import Locker
-from lease_lock.backends.base import Backend, LockState
+from lease_lock.backends.base import Backend, Capabilities, LockState
 from lease_lock.backends.memory import MemoryBackend
 from lease_lock.backends.service import ServiceStore
 from lease_lock.errors import BackendUnavailableError, ValidationError
@@ -319,6 +319,17 @@ def test_create_app_checks_its_arguments(tmp_path: Path) -> None:
 
 class _LocksOnly(Backend):
     """A backend that implements the lock calls and nothing of the optional service interface."""
+
+    capabilities = Capabilities(
+        server_clock=False,
+        fencing=True,
+        release_notify=False,
+        replica_wait=False,
+        scan=False,
+        batch_extend=False,
+        min_ttl=0.0,
+        clock="this process's monotonic clock",
+    )
 
     def __init__(self) -> None:
         self.inner = MemoryBackend()

@@ -25,7 +25,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     While it is in use the heartbeat threads started by the test idle until stopped: a real
     thread acting on fake time would do due work whenever it happens to wake, racing the test.
     The test runs that same work where it chooses with ``locker.heartbeat.run_due()``. Tests of
-    the thread itself use the real clock and do not take this fixture.
+    the thread itself need the real clock and are in ``tests/integration/test_core_real_time.py``.
     """
 
     def idle(heartbeat: Heartbeat) -> None:

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import uuid
-from pathlib import Path
-
 import pytest
-from lease_lock import Locker, LockLostError, LockStateError, connect
+from lease_lock import Locker, LockLostError, LockStateError
 
 from .fakes import EventLog, RecordingBackend
 
@@ -68,20 +65,3 @@ def test_lock_set_check_verify(locker: Locker) -> None:
     assert locks.state == "lost"
 
 
-@pytest.fixture(params=["sqlite", "redis"])
-def real_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'locks.db'}"
-    return str(request.getfixturevalue("redis_server").url)
-
-
-def test_real_backend_force_release_seen_by_verify_only(real_url: str) -> None:
-    key = f"verify-{uuid.uuid4().hex}"
-    with connect(real_url) as holder, connect(real_url) as operator:
-        lock = holder.acquire(key)
-        lock.check(verify=True)
-        assert operator.force_release(key)
-        lock.check()
-        with pytest.raises(LockLostError) as raised:
-            lock.check(verify=True)
-        assert raised.value.reason == "observed" and lock.lost_reason == "observed"

@@ -14,8 +14,8 @@ from typing import Optional
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lease_lock import Lock, Locker, LockEvent, LockLostError, MemoryBackend
-from lease_lock.heartbeat import ARRIVAL_LEAD, LANES, Heartbeat, Timer
+from lease_lock import Locker, LockEvent, LockLostError, MemoryBackend
+from lease_lock.heartbeat import LANES, Heartbeat, Timer
 
 from .fakes import START, EventLog, FakeClock, RecordingBackend, advance_to_beat
 
@@ -331,27 +331,6 @@ def test_one_heartbeat_thread_per_locker_whatever_the_lock_count() -> None:
         assert not thread.is_alive()
 
 
-def test_real_heartbeat_thread_extends_on_its_own() -> None:
-    """Real time: the daemon thread (not run_due) keeps a short lease alive."""
-    extended = threading.Event()
-    locker = Locker(MemoryBackend(), on_event=lambda event: event.type == "extended" and extended.set())
-    lock = locker.acquire("k", ttl=0.6)
-    assert extended.wait(10)
-    assert lock.state == "held"
-    locker.close()
-
-
-def test_lost_wait_returns_when_the_lease_ends() -> None:
-    """Real time: nothing but the lease running out sets the signal."""
-    locker = Locker(MemoryBackend())
-    lock = locker.acquire("k", ttl=0.3, auto_extend=False)
-    assert lock.lost.wait(30)
-    assert lock.lost_reason == "expired"
-    long_lease: Lock = locker.acquire("other", ttl=60)
-    assert long_lease.lost.wait(0.05) is False
-    locker.close()
-
-
 def test_lost_wait_wakes_on_a_loss_found_by_another_thread(locker: Locker, backend: RecordingBackend) -> None:
     lock = locker.acquire("k")
     woke = threading.Event()
@@ -524,11 +503,3 @@ def test_a_lock_released_before_its_first_beat_never_costs_a_timer(locker: Locke
     assert locker.heartbeat.pending() == 0
 
 
-def test_the_thread_takes_arrivals_on_its_own_in_time() -> None:
-    """Real time: a lease long enough to go through the arrivals is extended by the thread."""
-    extended = threading.Event()
-    locker = Locker(MemoryBackend(), on_event=lambda event: event.type == "extended" and extended.set())
-    lock = locker.acquire("k", ttl=3 * ARRIVAL_LEAD)
-    assert extended.wait(30)
-    assert lock.state == "held"
-    locker.close()

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable, Optional
+from typing import Optional
 
 import pytest
-from lease_lock import BackendUnavailableError, Locker, LockHeldError, LockStateError, MemoryBackend, Retry
-from lease_lock.backends.base import ReleaseWatcher
-from lease_lock.testing import wait_until
+from lease_lock import BackendUnavailableError, Locker, LockHeldError, LockStateError, Retry
 
 from .fakes import EventLog, FakeClock, SilentBackend
 
@@ -154,41 +152,3 @@ def test_lockset_run_on_a_set_that_is_not_held_does_not_call(locker: Locker) -> 
     assert held.state == "released"
 
 
-class WatchlessOnce(MemoryBackend):
-    """A memory backend whose first release subscription fails as a store that is down."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.subscriptions = 0
-
-    def watch_releases(self, callback: Callable[[str], None]) -> ReleaseWatcher:
-        self.subscriptions += 1
-        if self.subscriptions == 1:
-            raise BackendUnavailableError("cannot subscribe (test)", backend="memory")
-        return super().watch_releases(callback)
-
-
-def test_a_failed_subscription_while_waiting_is_retried_not_raised() -> None:
-    backend = WatchlessOnce()
-    with Locker(backend) as holder, Locker(backend, retry=Retry(delay=0.05)) as waiter:
-        held = holder.acquire("k")
-        done = threading.Event()
-        outcome: dict[str, object] = {}
-
-        def wait() -> None:
-            try:
-                outcome["lock"] = waiter.acquire("k", timeout=30)
-            except Exception as error:  # noqa: BLE001 - handed to the test thread
-                outcome["error"] = error
-            done.set()
-
-        thread = threading.Thread(target=wait)
-        thread.start()
-        assert wait_until(lambda: backend.subscriptions >= 2, 30)
-        held.release()
-        assert done.wait(30)
-        thread.join(30)
-        assert "error" not in outcome, outcome
-        assert getattr(outcome["lock"], "state", None) == "held"
-        # Nothing stayed registered for the failed subscription.
-        assert waiter._dispatcher._waiters == {}

@@ -1,18 +1,17 @@
 """Re-entrant holds: a nested acquire of a key the same thread holds through the same Locker
 joins that lease with ``reentrant=True``; without it, it contends and its error says why.
 
-Run on the recording memory backend (every store call counted) and on real SQLite and Redis.
+Run on the recording memory backend (every store call counted); the same on real SQLite and Redis
+is in ``tests/integration/test_core_real_stores.py``.
 """
 
 from __future__ import annotations
 
 import threading
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
-from lease_lock import Locker, LockHeldError, LockLostError, LockStateError, MemoryBackend, ValidationError, connect
-from lease_lock.backends.base import Backend
+from lease_lock import Locker, LockHeldError, LockLostError, LockStateError, ValidationError
 
 from ..support.polling import wait_until
 from .fakes import EventLog, RecordingBackend
@@ -76,24 +75,6 @@ def test_locker_option_and_every_acquire_form(backend: RecordingBackend, clock: 
             assert locker.try_acquire("k", reentrant=False) is None
     finally:
         locker.close()
-
-
-def test_without_reentrant_a_nested_acquire_contends_and_names_this_thread() -> None:
-    backend = MemoryBackend()
-    with Locker(backend) as locker, locker.lock("k"):
-        assert locker.try_acquire("k") is None
-        with pytest.raises(LockHeldError) as raised:
-            locker.acquire("k", timeout=0.3)
-        error = raised.value
-        assert error.reason == "timeout" and error.attempts >= 1, "the blocking acquire spent its budget"
-        message = str(error)
-        assert "this very thread" in message and threading.current_thread().name in message
-        assert "reentrant=True" in message and "elsewhere" not in message
-        nested = locker.lock("k", blocking=False)
-        assert nested.acquire() is False
-        # Held by another holder, the message is the usual one.
-        with Locker(backend) as elsewhere, pytest.raises(LockHeldError, match="held elsewhere"):
-            elsewhere.acquire("k", blocking=False)
 
 
 def test_another_thread_still_waits(backend: RecordingBackend) -> None:
@@ -161,52 +142,6 @@ def test_bad_values_and_acquire_many(locker: Locker, backend: RecordingBackend) 
 
 
 # -- real backends -----------------------------------------------------------------------------
-
-
-class CountingBackend:
-    """Wraps a real backend's grant and release calls to count them."""
-
-    def __init__(self, backend: Backend) -> None:
-        self.counts = {"acquire": 0, "release": 0}
-        for name in self.counts:
-            original: Callable[..., Any] = getattr(backend, name)
-
-            def counted(*args: Any, _name: str = name, _original: Callable[..., Any] = original) -> Any:
-                self.counts[_name] += 1
-                return _original(*args)
-
-            setattr(backend, name, counted)
-
-
-@pytest.fixture(params=["sqlite", "redis"])
-def real_locker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Locker]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'locks.db'}"
-    else:
-        url = request.getfixturevalue("redis_server").url
-    locker = connect(url, reentrant=True, ttl=10.0)
-    yield locker
-    locker.close()
-
-
-def test_real_backend_nested_with_one_grant_one_release(real_locker: Locker, request: Any) -> None:
-    key = f"reentrant-{request.node.name}"
-    counter = CountingBackend(real_locker.backend)
-    with real_locker.lock(key) as outer:
-        with real_locker.lock(key) as inner:
-            assert inner.holds == 2 and inner.token == outer.token
-            assert real_locker.get(key).held
-        assert real_locker.get(key).held
-    assert counter.counts == {"acquire": 1, "release": 1}
-    assert not real_locker.get(key).held
-
-
-def test_real_backend_without_reentrant_names_this_thread(real_locker: Locker, request: Any) -> None:
-    key = f"plain-{request.node.name}"
-    with real_locker.lock(key, reentrant=False):
-        with pytest.raises(LockHeldError, match=r"this very thread.*reentrant=True"):
-            real_locker.acquire(key, reentrant=False, timeout=0.3)
-        assert real_locker.try_acquire(key, reentrant=False) is None
 
 
 def test_the_hold_index_forgets_collected_locks(locker: Locker) -> None:

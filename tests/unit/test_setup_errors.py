@@ -1,15 +1,11 @@
 """Setup mistakes are ``ValidationError`` (CLI exit 2), never an outage, and never leak a secret.
 
-A missing driver is simulated the way Python itself reports one: the driver's name maps to
-``None`` in ``sys.modules`` (from a ``sitecustomize`` on the path of a real ``python -m
-lease_lock`` process, so the command runs exactly as a user would start it).
+The missing-driver cases run real processes and are in
+``tests/integration/test_setup_errors_processes.py``.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,51 +13,6 @@ from lease_lock import ValidationError, connect
 from lease_lock.backends import backend_from_url
 
 SECRET = "Sup3rSecretPw"  # noqa: S105 - a made-up secret that must never be echoed
-DEADLINE = 60.0
-
-MISSING_DRIVERS = [
-    ("redis", "redis://127.0.0.1:6379/0", "redis"),
-    ("psycopg2", "postgresql://root@127.0.0.1:5432/test", "postgres"),
-    ("requests", "http://127.0.0.1:9/", "http"),
-]
-
-
-def _without(module: str, tmp_path: Path) -> dict[str, str]:
-    """An environment whose Python cannot import ``module``."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(f"import sys\nsys.modules[{module!r}] = None\n")
-    path = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
-    return dict(os.environ, PYTHONPATH=path, XDG_STATE_HOME=str(tmp_path / "state"))
-
-
-@pytest.mark.parametrize(("module", "url", "extra"), MISSING_DRIVERS)
-def test_connect_without_the_driver_names_the_extra(module: str, url: str, extra: str, tmp_path: Path) -> None:
-    script = (
-        "from lease_lock import connect, ValidationError\n"
-        "try:\n"
-        f"    connect({url!r})\n"
-        "except ValidationError as error:\n"
-        "    print(error)\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", script], env=_without(module, tmp_path), capture_output=True, text=True,
-        timeout=DEADLINE, check=True,
-    )
-    assert f"pip install 'lease_lock[{extra}]'" in result.stdout
-    assert result.stderr == ""
-
-
-@pytest.mark.parametrize(("module", "url", "extra"), MISSING_DRIVERS)
-def test_cli_without_the_driver_exits_2_with_one_line(module: str, url: str, extra: str, tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "lease_lock", "status", "k", "--url", url], env=_without(module, tmp_path),
-        capture_output=True, text=True, timeout=DEADLINE, check=False,
-    )
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    assert f"pip install 'lease_lock[{extra}]'" in lines[0]
 
 
 def test_an_import_error_inside_the_driver_is_not_hidden(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -137,6 +137,8 @@ class PostgresBackend(ServiceStore):
         release_notify=True,
         scan=True,
         batch_extend=True,
+        replica_wait=False,
+        min_ttl=0.0,
         clock="the PostgreSQL server's clock_timestamp()",
     )
     url_options: ClassVar[dict[str, Callable[[str], Any]]] = {
