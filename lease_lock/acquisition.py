@@ -28,8 +28,8 @@ from .waiting import ReleaseDispatcher
 
 __all__ = ["NOTIFIED_WAIT_CAP", "Acquisition"]
 
-#: The longest a waiter sleeps between looks at a key while release notifications flow: the
-#: holder's remaining lease or this, whichever is shorter.
+#: The longest a waiter sleeps between looks at a key while release notifications flow (the
+#: retry delay, the holder's remaining lease when known, or this, whichever is shortest).
 NOTIFIED_WAIT_CAP = 1.0
 #: How often a wait re-checks a cancel event.
 _CANCEL_SLICE = 0.05
@@ -39,6 +39,18 @@ _CANCEL_SLICE = 0.05
 _Plan = tuple[Retry, float, float, Optional[float], bool]
 #: How many attempt plans an acquisition keeps before it starts afresh.
 _PLANS = 16
+
+
+def _unreachable(key: str, attempts: int, elapsed: float, last: BackendUnavailableError) -> BackendUnavailableError:
+    """What a wait whose last attempt could not reach the store raises: how many attempts over
+    how long, and the driver's reason (the driver's error stays the ``__cause__``)."""
+    error = BackendUnavailableError(
+        f"store unreachable while acquiring {key!r}: {attempts} attempt(s) over {elapsed:.3f}s, "
+        f"the last one failed: {last}",
+        backend=last.backend,
+    )
+    error.__cause__ = last.__cause__ if last.__cause__ is not None else last
+    return error
 
 
 def _log_outage(key: str, error: BackendUnavailableError) -> None:
@@ -188,6 +200,7 @@ class Acquisition:
         wake: Optional[threading.Event] = None
         start = sent = self.clock()
         attempts = 0
+        unreachable = False
         previous_delay: Optional[float] = None
         reason = "held"
         # The error of the latest attempt that could not reach the store (None once an attempt
@@ -223,7 +236,7 @@ class Acquisition:
                 except BackendUnavailableError as error:
                     # While the budget lasts an outage is one more failed attempt: the waiter
                     # rides it out on its retry schedule. A single attempt raises it at once.
-                    if attempts > retries:
+                    if attempts == 1 and retries == 0:
                         raise
                     if outage is None:
                         _log_outage(lock.key, error)
@@ -270,9 +283,6 @@ class Acquisition:
                     reason = "held"
                     self._emit(lock, "contended", attempt=attempts, elapsed=received - start, reason="held")
                 if attempts > retries:
-                    if outage is not None:
-                        # The last attempt could not reach the store: say so, not "held".
-                        raise outage
                     break
                 elapsed = self.clock() - start
                 left = timeout - elapsed
@@ -291,21 +301,16 @@ class Acquisition:
                         if outage is None:
                             _log_outage(lock.key, error)
                         outage = error
-                pause = None
                 if rate_limit_pause is not None:
                     pause = rate_limit_pause
-                elif not unreachable and wake is not None and self.dispatcher.active:
-                    try:
-                        pause = self._holder_wait(lock.key) if reason == "held" else 0.0
-                    except BackendUnavailableError as error:
-                        # The store went away between the attempt and this look: pace the
-                        # next attempt by the retry delay, as after a failed attempt.
-                        if outage is None:
-                            _log_outage(lock.key, error)
-                        outage = error
-                if pause is None:
-                    pause = policy.delay_for(RetryState(attempts, elapsed, previous_delay))
-                    previous_delay = pause
+                else:
+                    # The policy's delay bounds every wait; while notifications flow, a release
+                    # (or the holder's lease ending first) only brings the next attempt sooner.
+                    pause = previous_delay = policy.delay_for(RetryState(attempts, elapsed, previous_delay))
+                    if not unreachable and wake is not None and self.dispatcher.active and pause > 0:
+                        sooner = self._sooner(lock.key) if reason == "held" else 0.0
+                        if sooner is not None:
+                            pause = min(pause, sooner)
                 # A rate limit must be waited out in full: a release notification cannot end it.
                 notified = self._pause(min(pause, left), wake if rate_limit_pause is None else None, cancel)
                 if not notified and self.clock() - start >= timeout:
@@ -318,6 +323,11 @@ class Acquisition:
         elapsed = self.clock() - start
         if reason == "timeout":
             self._emit(lock, "timed_out", attempts=attempts, elapsed=elapsed)
+        if unreachable and reason != "cancelled":
+            # The wait ended with an attempt that could not reach the store: that is what it
+            # says, not "held" (nobody answered that the key is held).
+            assert outage is not None
+            raise _unreachable(lock.key, attempts, elapsed, outage)
         raise LockHeldError(lock.key, attempts=attempts, elapsed=elapsed, reason=reason) from outage
 
     def _ask(self, lock: Lock, requested: float) -> tuple[bool, Optional[int]]:
@@ -327,14 +337,14 @@ class Acquisition:
             return fence is not None, fence
         return self.backend.acquire(lock.key, lock.token, requested, self.owner), None
 
-    def _holder_wait(self, key: str) -> float:
-        """How long to sleep while notifications flow: the holder's remaining lease, at most a
-        second, and never sooner (a release notification cuts it short)."""
-        known = self.dispatcher.lease_left(key)  # a wake-one watcher may know it already
-        remaining = self.backend.inspect(key).expires_in if known is None else known
-        if remaining is None:
-            return 0.0
-        return min(NOTIFIED_WAIT_CAP, max(remaining, 0.0))
+    def _sooner(self, key: str) -> Optional[float]:
+        """How soon the next attempt may come while notifications flow, when the wake-one
+        watcher knows it without a round trip (the holder's lease ending, or a kept turn),
+        else ``None``."""
+        known = self.dispatcher.lease_left(key)
+        if known is None:
+            return None
+        return min(NOTIFIED_WAIT_CAP, max(known, 0.0))
 
     def _pause(self, seconds: float, wake: Optional[threading.Event], cancel: Optional[threading.Event]) -> bool:
         """Wait ``seconds`` on the lease clock (bounded in real time too); ``True`` if a release

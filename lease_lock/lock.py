@@ -23,6 +23,7 @@ from .events import EventHook, LockEvent, emit, logger, wanted
 from .heartbeat import ARRIVAL_LEAD, Heartbeat, Timer
 from .lease import give_back, local_end
 from .options import LockOptions, check_extend_interval
+from .retry import Retry
 from .validation import check_ttl, describe_token
 
 if TYPE_CHECKING:
@@ -78,6 +79,10 @@ class LockHost(Protocol):
     @property
     def heartbeat(self) -> Heartbeat:
         """The heartbeat that extends the lease."""
+
+    @property
+    def retry(self) -> Retry:
+        """The Locker's retry policy, which a lock's own merges over."""
 
     @property
     def on_event(self) -> Optional[EventHook]:
@@ -274,6 +279,13 @@ class Lock(GuardedBlock):
     def options(self) -> LockOptions:
         """The options this lock was made with."""
         return self._options
+
+    @property
+    def retry(self) -> Retry:
+        """The retry policy an acquisition of this lock follows: the lock's own ``retry`` (and
+        ``timeout``) merged field by field over the Locker's policy. ``acquire(blocking,
+        timeout)`` arguments apply to their call only."""
+        return self._host.retry.merged(self._options.retry)
 
     @property
     def lost_cause(self) -> Optional[BaseException]:
