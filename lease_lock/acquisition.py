@@ -97,15 +97,20 @@ class Acquisition:
         #: Set by the Locker's close(): no attempt starts, and a grant in flight goes back.
         self.closed = False
         #: The locks held, and by thread and key once asked (re-entrant joins, "this very thread").
-        self.holds = ThreadHolds()
+        self.holds = ThreadHolds(self.heartbeat.give_back_dropped)
         # The attempt plans of the options recently acquired with, by id (see _plan_for).
         self._plans: dict[int, tuple[LockOptions, Retry, _Plan]] = {}
 
     # -- the set of held locks -----------------------------------------------------------------
 
     def forget(self, lock: Lock) -> None:
-        """``lock`` was released: closing the locker has nothing left to give back for it."""
+        """``lock`` was released or lost: closing the locker has nothing left to give back for it."""
         self.holds.forget(lock)
+
+    def release_dropped(self) -> None:
+        """Give back, on the calling thread, the leases of locks collected while held that the
+        heartbeat has not given back yet (the Locker is closing)."""
+        self.heartbeat.release_dropped()
 
     def take_held(self) -> list[Lock]:
         """Every lock still held, emptying the set (the Locker is closing)."""
@@ -115,7 +120,7 @@ class Acquisition:
         """In a forked child: fresh mutexes, no thread's holds, and the locks a parent thread
         held at the fork (returned, emptying the set), which the child must never use."""
         held = self.holds.take()
-        self.holds = ThreadHolds()
+        self.holds = ThreadHolds(self.heartbeat.give_back_dropped)
         self.heartbeat.after_fork()
         self.dispatcher.after_fork()
         return held

@@ -92,7 +92,7 @@ class LockHost(Protocol):
         """Acquire ``lock``; on contention ``False`` or ``LockHeldError``."""
 
     def forget(self, lock: Lock) -> None:
-        """``lock`` was released."""
+        """``lock`` was released or lost."""
 
 
 class LossSignal(threading.Event):
@@ -413,6 +413,8 @@ class Lock(GuardedBlock):
             self._cancel_timer()
             signal = self._lost_signal
             listeners = list(self._loss_listeners or ())
+        # A lost lock has no lease to give back when it is dropped (see ThreadHolds).
+        self._host.forget(self)
         if signal is not None:
             signal._fire()
         for listener in listeners:

@@ -493,7 +493,8 @@ class Locker:
 
     def close(self) -> None:
         """Stop the heartbeat, give back every lock still held (each reads lost, reason
-        ``"closed"``) and close what the locker opened. Idempotent."""
+        ``"closed"``) and the leases of locks dropped while held, and close what the locker
+        opened. Idempotent."""
         if self._acquisition.closed:
             return
         self._acquisition.closed = True
@@ -502,6 +503,8 @@ class Locker:
         self._dispatcher.close()
         for lock in self._acquisition.take_held():
             lock.locker_closed()
+        # Locks collected while held whose leases the heartbeat had not given back yet.
+        self._acquisition.release_dropped()
         if self.owns_backend:
             self._backend.close()
         _LOCKERS.discard(self)

@@ -8,6 +8,7 @@ child, through ``connect()`` as a program would, with two Lockers (two holders) 
 
 from __future__ import annotations
 
+import re
 import threading
 import uuid
 from collections.abc import Iterator
@@ -141,3 +142,25 @@ def test_a_release_only_brings_the_next_attempt_sooner(lockers: Lockers) -> None
     # attempt, whether a notification ended the wait early or not.
     assert acquired[0].attempts == len(delay.attempts) + 1
     assert delay.attempts == list(range(1, acquired[0].attempts))
+
+
+def test_a_held_lock_that_is_dropped_is_warned_about_and_given_back(lockers: Lockers) -> None:
+    key = _key()
+    holder, other = lockers(), lockers()
+    # The pattern the warning is for: the Lock that try_acquire() returned is dropped at once.
+    with pytest.warns(ResourceWarning, match=re.escape(f"lock {key!r} was garbage-collected while held")):
+        assert holder.try_acquire(key, ttl=600)
+    # Given back by the library (a 600 s lease cannot have run out): another holder takes it
+    # well within the wait it is given.
+    taken = other.acquire(key, timeout=DEADLINE)
+    assert taken.state == "held"
+    taken.release()
+
+
+def test_closing_gives_back_a_dropped_held_lock(lockers: Lockers) -> None:
+    key = _key()
+    holder, other = lockers(), lockers()
+    with pytest.warns(ResourceWarning, match=re.escape(repr(key))):
+        assert holder.try_acquire(key, ttl=600) is not None
+    holder.close()
+    assert not other.get(key).held
