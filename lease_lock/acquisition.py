@@ -194,7 +194,9 @@ class Acquisition:
     def _attempt(self, lock: Lock, options: LockOptions) -> None:
         """The retry loop: attempts paced by the retry policy until its timeout.
 
-        Returns on a grant, raises ``LockHeldError`` otherwise."""
+        Returns on a grant. Otherwise raises what the last attempt saw: ``LockHeldError`` when
+        the store answered (or the wait was cancelled), ``BackendUnavailableError`` when it
+        could not be reached."""
         cached = self._plans.get(id(options))
         if cached is not None and cached[0] is options and cached[1] is self.retry:
             policy, retries, timeout, max_hold, notify = cached[2]
@@ -209,7 +211,7 @@ class Acquisition:
         previous_delay: Optional[float] = None
         reason = "held"
         # The error of the latest attempt that could not reach the store (None once an attempt
-        # is answered again): the cause of a timeout, and what a spent retry budget raises.
+        # is answered again): what a wait ending on an unreachable store reports.
         outage: Optional[BackendUnavailableError] = None
         try:
             while True:
@@ -296,8 +298,9 @@ class Acquisition:
                     break
                 if notify and wake is None:
                     # Registered only once the first attempt failed, which keeps uncontended
-                    # acquisitions cheap. No release is missed: the holder_wait() look at the
-                    # key below happens after registering and finds a key freed before it.
+                    # acquisitions cheap. A release between that attempt and registering wakes
+                    # nobody here, but the wait is bounded by the retry delay (and a wake-one
+                    # watcher answers such a release as it queues the waiter).
                     try:
                         wake = self.dispatcher.register(lock.key)
                     except BackendUnavailableError as error:

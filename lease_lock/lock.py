@@ -643,7 +643,8 @@ class Lock(GuardedBlock):
 
         Explicit arguments override the options given to ``lock()``. After a failed acquire the
         lock stays ``"unlocked"`` and may be tried again; a lock that has been held cannot be
-        acquired again (``LockStateError``).
+        acquired again (``LockStateError``). A store that cannot be reached is no contention:
+        ``BackendUnavailableError`` is raised when the last attempt could not reach it.
         """
         options = self._options.with_attempt_budget(blocking, timeout)
         return self._host.acquire(self, options, raise_on_contention=False)

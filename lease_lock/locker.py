@@ -330,8 +330,11 @@ class Locker:
 
         While the budget lasts, a store that cannot be reached (``BackendUnavailableError``)
         is one more failed attempt (an ``attempt_failed`` event): the call keeps trying on its
-        retry schedule, and a timeout spent that way has the last such error as ``__cause__``.
-        A non-blocking call raises ``BackendUnavailableError`` at once.
+        retry schedule. When the budget is spent, the error describes the last attempt: one
+        that could not reach the store raises ``BackendUnavailableError`` (how many attempts
+        over how long, the driver's error as ``__cause__``); ``LockHeldError`` means the store
+        answered that the key is held. A non-blocking call raises ``BackendUnavailableError``
+        at once.
         """
         options = lock_options(opts) if opts else _DEFAULT_OPTIONS
         lock = self._make_lock(key, ttl, options)
