@@ -164,3 +164,23 @@ def test_closing_gives_back_a_dropped_held_lock(lockers: Lockers) -> None:
         assert holder.try_acquire(key, ttl=600) is not None
     holder.close()
     assert not other.get(key).held
+
+
+def test_a_dropped_held_lock_is_given_back_on_the_heartbeat_thread() -> None:
+    # On the memory store, whose calls can be watched: the release comes from the library's
+    # heartbeat thread, never from the thread that dropped the lock (inside the collector).
+    releases: list[str] = []
+
+    class Watched(MemoryBackend):
+        def release(self, key: str, token: str) -> bool:
+            releases.append(threading.current_thread().name)
+            return super().release(key, token)
+
+    backend = Watched()
+    with Locker(backend) as holder, Locker(backend) as other:
+        with pytest.warns(ResourceWarning, match="'job'"):
+            assert holder.try_acquire("job", ttl=600) is not None
+        # Released by the library, not left to run out: the other holder gets it at once.
+        lock = other.acquire("job", timeout=30)
+        assert releases == ["lease-lock-heartbeat"]
+        lock.release()

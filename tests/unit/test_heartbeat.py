@@ -317,24 +317,6 @@ def test_garbage_collected_lock_stops_being_extended_and_is_given_back_by_the_he
     assert not lost_signal.is_set()
 
 
-def test_a_dropped_held_lock_is_given_back_on_the_heartbeat_thread() -> None:
-    releases: list[str] = []
-
-    class Watched(MemoryBackend):
-        def release(self, key: str, token: str) -> bool:
-            releases.append(threading.current_thread().name)
-            return super().release(key, token)
-
-    backend = Watched()
-    with Locker(backend) as holder, Locker(backend) as other:
-        with pytest.warns(ResourceWarning, match="'job'"):
-            assert holder.try_acquire("job", ttl=600) is not None
-        # Released by the library, not left to run out: the other holder gets it at once.
-        lock = other.acquire("job", timeout=30)
-        assert releases == ["lease-lock-heartbeat"]
-        lock.release()
-
-
 def test_a_released_or_lost_lock_that_is_dropped_is_no_drop(
     locker: Locker, backend: RecordingBackend, clock: FakeClock
 ) -> None:
