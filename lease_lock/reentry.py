@@ -6,10 +6,12 @@ A :class:`ThreadHolds` keeps every granted lock under a weak reference, so that 
 while held is collected (and stops being extended). Its collection is reported: the reference's
 callback, which runs inside the garbage collector, only hands the lease's key and token to be
 given back by a library thread (the heartbeat's) and warns with a ``ResourceWarning``, as an
-unclosed file does. Finding the lock a thread holds on a
-key goes through an index of ``(thread, key)``, which is built only once something asks (a
-re-entrant acquire, or a contention error to explain): a program that never does pays nothing
-for it per acquisition. Once built, it is kept up to date with every grant.
+unclosed file does.
+
+Finding the lock a thread holds on a key goes through an index of ``(thread, key)``, which is
+built only once something asks (a re-entrant acquire, or a contention error to explain): a
+program that never does pays nothing for it per acquisition. Once built, it is kept up to date
+with every grant.
 """
 
 from __future__ import annotations
