@@ -56,6 +56,7 @@ from lease_lock.backends.base import Capabilities
 from lease_lock.backends.memory import MemoryBackend
 from lease_lock.backends.postgres import PostgresBackend, ddl
 from lease_lock.backends.postgres._backend import _key_slot
+from lease_lock.lock import Lock
 from lease_lock.locker import Locker
 from lease_lock.retry import Retry
 
@@ -203,19 +204,21 @@ def _handoffs(url: str, table: str, waiter: Locker, samples: int) -> list[float]
     for index in range(samples + 1):
         assert holder.acquire(key, TOKEN, TTL, "holder")
         done: list[float] = []
+        taken: list[Lock] = []
 
-        def wait_for_key(done: list[float]) -> None:
-            waiter.acquire(key, timeout=10)
+        def wait_for_key(done: list[float], taken: list[Lock]) -> None:
+            # Kept until the sample ends: a held lock that is dropped is given back by the library.
+            taken.append(waiter.acquire(key, timeout=10))
             done.append(time.perf_counter())
 
-        thread = threading.Thread(target=wait_for_key, args=(done,))
+        thread = threading.Thread(target=wait_for_key, args=(done, taken))
         thread.start()
         # Let the waiter make its failed attempt and settle into its wait.
         time.sleep(0.03)
         started = time.perf_counter()
         holder.release(key, TOKEN)
         thread.join(15)
-        assert waiter.force_release(key)
+        assert taken[0].release()
         if index:  # the first one also waits for the listener to connect
             latencies.append(done[0] - started)
     holder.connection.close()

@@ -28,8 +28,8 @@ from .waiting import ReleaseDispatcher
 
 __all__ = ["NOTIFIED_WAIT_CAP", "Acquisition"]
 
-#: The longest a waiter sleeps between looks at a key while release notifications flow: the
-#: holder's remaining lease or this, whichever is shorter.
+#: The longest a waiter sleeps between looks at a key while release notifications flow (the
+#: retry delay, the holder's remaining lease when known, or this, whichever is shortest).
 NOTIFIED_WAIT_CAP = 1.0
 #: How often a wait re-checks a cancel event.
 _CANCEL_SLICE = 0.05
@@ -39,6 +39,18 @@ _CANCEL_SLICE = 0.05
 _Plan = tuple[Retry, float, float, Optional[float], bool]
 #: How many attempt plans an acquisition keeps before it starts afresh.
 _PLANS = 16
+
+
+def _unreachable(key: str, attempts: int, elapsed: float, last: BackendUnavailableError) -> BackendUnavailableError:
+    """What a wait whose last attempt could not reach the store raises: how many attempts over
+    how long, and the driver's reason (the driver's error stays the ``__cause__``)."""
+    error = BackendUnavailableError(
+        f"store unreachable while acquiring {key!r}: {attempts} attempt(s) over {elapsed:.3f}s, "
+        f"the last one failed: {last}",
+        backend=last.backend,
+    )
+    error.__cause__ = last.__cause__ if last.__cause__ is not None else last
+    return error
 
 
 def _log_outage(key: str, error: BackendUnavailableError) -> None:
@@ -85,15 +97,20 @@ class Acquisition:
         #: Set by the Locker's close(): no attempt starts, and a grant in flight goes back.
         self.closed = False
         #: The locks held, and by thread and key once asked (re-entrant joins, "this very thread").
-        self.holds = ThreadHolds()
+        self.holds = ThreadHolds(self.heartbeat.give_back_dropped)
         # The attempt plans of the options recently acquired with, by id (see _plan_for).
         self._plans: dict[int, tuple[LockOptions, Retry, _Plan]] = {}
 
     # -- the set of held locks -----------------------------------------------------------------
 
     def forget(self, lock: Lock) -> None:
-        """``lock`` was released: closing the locker has nothing left to give back for it."""
+        """``lock`` was released or lost: closing the locker has nothing left to give back for it."""
         self.holds.forget(lock)
+
+    def release_dropped(self) -> None:
+        """Give back, on the calling thread, the leases of locks collected while held that the
+        heartbeat has not given back yet (the Locker is closing)."""
+        self.heartbeat.release_dropped()
 
     def take_held(self) -> list[Lock]:
         """Every lock still held, emptying the set (the Locker is closing)."""
@@ -103,7 +120,7 @@ class Acquisition:
         """In a forked child: fresh mutexes, no thread's holds, and the locks a parent thread
         held at the fork (returned, emptying the set), which the child must never use."""
         held = self.holds.take()
-        self.holds = ThreadHolds()
+        self.holds = ThreadHolds(self.heartbeat.give_back_dropped)
         self.heartbeat.after_fork()
         self.dispatcher.after_fork()
         return held
@@ -177,7 +194,9 @@ class Acquisition:
     def _attempt(self, lock: Lock, options: LockOptions) -> None:
         """The retry loop: attempts paced by the retry policy until its timeout.
 
-        Returns on a grant, raises ``LockHeldError`` otherwise."""
+        Returns on a grant. Otherwise raises what the last attempt saw: ``LockHeldError`` when
+        the store answered (or the wait was cancelled), ``BackendUnavailableError`` when it
+        could not be reached."""
         cached = self._plans.get(id(options))
         if cached is not None and cached[0] is options and cached[1] is self.retry:
             policy, retries, timeout, max_hold, notify = cached[2]
@@ -188,10 +207,11 @@ class Acquisition:
         wake: Optional[threading.Event] = None
         start = sent = self.clock()
         attempts = 0
+        unreachable = False
         previous_delay: Optional[float] = None
         reason = "held"
         # The error of the latest attempt that could not reach the store (None once an attempt
-        # is answered again): the cause of a timeout, and what a spent retry budget raises.
+        # is answered again): what a wait ending on an unreachable store reports.
         outage: Optional[BackendUnavailableError] = None
         try:
             while True:
@@ -223,7 +243,7 @@ class Acquisition:
                 except BackendUnavailableError as error:
                     # While the budget lasts an outage is one more failed attempt: the waiter
                     # rides it out on its retry schedule. A single attempt raises it at once.
-                    if attempts > retries:
+                    if attempts == 1 and retries == 0:
                         raise
                     if outage is None:
                         _log_outage(lock.key, error)
@@ -270,9 +290,6 @@ class Acquisition:
                     reason = "held"
                     self._emit(lock, "contended", attempt=attempts, elapsed=received - start, reason="held")
                 if attempts > retries:
-                    if outage is not None:
-                        # The last attempt could not reach the store: say so, not "held".
-                        raise outage
                     break
                 elapsed = self.clock() - start
                 left = timeout - elapsed
@@ -281,8 +298,9 @@ class Acquisition:
                     break
                 if notify and wake is None:
                     # Registered only once the first attempt failed, which keeps uncontended
-                    # acquisitions cheap. No release is missed: the holder_wait() look at the
-                    # key below happens after registering and finds a key freed before it.
+                    # acquisitions cheap. A release between that attempt and registering wakes
+                    # nobody here, but the wait is bounded by the retry delay (and a wake-one
+                    # watcher answers such a release as it queues the waiter).
                     try:
                         wake = self.dispatcher.register(lock.key)
                     except BackendUnavailableError as error:
@@ -291,21 +309,16 @@ class Acquisition:
                         if outage is None:
                             _log_outage(lock.key, error)
                         outage = error
-                pause = None
                 if rate_limit_pause is not None:
                     pause = rate_limit_pause
-                elif not unreachable and wake is not None and self.dispatcher.active:
-                    try:
-                        pause = self._holder_wait(lock.key) if reason == "held" else 0.0
-                    except BackendUnavailableError as error:
-                        # The store went away between the attempt and this look: pace the
-                        # next attempt by the retry delay, as after a failed attempt.
-                        if outage is None:
-                            _log_outage(lock.key, error)
-                        outage = error
-                if pause is None:
-                    pause = policy.delay_for(RetryState(attempts, elapsed, previous_delay))
-                    previous_delay = pause
+                else:
+                    # The policy's delay bounds every wait; while notifications flow, a release
+                    # (or the holder's lease ending first) only brings the next attempt sooner.
+                    pause = previous_delay = policy.delay_for(RetryState(attempts, elapsed, previous_delay))
+                    if not unreachable and wake is not None and self.dispatcher.active and pause > 0:
+                        sooner = self._sooner(lock.key) if reason == "held" else 0.0
+                        if sooner is not None:
+                            pause = min(pause, sooner)
                 # A rate limit must be waited out in full: a release notification cannot end it.
                 notified = self._pause(min(pause, left), wake if rate_limit_pause is None else None, cancel)
                 if not notified and self.clock() - start >= timeout:
@@ -318,6 +331,11 @@ class Acquisition:
         elapsed = self.clock() - start
         if reason == "timeout":
             self._emit(lock, "timed_out", attempts=attempts, elapsed=elapsed)
+        if unreachable and reason != "cancelled":
+            # The wait ended with an attempt that could not reach the store: that is what it
+            # says, not "held" (nobody answered that the key is held).
+            assert outage is not None
+            raise _unreachable(lock.key, attempts, elapsed, outage)
         raise LockHeldError(lock.key, attempts=attempts, elapsed=elapsed, reason=reason) from outage
 
     def _ask(self, lock: Lock, requested: float) -> tuple[bool, Optional[int]]:
@@ -327,14 +345,14 @@ class Acquisition:
             return fence is not None, fence
         return self.backend.acquire(lock.key, lock.token, requested, self.owner), None
 
-    def _holder_wait(self, key: str) -> float:
-        """How long to sleep while notifications flow: the holder's remaining lease, at most a
-        second, and never sooner (a release notification cuts it short)."""
-        known = self.dispatcher.lease_left(key)  # a wake-one watcher may know it already
-        remaining = self.backend.inspect(key).expires_in if known is None else known
-        if remaining is None:
-            return 0.0
-        return min(NOTIFIED_WAIT_CAP, max(remaining, 0.0))
+    def _sooner(self, key: str) -> Optional[float]:
+        """How soon the next attempt may come while notifications flow, when the wake-one
+        watcher knows it without a round trip (the holder's lease ending, or a kept turn),
+        else ``None``."""
+        known = self.dispatcher.lease_left(key)
+        if known is None:
+            return None
+        return min(NOTIFIED_WAIT_CAP, max(known, 0.0))
 
     def _pause(self, seconds: float, wake: Optional[threading.Event], cancel: Optional[threading.Event]) -> bool:
         """Wait ``seconds`` on the lease clock (bounded in real time too); ``True`` if a release

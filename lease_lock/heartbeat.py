@@ -20,6 +20,10 @@ of arrivals, which the thread empties every time it wakes (at least once a slice
 timers of the locks still held by then. A lock held for a moment, the usual case, is released
 before that and never costs a timer.
 
+A lock that is garbage-collected while held cannot be released by its owner: its collection
+only queues its key and token here (see :meth:`Heartbeat.give_back_dropped`) and wakes the
+thread, which gives the lease back on its own time, never inside the garbage collector.
+
 The thread waits on a condition with a timeout in bounded slices that re-read the clock, never in
 one long sleep, so an injected clock (tests) or a pause found by the clock is honoured promptly.
 Tests can also call :meth:`Heartbeat.run_due` to do the due work on their own thread.
@@ -118,6 +122,9 @@ class Heartbeat:
         #: delays a compaction), and the count that triggers the next one.
         self._cancelled = 0
         self._compact_at = _COMPACT_AFTER
+        # (key, token) of leases whose lock was collected while held (see give_back_dropped):
+        # appended by the collector, popped by whichever library thread gives them back.
+        self._dropped: deque[tuple[str, str]] = deque()
         self._thread: Optional[threading.Thread] = None
         self._stopped = False
         #: Clock time the thread sleeps until (-inf while it is awake and will look again).
@@ -205,6 +212,37 @@ class Heartbeat:
             if lock is not None:
                 lock.heartbeat_arrived()
 
+    def give_back_dropped(self, key: str, token: str) -> None:
+        """Library side, safe inside the garbage collector: the lock holding ``key`` with
+        ``token`` was collected while held; queue its lease to be given back by the thread.
+
+        Nothing here blocks or reaches the store: the pair is queued, and the thread is woken
+        only when its mutex is free at once (otherwise it finds the queue within a slice)."""
+        self._dropped.append((key, token))
+        if self._mutex.acquire(blocking=False):
+            try:
+                self._condition.notify()
+            finally:
+                self._mutex.release()
+
+    def release_dropped(self) -> int:
+        """Give back the leases queued by :meth:`give_back_dropped` (on the calling thread, the
+        heartbeat's or a closing Locker's); returns how many were asked for. Best effort: a
+        lease that cannot be given back runs out on the store."""
+        dropped = self._dropped
+        count = 0
+        while dropped:
+            try:
+                key, token = dropped.popleft()
+            except IndexError:
+                break
+            count += 1
+            try:
+                self._backend.release(key, token)
+            except Exception:  # noqa: BLE001 - the lease runs out on its own; keep serving the rest
+                logger.warning("giving back the lease of dropped lock %r failed", key, exc_info=True)
+        return count
+
     def cancel(self, timer: Timer) -> None:
         """Make ``timer`` never fire (no mutex: the timer is only marked)."""
         if timer.cancelled:
@@ -275,7 +313,10 @@ class Heartbeat:
         return live
 
     def run_due(self) -> int:
-        """Do every piece of work due at the clock's current reading; returns timers fired."""
+        """Do every piece of work due at the clock's current reading (dropped locks' leases
+        given back first); returns timers fired."""
+        if self._dropped:
+            self.release_dropped()
         self._take_arrivals()
         due: list[tuple[Beating, Timer]] = []
         now = self._clock()
@@ -334,14 +375,16 @@ class Heartbeat:
         while True:
             with self._condition:
                 if self._stopped:
-                    return
+                    break
                 due = self._next_due()
                 wait = due - self._clock() if due != math.inf else _WAIT_SLICE
-                if wait > 0:
+                if wait > 0 and not self._dropped:
                     wait = min(wait, _WAIT_SLICE)
                     self._sleeping_until = self._clock() + wait
                     self._condition.wait(wait)
                     self._sleeping_until = -math.inf
+            if self._dropped:
+                self.release_dropped()
             if wait > 0:
                 # After each sleep, not before it: a lock granted just before it still gets its
                 # timer in time (ARRIVAL_LEAD is two slices), and a lock held for a moment is
@@ -352,6 +395,8 @@ class Heartbeat:
                 self.run_due()
             except Exception:  # noqa: BLE001 - the thread must outlive any one bad beat
                 logger.exception("heartbeat beat failed")
+        # Stopped (a closing or dropped Locker): leases of locks collected just before still go back.
+        self.release_dropped()
 
     def stop(self, *, wait: bool = True) -> None:
         """Stop the thread and drop every timer; with ``wait``, until the thread has ended.

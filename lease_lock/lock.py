@@ -18,12 +18,14 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, TypeVar
 
 from .backends.base import Backend
-from .errors import LockLostError, LockStateError
+from .backends.service import request_id_scope
+from .errors import LockHeldError, LockLostError, LockStateError
 from .events import EventHook, LockEvent, emit, logger, wanted
 from .heartbeat import ARRIVAL_LEAD, Heartbeat, Timer
 from .lease import give_back, local_end
-from .options import LockOptions, check_extend_interval
-from .validation import check_ttl, describe_token
+from .options import LockOptions, check_extend_interval, check_request_id
+from .retry import Retry
+from .validation import check_cancel, check_ttl, describe_token
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -80,6 +82,10 @@ class LockHost(Protocol):
         """The heartbeat that extends the lease."""
 
     @property
+    def retry(self) -> Retry:
+        """The Locker's retry policy, which a lock's own merges over."""
+
+    @property
     def on_event(self) -> Optional[EventHook]:
         """The hook every event goes to, if any."""
 
@@ -87,7 +93,7 @@ class LockHost(Protocol):
         """Acquire ``lock``; on contention ``False`` or ``LockHeldError``."""
 
     def forget(self, lock: Lock) -> None:
-        """``lock`` was released."""
+        """``lock`` was released or lost."""
 
 
 class LossSignal(threading.Event):
@@ -276,6 +282,13 @@ class Lock(GuardedBlock):
         return self._options
 
     @property
+    def retry(self) -> Retry:
+        """The retry policy an acquisition of this lock follows: the lock's own ``retry`` (and
+        ``timeout``) merged field by field over the Locker's policy. ``acquire(blocking,
+        timeout)`` arguments apply to their call only."""
+        return self._host.retry.merged(self._options.retry)
+
+    @property
     def lost_cause(self) -> Optional[BaseException]:
         """The error behind a loss (a failed extension's), or ``None``."""
         if self._outer is not None:
@@ -401,6 +414,8 @@ class Lock(GuardedBlock):
             self._cancel_timer()
             signal = self._lost_signal
             listeners = list(self._loss_listeners or ())
+        # A lost lock has no lease to give back when it is dropped (see ThreadHolds).
+        self._host.forget(self)
         if signal is not None:
             signal._fire()
         for listener in listeners:
@@ -453,7 +468,7 @@ class Lock(GuardedBlock):
         self._busy_acquiring = False
         return True
 
-    def _release_hold(self, handle: Lock) -> bool:
+    def _release_hold(self, handle: Lock, request_id: Optional[str] = None) -> bool:
         """A joined ``handle`` gives up its hold; the last hold out releases the key."""
         with self._mutex:
             if handle._let_go:
@@ -464,7 +479,7 @@ class Lock(GuardedBlock):
         if not last:
             return self.state == "held"
         try:
-            return self.release()
+            return self.release(request_id=request_id)
         except BaseException:
             # The key is still ours and the heartbeat keeps it: the hold stays, to be retried.
             with self._mutex:
@@ -628,12 +643,13 @@ class Lock(GuardedBlock):
 
         Explicit arguments override the options given to ``lock()``. After a failed acquire the
         lock stays ``"unlocked"`` and may be tried again; a lock that has been held cannot be
-        acquired again (``LockStateError``).
+        acquired again (``LockStateError``). A store that cannot be reached is no contention:
+        ``BackendUnavailableError`` is raised when the last attempt could not reach it.
         """
         options = self._options.with_attempt_budget(blocking, timeout)
         return self._host.acquire(self, options, raise_on_contention=False)
 
-    def release(self) -> bool:
+    def release(self, *, request_id: Optional[str] = None) -> bool:
         """Give the key back. ``True`` when it deleted our key.
 
         ``False`` when the key was gone or another's, on a lost lock (which still gives the key
@@ -642,9 +658,14 @@ class Lock(GuardedBlock):
 
         A lease shared by re-entrant holds is given back when the last of them releases; an
         earlier release gives up only its own hold and answers whether the lease is still held.
+
+        ``request_id`` goes with the release request as ``acquire``'s does (the HTTP backend
+        sends it as ``X-Volcano-Request-Id``; other backends accept and ignore it).
         """
+        if request_id is not None:
+            check_request_id(request_id)
         if self._outer is not None:
-            return self._outer._release_hold(self)
+            return self._outer._release_hold(self, request_id)
         # One clock reading serves the lapse check and, when the key is deleted, the end of the
         # hold (the moment the release request left).
         now = self._host.clock()
@@ -667,12 +688,11 @@ class Lock(GuardedBlock):
                 return False
             self._releasing = True
         try:
-            backend = self._host.backend
             if state == "lost":
-                backend.release(self.key, self.token)
+                self._ask_release(request_id)
                 self._given_back = True
                 return False
-            if not backend.release(self.key, self.token):
+            if not self._ask_release(request_id):
                 self._given_back = True
                 self._mark_lost("release")
                 return False
@@ -695,25 +715,53 @@ class Lock(GuardedBlock):
             self._emit("released")
         return True
 
-    def extend(self, ttl: Optional[float] = None) -> None:
+    def _ask_release(self, request_id: Optional[str]) -> bool:
+        backend = self._host.backend
+        if request_id is None:
+            return backend.release(self.key, self.token)
+        with request_id_scope(backend, request_id):
+            return backend.release(self.key, self.token)
+
+    def extend(
+        self,
+        ttl: Optional[float] = None,
+        *,
+        cancel: Optional[threading.Event] = None,
+        request_id: Optional[str] = None,
+    ) -> None:
         """Replace the lease with ``ttl`` seconds from now (default: the latest TTL).
 
         Clamped to the max-hold deadline. Raises ``LockStateError`` if unlocked or released,
         ``LockLostError`` if lost, not ours (``"extend"``) or answered late (``"late-extend"``;
         the late lease is given back). A driver error propagates; the lock stays held until its
         current lease runs out.
+
+        ``cancel`` is the same kind of event ``acquire`` takes. Set before the renewal starts,
+        no request is made; set while its request is on its way, the call still returns when
+        the store answers (a request cannot be recalled) and the answer is not applied. Either
+        way ``LockHeldError(reason="cancelled")`` is raised and the lock is left as it was:
+        still held, with its TTL and heartbeat schedule (its local lease only ever becomes
+        shorter, when the store granted less time than was left). ``request_id`` goes with the
+        request as ``acquire``'s does.
         """
+        cancel = check_cancel(cancel)
+        if request_id is not None:
+            check_request_id(request_id)
         if self._outer is not None:
-            self._outer.extend(ttl)
+            self._outer.extend(ttl, cancel=cancel, request_id=request_id)
             return
         new_ttl = self._ttl if ttl is None else check_ttl(ttl)
         check_extend_interval(self._options.extend_interval, new_ttl)
         self.check()
+        started = self._host.clock()
+        if cancel is not None and cancel.is_set():
+            raise self._renewal_cancelled(0, started)
         with self._mutex:
-            self._ttl = new_ttl
-            requested = self._request_ttl(self._host.clock())
+            requested = min(new_ttl, self._deadline - self._host.clock())
             if requested > 0:
                 self._in_flight += 1
+                if cancel is None:
+                    self._ttl = new_ttl
         if requested <= 0:
             self._mark_lost("max-hold")
             raise LockLostError(self.key, "max-hold")
@@ -722,13 +770,50 @@ class Lock(GuardedBlock):
         if clamped is None:
             raise LockLostError(self.key, "max-hold")
         requested = clamped
+        backend = self._host.backend
         try:
-            granted = self._host.backend.extend(self.key, self.token, requested)
+            if request_id is None:
+                granted = backend.extend(self.key, self.token, requested)
+            else:
+                with request_id_scope(backend, request_id):
+                    granted = backend.extend(self.key, self.token, requested)
         except Exception as error:
+            if cancel is not None and cancel.is_set():
+                self._keep_lease(sent, requested, granted=False)
+                raise self._renewal_cancelled(1, started) from error
             self.heartbeat_failed(error)
             raise
-        if not self.heartbeat_answered(sent, self._host.clock(), requested, granted):
+        received = self._host.clock()
+        if cancel is not None:
+            if cancel.is_set():
+                self._keep_lease(sent, requested, granted=granted, received=received)
+                raise self._renewal_cancelled(1, started)
+            with self._mutex:
+                self._ttl = new_ttl
+        if not self.heartbeat_answered(sent, received, requested, granted):
             raise LockLostError(self.key, self._lost_reason or "extend") from self._lost_cause
+
+    def _renewal_cancelled(self, attempts: int, started: float) -> LockHeldError:
+        return LockHeldError(
+            self.key,
+            attempts=attempts,
+            elapsed=self._host.clock() - started,
+            reason="cancelled",
+            holder="was not extended: the renewal was cancelled and the lease is as it was",
+        )
+
+    def _keep_lease(self, sent: float, requested: float, *, granted: bool, received: float = math.inf) -> None:
+        """A cancelled renewal's answer is not applied; only a grant shorter than the local
+        lease left moves its end (the store's lease must never end before the local one)."""
+        with self._mutex:
+            self._in_flight -= 1
+            end = local_end(sent, requested, received) if granted else None
+            shorter = self._state == "held" and end is not None and end < self._lease_end
+            if shorter:
+                assert end is not None
+                self._lease_end = end
+        if shorter:
+            self._schedule()
 
     def is_held(self) -> bool:
         """Ask the backend whether we still hold the key (one round trip when held).

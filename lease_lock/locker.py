@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVa
 
 from .acquisition import Acquisition
 from .backends.base import Backend, LockState
+from .backends.service import request_id_scope
 from .clock import LeaseClock
 from .errors import LockHeldError, LockLostError, ValidationError
 from .events import EventHook, combine
@@ -30,7 +31,7 @@ from .heartbeat import Heartbeat
 from .leadership import Leadership
 from .lock import Lock, run_guarded
 from .lockset import LockSet
-from .options import LOCK_OPTIONS, LockOptions, check_extend_interval, lock_options
+from .options import LOCK_OPTIONS, LockOptions, check_extend_interval, check_request_id, lock_options
 from .retry import DEFAULT_RETRY, Retry
 from .validation import (
     check_bool,
@@ -329,8 +330,11 @@ class Locker:
 
         While the budget lasts, a store that cannot be reached (``BackendUnavailableError``)
         is one more failed attempt (an ``attempt_failed`` event): the call keeps trying on its
-        retry schedule, and a timeout spent that way has the last such error as ``__cause__``.
-        A non-blocking call raises ``BackendUnavailableError`` at once.
+        retry schedule. When the budget is spent, the error describes the last attempt: one
+        that could not reach the store raises ``BackendUnavailableError`` (how many attempts
+        over how long, the driver's error as ``__cause__``); ``LockHeldError`` means the store
+        answered that the key is held. A non-blocking call raises ``BackendUnavailableError``
+        at once.
         """
         options = lock_options(opts) if opts else _DEFAULT_OPTIONS
         lock = self._make_lock(key, ttl, options)
@@ -469,10 +473,17 @@ class Locker:
             return replace(state, fence=None)
         return state
 
-    def get(self, key: str) -> LockState:
-        """The state of ``key`` (prefix applied); no token needed."""
+    def get(self, key: str, *, request_id: Optional[str] = None) -> LockState:
+        """The state of ``key`` (prefix applied); no token needed.
+
+        ``request_id`` goes with the request as ``acquire``'s does (the HTTP backend sends it as
+        ``X-Volcano-Request-Id``; other backends accept and ignore it)."""
         self._check_open()
-        return self._visible(self._backend.inspect(self._full_key(key)))
+        full_key = self._full_key(key)
+        if request_id is None:
+            return self._visible(self._backend.inspect(full_key))
+        with request_id_scope(self._backend, check_request_id(request_id)):
+            return self._visible(self._backend.inspect(full_key))
 
     def list(self, prefix: str = "") -> Iterator[LockState]:
         """Held keys under ``key_prefix + prefix``, for backends that can scan."""
@@ -486,14 +497,22 @@ class Locker:
             raise ValidationError(f"{type(self._backend).__name__} cannot list keys")
         return (self._visible(state) for state in self._backend.scan(self.key_prefix + prefix))
 
-    def force_release(self, key: str) -> bool:
-        """Drop whatever token holds ``key``; ``True`` when a live lease was dropped."""
+    def force_release(self, key: str, *, request_id: Optional[str] = None) -> bool:
+        """Drop whatever token holds ``key``; ``True`` when a live lease was dropped.
+
+        ``request_id`` goes with the request as ``acquire``'s does (the HTTP backend sends it as
+        ``X-Volcano-Request-Id``; other backends accept and ignore it)."""
         self._check_open()
-        return self._backend.force_release(self._full_key(key))
+        full_key = self._full_key(key)
+        if request_id is None:
+            return self._backend.force_release(full_key)
+        with request_id_scope(self._backend, check_request_id(request_id)):
+            return self._backend.force_release(full_key)
 
     def close(self) -> None:
         """Stop the heartbeat, give back every lock still held (each reads lost, reason
-        ``"closed"``) and close what the locker opened. Idempotent."""
+        ``"closed"``) and the leases of locks dropped while held, and close what the locker
+        opened. Idempotent."""
         if self._acquisition.closed:
             return
         self._acquisition.closed = True
@@ -502,6 +521,8 @@ class Locker:
         self._dispatcher.close()
         for lock in self._acquisition.take_held():
             lock.locker_closed()
+        # Locks collected while held whose leases the heartbeat had not given back yet.
+        self._acquisition.release_dropped()
         if self.owns_backend:
             self._backend.close()
         _LOCKERS.discard(self)

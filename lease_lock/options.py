@@ -15,7 +15,7 @@ from .errors import ValidationError
 from .retry import Retry
 from .validation import check_bool, check_cancel, check_duration, check_optional_duration, check_token
 
-__all__ = ["LOCK_OPTIONS", "LockOptions", "check_extend_interval", "lock_options"]
+__all__ = ["LOCK_OPTIONS", "LockOptions", "check_extend_interval", "check_request_id", "lock_options"]
 
 #: Every option name ``lock()``, ``acquire()`` and friends accept.
 LOCK_OPTIONS = frozenset(
@@ -56,9 +56,7 @@ class LockOptions:
         timeout = check_optional_duration(options.get("timeout"), "timeout", allow_zero=True, allow_inf=True)
         if timeout is not None:
             retry = (retry or Retry()).merged(Retry(timeout=timeout))
-        request_id = options.get("request_id")
-        if request_id is not None and (not isinstance(request_id, str) or not request_id or len(request_id) > 128):
-            raise ValidationError("request_id must be a non-empty str of at most 128 characters")
+        request_id = check_request_id(options.get("request_id"))
         token = options.get("token")
         reentrant = options.get("reentrant")
         return cls(
@@ -83,6 +81,14 @@ class LockOptions:
             seconds = math.inf if timeout == -1 else check_duration(timeout, "timeout", allow_zero=True, allow_inf=True)
             updated = replace(updated, retry=(updated.retry or Retry()).merged(Retry(timeout=seconds)))
         return updated
+
+
+def check_request_id(request_id: object) -> Optional[str]:
+    """A caller's request id (``None``, or a non-empty str of at most 128 characters); a backend
+    may ask more of it (the HTTP backend wants a UUID)."""
+    if request_id is not None and (not isinstance(request_id, str) or not request_id or len(request_id) > 128):
+        raise ValidationError("request_id must be a non-empty str of at most 128 characters")
+    return request_id
 
 
 def check_extend_interval(interval: Optional[float], ttl: float) -> None:

@@ -2,18 +2,25 @@
 give back or drop the held locks, re-entrant holds join them, and a thread waiting for itself is
 told so.
 
-A :class:`ThreadHolds` keeps every granted lock under a plain weak reference, so that a lock
-dropped while held is collected (and stops being extended). Finding the lock a thread holds on a
-key goes through an index of ``(thread, key)``, which is built only once something asks (a
-re-entrant acquire, or a contention error to explain): a program that never does pays nothing
-for it per acquisition. Once built, it is kept up to date with every grant.
+A :class:`ThreadHolds` keeps every granted lock under a weak reference, so that a lock dropped
+while held is collected (and stops being extended). Its collection is reported: the reference's
+callback, which runs inside the garbage collector, only hands the lease's key and token to be
+given back by a library thread (the heartbeat's) and warns with a ``ResourceWarning``, as an
+unclosed file does.
+
+Finding the lock a thread holds on a key goes through an index of ``(thread, key)``, which is
+built only once something asks (a re-entrant acquire, or a contention error to explain): a
+program that never does pays nothing for it per acquisition. Once built, it is kept up to date
+with every grant.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
+import warnings
 import weakref
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from .errors import LockHeldError
 
@@ -26,15 +33,35 @@ __all__ = ["ThreadHolds"]
 _FIRST_SWEEP = 1024
 
 
-class ThreadHolds:
-    """The locks granted through one Locker, and by thread and key once asked. Thread-safe."""
+if TYPE_CHECKING:
+    _LockRef = weakref.ref[Lock]
+else:
+    _LockRef = weakref.ref
 
-    def __init__(self) -> None:
+
+class _Held(_LockRef):
+    """A held lock's weak reference, carrying what giving its lease back needs once it is gone."""
+
+    __slots__ = ("key", "token")
+    key: str
+    token: str
+
+
+class ThreadHolds:
+    """The locks granted through one Locker, and by thread and key once asked. Thread-safe.
+
+    ``dropped(key, token)`` is called, inside the garbage collector, for a lock collected while
+    still held; it must only queue the work (the heartbeat's ``give_back_dropped`` does).
+    """
+
+    def __init__(self, dropped: Callable[[str, str], None]) -> None:
         self._mutex = threading.Lock()
-        # Plain weak references (no callback, so CPython hands out the lock's existing one, and
-        # forget() finds it again): a collected lock's reference reads None and is swept in bulk
-        # (see _sweep_held), which costs a grant nothing. A dead reference equals only itself, so
-        # the sweep can never drop a live lock that happens to reuse a collected one's id.
+        self._dropped = dropped
+        # Weak references with a callback (see _collected); a live one equals any weak reference
+        # to the same lock, so forget() finds it with a plain one. A reference whose lock was
+        # collected reads None and is swept in bulk (see _sweep_held), which costs a grant
+        # nothing. A dead reference equals only itself, so the sweep can never drop a live lock
+        # that happens to reuse a collected one's id.
         self._held: set[weakref.ref[Lock]] = set()
         self._held_sweep_at = _FIRST_SWEEP
         # (thread id, key) -> the locks; kept once first asked (see the module docstring):
@@ -49,7 +76,9 @@ class ThreadHolds:
 
     def add(self, lock: Lock) -> None:
         """``lock`` was just granted to the calling thread."""
-        reference = weakref.ref(lock)
+        reference = _Held(lock, self._collected)
+        reference.key = lock.key
+        reference.token = lock.token
         self._held.add(reference)
         if len(self._held) >= self._held_sweep_at:
             self._sweep_held()
@@ -66,8 +95,27 @@ class ThreadHolds:
             # Sweeping again only after as many new entries as live ones keeps it amortized O(1).
             self._held_sweep_at = max(_FIRST_SWEEP, 2 * len(self._held))
 
+    def _collected(self, reference: _Held) -> None:
+        # Inside the garbage collector: a lock still in the set was dropped while held (a
+        # released or lost lock was forgotten already, and closing the locker empties the set).
+        # Nothing here may block or reach the store: the lease is queued for a library thread.
+        held = self._held
+        if reference not in held or sys.is_finalizing():
+            return
+        held.discard(reference)
+        self._dropped(reference.key, reference.token)
+        # Queued first: the warning may be turned into an error.
+        warnings.warn(
+            f"lock {reference.key!r} was garbage-collected while held; its lease is given back "
+            "now. Keep the Lock that acquire() or try_acquire() returned and release it, or use "
+            "it in 'with'",
+            ResourceWarning,
+            stacklevel=2,
+        )
+
     def forget(self, lock: Lock) -> None:
-        """``lock`` was released: closing the locker has nothing left to give back for it."""
+        """``lock`` was released or lost: closing the locker has nothing left to give back for
+        it, and collecting it is no drop."""
         self._held.discard(weakref.ref(lock))
 
     def take(self) -> list[Lock]:

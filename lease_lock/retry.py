@@ -37,8 +37,9 @@ class Retry:
     """How an acquisition retries. ``None`` fields inherit (see :meth:`merged`).
 
     - ``retries``: attempts after the first; ``math.inf`` for no limit but the timeout.
-    - ``delay``: seconds between attempts, or a callable of :class:`RetryState`. On a backend
-      with release notifications it is only the pace used while notifications are unavailable.
+    - ``delay``: seconds between attempts, or a callable of :class:`RetryState` (called once
+      before each wait). It bounds every wait on every backend: a release notification only
+      ends a wait early, never makes it longer.
     - ``timeout``: seconds the whole acquisition may take; ``math.inf`` waits for ever.
     """
 

@@ -122,9 +122,8 @@ class _WaitWatcher(ReleaseWatcher):
     server holds it until the key is free and grants it in the same request. The grant is kept
     for the waiting acquisition, which is woken and takes it without another request (see
     :meth:`HttpBackend.acquire_fenced`). Threads run only while the server announces the
-    extension. The watcher reports itself active in any case: a waiting Locker then sleeps until
-    the holder's lease ends or one second passes, whichever is sooner (never its retry delay
-    after delay), and a notification cuts that sleep short when the server offers one.
+    extension. The watcher reports itself active in any case: a waiting Locker sleeps its retry
+    delay, and a notification cuts that sleep short when the server offers one.
     """
 
     def __init__(self, callback: Callable[[str], None]) -> None:
@@ -299,7 +298,9 @@ class HttpBackend(Backend, RequestIdCarrier):
         """One request; a transport failure raises ``requests``' own exception."""
         headers = kwargs.pop("headers", {})
         headers["Authorization"] = self._authorization
-        headers.setdefault(wire.HEADER_REQUEST_ID, str(uuid.uuid4()))
+        if wire.HEADER_REQUEST_ID not in headers:
+            # Inside request_id_scope() every request of the block carries the caller's id.
+            headers[wire.HEADER_REQUEST_ID] = getattr(self._scope, "request_id", None) or str(uuid.uuid4())
         timeout = kwargs.pop("timeout", self.timeout)
         if self._own_session:
             response = self._send_prepared(method, url, headers, timeout, **kwargs)
@@ -390,7 +391,8 @@ class HttpBackend(Backend, RequestIdCarrier):
     # one (POST /locks/{key}/lease) with the fence dropped.
 
     def request_id_scope(self, request_id: Optional[str]) -> ContextManager[None]:
-        """Send ``request_id`` (a UUID) with this thread's acquisitions inside the block."""
+        """Send ``request_id`` (a UUID) with every request this thread makes inside the block
+        (acquisitions, releases, extensions, reads and force-releases)."""
         if request_id is not None:
             try:
                 request_id = str(uuid.UUID(request_id))

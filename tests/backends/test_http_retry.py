@@ -17,7 +17,7 @@ from lease_lock import Locker
 from lease_lock.backends.http import HttpBackend
 from lease_lock.backends.memory import MemoryBackend
 from lease_lock.backends.service import RequestIdCarrier, ServiceStore
-from lease_lock.errors import BackendUnavailableError, RateLimitedError
+from lease_lock.errors import BackendUnavailableError, RateLimitedError, ValidationError
 from lease_lock.server import create_app
 
 from tests.support.http_server import ThreadedServer, make_keys
@@ -226,3 +226,61 @@ def test_a_lockers_request_id_reaches_the_service(rig: Any) -> None:
         pass
     [post] = _posts(recorder)
     assert post["request_id"] == request_id
+
+
+def test_every_call_carries_its_request_id_to_the_service(rig: Any) -> None:
+    recorder, _store, server, keys = rig
+    backend = HttpBackend(server.url, keys["alpha"])
+    ids = {name: str(uuid.uuid4()) for name in ("acquire", "extend", "get", "release", "force")}
+    with Locker(backend, ttl=30) as locker:
+        lock = locker.acquire("job", request_id=ids["acquire"])
+        lock.extend(request_id=ids["extend"])
+        assert locker.get("job", request_id=ids["get"]).held
+        assert lock.release(request_id=ids["release"]) is True
+        locker.acquire("other").release()
+        assert locker.force_release("job", request_id=ids["force"]) is False
+    seen = {(item["method"], item["path"]): item["request_id"] for item in recorder.seen}
+    assert seen[("POST", "/locks/job/lease")] == ids["acquire"]
+    assert seen[("PATCH", "/locks/job/lease")] == ids["extend"]
+    assert seen[("GET", "/locks/job")] == ids["get"]
+    assert seen[("DELETE", "/locks/job/lease")] == ids["release"]
+    assert seen[("DELETE", "/locks/job")] == ids["force"]
+    # Calls without one get a fresh id each.
+    assert seen[("POST", "/locks/other/lease")] not in ids.values()
+
+
+def test_a_request_id_scope_covers_every_request_of_its_block(rig: Any) -> None:
+    recorder, _store, server, keys = rig
+    backend = HttpBackend(server.url, keys["alpha"])
+    request_id = str(uuid.uuid4())
+    with Locker(backend, ttl=30) as locker:
+        with backend.request_id_scope(request_id):
+            lock = locker.acquire("job")
+            lock.extend()
+            locker.get("job")
+            lock.release()
+            locker.force_release("job")
+        locker.get("job")
+    inside, outside = recorder.seen[:-1], recorder.seen[-1]
+    assert [item["method"] for item in inside] == ["POST", "PATCH", "GET", "DELETE", "DELETE"]
+    assert all(item["request_id"] == request_id for item in inside)
+    assert outside["request_id"] != request_id
+
+
+def test_a_request_id_that_is_no_uuid_is_refused_before_anything_is_sent(rig: Any) -> None:
+    recorder, _store, server, keys = rig
+    backend = HttpBackend(server.url, keys["alpha"])
+    with Locker(backend, ttl=30) as locker:
+        lock = locker.acquire("job")
+        before = len(recorder.seen)
+        for call in (
+            lambda: lock.extend(request_id="not-a-uuid"),
+            lambda: lock.release(request_id="not-a-uuid"),
+            lambda: locker.get("job", request_id="not-a-uuid"),
+            lambda: locker.force_release("job", request_id="not-a-uuid"),
+        ):
+            with pytest.raises(ValidationError, match="request_id must be a UUID"):
+                call()
+        assert len(recorder.seen) == before
+        assert lock.state == "held"
+        lock.release()

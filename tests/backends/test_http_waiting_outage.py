@@ -3,8 +3,8 @@
 A real ``lease-lock serve`` process on a fixed loopback port is stopped while a thread waits in
 ``acquire(timeout=30)``, and started again on the same port once the waiter has reported failed
 attempts: the waiter acquires. Kept down past the timeout, the acquire raises
-``LockHeldError(reason="timeout")`` whose ``__cause__`` is the ``BackendUnavailableError`` of
-the last attempt.
+``BackendUnavailableError`` (its last attempt could not reach the service) with the transport
+error as ``__cause__``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.http_server import make_keys, start_serve, stop_serve
-from tests.support.outage import check_rides_out_a_restart, check_timeout_caused_by_the_outage
+from tests.support.outage import check_an_outage_past_the_timeout, check_rides_out_a_restart
 from tests.support.ports import free_port
 
 
@@ -55,5 +55,5 @@ def test_a_waiting_acquire_rides_out_a_service_restart(service: Service) -> None
     check_rides_out_a_restart(service.url, service.stop, service.start, api_key=service.key)
 
 
-def test_a_service_down_past_the_timeout_is_a_timeout_caused_by_it(service: Service) -> None:
-    check_timeout_caused_by_the_outage(service.url, service.stop, api_key=service.key)
+def test_a_service_down_past_the_timeout_raises_the_outage(service: Service) -> None:
+    check_an_outage_past_the_timeout(service.url, service.stop, api_key=service.key)

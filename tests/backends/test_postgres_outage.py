@@ -21,6 +21,7 @@ from lease_lock.events import LockEvent
 from lease_lock.testing import wait_until
 
 from tests.support.children import check_forked_children_beside_the_parent, exit_codes
+from tests.support.outage import check_an_outage_past_the_timeout
 from tests.support.postgres_server import PostgresServer
 
 TOKEN = "t" * 32
@@ -183,6 +184,19 @@ def test_server_down_is_backend_unavailable_then_recovers(
         assert backend.release("k0", TOKEN)
     finally:
         backend.close()
+
+
+def test_a_server_down_past_the_timeout_raises_the_outage(
+    postgres_server: PostgresServer, app_name: str, table: str
+) -> None:
+    # Through a proxy that is then closed: every connection is cut and new ones are refused,
+    # as when the server's host goes away.
+    proxy = TcpProxy(postgres_server.host, postgres_server.port)
+    url = _url(postgres_server, app_name, table).replace(f":{postgres_server.port}/", f":{proxy.port}/", 1)
+    try:
+        check_an_outage_past_the_timeout(f"{url}&connect_timeout=2", proxy.close)
+    finally:
+        proxy.close()
 
 
 def test_unreachable_server_at_connect_keeps_the_password_out(table: str) -> None:

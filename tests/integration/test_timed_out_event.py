@@ -13,7 +13,7 @@ def test_a_wait_that_runs_out_reports_timed_out_once() -> None:
     backend = MemoryBackend()
     seen: list[LockEvent] = []
     with Locker(backend, owner="holder") as holder, Locker(backend, on_event=seen.append) as waiter:
-        holder.acquire("k")
+        held = holder.acquire("k")
         with pytest.raises(LockHeldError) as caught:
             waiter.acquire("k", timeout=0.2)
         assert caught.value.reason == "timeout"
@@ -29,3 +29,4 @@ def test_a_wait_that_runs_out_reports_timed_out_once() -> None:
         with pytest.raises(LockHeldError, match="cancelled"):
             waiter.acquire("k", timeout=5, cancel=cancel)
         assert "timed_out" not in [event.type for event in seen]
+        assert held.state == "held"

@@ -6,14 +6,15 @@ the Redis and lock-service suites say only how their server goes down and comes 
 
 from __future__ import annotations
 
+import re
 import threading
 import uuid
 from typing import Any, Callable
 
 import pytest
-from lease_lock import BackendUnavailableError, LockEvent, LockHeldError, Retry, connect
+from lease_lock import BackendUnavailableError, LeaseLockError, LockEvent, Retry, connect
 
-__all__ = ["DEADLINE", "Failures", "check_rides_out_a_restart", "check_timeout_caused_by_the_outage"]
+__all__ = ["DEADLINE", "Failures", "check_an_outage_past_the_timeout", "check_rides_out_a_restart"]
 
 #: How long a test waits for anything that should happen within a few seconds.
 DEADLINE = 60.0
@@ -68,16 +69,22 @@ def check_rides_out_a_restart(
         assert all(isinstance(error, BackendUnavailableError) for error in failures.errors)
 
 
-def check_timeout_caused_by_the_outage(url: str, stop: Callable[[], None], **options: Any) -> None:
-    """Down past the timeout: ``LockHeldError(reason="timeout")`` caused by the outage; a single
-    attempt raises the outage itself."""
+def check_an_outage_past_the_timeout(url: str, stop: Callable[[], None], **options: Any) -> None:
+    """Down past the timeout: the wait raises ``BackendUnavailableError`` (the last attempt could
+    not reach the store, so nobody answered that the key is held) saying how many attempts it
+    made over how long, with the driver's own error as ``__cause__``; a single attempt raises
+    the outage itself."""
     key = f"outage-{uuid.uuid4().hex}"
     with connect(url, retry=Retry(delay=0.2), **options) as locker:
-        locker.get(key)
+        # Connected (and the store set up) before the outage, as a running application is.
+        locker.acquire(f"{key}-before").release()
         stop()
-        with pytest.raises(LockHeldError) as caught:
+        with pytest.raises(BackendUnavailableError) as caught:
             locker.acquire(key, timeout=2)
-        assert caught.value.reason == "timeout"
-        assert isinstance(caught.value.__cause__, BackendUnavailableError)
+        message = str(caught.value)
+        assert f"store unreachable while acquiring {key!r}: " in message
+        assert re.search(r"\d+ attempt\(s\) over \d+\.\d{3}s, the last one failed: .+", message), message
+        cause = caught.value.__cause__
+        assert cause is not None and not isinstance(cause, LeaseLockError), repr(cause)
         with pytest.raises(BackendUnavailableError):
             locker.try_acquire(key)

@@ -29,11 +29,12 @@ def locker() -> Iterator[Locker]:
 
 
 def test_table_is_sorted_aligned_with_dashes_for_the_unknown(locker: Locker) -> None:
-    for key in ("b-long-key-name", "a", "c"):
-        locker.acquire(key, ttl=90)
+    held = [locker.acquire(key, ttl=90) for key in ("b-long-key-name", "a", "c")]
     with Locker(locker.backend, owner="other-host:7 x") as other:
-        other.acquire("app-outside")
+        outside = other.acquire("app-outside")
         states = held_locks(locker)
+        assert outside.state == "held"
+    assert all(lock.state == "held" for lock in held)
     assert [state.key for state in states] == ["a", "b-long-key-name", "c"]
     lines = locks_table(states).splitlines()
     owner_column = lines[0].index("OWNER")
@@ -65,8 +66,8 @@ def test_lost_reasons_in_plain_words() -> None:
 
 
 def test_release_asks_once_and_a_no_drops_nothing(locker: Locker) -> None:
-    for key in ("job:1", "job:2", "jobs"):
-        locker.acquire(key)
+    # Kept: a lock dropped while held is given back by the library.
+    kept = [locker.acquire(key) for key in ("job:1", "job:2", "jobs")]
     written: list[str] = []
     questions: list[str] = []
 
@@ -80,6 +81,7 @@ def test_release_asks_once_and_a_no_drops_nothing(locker: Locker) -> None:
     assert release_prefix(locker, "job:", confirm=lambda question: True, write=written.append) == 2
     assert written[-1] == "released 2 key(s) under 'job:'"
     assert [state.key for state in held_locks(locker)] == ["jobs"]
+    assert kept[2].state == "held"
     assert release_keys(locker, ["jobs", "nope"], confirm=None, write=written.append) == 1
     assert written[-2:] == ["jobs: released", "nope: free, nothing to release"]
     with pytest.raises(ValidationError, match="must not be empty"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import warnings
 import weakref
 from typing import Optional
 
@@ -295,21 +296,52 @@ def test_failed_batch_is_a_failed_extension_for_each_lock(
     assert len(events.of("extend_failed")) == 3
 
 
-def test_garbage_collected_lock_stops_being_extended(
+def test_garbage_collected_lock_stops_being_extended_and_is_given_back_by_the_heartbeat(
     locker: Locker, backend: RecordingBackend, clock: FakeClock
 ) -> None:
     lock = locker.acquire("k")
     reference = weakref.ref(lock)
     lost_signal = lock.lost  # callers often keep the event; it must not keep the lock alive
-    del lock
+    with pytest.warns(ResourceWarning, match="lock 'k' was garbage-collected while held"):
+        del lock
     gc.collect()
     assert reference() is None
+    # Collecting it only queued the lease: nothing reached the store inside the collector.
+    assert backend.called("release") == []
+    assert backend.inspect("k").held
     advance_to_beat(clock, locker, START + 10.0)
+    assert backend.called("release") == [("release", "k", None)]
+    assert not backend.inspect("k").held
     advance_to_beat(clock, locker, START + 20.0)
     assert extends(backend) == []
     assert not lost_signal.is_set()
-    # The key was not released either: it runs out on the backend.
-    assert backend.inspect("k").held
+
+
+def test_a_released_or_lost_lock_that_is_dropped_is_no_drop(
+    locker: Locker, backend: RecordingBackend, clock: FakeClock
+) -> None:
+    released = locker.acquire("a")
+    released.release()
+    lost = locker.acquire("b", ttl=1.0, auto_extend=False)
+    clock.advance(2.0)
+    assert lost.state == "lost"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        del released, lost
+        gc.collect()
+    locker.heartbeat.run_due()
+    assert backend.called("release") == [("release", "a", None)]
+
+
+def test_closing_gives_back_dropped_leases_the_heartbeat_has_not(
+    locker: Locker, backend: RecordingBackend
+) -> None:
+    with pytest.warns(ResourceWarning, match="'k'"):
+        assert locker.try_acquire("k") is not None
+    assert backend.called("release") == []
+    locker.close()
+    assert backend.called("release") == [("release", "k", None)]
+    assert not backend.inspect("k").held
 
 
 def test_one_heartbeat_thread_per_locker_whatever_the_lock_count() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from lease_lock import Locker, LockHeldError, LockLostError, LockStateError
+from lease_lock import Lock, Locker, LockHeldError, LockLostError, LockStateError, ValidationError
 
 from .fakes import START, EventLog, FakeClock, RecordingBackend, SilentBackend, advance_to_beat
 
@@ -282,3 +282,108 @@ def test_contention_on_with_raises_lock_held(locker: Locker, backend: RecordingB
     with pytest.raises(LockHeldError) as caught, locker.lock("k", blocking=False):
         pytest.fail("the block must not run")
     assert caught.value.reason == "held" and caught.value.key == "k"
+
+
+# -- cancelling a renewal ------------------------------------------------------------------------
+
+
+def _lease(lock: Lock, locker: Locker) -> tuple[object, ...]:
+    """What a cancelled renewal must leave as it was: state, TTL, local lease, pending timers."""
+    return (lock.state, lock.ttl, lock.expires_in, locker.heartbeat.pending())
+
+
+def test_a_renewal_cancelled_before_it_starts_sends_nothing(
+    locker: Locker, backend: RecordingBackend, clock: FakeClock
+) -> None:
+    lock = locker.acquire("k", ttl=6.0)
+    clock.advance(1.0)
+    before = _lease(lock, locker)
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(LockHeldError) as caught:
+        lock.extend(60.0, cancel=cancel)
+    assert caught.value.reason == "cancelled"
+    assert caught.value.attempts == 0
+    assert "was not extended: the renewal was cancelled" in str(caught.value)
+    assert backend.called("extend") == []
+    assert _lease(lock, locker) == before
+    # The heartbeat still extends it on its old schedule (a third of the 6 s TTL).
+    advance_to_beat(clock, locker, START + 2.0)
+    assert backend.called("extend") == [("extend", "k", 6.0)]
+    assert lock.state == "held"
+
+
+def test_a_renewal_cancelled_during_its_request_is_not_applied(
+    locker: Locker, backend: RecordingBackend, clock: FakeClock
+) -> None:
+    lock = locker.acquire("k", ttl=6.0)
+    clock.advance(1.0)
+    before = _lease(lock, locker)
+    cancel = threading.Event()
+    backend.hooks["extend"] = cancel.set
+    with pytest.raises(LockHeldError) as caught:
+        lock.extend(60.0, cancel=cancel)
+    assert caught.value.reason == "cancelled"
+    assert caught.value.attempts == 1
+    assert backend.called("extend") == [("extend", "k", 60.0)]
+    assert _lease(lock, locker) == before
+    del backend.hooks["extend"]
+    # A later renewal without a cancel applies as usual.
+    lock.extend(60.0)
+    assert (lock.ttl, lock.expires_in) == (60.0, pytest.approx(60.0 * 0.99))
+
+
+def test_a_cancelled_renewal_that_granted_less_time_shortens_the_local_lease(
+    locker: Locker, backend: RecordingBackend, clock: FakeClock
+) -> None:
+    lock = locker.acquire("k", ttl=30.0)
+    cancel = threading.Event()
+    backend.hooks["extend"] = cancel.set
+    with pytest.raises(LockHeldError, match="cancelled"):
+        lock.extend(5.0, cancel=cancel)
+    # The store's lease now ends in 5 s: the local one may not outlast it.
+    assert lock.expires_in == pytest.approx(5.0 * 0.99)
+    assert (lock.state, lock.ttl) == ("held", 30.0)
+
+
+def test_a_driver_error_of_a_cancelled_renewal_leaves_the_heartbeat_alone(
+    locker: Locker, backend: RecordingBackend, clock: FakeClock, events: EventLog
+) -> None:
+    lock = locker.acquire("k", ttl=6.0)
+    before = _lease(lock, locker)
+    cancel = threading.Event()
+
+    def cancel_then_fail() -> None:
+        cancel.set()
+        raise Broken("reset")
+
+    backend.hooks["extend"] = cancel_then_fail
+    with pytest.raises(LockHeldError, match="cancelled") as caught:
+        lock.extend(cancel=cancel)
+    assert isinstance(caught.value.__cause__, Broken)
+    assert _lease(lock, locker) == before
+    assert events.of("extend_failed") == []
+
+
+def test_extend_checks_cancel_and_request_id_before_sending(locker: Locker, backend: RecordingBackend) -> None:
+    lock = locker.acquire("k")
+    with pytest.raises(ValidationError, match=r"cancel must be a threading\.Event"):
+        lock.extend(cancel=True)  # type: ignore[arg-type]
+    for call in (
+        lambda: lock.extend(request_id=""),
+        lambda: lock.release(request_id=7),  # type: ignore[arg-type]
+        lambda: locker.get("k", request_id="x" * 129),
+        lambda: locker.force_release("k", request_id=""),
+    ):
+        with pytest.raises(ValidationError, match="request_id must be a non-empty str"):
+            call()
+    assert backend.called("extend") == backend.called("release") == backend.called("force_release") == []
+    assert backend.called("inspect") == []
+
+
+def test_backends_without_request_ids_accept_and_ignore_them(locker: Locker, backend: RecordingBackend) -> None:
+    lock = locker.acquire("k", request_id="req-1")
+    lock.extend(request_id="req-2")
+    assert locker.get("k", request_id="req-3").held
+    assert lock.release(request_id="req-4") is True
+    assert locker.force_release("k", request_id="req-5") is False

@@ -73,20 +73,43 @@ def test_a_waiting_acquire_rides_out_an_outage(
     flaky_locker.close()
 
 
-def test_an_outage_past_the_timeout_is_a_timeout_caused_by_the_last_error(
-    flaky: FlakyBackend, flaky_locker: Locker, sleeps: list[float]
+def test_an_outage_past_the_timeout_raises_the_outage_with_the_attempts_made(
+    flaky: FlakyBackend, flaky_locker: Locker, sleeps: list[float], events: EventLog
 ) -> None:
     flaky.down = -1
-    with pytest.raises(LockHeldError) as caught:
+    with pytest.raises(BackendUnavailableError) as caught:
         flaky_locker.acquire("k", timeout=3.0)
-    assert caught.value.reason == "timeout"
+    # The last attempt could not reach the store, so the wait says that, not "held": how many
+    # attempts over how long, the driver's reason, and its error as the cause.
+    assert caught.value.backend == "memory"
+    assert str(caught.value) == (
+        "store unreachable while acquiring 'k': 6 attempt(s) over 3.000s, "
+        "the last one failed: memory store unreachable (test)"
+    )
     assert caught.value.__cause__ is flaky.raised[-1]
-    assert isinstance(caught.value.__cause__, BackendUnavailableError)
     # Every attempt followed the retry schedule (0.5 s apart, at 0 to 2.5 s); none starts at
     # the end of the 3 s budget.
-    assert caught.value.attempts == len(flaky.raised) == 6
+    assert len(flaky.raised) == 6
     assert sum(sleeps) == pytest.approx(3.0)
+    assert events.of("timed_out")[0].attempts == 6
     flaky_locker.close()
+
+
+def test_the_outages_driver_error_is_the_cause(clock: FakeClock, sleeps: list[float]) -> None:
+    class DriverDown(SilentBackend):
+        def acquire(self, key: str, token: str, ttl: float, owner: str) -> bool:
+            try:
+                raise ConnectionRefusedError(111, "Connection refused")
+            except ConnectionRefusedError as driver:
+                raise BackendUnavailableError("down: Connection refused", backend="fake") from driver
+
+    with Locker(DriverDown(clock=clock), clock=clock, retry=Retry(delay=0.5)) as locker, pytest.raises(
+        BackendUnavailableError
+    ) as caught:
+        locker.acquire("k", timeout=1.0)
+    assert "2 attempt(s) over 1.000s" in str(caught.value)
+    assert "down: Connection refused" in str(caught.value)
+    assert isinstance(caught.value.__cause__, ConnectionRefusedError)
 
 
 def test_single_attempts_raise_the_outage_at_once(flaky: FlakyBackend, flaky_locker: Locker) -> None:
@@ -105,7 +128,8 @@ def test_a_spent_retry_count_raises_the_outage_not_held(flaky: FlakyBackend, fla
     flaky.down = -1
     with pytest.raises(BackendUnavailableError) as caught:
         flaky_locker.acquire("k", retry=Retry(retries=2))
-    assert caught.value is flaky.raised[-1]
+    assert "3 attempt(s)" in str(caught.value)
+    assert caught.value.__cause__ is flaky.raised[-1]
     assert len(flaky.raised) == 3
     flaky_locker.close()
 
