@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import FrameType
@@ -47,7 +48,7 @@ from .admin import (
     state_json,
 )
 from .errors import BackendUnavailableError, LeaseLockError, LockHeldError, ValidationError
-from .validation import check_key, parse_duration
+from .validation import check_key, escape_text, parse_duration, redact_url
 
 if TYPE_CHECKING:
     from .backends.base import LockState
@@ -227,8 +228,33 @@ def _connect(args: argparse.Namespace, **options: Any) -> Locker:
         if not (args.url or default_url()).startswith(("http://", "https://")):
             raise CommandError("--api-key is for http:// and https:// URLs only", EXIT_USAGE)
         options["api_key"] = args.api_key
+    url = args.url or default_url()
     with backend_errors():
-        return connect(args.url, **options)
+        try:
+            return connect(url, **options)
+        except (LeaseLockError, KeyboardInterrupt):
+            raise
+        except Exception as error:
+            # connect() makes its first connection: an outage is BackendUnavailableError, so
+            # what else the driver raised is the store refusing these settings (an unknown
+            # database or role, a failed login), which no retry fixes.
+            raise CommandError(
+                f"the store refused {redact_url(url)}: {_without_password(_one_line(error), url)} "
+                "(check the URL: host, database, user, password)",
+                EXIT_USAGE,
+            ) from error
+
+
+def _without_password(text: str, url: str) -> str:
+    """``text`` with the password of ``url`` (as written and decoded) masked, in case a driver
+    repeats it."""
+    try:
+        password = urllib.parse.urlsplit(url).password
+    except ValueError:
+        password = None
+    for secret in {password or "", urllib.parse.unquote(password or "")} - {""}:
+        text = text.replace(secret, "***")
+    return text
 
 
 # -- run ---------------------------------------------------------------------------------------
@@ -622,9 +648,10 @@ def _add_status_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _state_line(state: LockState) -> str:
+    key = escape_text(state.key)
     if not state.held:
-        return f"{state.key}: free"
-    line = f"{state.key}: {describe_holder(state)}"
+        return f"{key}: free"
+    line = f"{key}: {describe_holder(state)}"
     expires_at = state_json(state)["expires_at"]
     if expires_at is not None:
         line += f" ({expires_at})"
@@ -714,7 +741,7 @@ def _force_release(args: argparse.Namespace) -> int:
         with backend_errors():
             state = locker.get(args.key)
             if not state.held:
-                print(f"{args.key}: free, nothing to release")
+                print(f"{escape_text(args.key)}: free, nothing to release")
                 return 0
             question = f"force-release {_state_line(state)}?"
             if not args.yes and not _confirm(question):
@@ -722,7 +749,8 @@ def _force_release(args: argparse.Namespace) -> int:
             dropped = locker.force_release(args.key)
     finally:
         locker.close()
-    print(f"{args.key}: released" if dropped else f"{args.key}: free, nothing to release")
+    key = escape_text(args.key)
+    print(f"{key}: released" if dropped else f"{key}: free, nothing to release")
     return 0
 
 
