@@ -18,6 +18,7 @@ import urllib.parse
 from typing import Any, Optional, Sequence
 
 from ..errors import ValidationError
+from ..validation import escape_text
 from .serving import DEFAULT_CHANNEL_TIMEOUT, DEFAULT_CONNECTION_LIMIT
 
 __all__ = ["add_keys_parser", "add_serve_parser", "main", "parse_bind", "register"]
@@ -42,6 +43,14 @@ class _SecondCachedFormatter(logging.Formatter):
     """
 
     _cached: tuple[int, str] = (-1, "")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        """The line before any traceback, with control characters escaped.
+
+        Keys and owner labels may hold any character but NUL; escaped, a line of the log is
+        one line that no key can end early, rewrite (``\\r``) or colour (ESC).
+        """
+        return escape_text(super().formatMessage(record))
 
     def formatTime(self, record: logging.LogRecord, datefmt: Optional[str] = None) -> str:
         """The record's time as ``logging.Formatter`` writes it (``YYYY-MM-DD HH:MM:SS,mmm``)."""
