@@ -28,6 +28,7 @@ __all__ = [
     "CannotListError",
     "ask",
     "describe_holder",
+    "describe_holder_of",
     "describe_lost_reason",
     "held_for",
     "held_locks",
@@ -93,6 +94,16 @@ def describe_holder(state: LockState) -> str:
     if state.expires_in is not None:
         text += f", lease renewed by its holder; current lease ends in {_seconds(state.expires_in)}"
     return text
+
+
+def describe_holder_of(locker: Locker, key: str) -> str:
+    """`` (held by ...)`` for a busy-key message: :func:`describe_holder` of ``key`` in
+    brackets, or ``""`` when the key is free again or the store cannot say."""
+    try:
+        state = locker.get(key)
+    except Exception:  # noqa: BLE001 - it only decorates the message; the answer is known
+        return ""
+    return f" ({describe_holder(state)})" if state.held else ""
 
 
 def state_json(state: LockState) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from .admin import (
     CannotListError,
     ask,
     describe_holder,
+    describe_holder_of,
     describe_lost_reason,
     held_locks,
     locks_json,
@@ -390,14 +391,6 @@ def _owner(command: Sequence[str]) -> str:
     return label if label.isprintable() else f"{socket.gethostname()}:{os.getpid()}"[:256]
 
 
-def _describe_holder(locker: Locker, key: str) -> str:
-    try:
-        state = locker.get(key)
-    except Exception:  # noqa: BLE001 - it only decorates the message; the answer is known
-        return ""
-    return f" ({describe_holder(state)})" if state.held else ""
-
-
 class _WaitingLine:
     """While ``run`` waits for a busy key, one line on the terminal saying for whom, redrawn
     every second and erased when the wait ends. Nothing when stderr is not a terminal."""
@@ -433,7 +426,7 @@ class _WaitingLine:
         drawn = False
         # The first draw waits a little, so that a key that is free at once draws nothing.
         while not self._done.wait(1.0 if drawn else 0.25):
-            holder = _describe_holder(self._locker, self._key).strip(" ()") or "busy"
+            holder = describe_holder_of(self._locker, self._key).strip(" ()") or "busy"
             waited = int(time.monotonic() - start)
             line = f"{_PROG}: waiting for {self._key!r} ({waited}s): {holder}"
             # Cut to the terminal's width: a wrapped line could not be redrawn in place.
@@ -620,7 +613,7 @@ def _run(args: argparse.Namespace) -> int:
         try:
             lock = _take(locker, args, signals)
             if lock is None:
-                holder = "" if args.quiet else _describe_holder(locker, args.key)
+                holder = "" if args.quiet else describe_holder_of(locker, args.key)
                 if not args.quiet:
                     _error(f"{args.key!r} is busy{holder}; not running the command")
                 return int(args.busy_exit)
