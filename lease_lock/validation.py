@@ -202,6 +202,8 @@ def is_secret_option(name: str) -> bool:
 
 
 #: ``name=value`` in a query string or a libpq-style connection string (a value may be quoted).
+#: A scheme missing its "://" in part: ``redis//``, ``redis:/``.
+_MISTYPED_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:?/+")
 _TEXT_PAIR = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?P<equals>\s*=\s*)(?P<value>'(?:[^'\\]|\\.)*'|[^\s&;]*)")
 
 
@@ -209,10 +211,12 @@ def _redact_text(text: str) -> str:
     """Text that is not a ``scheme://`` URL with what looks like credentials masked."""
     head, at, tail = text.rpartition("@")
     if at:
-        # "redis//user:password@host": the user information follows the last "/" before "@".
-        before, slash, userinfo = head.rpartition("/")
-        user, colon, _password = userinfo.partition(":")
-        text = f"{before}{slash}{user}{':' + _REDACTED if colon else ''}@{tail}"
+        # "redis//user:pass/word@host": after a mistyped scheme, everything from the first ":"
+        # to the last "@" may be the password (which may hold "/" and "@" itself).
+        scheme = _MISTYPED_SCHEME.match(head)
+        before = scheme.group(0) if scheme else ""
+        user, colon, _password = head[len(before) :].partition(":")
+        text = f"{before}{user}{':' + _REDACTED if colon else ''}@{tail}"
     return _TEXT_PAIR.sub(
         lambda match: (
             f"{match['name']}{match['equals']}{_REDACTED}" if is_secret_option(match["name"]) else match.group(0)

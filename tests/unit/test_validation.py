@@ -262,6 +262,7 @@ def test_an_option_like_nothing_known_is_named_without_a_guess() -> None:
     [
         ("redis//localhost:6379/1", "'redis//localhost:6379/1'", None),
         ("redis//user:s3cret@localhost:6379/1", "'redis//user:***@localhost:6379/1'", "s3cret"),
+        ("redis//user:s3/cr@et@localhost/1", "'redis//user:***@localhost/1'", "s3/cr"),
         ("host=db password=s3cret dbname=x", "'host=db password=*** dbname=x'", "s3cret"),
     ],
 )
