@@ -7,15 +7,12 @@ validation has written nothing.
 
 from __future__ import annotations
 
-import difflib
-import json
 import math
 import re
 import threading
 import urllib.parse
 from collections.abc import Iterable
 from datetime import timedelta
-from importlib import metadata
 from typing import Any, Optional
 
 from .errors import ValidationError
@@ -262,6 +259,8 @@ def unknown_option_error(
     ``what`` says whose options they are (``"redis"``, ``"redis URL"``; empty for the options
     of a lock); ``listing`` replaces the plain list of known names when they come in groups.
     """
+    import difflib  # only on this error path: ``import lease_lock`` stays light
+
     choices = sorted(set(known))
     parts = []
     for name in sorted(set(names)):
@@ -288,6 +287,9 @@ def install_hint(extra: str) -> str:
     '/path/to/checkout[extra]'``, which works from any directory; otherwise the package's
     name with the extra. Both are named when it is unknown how the package got here.
     """
+    import json
+    from importlib import metadata  # only on this error path: ``import lease_lock`` stays light
+
     # The installed copy's metadata says where it came from. A checkout's own build metadata
     # (lease_lock.egg-info, found first when the checkout is the current directory) does not.
     found = [item.read_text("direct_url.json") for item in metadata.distributions(name="lease_lock")]
