@@ -225,17 +225,17 @@ def _connect(args: argparse.Namespace, **options: Any) -> Locker:
     """The locker of ``--url`` (and ``--api-key``, for an HTTP URL)."""
     from .connect import connect, default_url
 
+    url = args.url or default_url()
     if getattr(args, "api_key", None) is not None:
-        if not (args.url or default_url()).startswith(("http://", "https://")):
+        if not url.startswith(("http://", "https://")):
             raise CommandError("--api-key is for http:// and https:// URLs only", EXIT_USAGE)
         options["api_key"] = args.api_key
-    url = args.url or default_url()
     with backend_errors():
         try:
             return connect(url, **options)
-        except (LeaseLockError, KeyboardInterrupt):
-            raise
         except Exception as error:
+            if not _from_a_driver(error):
+                raise
             # connect() makes its first connection: an outage is BackendUnavailableError, so
             # what else the driver raised is the store refusing these settings (an unknown
             # database or role, a failed login), which no retry fixes.
@@ -244,6 +244,13 @@ def _connect(args: argparse.Namespace, **options: Any) -> Locker:
                 "(check the URL: host, database, user, password)",
                 EXIT_USAGE,
             ) from error
+
+
+def _from_a_driver(error: BaseException) -> bool:
+    """Whether ``error`` is a driver's own exception (psycopg2's, redis-py's, sqlite3's), not
+    lease_lock's nor a built-in one (which would be a bug, shown as such)."""
+    module = type(error).__module__.partition(".")[0]
+    return module not in ("builtins", "lease_lock")
 
 
 def _without_password(text: str, url: str) -> str:
