@@ -3,7 +3,9 @@ Django's ``manage.py locks`` share, so that both print the same thing.
 
 Keys are shown as the locker's caller names them: without the locker's ``key_prefix``, so that
 a key printed by :func:`held_locks` can be passed back to ``Locker.get`` or
-``Locker.force_release`` as it is.
+``Locker.force_release`` as it is. What is written for people (tables, lines, questions) shows
+keys and owner labels through :func:`~lease_lock.validation.escape_text`, one line per key with
+no control sequence a terminal would obey; the JSON output carries them exactly.
 """
 
 from __future__ import annotations
@@ -12,13 +14,13 @@ import json
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Optional, TextIO
 
 from .backends.base import LockState
 from .errors import ValidationError
 from .locker import Locker
-from .validation import check_key
+from .validation import check_key, escape_text
 
 __all__ = [
     "LOST_REASONS",
@@ -26,7 +28,9 @@ __all__ = [
     "CannotListError",
     "ask",
     "describe_holder",
+    "describe_holder_of",
     "describe_lost_reason",
+    "held_for",
     "held_locks",
     "locks_json",
     "locks_table",
@@ -86,10 +90,20 @@ def describe_holder(state: LockState) -> str:
     """
     if not state.held:
         return ""
-    text = f"held by {state.owner}" if state.owner else "held"
+    text = f"held by {escape_text(state.owner)}" if state.owner else "held"
     if state.expires_in is not None:
         text += f", lease renewed by its holder; current lease ends in {_seconds(state.expires_in)}"
     return text
+
+
+def describe_holder_of(locker: Locker, key: str) -> str:
+    """`` (held by ...)`` for a busy-key message: :func:`describe_holder` of ``key`` in
+    brackets, or ``""`` when the key is free again or the store cannot say."""
+    try:
+        state = locker.get(key)
+    except Exception:  # noqa: BLE001 - it only decorates the message; the answer is known
+        return ""
+    return f" ({describe_holder(state)})" if state.held else ""
 
 
 def state_json(state: LockState) -> dict[str, Any]:
@@ -135,17 +149,43 @@ def locks_json(states: Sequence[LockState]) -> str:
 
 _COLUMNS = ("KEY", "OWNER", "FENCE", "HELD FOR", "EXPIRES IN")
 
+#: Fences below this (2000-01-01 in microseconds) are counters, not grant times.
+_FIRST_TIME_FENCE = 946_684_800_000_000
+
+
+def held_for(state: LockState) -> Optional[float]:
+    """How long the current holder has held the key, in seconds, or ``None`` when unknown.
+
+    Every built-in store makes a fence at least its clock at the grant in microseconds since
+    the epoch (and a renewal keeps the fence), so a fenced grant tells when its holder first
+    took the key. The store's "now" is its own expiry minus the lease left, so this host's
+    clock plays no part. A grant without a fence, or a fence that is a plain counter (another
+    service), gives ``None``.
+    """
+    if state.fence is None or state.fence < _FIRST_TIME_FENCE:
+        return None
+    try:
+        granted = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=state.fence)
+    except OverflowError:
+        return None
+    if state.expires_at is not None and state.expires_in is not None:
+        now = state.expires_at - timedelta(seconds=state.expires_in)
+    else:
+        now = datetime.now(timezone.utc)
+    seconds = (now - granted).total_seconds()
+    # A fence ahead of the clock (a counter that ran past it, a clock set back) dates nothing.
+    return seconds if seconds >= 0 else None
+
 
 def locks_table(states: Sequence[LockState]) -> str:
     """An aligned table for people, one line per key (in the order given), ``-`` for what the
-    store does not know. No store records when a lease was first granted, so ``HELD FOR``
-    reads ``-`` unless a caller knows it."""
+    store does not know (``HELD FOR``: see :func:`held_for`)."""
     rows = [_COLUMNS] + [
         (
-            state.key,
-            state.owner or "-",
+            escape_text(state.key),
+            escape_text(state.owner) if state.owner else "-",
             "-" if state.fence is None else str(state.fence),
-            "-",
+            _seconds(held_for(state)),
             _seconds(state.expires_in),
         )
         for state in states
@@ -208,9 +248,9 @@ def release_keys(
     for key in keys:
         if locker.force_release(key):
             dropped += 1
-            write(f"{key}: released")
+            write(f"{escape_text(key)}: released")
         else:
-            write(f"{key}: free, nothing to release")
+            write(f"{escape_text(key)}: free, nothing to release")
     return dropped
 
 

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import FrameType
@@ -39,6 +40,7 @@ from .admin import (
     CannotListError,
     ask,
     describe_holder,
+    describe_holder_of,
     describe_lost_reason,
     held_locks,
     locks_json,
@@ -47,7 +49,7 @@ from .admin import (
     state_json,
 )
 from .errors import BackendUnavailableError, LeaseLockError, LockHeldError, ValidationError
-from .validation import check_key, parse_duration
+from .validation import check_key, escape_text, parse_duration, redact_url
 
 if TYPE_CHECKING:
     from .backends.base import LockState
@@ -223,12 +225,44 @@ def _connect(args: argparse.Namespace, **options: Any) -> Locker:
     """The locker of ``--url`` (and ``--api-key``, for an HTTP URL)."""
     from .connect import connect, default_url
 
+    url = args.url or default_url()
     if getattr(args, "api_key", None) is not None:
-        if not (args.url or default_url()).startswith(("http://", "https://")):
+        if not url.startswith(("http://", "https://")):
             raise CommandError("--api-key is for http:// and https:// URLs only", EXIT_USAGE)
         options["api_key"] = args.api_key
     with backend_errors():
-        return connect(args.url, **options)
+        try:
+            return connect(url, **options)
+        except Exception as error:
+            if not _from_a_driver(error):
+                raise
+            # connect() makes its first connection: an outage is BackendUnavailableError, so
+            # what else the driver raised is the store refusing these settings (an unknown
+            # database or role, a failed login), which no retry fixes.
+            raise CommandError(
+                f"the store refused {redact_url(url)}: {_without_password(_one_line(error), url)} "
+                "(check the URL: host, database, user, password)",
+                EXIT_USAGE,
+            ) from error
+
+
+def _from_a_driver(error: BaseException) -> bool:
+    """Whether ``error`` is a driver's own exception (psycopg2's, redis-py's, sqlite3's), not
+    lease_lock's nor a built-in one (which would be a bug, shown as such)."""
+    module = type(error).__module__.partition(".")[0]
+    return module not in ("builtins", "lease_lock")
+
+
+def _without_password(text: str, url: str) -> str:
+    """``text`` with the password of ``url`` (as written and decoded) masked, in case a driver
+    repeats it."""
+    try:
+        password = urllib.parse.urlsplit(url).password
+    except ValueError:
+        password = None
+    for secret in {password or "", urllib.parse.unquote(password or "")} - {""}:
+        text = text.replace(secret, "***")
+    return text
 
 
 # -- run ---------------------------------------------------------------------------------------
@@ -364,14 +398,6 @@ def _owner(command: Sequence[str]) -> str:
     return label if label.isprintable() else f"{socket.gethostname()}:{os.getpid()}"[:256]
 
 
-def _describe_holder(locker: Locker, key: str) -> str:
-    try:
-        state = locker.get(key)
-    except Exception:  # noqa: BLE001 - it only decorates the message; the answer is known
-        return ""
-    return f" ({describe_holder(state)})" if state.held else ""
-
-
 class _WaitingLine:
     """While ``run`` waits for a busy key, one line on the terminal saying for whom, redrawn
     every second and erased when the wait ends. Nothing when stderr is not a terminal."""
@@ -407,7 +433,7 @@ class _WaitingLine:
         drawn = False
         # The first draw waits a little, so that a key that is free at once draws nothing.
         while not self._done.wait(1.0 if drawn else 0.25):
-            holder = _describe_holder(self._locker, self._key).strip(" ()") or "busy"
+            holder = describe_holder_of(self._locker, self._key).strip(" ()") or "busy"
             waited = int(time.monotonic() - start)
             line = f"{_PROG}: waiting for {self._key!r} ({waited}s): {holder}"
             # Cut to the terminal's width: a wrapped line could not be redrawn in place.
@@ -594,7 +620,7 @@ def _run(args: argparse.Namespace) -> int:
         try:
             lock = _take(locker, args, signals)
             if lock is None:
-                holder = "" if args.quiet else _describe_holder(locker, args.key)
+                holder = "" if args.quiet else describe_holder_of(locker, args.key)
                 if not args.quiet:
                     _error(f"{args.key!r} is busy{holder}; not running the command")
                 return int(args.busy_exit)
@@ -622,9 +648,10 @@ def _add_status_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _state_line(state: LockState) -> str:
+    key = escape_text(state.key)
     if not state.held:
-        return f"{state.key}: free"
-    line = f"{state.key}: {describe_holder(state)}"
+        return f"{key}: free"
+    line = f"{key}: {describe_holder(state)}"
     expires_at = state_json(state)["expires_at"]
     if expires_at is not None:
         line += f" ({expires_at})"
@@ -714,7 +741,7 @@ def _force_release(args: argparse.Namespace) -> int:
         with backend_errors():
             state = locker.get(args.key)
             if not state.held:
-                print(f"{args.key}: free, nothing to release")
+                print(f"{escape_text(args.key)}: free, nothing to release")
                 return 0
             question = f"force-release {_state_line(state)}?"
             if not args.yes and not _confirm(question):
@@ -722,7 +749,8 @@ def _force_release(args: argparse.Namespace) -> int:
             dropped = locker.force_release(args.key)
     finally:
         locker.close()
-    print(f"{args.key}: released" if dropped else f"{args.key}: free, nothing to release")
+    key = escape_text(args.key)
+    print(f"{key}: released" if dropped else f"{key}: free, nothing to release")
     return 0
 
 

@@ -6,6 +6,7 @@ import os
 from typing import TYPE_CHECKING, Any, Optional
 
 from .errors import ValidationError
+from .validation import unknown_option_error
 
 if TYPE_CHECKING:
     from .locker import Locker
@@ -48,7 +49,18 @@ def connect(url: Optional[str] = None, **options: Any) -> Locker:
     # Check the Locker's settings first: a bad one must fail before the backend connects or
     # creates anything.
     Locker.check_settings(**locker_options)
-    backend = backend_from_url(url or default_url(), **options)
+    url = url or default_url()
+    try:
+        backend = backend_from_url(url, **options)
+    except ValidationError as error:
+        unknown: tuple[str, ...] = getattr(error, "unknown", ())
+        if not unknown or not set(unknown) <= set(options):
+            raise
+        # The backend knows only its own options; a typo may be of a Locker option (tll).
+        known: tuple[str, ...] = getattr(error, "known", ())
+        scheme = url.partition(":")[0]
+        listing = f"Locker options {', '.join(sorted(LOCKER_OPTIONS))}; {scheme} options {', '.join(known) or 'none'}"
+        raise unknown_option_error("connect()", unknown, {*LOCKER_OPTIONS, *known}, listing=listing) from None
     try:
         locker = Locker(backend, **locker_options)
     except BaseException:

@@ -126,9 +126,11 @@ class LockLostError(LeaseLockError):
     def __init__(
         self, key: str, reason: str, *, completed: bool = False, result: Any = None
     ) -> None:
-        state = "after the block completed" if completed else "while held"
+        # A loss is only noticed at the next renewal, check or release: a block that ran to its
+        # end may have run its last part without the lock.
+        state = "; the block ran to its end before the loss was noticed" if completed else " while held"
         super().__init__(
-            f"lock {key!r} was lost {state} (reason: {reason})",
+            f"lock {key!r} was lost{state} (reason: {reason})",
             key=key,
             reason=reason,
             completed=completed,

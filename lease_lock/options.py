@@ -13,7 +13,14 @@ from typing import Any, Mapping, Optional
 
 from .errors import ValidationError
 from .retry import Retry
-from .validation import check_bool, check_cancel, check_duration, check_optional_duration, check_token
+from .validation import (
+    check_bool,
+    check_cancel,
+    check_duration,
+    check_optional_duration,
+    check_token,
+    unknown_option_error,
+)
 
 __all__ = ["LOCK_OPTIONS", "LockOptions", "check_extend_interval", "check_request_id", "lock_options"]
 
@@ -47,9 +54,8 @@ class LockOptions:
         """Validate keyword options; unknown names and bad values raise ``ValidationError``."""
         unknown = set(options) - allowed
         if unknown:
-            raise ValidationError(
-                f"unknown option(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(allowed))}"
-            )
+            # Every caller takes ``ttl`` beside these options, so it is one of the known names.
+            raise unknown_option_error("", unknown, allowed | {"ttl"})
         retry = options.get("retry")
         if retry is not None and not isinstance(retry, Retry):
             raise ValidationError(f"retry must be a lease_lock.Retry, not {type(retry).__name__}")

@@ -11,6 +11,7 @@ import math
 import re
 import threading
 import urllib.parse
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any, Optional
 
@@ -28,9 +29,12 @@ __all__ = [
     "check_token",
     "check_ttl",
     "describe_token",
+    "escape_text",
+    "install_hint",
     "is_secret_option",
     "parse_duration",
     "redact_url",
+    "unknown_option_error",
 ]
 
 #: The longest key (prefix included) in UTF-8 bytes.
@@ -194,15 +198,40 @@ def is_secret_option(name: str) -> bool:
     return name.lower() in _SECRET_QUERY_OPTIONS
 
 
+#: ``name=value`` in a query string or a libpq-style connection string (a value may be quoted).
+#: A scheme missing its "://" in part: ``redis//``, ``redis:/``.
+_MISTYPED_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:?/+")
+_TEXT_PAIR = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?P<equals>\s*=\s*)(?P<value>'(?:[^'\\]|\\.)*'|[^\s&;]*)")
+
+
+def _redact_text(text: str) -> str:
+    """Text that is not a ``scheme://`` URL with what looks like credentials masked."""
+    head, at, tail = text.rpartition("@")
+    if at:
+        # "redis//user:pass/word@host": after a mistyped scheme, everything from the first ":"
+        # to the last "@" may be the password (which may hold "/" and "@" itself).
+        scheme = _MISTYPED_SCHEME.match(head)
+        before = scheme.group(0) if scheme else ""
+        user, colon, _password = head[len(before) :].partition(":")
+        text = f"{before}{user}{':' + _REDACTED if colon else ''}@{tail}"
+    return _TEXT_PAIR.sub(
+        lambda match: (
+            f"{match['name']}{match['equals']}{_REDACTED}" if is_secret_option(match["name"]) else match.group(0)
+        ),
+        text,
+    )
+
+
 def redact_url(url: str) -> str:
     """``url`` with its password and every credential-bearing query value replaced by ``***``.
 
-    Used wherever a URL reaches a message, a ``repr`` or a log line. Text that does not parse as
-    a URL is not echoed at all: it may be a connection string with a secret in an unknown place.
+    Used wherever a URL reaches a message, a ``repr`` or a log line. Text without a scheme (a
+    mistyped ``redis//host``, a connection string) is shown with the same parts masked: the
+    password before an ``@`` and the value of every credential-bearing ``name=value`` pair.
     """
     if "://" not in url:
         # Without a scheme, urlsplit would read "user:password@host" as scheme and path.
-        return "<URL without a scheme>"
+        return _redact_text(url)
     try:
         parts = urllib.parse.urlsplit(url)
     except ValueError:
@@ -219,3 +248,82 @@ def redact_url(url: str) -> str:
             f"{name}={_REDACTED if is_secret_option(name) else value}" for name, value in pairs
         )
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def unknown_option_error(
+    what: str, names: Iterable[str], known: Iterable[str], *, listing: Optional[str] = None
+) -> ValidationError:
+    """The error for options nobody accepts: each name, the known one it most resembles (a typo
+    such as ``tll`` or ``ttl_seconds`` for ``ttl``) and the known names.
+
+    ``what`` says whose options they are (``"redis"``, ``"redis URL"``; empty for the options
+    of a lock); ``listing`` replaces the plain list of known names when they come in groups.
+    """
+    import difflib  # only on this error path: ``import lease_lock`` stays light
+
+    choices = sorted(set(known))
+    parts = []
+    for name in sorted(set(names)):
+        close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6) or [
+            # A name with a unit or a qualifier added or dropped: ttl_seconds, timeout_s.
+            choice for choice in choices if name.startswith(f"{choice}_") or choice.startswith(f"{name}_")
+        ][:1]
+        parts.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+    noun = f"{what} option" if what else "option"
+    if len(parts) > 1:
+        noun += "s"
+    # ``unknown`` and ``known`` let a caller that passed the options on say more (connect()).
+    return ValidationError(
+        f"unknown {noun} {', '.join(parts)}; known: {listing or ', '.join(choices) or 'none'}",
+        unknown=tuple(sorted(set(names))),
+        known=tuple(choices),
+    )
+
+
+def install_hint(extra: str) -> str:
+    """How to install the ``extra`` of lease_lock, said the way this copy was installed.
+
+    From a checkout (an editable or local install, as the README does it): ``pip install -e
+    '/path/to/checkout[extra]'``, which works from any directory; otherwise the package's
+    name with the extra. Both are named when it is unknown how the package got here.
+    """
+    import json
+    from importlib import metadata  # only on this error path: ``import lease_lock`` stays light
+
+    # The installed copy's metadata says where it came from. A checkout's own build metadata
+    # (lease_lock.egg-info, found first when the checkout is the current directory) does not.
+    found = [item.read_text("direct_url.json") for item in metadata.distributions(name="lease_lock")]
+    text = next((item for item in found if item), None)
+    origin: dict[str, Any] = {}
+    if text:
+        try:
+            origin = json.loads(text)
+        except ValueError:
+            origin = {}
+    url = origin.get("url", "") if isinstance(origin, dict) else ""
+    if isinstance(url, str) and url.startswith("file://"):
+        path = urllib.parse.unquote(urllib.parse.urlsplit(url).path)
+        editable = bool((origin.get("dir_info") or {}).get("editable"))
+        return f"pip install {'-e ' if editable else ''}'{path}[{extra}]'"
+    if text is None:
+        return f"pip install -e '.[{extra}]' in the lease_lock checkout (or pip install 'lease_lock[{extra}]')"
+    return f"pip install 'lease_lock[{extra}]'"
+
+
+#: What ``escape_text`` writes for the controls that have a short form.
+_SHORT_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def escape_text(text: str) -> str:
+    """``text`` for a terminal or a log line: one line, and no control sequence.
+
+    Every character that is not printable (newlines, carriage returns, tabs, ESC, other
+    control and format characters) is written as Python writes it in a ``repr``: ``\\n``,
+    ``\\r``, ``\\t``, ``\\x1b``, ``\\u202e``; a backslash is doubled, so an escaped text
+    can never pass for another. Printable text (non-ASCII letters included) is unchanged.
+    """
+    if text.isprintable() and "\\" not in text:
+        return text
+    return "".join(
+        _SHORT_ESCAPES.get(char) or (char if char.isprintable() else repr(char)[1:-1]) for char in text
+    )

@@ -12,7 +12,7 @@ import urllib.parse
 from typing import Any, Union
 
 from ..errors import ValidationError
-from ..validation import redact_url
+from ..validation import install_hint, redact_url
 from .base import Backend, Capabilities, ExtendRequest, LockState, ReleaseWatcher
 from .memory import MemoryBackend
 
@@ -64,7 +64,7 @@ def _import_backend_module(module_name: str, scheme: str) -> Any:
         if missing in drivers:
             raise ValidationError(
                 f"{scheme}:// URLs need the {missing!r} package, which is not installed: "
-                f"pip install 'lease_lock[{extra}]'"
+                f"{install_hint(extra)}"
             ) from error
         raise
 

@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional, Sequence
 
 from ..errors import ValidationError
-from ..validation import describe_token, is_secret_option
+from ..validation import describe_token, is_secret_option, unknown_option_error
 
 __all__ = [
     "Backend",
@@ -259,9 +259,7 @@ def parse_url_options(
     options: dict[str, Any] = {}
     for name, text in urllib.parse.parse_qsl(query, keep_blank_values=True):
         if name not in table:
-            raise ValidationError(
-                f"unknown {backend} URL option {name!r}; known: {', '.join(sorted(table)) or 'none'}"
-            )
+            raise unknown_option_error(f"{backend} URL", [name], table)
         try:
             options[name] = table[name](text)
         except ValidationError:
@@ -273,8 +271,6 @@ def parse_url_options(
             raise ValidationError(f"{backend} URL option {name}={text!r}: {exc}") from exc
     for name, value in overrides.items():
         if name not in table:
-            raise ValidationError(
-                f"unknown {backend} option {name!r}; known: {', '.join(sorted(table)) or 'none'}"
-            )
+            raise unknown_option_error(backend, [name], table)
         options[name] = value
     return options

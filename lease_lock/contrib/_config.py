@@ -13,6 +13,7 @@ from ..backends import backend_class
 from ..connect import LOCKER_OPTIONS
 from ..errors import ValidationError
 from ..events import EventHook, combine
+from ..validation import install_hint
 
 __all__ = [
     "ENV_URL",
@@ -21,6 +22,7 @@ __all__ = [
     "check_backend_options",
     "connect_options",
     "metrics_hook",
+    "one_host_warning",
     "resolve_url",
     "warn_if_one_host",
 ]
@@ -50,18 +52,28 @@ def metrics_hook(kind: object) -> EventHook:
     """The process-wide metrics exporter named by a framework's metrics setting."""
     with _exporters_lock:
         if kind not in _exporters:
-            if kind == "prometheus":
-                from .prometheus import PrometheusMetrics
+            try:
+                if kind == "prometheus":
+                    from .prometheus import PrometheusMetrics
 
-                _exporters[kind] = PrometheusMetrics()
-            elif kind == "opentelemetry":
-                from .opentelemetry import OpenTelemetryMetrics
+                    _exporters[kind] = PrometheusMetrics()
+                elif kind == "opentelemetry":
+                    from .opentelemetry import OpenTelemetryMetrics
 
-                _exporters[kind] = OpenTelemetryMetrics()
-            else:
+                    _exporters[kind] = OpenTelemetryMetrics()
+                else:
+                    raise ValidationError(
+                        f"the {METRICS_SETTING} setting must be 'prometheus' or 'opentelemetry', not {kind!r}"
+                    )
+            except ImportError as error:
+                # A missing exporter library is a setup error naming its extra, not a traceback.
+                package = {"prometheus": "prometheus_client", "opentelemetry": "opentelemetry"}[str(kind)]
+                if (error.name or "").partition(".")[0] != package:
+                    raise
                 raise ValidationError(
-                    f"the {METRICS_SETTING} setting must be 'prometheus' or 'opentelemetry', not {kind!r}"
-                )
+                    f"the {METRICS_SETTING} setting {kind!r} needs the {package!r} package, which is not "
+                    f"installed: {install_hint(str(kind))}"
+                ) from error
         return _exporters[kind]
 
 
@@ -118,19 +130,30 @@ def resolve_url(
     return url
 
 
+def one_host_warning(url: str) -> Optional[str]:
+    """What to tell about a store that coordinates the processes of one host only (a SQLite
+    file), or ``None`` for a store that several hosts can share."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme.lower() != "sqlite":
+        return None
+    return (
+        # sqlite:///relative.db, sqlite:////absolute.db: the path follows the third "/".
+        f"lease_lock uses the SQLite file {urllib.parse.unquote(parts.path[1:]) or url}: its locks coordinate "
+        "the processes of this host only; give every host one shared store (Redis or PostgreSQL) "
+        "before running on several"
+    )
+
+
 def warn_if_one_host(url: str) -> None:
     """Log once per URL that a SQLite store only coordinates the processes of one host."""
-    if urllib.parse.urlsplit(url).scheme.lower() != "sqlite":
+    message = one_host_warning(url)
+    if message is None:
         return
     with _warned_mutex:
         if url in _warned:
             return
         _warned.add(url)
-    logger.warning(
-        "lease_lock uses the SQLite file %s: its locks coordinate the processes of this host "
-        "only; give every host one shared store (Redis or PostgreSQL) before running on several",
-        urllib.parse.urlsplit(url).path or url,
-    )
+    logger.warning("%s", message)
 
 
 def check_backend_options(url: str, options: Mapping[str, Any], *, options_name: str) -> None:

@@ -9,8 +9,9 @@ cannot be reached (:class:`~lease_lock.errors.BackendUnavailableError`) gives 50
 produce a 5xx.
 
 ``GET /healthz``, ``GET /readyz`` and (with ``metrics=True``) ``GET /metrics`` need no
-credential and spend no budget. Every answer carries the request id (the client's or a new
-one), and each request makes one access-log line with its route template, never its path.
+credential and spend no budget. Every answer carries the request id (the client's valid one,
+on every answer including 401 and 429, or a new one), and each request makes one access-log
+line with its route template and that id, never its path.
 
 Order of checks: credential (401, counts for no project) -> budget (429; every authenticated
 request counts against one of its project's budgets, rejected ones included, see
@@ -173,15 +174,23 @@ def _route_of(path: str) -> str:
     return "/locks/{key}/lease" if segments[3:] == ["lease"] else "-"
 
 
-def _uuid(value: Optional[str], what: str, code: str) -> Optional[str]:
-    if value is None:
-        return None
+def _canonical_uuid(value: str) -> Optional[str]:
+    """``value`` as a canonical UUID, or ``None`` when it is not one."""
     if _CANONICAL_UUID.fullmatch(value):
         return value  # already what the parse below would give (what clients usually send)
     try:
         return str(uuid.UUID(value))
     except ValueError:
-        raise _Reject(400, code, f"{what} must be a UUID") from None
+        return None
+
+
+def _uuid(value: Optional[str], what: str, code: str) -> Optional[str]:
+    if value is None:
+        return None
+    parsed = _canonical_uuid(value)
+    if parsed is None:
+        raise _Reject(400, code, f"{what} must be a UUID")
+    return parsed
 
 
 def _lease_body(grant: Grant) -> dict[str, Any]:
@@ -237,13 +246,21 @@ class LockServiceApp:
         started = time.monotonic()
         context: dict[str, str] = {"project": "-", "route": "-"}
         method = environ.get("REQUEST_METHOD", "")
+        # Read before anything can refuse the request, so that a 401, a 429 or a 500 names the
+        # client's request too; an id that is not a UUID is refused later, in its turn.
+        request_id = _header(environ, HEADER_REQUEST_ID)
+        valid_id = None if request_id is None else _canonical_uuid(request_id)
+        if valid_id is not None:
+            context["request_id"] = valid_id
         try:
             response = self._handle(environ, context)
         except _Reject as reject:
             response = reject.response
         except Exception:  # noqa: BLE001 - the last line of defence of a server thread
             # A bug of ours, never a bad input: those are all rejected above with a 4xx.
-            _log.exception("internal error on %s %s", method, context["route"])
+            _log.exception(
+                "internal error on %s %s (request_id=%s)", method, context["route"], context.get("request_id", "-")
+            )
             response = _Response(500, {"error": "internal server error", "code": "internal"})
         # Every answer names its request: the client's id, or one made here for the log.
         request_id = context.get("request_id") or str(uuid.uuid4())
@@ -337,11 +354,7 @@ class LockServiceApp:
                 [("Retry-After", str(budget.retry_after))],
             )
         segments = path.split("/")
-        request_id = _uuid(
-            _header(environ, HEADER_REQUEST_ID), HEADER_REQUEST_ID, "invalid_request"
-        )
-        if request_id is not None:
-            context["request_id"] = request_id
+        _uuid(_header(environ, HEADER_REQUEST_ID), HEADER_REQUEST_ID, "invalid_request")
         if segments == ["", "locks"]:
             self._allow(method, ("GET",))
             self._scope(record, write=False)

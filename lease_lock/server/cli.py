@@ -1,4 +1,4 @@
-"""The ``lease-lock serve`` and ``lease-lock service-keys`` subcommands (``keys``: deprecated alias).
+"""The ``lease-lock serve`` and ``lease-lock service-keys`` subcommands.
 
 Importing this module registers both with ``lease-lock`` (``lease_lock.cli.register_command``;
 the main CLI imports it through ``COMMAND_MODULES``). :func:`add_serve_parser` and
@@ -18,6 +18,7 @@ import urllib.parse
 from typing import Any, Optional, Sequence
 
 from ..errors import ValidationError
+from ..validation import escape_text
 from .serving import DEFAULT_CHANNEL_TIMEOUT, DEFAULT_CONNECTION_LIMIT
 
 __all__ = ["add_keys_parser", "add_serve_parser", "main", "parse_bind", "register"]
@@ -42,6 +43,14 @@ class _SecondCachedFormatter(logging.Formatter):
     """
 
     _cached: tuple[int, str] = (-1, "")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        """The line before any traceback, with control characters escaped.
+
+        Keys and owner labels may hold any character but NUL; escaped, a line of the log is
+        one line that no key can end early, rewrite (``\\r``) or colour (ESC).
+        """
+        return escape_text(super().formatMessage(record))
 
     def formatTime(self, record: logging.LogRecord, datefmt: Optional[str] = None) -> str:
         """The record's time as ``logging.Formatter`` writes it (``YYYY-MM-DD HH:MM:SS,mmm``)."""
@@ -300,13 +309,6 @@ def _keys(args: argparse.Namespace) -> int:
 
 _SERVE_HELP = "serve the HTTP lock service with waitress (needs the 'server' extra)"
 _KEYS_HELP = "create, list and revoke the lock service's keys (only hashes are stored)"
-_KEYS_ALIAS_HELP = "deprecated name of service-keys"
-
-
-def _keys_deprecated(args: argparse.Namespace) -> int:
-    # "keys" read as lock keys to users; the command manages service keys.
-    print("lease-lock: `keys` is deprecated, use `service-keys`", file=sys.stderr)
-    return _keys(args)
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -317,35 +319,28 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def add_keys_parser(subparsers: Any, name: str = "service-keys") -> argparse.ArgumentParser:
-    """Add ``service-keys create|list|revoke`` to an ``argparse`` subparsers object.
-
-    ``name="keys"`` adds the deprecated alias, which says so on stderr when used.
-    """
-    deprecated = name == "keys"
-    help_text = _KEYS_ALIAS_HELP if deprecated else _KEYS_HELP
-    parser: argparse.ArgumentParser = subparsers.add_parser(name, help=help_text, description=help_text)
+def add_keys_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``service-keys create|list|revoke`` to an ``argparse`` subparsers object."""
+    parser: argparse.ArgumentParser = subparsers.add_parser("service-keys", help=_KEYS_HELP, description=_KEYS_HELP)
     _keys_arguments(parser)
-    parser.set_defaults(handler=_keys_deprecated if deprecated else _keys)
+    parser.set_defaults(handler=_keys)
     return parser
 
 
 def register() -> None:
-    """Register ``serve``, ``service-keys`` and its old name ``keys`` with ``lease-lock``."""
+    """Register ``serve`` and ``service-keys`` with ``lease-lock``."""
     from ..cli import register_command
 
     register_command("serve", help=_SERVE_HELP, add_arguments=_serve_arguments, run=_serve)
     register_command("service-keys", help=_KEYS_HELP, add_arguments=_keys_arguments, run=_keys)
-    register_command("keys", help=_KEYS_ALIAS_HELP, add_arguments=_keys_arguments, run=_keys_deprecated)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run ``serve`` or ``service-keys`` (or ``keys``) from ``argv``; returns the exit status."""
+    """Run ``serve`` or ``service-keys`` from ``argv``; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m lease_lock.server")
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_serve_parser(subparsers)
     add_keys_parser(subparsers)
-    add_keys_parser(subparsers, "keys")
     args = parser.parse_args(argv)
     try:
         status: int = args.handler(args)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
 from ..errors import ValidationError
+from ..validation import install_hint
 
 __all__ = [
     "SCOPES",
@@ -76,7 +77,10 @@ def _load_toml(path: Path) -> dict[str, Any]:
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover - exercised on Python < 3.11 only
-        import tomli as tomllib
+        try:
+            import tomli as tomllib
+        except ImportError as exc:
+            raise ValidationError(f"reading a keys file needs tomli: {install_hint('server')}") from exc
     with path.open("rb") as handle:
         return tomllib.load(handle)
 
@@ -121,7 +125,10 @@ def _read(path: Path) -> dict[str, KeyRecord]:
 
 
 def _write(path: Path, records: dict[str, KeyRecord]) -> None:
-    import tomli_w
+    try:
+        import tomli_w
+    except ImportError as exc:
+        raise ValidationError(f"writing a keys file needs tomli-w: {install_hint('server')}") from exc
 
     document = {
         "keys": {

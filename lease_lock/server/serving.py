@@ -28,6 +28,7 @@ import time
 from typing import Any, Callable, Optional
 
 from ..errors import ValidationError
+from ..validation import install_hint
 
 __all__ = ["DEFAULT_CHANNEL_TIMEOUT", "DEFAULT_CONNECTION_LIMIT", "make_server", "require_waitress", "serve"]
 
@@ -46,9 +47,7 @@ def require_waitress() -> Any:
     try:
         import waitress
     except ImportError as exc:
-        raise ValidationError(
-            "lease-lock serve needs waitress: pip install 'lease_lock[server]'"
-        ) from exc
+        raise ValidationError(f"lease-lock serve needs waitress: {install_hint('server')}") from exc
     return waitress
 
 

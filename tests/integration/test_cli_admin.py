@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from lease_lock.testing import wait_until
+from lease_lock.validation import escape_text
 
 from tests.integration.test_cli import DEADLINE, Cli, backend_url, finish, holder_script
 
@@ -98,8 +99,11 @@ def test_ls_lists_exactly_the_locks_of_three_processes(store_cli: Cli, prefix: s
     keys = [f"{prefix}job-{number:02d}" for number in range(50)]
     shares = {f"worker-{index}": keys[index::3] for index in range(3)}
     owner_of = {key: owner for owner, share in shares.items() for key in share}
+    started = time.monotonic()
     holders = Holders(store_cli, shares)
     outside = Holders(store_cli, {"outsider": [f"{prefix[:-1]}x.job-00", f"other.{prefix}job-00"]})
+    # Long enough that HELD FOR cannot be a lease's age confused with zero.
+    time.sleep(max(0.0, 1.5 - (time.monotonic() - started)))
     try:
         listed = store_cli.run("ls", prefix, "--json")
         assert listed.returncode == 0, listed.stderr
@@ -112,6 +116,7 @@ def test_ls_lists_exactly_the_locks_of_three_processes(store_cli: Cli, prefix: s
             assert 0 < state["expires_in"] <= 30
 
         table = store_cli.run("ls", prefix)
+        listed_by = time.monotonic() - started
         assert table.returncode == 0, table.stderr
         header, *rows = table.stdout.splitlines()
         assert header.split() == ["KEY", "OWNER", "FENCE", "HELD", "FOR", "EXPIRES", "IN"]
@@ -122,7 +127,8 @@ def test_ls_lists_exactly_the_locks_of_three_processes(store_cli: Cli, prefix: s
             assert owner == owner_of[key]
             found = [row.index(owner, len(key)), row.index(fence, columns[1]), row.index(held_for, columns[2])]
             assert found == columns[:3]
-            assert held_for == "-"  # no store records when a lease was first granted
+            # The fence dates the grant: at least the pause above, at most since the holders began.
+            assert 1.0 <= _seconds(held_for) <= listed_by + 1.0, row
             assert expires_in.endswith("s")
 
         everything = json.loads(store_cli.run("ls", "--json").stdout)
@@ -132,6 +138,12 @@ def test_ls_lists_exactly_the_locks_of_three_processes(store_cli: Cli, prefix: s
         outside.stop()
     after = store_cli.run("ls", prefix)
     assert after.returncode == 0 and after.stdout.strip() == f"no held keys under {prefix!r}"
+
+
+def _seconds(text: str) -> float:
+    """A duration as ``ls`` writes it (``4.6s``, ``12s``, ``5m03s``) in seconds."""
+    minutes, _, seconds = text.rstrip("s").rpartition("m")
+    return float(minutes or 0) * 60 + float(seconds)
 
 
 SPECIAL = ["*", "%", "_", "[", "?", "\\"]
@@ -156,7 +168,7 @@ def test_prefix_release_takes_glob_and_like_characters_literally(any_cli: Cli, p
             assert result.returncode == 0, result.stderr
             assert result.stdout.splitlines()[-1] == f"released 2 key(s) under {prefix + 'job' + c!r}"
             for key in keys[c]:
-                assert key in result.stdout
+                assert escape_text(key) in result.stdout  # "\\" is written doubled in the table
             remaining -= set(keys[c])
             listed = json.loads(any_cli.run("ls", prefix, "--json").stdout)
             assert {state["key"] for state in listed} == remaining
@@ -379,5 +391,36 @@ def test_prefix_release_over_http_takes_underscore_literally(lock_service: Any, 
         assert result.stdout.splitlines()[-1] == f"released 2 key(s) under {prefix + 'job_'!r}"
         left = [state["key"] for state in json.loads(http.run("ls", prefix, "--json").stdout)]
         assert left == [f"{prefix}job.1", f"{prefix}jobX1"]
+    finally:
+        holders.stop()
+
+
+def test_keys_with_control_characters_read_one_escaped_line_each(any_cli: Cli, prefix: str) -> None:
+    keys = [f"{prefix}two\nlines", f"{prefix}back\rover", f"{prefix}\x1b[2Jclear", f"{prefix}tab\there"]
+    escaped = sorted(repr(key)[1:-1] for key in keys)
+    holders = Holders(any_cli, {"worker": keys})
+    try:
+        exact = json.loads(any_cli.run("ls", prefix, "--json").stdout)
+        assert sorted(state["key"] for state in exact) == sorted(keys)
+        assert sorted(state["key"] for state in any_cli.status(*keys)) == sorted(keys)
+
+        listed = any_cli.run("ls", prefix)
+        assert listed.returncode == 0, listed.stderr
+        lines = listed.stdout.splitlines()
+        assert len(lines) == 1 + len(keys) and all(line.isprintable() for line in lines)
+        assert sorted(line.split()[0] for line in lines[1:]) == escaped
+
+        status = any_cli.run("status", *keys)
+        lines = status.stdout.splitlines()
+        assert len(lines) == len(keys) and all(line.isprintable() for line in lines)
+        assert sorted(line.partition(": held by")[0] for line in lines) == escaped
+
+        dropped = any_cli.run("force-release", "--prefix", prefix, input="y\n")
+        assert dropped.returncode == 0, dropped.stderr
+        lines = dropped.stdout.splitlines()
+        assert len(lines) == 1 + len(keys) + 1 and all(line.isprintable() for line in lines)
+        assert sorted(line.split()[0] for line in lines[1:-1]) == escaped
+        assert lines[-1] == f"released {len(keys)} key(s) under {prefix!r}"
+        assert dropped.stderr.isprintable()  # the question
     finally:
         holders.stop()

@@ -7,7 +7,9 @@ Before, every exception that was not lease_lock's own was reported as "backend u
 from __future__ import annotations
 
 import sqlite3
+import urllib.parse
 from pathlib import Path
+from typing import Any
 
 from .test_cli import Cli, one_line_error
 
@@ -38,3 +40,18 @@ def test_a_file_that_is_not_a_database_is_not_an_outage(tmp_path: Path) -> None:
     line = one_line_error(result.stderr)
     assert "DatabaseError" in line
     assert "unavailable" not in line
+
+
+def test_a_database_that_does_not_exist_is_a_usage_error(tmp_path: Path, postgres_server: Any) -> None:
+    parts = urllib.parse.urlsplit(str(postgres_server.url))
+    netloc = parts.netloc.rpartition("@")[2]
+    for user, missing in ((parts.username or "postgres", "nosuchdb"), ("nosuchrole", "")):
+        database = missing or parts.path.lstrip("/")
+        url = urllib.parse.urlunsplit(("postgresql", f"{user}:s3cret@{netloc}", f"/{database}", "", ""))
+        result = Cli(url, tmp_path).run("status", "k")
+        # A setting no retry fixes: 2 (as a bad option), never 69 (retried) or 1 (a bug).
+        assert result.returncode == 2, result.stderr
+        line = one_line_error(result.stderr)
+        assert line.startswith(f"lease-lock: the store refused postgresql://{user}:***@{netloc}/{database}: ")
+        assert f'"{missing or user}" does not exist' in line and "check the URL" in line
+        assert "unexpected" not in line and "s3cret" not in line

@@ -128,6 +128,8 @@ def test_listed_command_modules_register_commands() -> None:
     help_text = cli.build_parser().format_help()
     # The HTTP lock service's commands come from a listed module, not from cli.py itself.
     assert "lease_lock.server.cli" in cli.COMMAND_MODULES
-    for name in ("serve", "keys"):
+    for name in ("serve", "service-keys"):
         assert name in cli.COMMANDS
         assert name in help_text
+    # ``keys`` was an alias for a release that never shipped.
+    assert "keys" not in cli.COMMANDS

@@ -33,6 +33,7 @@ from lease_lock.contrib.django import (
     locker,
     reset_locker,
 )
+from lease_lock.validation import install_hint
 
 from tests.integration.django_project import gate
 
@@ -125,6 +126,9 @@ def test_a_second_concurrent_command_fails_busy_with_one_stderr_line(fresh_gate:
     assert busy.value.returncode == BUSY_RETURNCODE == 75
     lines = stderr.getvalue().splitlines()
     assert len(lines) == 1 and "command:nightly_report" in lines[0]
+    # The CLI's words, with the key as the command names it (no KEY_PREFIX).
+    assert lines[0].startswith("'command:nightly_report' is busy (held by "), lines[0]
+    assert lines[0].endswith("; another run holds it, not started") and PREFIX not in lines[0]
     gate.proceed.set()
     first.join(WAIT)
     assert not first.is_alive() and errors == []
@@ -139,7 +143,7 @@ def test_manage_py_exits_75_and_prints_one_line(fresh_gate: None, capsys: pytest
         ManagementUtility(["manage.py", "nightly_report"]).execute()
     assert exited.value.code == 75
     lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1 and "another run holds the lock" in lines[0]
+    assert len(lines) == 1 and "'command:nightly_report' is busy (held by " in lines[0]
     gate.proceed.set()
     first.join(WAIT)
     assert errors == [] and len(gate.runs) == 1
@@ -165,6 +169,7 @@ def test_lock_timeout_gives_up_with_the_busy_code(fresh_gate: None) -> None:
         call_command("nightly_report", "--lock-timeout", "0.3", stdout=io.StringIO(), stderr=io.StringIO())
     assert busy.value.returncode == 75
     assert isinstance(busy.value.__cause__, Exception) and busy.value.__cause__.reason == "timeout"  # type: ignore[attr-defined]
+    assert " after waiting 0." in str(busy.value) and PREFIX not in str(busy.value)
     gate.proceed.set()
     first.join(WAIT)
     assert errors == []
@@ -204,7 +209,11 @@ def test_a_lost_lock_ends_the_command_with_a_clear_error(django_db: Path) -> Non
     with pytest.raises(CommandError) as lost:
         call_command(LosesItsLock(), stdout=io.StringIO())
     assert lost.value.returncode == LOST_RETURNCODE
-    assert "lost" in str(lost.value) and "fragile" in str(lost.value)
+    # The CLI's words: the reason in plain words, not its code, and the key without KEY_PREFIX.
+    assert str(lost.value).startswith(
+        "lost the lock on 'fragile': the key was force-released or taken by another holder; "
+    ), str(lost.value)
+    assert PREFIX not in str(lost.value) and "(observed)" not in str(lost.value)
     assert isinstance(lost.value.__cause__, LockLostError)
 
 
@@ -442,7 +451,59 @@ def test_the_environment_url_comes_before_the_default_database(tmp_path: Path) -
     done = run_site({"DATABASES": {"default": database}, "LOGGING": logging})
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1])["backend"] == "SqliteBackend"
-    assert done.stderr.count("this host only") == 1, done.stderr
+    # Once from the system check, once in the configured log.
+    assert done.stderr.count("this host only") == 2, done.stderr
+    assert done.stderr.count("(lease_lock.W001)") == 1, done.stderr
+
+
+def test_a_sqlite_store_is_a_check_warning_under_djangos_default_logging(tmp_path: Path) -> None:
+    database = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(tmp_path / "site.db")}
+    done = run_site({"DATABASES": {"default": database}})
+    assert done.returncode == 0, done.stderr  # a warning does not stop the site
+    assert json.loads(done.stdout.strip().splitlines()[-1])["backend"] == "SqliteBackend"
+    (line,) = [line for line in done.stderr.splitlines() if "(lease_lock.W001)" in line]
+    assert "this host only" in line and f"file {tmp_path / 'site.db'}:" in line
+    assert done.stderr.count("this host only") == 1, done.stderr  # the log stays unconfigured
+    silenced = run_site({"DATABASES": {"default": database}, "SILENCED_SYSTEM_CHECKS": ["lease_lock.W001"]})
+    assert silenced.returncode == 0 and "lease_lock.W001" not in silenced.stderr, silenced.stderr
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "rule"),
+    [
+        ("TTL", "30", "ttl must be seconds"),
+        ("MAX_HOLD", -5, "max_hold must be > 0"),
+        ("KEY_PREFIX", 7, "key_prefix must be a str"),
+        ("FENCING", "yes", "fencing must be True or False"),
+    ],
+)
+def test_check_names_a_setting_whose_value_the_locker_refuses(
+    setting: str, value: object, rule: str, tmp_path: Path
+) -> None:
+    site = {"DATABASES": {}, "LEASE_LOCK": {"URL": f"sqlite:///{tmp_path / 'locks.db'}", setting: value}}
+    done = run_site(site)
+    # Before the first request: it would have answered 500.
+    assert done.returncode == 1, done.stdout
+    (line,) = [line for line in done.stderr.splitlines() if "(lease_lock.E002)" in line]
+    assert f'settings.LEASE_LOCK["{setting}"]: {rule}' in line
+    nested = run_site({"DATABASES": {}, "LEASE_LOCK": {"URL": "memory://", "OPTIONS": {"ttl": "30"}}})
+    assert nested.returncode == 1 and 'settings.LEASE_LOCK["OPTIONS"]["ttl"]: ttl must be' in nested.stderr
+
+
+def test_check_names_the_extra_of_a_metrics_exporter_that_is_not_installed(tmp_path: Path) -> None:
+    # An interpreter that cannot import prometheus_client, with the real Django.
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    (site_dir / "sitecustomize.py").write_text("import sys\nsys.modules['prometheus_client'] = None\n")
+    path = os.pathsep.join([str(site_dir), os.environ.get("PYTHONPATH", "")])
+    done = run_site({"DATABASES": {}, "LEASE_LOCK": {"URL": "memory://", "METRICS": "prometheus"}},
+                    env={"PYTHONPATH": path})
+    assert done.returncode == 1, done.stdout
+    assert "Traceback" not in done.stderr, done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if "(lease_lock.E003)" in line]
+    assert "'prometheus_client' package" in line and install_hint("prometheus") in line
+    unknown = run_site({"DATABASES": {}, "LEASE_LOCK": {"URL": "memory://", "METRICS": "statsd"}})
+    assert unknown.returncode == 1 and "lease_lock.E003" in unknown.stderr and "'statsd'" in unknown.stderr
 
 
 def test_a_cache_alias_maps_to_its_first_redis_server_with_its_options(django_db: Path) -> None:

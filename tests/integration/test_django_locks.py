@@ -70,8 +70,9 @@ def test_locks_list_prints_what_lease_lock_ls_prints(store: tuple[str, str], tmp
         assert [state["owner"] for state in json.loads(listed.stdout)] == ["web-1"] * 3 + ["worker-2"] * 3
 
         table, cli_table = site.manage("list", tag).stdout.splitlines(), site.cli.run("ls", tag).stdout.splitlines()
-        # Every column but the lease's remaining time, which moves between the two calls.
-        assert [line.rsplit(None, 1)[0] for line in table] == [line.rsplit(None, 1)[0] for line in cli_table]
+        # Every column but the two times (held for, lease left), which move between the calls.
+        moving = table[0].index("HELD FOR")
+        assert [line[:moving] for line in table] == [line[:moving] for line in cli_table]
         assert len(table) == 7
     finally:
         holders.stop()
@@ -125,3 +126,26 @@ def test_metrics_setting_records_prometheus_metrics(tmp_path: Path) -> None:
     site.env["LEASE_LOCK_TEST_METRICS"] = "statsd"
     wrong = site.manage("-c", code, command="shell")
     assert wrong.returncode != 0 and "METRICS setting must be 'prometheus' or 'opentelemetry'" in wrong.stderr
+
+
+def test_locks_shows_keys_with_control_characters_escaped_one_line_each(
+    store: tuple[str, str], tmp_path: Path
+) -> None:
+    url, lease_url = store
+    tag = f"dj{uuid.uuid4().hex[:6]}:"
+    site = Site(tmp_path, url, lease_url, "")
+    keys = [f"{tag}two\nlines", f"{tag}back\rover", f"{tag}\x1b[2Jclear", f"{tag}tab\there"]
+    escaped = sorted(repr(key)[1:-1] for key in keys)
+    holders = Holders(site.cli, {"web-1": keys})
+    try:
+        assert sorted(state["key"] for state in json.loads(site.manage("list", tag, "--json").stdout)) == sorted(keys)
+        lines = site.manage("list", tag).stdout.splitlines()
+        assert len(lines) == 1 + len(keys) and all(line.isprintable() for line in lines)
+        assert sorted(line.split()[0] for line in lines[1:]) == escaped
+        dropped = site.manage("release", "--prefix", tag, input="y\n")
+        assert dropped.returncode == 0, dropped.stderr
+        lines = dropped.stdout.splitlines()
+        assert len(lines) == 1 + len(keys) + 1 and all(line.isprintable() for line in lines)
+        assert sorted(line.split()[0] for line in lines[1:-1]) == escaped
+    finally:
+        holders.stop()

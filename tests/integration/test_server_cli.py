@@ -10,6 +10,7 @@ from pathlib import Path
 
 import requests
 from lease_lock.server.keys import list_keys
+from lease_lock.validation import install_hint
 
 from tests.support.http_server import start_serve, stop_serve
 
@@ -100,17 +101,29 @@ def test_serve_without_waitress_names_the_extra_and_exits_2(tmp_path: Path) -> N
     )
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2, done.stderr
-    assert "pip install 'lease_lock[server]'" in done.stderr and "Traceback" not in done.stderr
+    assert install_hint("server") in done.stderr and "Traceback" not in done.stderr
 
 
-def test_keys_is_a_deprecated_alias_of_service_keys(tmp_path: Path) -> None:
+def test_service_keys_creates_a_key_and_keys_is_no_command(tmp_path: Path) -> None:
     keys_file = tmp_path / "keys.toml"
-    for command in ("keys", "service-keys"):
+    for command, status in (("keys", 2), ("service-keys", 0)):
         run = subprocess.run(
             [sys.executable, "-m", "lease_lock", command, "create", "--keys", str(keys_file), "--project", "p",
              "--scope", "full"],
             capture_output=True, text=True, timeout=60, check=False,
         )
-        assert run.returncode == 0 and run.stdout.startswith("llk_"), run.stderr
-        assert ("deprecated" in run.stderr) == (command == "keys")
-    assert len(list_keys(keys_file)) == 2
+        assert run.returncode == status, run.stderr
+    assert run.stdout.startswith("llk_") and run.stderr == ""
+    assert len(list_keys(keys_file)) == 1
+
+
+def test_service_keys_without_the_server_extra_names_the_extra_and_exits_2(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.toml"
+    program = (
+        "import sys; sys.modules['tomli_w'] = None; from lease_lock.cli import main; "
+        f"sys.exit(main(['service-keys', 'create', '--keys', {str(keys_file)!r}, '--project', 'p', '--scope', 'full']))"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [f"lease-lock: writing a keys file needs tomli-w: {install_hint('server')}"]
+    assert not keys_file.exists()

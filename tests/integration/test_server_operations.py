@@ -129,3 +129,37 @@ def test_oversized_bodies_and_headers_get_json_errors(lock_service: ServiceInfo)
     )
     assert huge.status_code == 431 and huge.json()["code"] == "headers_too_large"
     assert huge.headers["Content-Type"] == "application/json"
+
+
+def test_the_clients_request_id_is_echoed_and_logged_on_every_answer(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.toml"
+    keys = make_keys(keys_file)
+    process, url, log = start_serve(tmp_path, "memory://", keys_file, "--rate-limit", "2", module="lease_lock")
+    sent: dict[str, int] = {}
+    try:
+        def call(method: str, path: str, status: int, **headers: str) -> None:
+            mine = str(uuid.uuid4())
+            answer = requests.request(
+                method, f"{url}{path}", headers={**headers, "X-Volcano-Request-Id": mine}, timeout=10
+            )
+            assert answer.status_code == status, answer.text
+            assert answer.headers["X-Volcano-Request-Id"] == mine
+            sent[mine] = status
+
+        call("GET", "/healthz", 200)
+        call("GET", "/locks/job", 401)
+        call("GET", "/locks/job", 401, Authorization="Bearer llk_nope.nope")
+        call("GET", "/locks/job", 200, **_bearer(keys["alpha"]))
+        call("GET", "/locks/job", 200, **_bearer(keys["alpha"]))
+        call("GET", "/locks/job", 429, **_bearer(keys["alpha"]))  # the read budget of 2 is spent
+        call("GET", "/nowhere", 401)
+        # An id that is no UUID is neither echoed nor trusted: a fresh one names the answer.
+        bad = requests.get(f"{url}/locks/job", headers={"X-Volcano-Request-Id": "nope"}, timeout=10)
+        assert bad.status_code == 401 and bad.headers["X-Volcano-Request-Id"] != "nope"
+        assert wait_until(lambda: all(mine in log.read_text() for mine in sent), 10)
+    finally:
+        stop_serve(process)
+    lines = log.read_text().splitlines()
+    for mine, status in sent.items():
+        (line,) = [line for line in lines if mine in line]
+        assert f"-> {status} " in line and f"request_id={mine}" in line

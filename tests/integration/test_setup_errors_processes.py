@@ -9,12 +9,16 @@ runs exactly as a user would start it).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
+import lease_lock
 import pytest
+from lease_lock.validation import install_hint
 
 DEADLINE = 60.0
 
@@ -47,7 +51,7 @@ def test_connect_without_the_driver_names_the_extra(module: str, url: str, extra
         [sys.executable, "-c", script], env=_without(module, tmp_path), capture_output=True, text=True,
         timeout=DEADLINE, check=True,
     )
-    assert f"pip install 'lease_lock[{extra}]'" in result.stdout
+    assert install_hint(extra) in result.stdout
     assert result.stderr == ""
 
 
@@ -60,4 +64,38 @@ def test_cli_without_the_driver_exits_2_with_one_line(module: str, url: str, ext
     assert result.returncode == 2, result.stderr
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
-    assert f"pip install 'lease_lock[{extra}]'" in lines[0]
+    assert install_hint(extra) in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("origin", "hint"),
+    [
+        ({"url": "file:///src/lease%20lock", "dir_info": {"editable": True}},
+         "pip install -e '/src/lease lock[redis]'"),
+        ({"url": "file:///src/lease_lock", "dir_info": {}}, "pip install '/src/lease_lock[redis]'"),
+        ({"url": "https://files.example/lease_lock-0.1.0-py3-none-any.whl", "archive_info": {}},
+         "pip install 'lease_lock[redis]'"),
+        (None, "pip install -e '.[redis]' in the lease_lock checkout (or pip install 'lease_lock[redis]')"),
+    ],
+)
+def test_the_install_hint_says_how_this_copy_was_installed(
+    origin: Optional[dict[str, object]], hint: str, tmp_path: Path
+) -> None:
+    # Installed metadata as pip writes it, found before the test venv's own.
+    info = tmp_path / "lease_lock-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lease_lock\nVersion: 0.1.0\n")
+    if origin is not None:
+        (info / "direct_url.json").write_text(json.dumps(origin))
+    # Without site-packages (-S): the package from its source tree, plus the metadata above.
+    source = Path(lease_lock.__file__).resolve().parents[1]
+    script = (
+        f"import sys; sys.path[:0] = [{str(tmp_path)!r}, {str(source)!r}]\n"
+        "from lease_lock.validation import install_hint\n"
+        "print(install_hint('redis'))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", script], capture_output=True, text=True, timeout=DEADLINE, check=True,
+        cwd=tmp_path,
+    )
+    assert result.stdout.strip() == hint

@@ -11,6 +11,7 @@ from lease_lock import Locker
 from lease_lock.admin import (
     describe_holder,
     describe_lost_reason,
+    held_for,
     held_locks,
     locks_json,
     locks_table,
@@ -86,3 +87,45 @@ def test_release_asks_once_and_a_no_drops_nothing(locker: Locker) -> None:
     assert written[-2:] == ["jobs: released", "nope: free, nothing to release"]
     with pytest.raises(ValidationError, match="must not be empty"):
         release_prefix(locker, "", confirm=None, write=written.append)
+
+
+def test_held_for_reads_the_grant_time_from_the_fence() -> None:
+    with Locker(MemoryBackend(), fencing=True) as fenced, Locker(fenced.backend) as plain:
+        # Kept: a held lock that is dropped is given back by the heartbeat.
+        kept = [fenced.acquire("fenced", ttl=60), plain.acquire("plain", ttl=60)]
+        states = {state.key: state for state in held_locks(fenced)}
+        # A store "now" two minutes after the grant: the expiry minus the lease left.
+        granted = states["fenced"]
+        later = LockState(
+            key="fenced", held=True, fence=granted.fence, owner=None,
+            expires_at=granted.expires_at, expires_in=(granted.expires_in or 0) - 120,
+        )
+        assert all(lock.is_held() for lock in kept)
+    assert held_for(later) == pytest.approx(120, abs=1)
+    row = {line.split()[0]: line.split() for line in locks_table([later, states["plain"]]).splitlines()[1:]}
+    assert row["fenced"][3] == "2m00s" or row["fenced"][3] == "2m01s"
+    assert row["plain"][3] == "-"  # no fence, nothing dates the grant
+    # A counter (another service's fences) dates nothing.
+    assert held_for(LockState(key="k", held=True, fence=42, expires_in=5.0)) is None
+
+
+CONTROL_KEYS = ["two\nlines", "back\rover", "colour\x1b[31mred", "tab\there", "slash\\n"]
+
+
+def test_keys_and_owners_with_control_characters_are_one_escaped_line_each(locker: Locker) -> None:
+    # Lockers refuse such owner labels; another client of the store may write anything.
+    for key in CONTROL_KEYS:
+        assert locker.backend.acquire(f"app:{key}", "t" * 32, 90.0, "evil\x1b]0;title\x07\nowner")
+    states = held_locks(locker)
+    lines = locks_table(states).splitlines()
+    assert len(lines) == 1 + len(CONTROL_KEYS)
+    assert all(line.isprintable() for line in lines)
+    assert [line.split()[0] for line in lines[1:]] == [repr(key)[1:-1] for key in sorted(CONTROL_KEYS)]
+    assert "evil\\x1b]0;title\\x07\\nowner" in lines[1]
+    assert "\\x1b" in describe_holder(states[0]) and describe_holder(states[0]).isprintable()
+    # JSON keeps every key exact.
+    assert [item["key"] for item in json.loads(locks_json(states))] == sorted(CONTROL_KEYS)
+    written: list[str] = []
+    assert release_keys(locker, CONTROL_KEYS, confirm=None, write=written.append) == len(CONTROL_KEYS)
+    assert all(line.isprintable() for text in written for line in text.splitlines())
+    assert sum(len(text.splitlines()) for text in written) == 1 + 2 * len(CONTROL_KEYS)

@@ -62,7 +62,10 @@ def test_messages_say_what_happened() -> None:
     held = str(LockHeldError("job", attempts=2, elapsed=0.25, reason="held"))
     assert "job" in held and "2 attempt" in held
     lost = str(LockLostError("job", "max-hold", completed=True))
-    assert "job" in lost and "max-hold" in lost and "after the block completed" in lost
+    assert "job" in lost and "max-hold" in lost and "before the loss was noticed" in lost
+    # The loss happened while the block ran; only its discovery came after.
+    assert "after the block completed" not in lost
+    assert "while held" in str(LockLostError("job", "extend"))
 
 
 def test_codes_are_distinct() -> None:

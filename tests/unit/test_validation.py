@@ -207,3 +207,75 @@ def test_bad_delay_function_result_is_named(clock: FakeClock, sleeps: list[float
 def test_bad_connect_arguments(call: Callable[[], object], argument: str) -> None:
     with pytest.raises(ValidationError, match=argument):
         call()
+
+
+@pytest.mark.parametrize(
+    ("url", "typo", "meant"),
+    [
+        ("memory://", "tll", "ttl"),
+        ("sqlite:///{tmp}/locks.db", "tll", "ttl"),
+        ("sqlite:///{tmp}/locks.db", "busy_timout", "busy_timeout"),
+        ("redis://127.0.0.1:1/0", "tll", "ttl"),
+        ("redis://127.0.0.1:1/0", "socket_timout", "socket_timeout"),
+        ("http://127.0.0.1:1", "max_hol", "max_hold"),
+    ],
+)
+def test_a_mistyped_connect_option_is_named_with_its_match_among_every_option(
+    url: str, typo: str, meant: str, tmp_path: Any
+) -> None:
+    with pytest.raises(ValidationError) as caught:
+        connect(url.format(tmp=tmp_path), **{typo: 30})
+    message = str(caught.value)
+    assert f"{typo!r} (did you mean {meant!r}?)" in message
+    # Both kinds of option are listed: the Locker's and the backend's.
+    assert "Locker options " in message and "ttl" in message and "key_prefix" in message
+    assert f"{url.partition(':')[0]} options " in message
+
+
+@pytest.mark.parametrize(
+    ("call", "typo", "meant"),
+    [
+        (lambda locker: locker.lock("x", ttl_seconds=30), "ttl_seconds", "ttl"),
+        (lambda locker: locker.acquire("x", timout=1), "timout", "timeout"),
+        (lambda locker: locker.try_acquire("x", tll=3), "tll", "ttl"),
+    ],
+)
+def test_a_mistyped_lock_option_is_named_with_its_match(
+    call: Callable[[Locker], object], typo: str, meant: str
+) -> None:
+    with connect("memory://") as locker, pytest.raises(ValidationError) as caught:
+        call(locker)
+    message = str(caught.value)
+    assert f"unknown option {typo!r} (did you mean {meant!r}?)" in message
+    known = message.partition("; known: ")[2].split(", ")
+    assert "ttl" in known and "cancel" in known and "token" in known
+
+
+def test_an_option_like_nothing_known_is_named_without_a_guess() -> None:
+    with pytest.raises(ValidationError) as caught:
+        connect("memory://", zzzz=1)
+    assert "'zzzz';" in str(caught.value) and "did you mean" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown", "hidden"),
+    [
+        ("redis//localhost:6379/1", "'redis//localhost:6379/1'", None),
+        ("redis//user:s3cret@localhost:6379/1", "'redis//user:***@localhost:6379/1'", "s3cret"),
+        ("redis//user:s3/cr@et@localhost/1", "'redis//user:***@localhost/1'", "s3/cr"),
+        ("host=db password=s3cret dbname=x", "'host=db password=*** dbname=x'", "s3cret"),
+    ],
+)
+def test_a_url_without_a_scheme_is_shown_with_its_secrets_masked(url: str, shown: str, hidden: Any) -> None:
+    with pytest.raises(ValidationError) as caught:
+        connect(url)
+    assert f"url {shown} has no scheme" in str(caught.value)
+    if hidden:
+        assert hidden not in str(caught.value)
+
+
+@pytest.mark.parametrize("name", ["socket_timeout", "socket_connect_timeout", "timeout"])
+def test_a_bad_redis_duration_option_is_named(name: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        connect(f"redis://127.0.0.1:1/0?{name}=abc")
+    assert str(caught.value).startswith(f"{name} must look like"), caught.value

@@ -41,8 +41,9 @@ def parse_replicas(text: str) -> tuple[int, float]:
     return int(count), parse_duration(timeout, "wait_for_replicas timeout")
 
 
-def _parse_seconds(text: str) -> float:
-    return parse_duration(text, "timeout")
+def _seconds(name: str) -> Callable[[str], float]:
+    """A parser of durations whose errors name the option ``name``."""
+    return lambda text: parse_duration(text, name)
 
 
 def _parse_count(text: str) -> int:
@@ -77,7 +78,7 @@ REDIS_PY_OPTIONS: Mapping[str, Callable[[str], Any]] = {
     "socket_read_size": _parse_positive,
     "ssl_check_hostname": _parse_bool,
     "ssl_min_version": _parse_count,
-    "timeout": _parse_seconds,
+    "timeout": _seconds("timeout"),
 }
 
 #: redis-py passes these to a TLS connection only; a plain connection fails on its first use.
@@ -88,8 +89,8 @@ _TLS_ONLY = ("ssl_check_hostname", "ssl_min_version")
 URL_OPTIONS: Mapping[str, Callable[[str], Any]] = {
     "wait_for_replicas": parse_replicas,
     "cluster": _parse_bool,
-    "socket_timeout": _parse_seconds,
-    "socket_connect_timeout": _parse_seconds,
+    "socket_timeout": _seconds("socket_timeout"),
+    "socket_connect_timeout": _seconds("socket_connect_timeout"),
     "health_check_interval": lambda text: int(parse_duration(text, "health_check_interval")),
     "client_name": str,
     "username": str,

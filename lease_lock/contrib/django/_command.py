@@ -7,6 +7,7 @@ from typing import Any, Callable, ClassVar, Optional, Union
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser, OutputWrapper
 
+from ...admin import describe_holder_of, describe_lost_reason
 from ...errors import LockHeldError, LockLostError, ValidationError
 from ...lock import Lock
 from ...locker import Locker
@@ -90,12 +91,14 @@ class SingletonCommand(BaseCommand):  # type: ignore[misc]  # Django ships no ty
         if self.lock_max_hold is not None:
             lock_options["max_hold"] = self.lock_max_hold
         key = self.get_lock_key(options)
+        locker = self.get_locker()
         try:
-            lock = self.get_locker().acquire(key, self.lock_ttl, **lock_options)
+            lock = locker.acquire(key, self.lock_ttl, **lock_options)
         except LockHeldError as error:
-            message = f"another run holds the lock {error.key!r}; not started"
-            if error.reason == "timeout":
-                message = f"the lock {error.key!r} stayed busy for {error.elapsed:.1f}s; not started"
+            # The words of ``lease-lock run``, with the key as this command names it (without
+            # the locker's prefix).
+            waited = f" after waiting {error.elapsed:.1f}s" if error.reason == "timeout" else ""
+            message = f"{key!r} is busy{describe_holder_of(locker, key)}{waited}; another run holds it, not started"
             if not self._lock_from_argv:
                 self.stderr.write(message)
             raise CommandError(message, returncode=BUSY_RETURNCODE) from error
@@ -107,8 +110,8 @@ class SingletonCommand(BaseCommand):  # type: ignore[misc]  # Django ships no ty
             if error.key != lock.key:
                 raise
             raise CommandError(
-                f"the lock {error.key!r} was lost ({error.reason}) while the command ran; "
-                "another run may have overlapped it",
+                f"lost the lock on {key!r}: {describe_lost_reason(error.reason)}; another run may "
+                "have overlapped this one",
                 returncode=LOST_RETURNCODE,
             ) from error
         finally:
