@@ -53,7 +53,7 @@ from ..wire import (
 from .keys import KeyFile, KeyRecord, PathLike
 from .metrics import Metrics
 from .ratelimit import RateLimiter
-from .service import Conflict, Grant, Holder, LockService
+from .service import Conflict, Grant, Holder, LockService, ReservedKeyError
 from .waits import WaitRoom, parse_wait_preference
 
 __all__ = ["BUDGETS", "LockServiceApp", "budget_of", "create_app", "format_time"]
@@ -466,6 +466,9 @@ class LockServiceApp:
             raise _Reject(409, conflict.code, conflict.message) from None
         except NotImplementedError as exc:
             raise _Reject(501, "not_implemented", str(exc)) from None
+        except ReservedKeyError:
+            # Its message would show how the service lays out its store, so it stays here.
+            raise _Reject(400, "invalid_key", "key is a name the lock store keeps for itself") from None
         except BackendUnavailableError:
             # Fail closed; the cause (the driver's exception) stays in the log only.
             _log.exception("lock store unavailable")
