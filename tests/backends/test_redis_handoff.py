@@ -500,3 +500,30 @@ def test_a_lease_under_a_hand_off_name_survives_waits_and_releases_of_its_key(
         squatter.close()
         holder.close()
         waiter.close()
+
+
+def test_a_lease_written_under_a_wake_list_a_watcher_blocks_on_costs_the_other_keys_nothing(
+    backend: RedisBackend, key: str
+) -> None:
+    # The squatting lease arrives while the watcher already blocks on that wake list: the
+    # watcher must drop that list (at its next refresh, or after its next BLPOP met WRONGTYPE)
+    # and keep serving the other keys.
+    other = f"{key}:other"
+    counter = WakeCounter()
+    squatter = RedisBackend(backend.client)  # the bare backend API, on the same server
+    [watcher] = _queued(backend, key, [counter])
+    try:
+        watcher.want(other)
+        assert wait_until(lambda: handoff_keys(other)[1] in watcher._blocking, 30)
+        squatted = handoff_keys(key)[1]
+        assert squatter.acquire(squatted, TOKEN_B, 60, "squatter")
+        assert wait_until(lambda: squatted not in watcher._wanted, 30)
+        assert backend.acquire(other, TOKEN_A, 30, "holder")
+        assert backend.release(other, TOKEN_A)
+        assert wait_until(lambda: counter.calls == [other], 30)
+        assert watcher.active
+        assert squatter.is_held(squatted, TOKEN_B) and squatter.client.pttl(squatted) > 0
+    finally:
+        watcher.close()
+        squatter.force_release(handoff_keys(key)[1])
+        squatter.close()

@@ -14,7 +14,7 @@ import time
 import uuid
 from typing import Any, Callable, Optional
 
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from ..base import ReleaseWatcher
 from ..handoff import HandoffWatcher
@@ -327,6 +327,18 @@ class RedisHandoffWatcher(HandoffWatcher):
         if self._thread is not threading.current_thread():
             self._thread.join(self._block * 5 + _POLL)
 
+    def _mark(self, wanted: dict[str, str]) -> None:
+        """Refresh the markers of ``wanted`` (wake list -> key) in one round trip; a key whose
+        hand-off names hold something else leaves ``wanted`` and the keys blocked on."""
+        keys = list(wanted.values())
+        pipe = self._client.pipeline(transaction=False)
+        for key in keys:
+            _run_in(pipe, MARK_WAITING, *self._names(key), _MARKER_MS)
+        for key, marked in zip(keys, pipe.execute()):
+            if not marked:
+                self._unusable(key)
+                wanted.pop(self._names(key)[1], None)
+
     def _unusable(self, key: str) -> None:
         """Stop blocking on ``key``'s wake list, whose name holds something else."""
         _, wake = self._names(key)
@@ -358,31 +370,14 @@ class RedisHandoffWatcher(HandoffWatcher):
             self._blocking = frozenset()
         now = time.monotonic()
         if wanted and now - self._refreshed >= _MARKER_REFRESH:
-            pipe = self._client.pipeline(transaction=False)
-            for key in wanted.values():
-                _run_in(pipe, MARK_WAITING, *self._names(key), _MARKER_MS)
-            for key, marked in zip(list(wanted.values()), pipe.execute()):
-                if not marked:
-                    self._unusable(key)
-                    wanted.pop(self._names(key)[1], None)
+            self._mark(wanted)
             self._refreshed = now
         self._active = True
         with self._mutex:
             self._blocking = frozenset(wanted)
-        try:
-            reply = self._client.blpop([self._control, *wanted], timeout=self._block)
-        except ResponseError as exc:
-            if "WRONGTYPE" not in str(exc):
-                raise
-            # A lease was written under a wake list's name since the last refresh: find it
-            # and stop blocking on it, instead of failing every turn for every key.
-            pipe = self._client.pipeline(transaction=False)
-            for key in wanted.values():
-                _run_in(pipe, MARK_WAITING, *self._names(key), _MARKER_MS)
-            for key, marked in zip(list(wanted.values()), pipe.execute()):
-                if not marked:
-                    self._unusable(key)
-            return
+        # A lease written under a wake list's name since the last refresh fails this BLPOP
+        # (WRONGTYPE) like a lost connection; the next refresh, within a second, drops it.
+        reply = self._client.blpop([self._control, *wanted], timeout=self._block)
         if reply is None or self._stop.is_set():
             return
         name = reply[0].decode("utf-8", "replace") if isinstance(reply[0], bytes) else str(reply[0])
