@@ -253,6 +253,7 @@ class HttpBackend(Backend, RequestIdCarrier):
         self._watchers = []
         self._interest = {}
         self._watching = set()
+        self._waiters = {}
         self._won = {}
         self._in_flight = {}
         self._giving_back = {}
