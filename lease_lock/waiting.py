@@ -76,6 +76,8 @@ class ReleaseDispatcher:
             events[event] = None
         if start:
             logger.debug("release watcher started for %s", type(self._backend).__name__)
+        if first and isinstance(watcher, ReleaseWatcher):
+            watcher.wanted(key)
         if first and isinstance(watcher, HandoffWatcher):
             try:
                 # Outside the mutex: a round trip to the store.
@@ -134,6 +136,8 @@ class ReleaseDispatcher:
                 # Another thread here takes it (or is about to try anyway).
                 self._wake_one(events)
                 handed_on = True
+        if not events and isinstance(watcher, ReleaseWatcher):
+            watcher.unwanted(key)
         if isinstance(watcher, HandoffWatcher):
             if not events:
                 watcher.unwant(key)

@@ -117,6 +117,15 @@ class ReleaseWatcher(abc.ABC):
     def close(self) -> None:
         """Stop listening and free the connection. Idempotent."""
 
+    def wanted(self, key: str) -> None:
+        """A first thread of this process started waiting for ``key`` (after a refused
+        attempt). A watcher that does work per key may start it; the default does nothing."""
+
+    def unwanted(self, key: str) -> None:
+        """The last thread of this process waiting for ``key`` stopped waiting (it got the key,
+        timed out or was cancelled). A watcher that does work per key may stop it and give
+        back what it holds for that wait; the default does nothing."""
+
 
 class Backend(abc.ABC):
     """Base class of every backend. Subclasses implement the abstract primitives.

@@ -126,8 +126,9 @@ class _WaitWatcher(ReleaseWatcher):
     delay, and a notification cuts that sleep short when the server offers one.
     """
 
-    def __init__(self, callback: Callable[[str], None]) -> None:
+    def __init__(self, callback: Callable[[str], None], waiting: Callable[[str, int], None]) -> None:
         self._callback = callback
+        self._waiting = waiting
         self._closed = threading.Event()
 
     @property
@@ -143,6 +144,15 @@ class _WaitWatcher(ReleaseWatcher):
         """Report ``key`` released (from a watching thread)."""
         if not self._closed.is_set():
             self._callback(key)
+
+    def wanted(self, key: str) -> None:
+        """A thread of the caller's process waits for ``key`` now."""
+        self._waiting(key, 1)
+
+    def unwanted(self, key: str) -> None:
+        """Nobody of the caller's process waits for ``key`` any more: a grant won for it is
+        given back at once (see :meth:`HttpBackend.acquire_fenced`)."""
+        self._waiting(key, -1)
 
     def close(self) -> None:
         """Stop watching; threads end after their current request."""
@@ -221,6 +231,8 @@ class HttpBackend(Backend, RequestIdCarrier):
         self._watchers: list[_WaitWatcher] = []
         self._interest: dict[str, _Refused] = {}
         self._watching: set[str] = set()
+        # key -> how many watchers have a thread waiting for it (see _WaitWatcher.wanted).
+        self._waiters: dict[str, int] = {}
         # Grants won by watching requests, until claimed; acquisitions in flight per
         # (key, token); give-backs of unclaimed grants in flight (an acquisition of the same
         # token waits for one, so that the two never cross on the wire).
@@ -242,6 +254,7 @@ class HttpBackend(Backend, RequestIdCarrier):
         self._watchers = []
         self._interest = {}
         self._watching = set()
+        self._waiters = {}
         self._won = {}
         self._in_flight = {}
         self._giving_back = {}
@@ -650,7 +663,7 @@ class HttpBackend(Backend, RequestIdCarrier):
         server announces it (``X-Lease-Lock-Wait``), and a key is watched from its first refused
         acquisition until a few seconds after the last one.
         """
-        watcher = _WaitWatcher(callback)
+        watcher = _WaitWatcher(callback, self._count_waiters)
         with self._mutex:
             self._watchers = [w for w in self._watchers if not w.closed()] + [watcher]
             # The refusal that made the caller start watching came just before: watch its key now.
@@ -688,6 +701,25 @@ class HttpBackend(Backend, RequestIdCarrier):
         for watcher in watchers:
             watcher.notify(key)
 
+    def _count_waiters(self, key: str, change: int) -> None:
+        """Count the watchers with a thread waiting for ``key``; when the last one stops
+        waiting, stop watching the key and give back what a watching request won for it."""
+        with self._mutex:
+            count = self._waiters.get(key, 0) + change
+            if count > 0:
+                self._waiters[key] = count
+                return
+            self._waiters.pop(key, None)
+            if change > 0:
+                return
+            # Nobody here waits: a watching request in flight is not repeated, and a grant it
+            # wins is given back as soon as it arrives (see _watch_loop).
+            self._interest.pop(key, None)
+            unclaimed = [(token, grant) for (name, token), grant in self._won.items() if name == key]
+        for token, grant in unclaimed:
+            self._give_back_unclaimed(key, token, grant)
+            grant.taken.set()  # decided: the watching thread need not wait for a claim
+
     def _watch_loop(self, key: str) -> None:
         won: Optional[tuple[_Refused, _Won]] = None
         try:
@@ -699,6 +731,13 @@ class HttpBackend(Backend, RequestIdCarrier):
                 self._watching.discard(key)
         if won is not None:
             refused, grant = won
+            with self._mutex:
+                abandoned = key not in self._interest
+            if abandoned:
+                # Every waiter here stopped waiting while the request was held (timed out,
+                # cancelled; see _count_waiters): nobody claims this grant.
+                self._give_back_unclaimed(key, refused.token, grant)
+                return
             self._notify(key)  # the waiting acquisition takes the grant now
             if not grant.taken.wait(_CLAIM_WINDOW):
                 self._give_back_unclaimed(key, refused.token, grant)

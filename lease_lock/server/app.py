@@ -55,7 +55,7 @@ from ..wire import (
 from .keys import KeyFile, KeyRecord, PathLike
 from .metrics import Metrics
 from .ratelimit import RateLimiter
-from .service import Conflict, Grant, Holder, LockService
+from .service import Conflict, Grant, Holder, LockService, ReservedKeyError
 from .waits import WaitRoom, parse_wait_preference
 
 __all__ = ["BUDGETS", "LockServiceApp", "budget_of", "create_app", "format_time"]
@@ -375,9 +375,11 @@ class LockServiceApp:
         key = self._key(segments[2])
         project = record.project
         wait = parse_wait_preference(_header(environ, HEADER_PREFER)) if self.waits is not None else None
+        # Waitress tells a request whose client closed its connection (see serving.py).
+        gone = environ.get("waitress.client_disconnected") if wait else None
         if not lease:
             if method == "GET":
-                return self._read(project, key, wait)
+                return self._read(project, key, wait, gone)
             return self._released(project, key, self._store(lambda: self.service.force_release(project, key)))
         token = _uuid(_header(environ, HEADER_TOKEN), HEADER_TOKEN, "invalid_token")
         if token is None:
@@ -394,7 +396,7 @@ class LockServiceApp:
                 return _lease_response(
                     201, self._store(lambda: self.service.adopt(project, key, claim, token, ttl, owner))
                 )
-            return self._acquire(project, key, token, ttl, owner, wait)
+            return self._acquire(project, key, token, ttl, owner, wait, gone)
         grant = self._store(lambda: self.service.renew(project, key, token, ttl))
         return _lease_response(200, grant)
 
@@ -485,6 +487,9 @@ class LockServiceApp:
             raise _Reject(409, conflict.code, conflict.message) from None
         except NotImplementedError as exc:
             raise _Reject(501, "not_implemented", str(exc)) from None
+        except ReservedKeyError:
+            # Its message would show how the service lays out its store, so it stays here.
+            raise _Reject(400, "invalid_key", "key is a name the lock store keeps for itself") from None
         except BackendUnavailableError:
             # Fail closed; the cause (the driver's exception) stays in the log only.
             _log.exception("lock store unavailable")
@@ -498,23 +503,38 @@ class LockServiceApp:
         return _Response(204, None, [(HEADER_RELEASED, "true" if dropped else "false")])
 
     def _wait_free(
-        self, project: str, key: str, wait: Optional[int], held_for: Callable[[], Optional[float]], *, takes: bool
+        self,
+        project: str,
+        key: str,
+        wait: Optional[int],
+        held_for: Callable[[], Optional[float]],
+        *,
+        takes: bool,
+        gone: Optional[Callable[[], bool]] = None,
     ) -> list[tuple[str, str]]:
         """Honour ``Prefer: wait=N`` on a held key; the ``Preference-Applied`` header if it was.
 
         ``held_for`` looks at the key after every wake-up, and ``takes`` it when free or not
         (see :meth:`WaitRoom.wait_until_free`). Without a free waiting slot nothing waits and
-        no header is returned.
+        no header is returned. ``gone`` says whether the client closed its connection (see
+        :meth:`WaitRoom.wait_until_free`).
         """
         if self.waits is None or not wait:
             return []
         waits = self.waits
         store_key = self.service.store_key(project, key)
-        waited = self._store(lambda: waits.wait_until_free(store_key, held_for, wait, takes=takes))
+        waited = self._store(lambda: waits.wait_until_free(store_key, held_for, wait, takes=takes, gone=gone))
         return [] if waited is None else [(HEADER_PREFERENCE_APPLIED, f"wait={wait}")]
 
     def _acquire(
-        self, project: str, key: str, token: str, ttl: int, owner: str, wait: Optional[int]
+        self,
+        project: str,
+        key: str,
+        token: str,
+        ttl: int,
+        owner: str,
+        wait: Optional[int],
+        gone: Optional[Callable[[], bool]] = None,
     ) -> _Response:
         received = time.monotonic()
         try:
@@ -536,7 +556,7 @@ class LockServiceApp:
                     return conflict.takeover_in or 0.0
                 return None
 
-            applied = self._wait_free(project, key, wait, held_for, takes=True)
+            applied = self._wait_free(project, key, wait, held_for, takes=True, gone=gone)
             if not applied:
                 raise
             if not granted:
@@ -549,7 +569,9 @@ class LockServiceApp:
             return _lease_response(201, grant, [*applied, (HEADER_WAITED, waited)])
         return _lease_response(201, grant)
 
-    def _read(self, project: str, key: str, wait: Optional[int] = None) -> _Response:
+    def _read(
+        self, project: str, key: str, wait: Optional[int] = None, gone: Optional[Callable[[], bool]] = None
+    ) -> _Response:
         holder: Holder = self._store(lambda: self.service.read(project, key))
         headers = []
         if holder.held and wait:
@@ -562,7 +584,7 @@ class LockServiceApp:
                 free.append(seen)  # the read after the wake-up: the answer needs no other
                 return None
 
-            headers = self._wait_free(project, key, wait, held_for, takes=False)
+            headers = self._wait_free(project, key, wait, held_for, takes=False, gone=gone)
             if free:
                 holder = free[-1]
             elif headers:

@@ -38,11 +38,17 @@ from typing import Callable, Iterator, Optional
 
 from ..backends.base import LockState
 from ..backends.service import ServiceStore
+from ..errors import ValidationError
 from ..wire import MAX_LIFETIME, RENEW_MARGIN, TAKEOVER_GRACE
 
-__all__ = ["Conflict", "Grant", "Holder", "LockService"]
+__all__ = ["Conflict", "Grant", "Holder", "LockService", "ReservedKeyError"]
 
 _LABEL_TAG = "svc1"
+
+
+class ReservedKeyError(ValidationError):
+    """A key whose name in the store the backend keeps for a structure of its own (the wire
+    error ``invalid_key``, 400)."""
 
 
 class Conflict(Exception):
@@ -138,8 +144,18 @@ class LockService:
         self._clock = clock
 
     def store_key(self, project: str, key: str) -> str:
-        """The backend key of ``key`` in ``project`` (the ``/`` cannot occur in either)."""
-        return f"{self._prefix}{project}/{key}"
+        """The backend key of ``key`` in ``project`` (the ``/`` cannot occur in either).
+
+        Raises :class:`ReservedKeyError` when the backend keeps that name for itself (with a
+        key prefix that has a Redis hash tag, ``<key>:fence`` is the fence counter of
+        ``<key>``), before anything is written.
+        """
+        store_key = f"{self._prefix}{project}/{key}"
+        try:
+            self.backend.check_key(store_key)
+        except ValidationError as exc:
+            raise ReservedKeyError(f"key {key!r} of project {project!r}: {exc}") from None
+        return store_key
 
     def _takeover_in(self, state: LockState) -> float:
         """Seconds until the backend lease (service lease + grace) ends, on the store's clock."""
@@ -257,7 +273,7 @@ class LockService:
 
     def list(self, project: str, prefix: str) -> Iterator[Holder]:
         """Held keys of ``project`` starting with ``prefix`` (needs ``capabilities.scan``)."""
-        project_prefix = self.store_key(project, "")
+        project_prefix = f"{self._prefix}{project}/"
         for state in self.backend.scan(project_prefix + prefix):
             if state.held:
                 yield self._holder(state.key[len(project_prefix) :], state)

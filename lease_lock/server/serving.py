@@ -131,6 +131,9 @@ def make_server(
     _positive_int(connection_limit, "connection_limit")
     _positive_int(channel_timeout, "channel_timeout")
     where: dict[str, Any] = {"sockets": [sock]} if sock is not None else {"host": host, "port": port}
+    # A connection is read while its request runs, so that a request held by the wait
+    # extension learns when its client closed the connection (waitress.client_disconnected).
+    adjustments.setdefault("channel_request_lookahead", 1)
     server = waitress.create_server(
         app,
         **where,

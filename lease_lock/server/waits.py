@@ -31,6 +31,8 @@ __all__ = ["WaitRoom", "parse_wait_preference"]
 
 # Without a flowing notification stream the store is read again this often while waiting.
 _UNNOTIFIED_SLICE = 0.25
+# A waiting request whose client can be watched looks this often whether the client left.
+_GONE_SLICE = 0.25
 
 
 def parse_wait_preference(header: Optional[str]) -> Optional[int]:
@@ -86,7 +88,13 @@ class WaitRoom:
         return self._waiting
 
     def wait_until_free(
-        self, store_key: str, held_for: Callable[[], Optional[float]], seconds: float, *, takes: bool = True
+        self,
+        store_key: str,
+        held_for: Callable[[], Optional[float]],
+        seconds: float,
+        *,
+        takes: bool = True,
+        gone: Optional[Callable[[], bool]] = None,
     ) -> Optional[bool]:
         """Wait up to ``seconds`` until ``store_key`` looks free.
 
@@ -97,6 +105,11 @@ class WaitRoom:
         wake on to the next waiter, here or in another process. Returns ``None`` when no
         waiting slot was free (the caller answers at once, without the preference), else
         whether the key was seen free.
+
+        ``gone`` (when the server can tell) says whether the client closed its connection: a
+        request nobody will read stops waiting within a quarter second and is never handed
+        the key (``held_for`` is not called for it again), so the key stays free for the
+        next taker; a wake-one store's wake goes on to the next waiter.
         """
         if self._slots is None or not self._slots.acquire(blocking=False):
             return None
@@ -114,6 +127,10 @@ class WaitRoom:
             deadline = time.monotonic() + min(seconds, self.max_wait)
             woken_by_store = False
             while True:
+                if gone is not None and gone():
+                    if woken_by_store:
+                        wake.set()  # left set, the unregister below hands the wake on
+                    return False
                 remaining = held_for()
                 if remaining is None:
                     if woken_by_store and not takes:
@@ -129,7 +146,7 @@ class WaitRoom:
                         continue
                     waiter.asleep = True
                 notified = self._dispatcher is not None and self._dispatcher.active
-                woken = wake.wait(left if notified else min(left, _UNNOTIFIED_SLICE))
+                woken = self._sleep(wake, left if notified else min(left, _UNNOTIFIED_SLICE), gone)
                 with self._mutex:
                     woken_by_store = woken and not waiter.woken_here
                     waiter.asleep = waiter.woken_here = False
@@ -144,6 +161,19 @@ class WaitRoom:
                     del self._local[store_key]
                 self._waiting -= 1
             self._slots.release()
+
+    @staticmethod
+    def _sleep(wake: threading.Event, seconds: float, gone: Optional[Callable[[], bool]]) -> bool:
+        """Wait for ``wake`` up to ``seconds``; early, unwoken, once ``gone()`` says so."""
+        if gone is None:
+            return wake.wait(seconds)
+        deadline = time.monotonic() + seconds
+        while True:
+            left = deadline - time.monotonic()
+            if wake.wait(min(max(left, 0.0), _GONE_SLICE)):
+                return True
+            if left <= _GONE_SLICE or gone():
+                return False
 
     def released(self, store_key: str) -> None:
         """A release of ``store_key`` made through this process: wake its longest-waiting request

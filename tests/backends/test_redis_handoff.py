@@ -7,6 +7,7 @@ redis-server, whose blocked clients the tests read with ``CLIENT LIST``.
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +18,7 @@ from lease_lock import Locker
 from lease_lock.backends.handoff import HandoffSource
 from lease_lock.backends.redis import RedisBackend, handoff_keys
 from lease_lock.backends.redis._watch import TURN_RETRIES, TURN_RETRY_MS
+from lease_lock.errors import ValidationError
 from lease_lock.server.waits import WaitRoom
 from lease_lock.testing import wait_until
 from lease_lock.waiting import ReleaseDispatcher
@@ -420,3 +422,108 @@ def test_a_waiting_read_hands_the_wake_it_took_on(redis_server: RedisServer, key
         room.close()
         room_backend.close()
         holder.close()
+
+
+# -- names the store uses for itself ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "what"),
+    [
+        ("{orders}:wake", "wake list"),
+        ("{orders}:42:wake", "wake list"),
+        ("{orders}:waiting", "waiting marker"),
+        ("{orders}:42:waiting", "waiting marker"),
+        ("{orders}:fence", "fence counter"),
+        ("lease_lock:window:billing", "rate counter"),
+        ("lease_lock:handoff:0123abcd", "hand-off control list"),
+    ],
+)
+def test_keys_named_like_the_stores_own_structures_are_refused(
+    redis_server: RedisServer, name: str, what: str
+) -> None:
+    locker = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
+    locker.owns_backend = True
+    try:
+        with pytest.raises(ValidationError, match=what):
+            locker.acquire(name)
+        assert not locker.backend.inspect(name).held  # refused before anything was written
+    finally:
+        locker.close()
+
+
+@pytest.mark.parametrize("name", ["orders:wake", "{orders}:wake:x", "wake", "lease_lock:other", "{}:wake:1"])
+def test_names_only_like_a_structure_are_usable_keys(backend: RedisBackend, name: str) -> None:
+    backend.check_key(name)
+
+
+@pytest.mark.parametrize("squatted", [0, 1], ids=["waiting-marker", "wake-list"])
+@pytest.mark.parametrize("tagged", [False, True], ids=["plain", "hash-tag"])
+def test_a_lease_under_a_hand_off_name_survives_waits_and_releases_of_its_key(
+    redis_server: RedisServer, tagged: bool, squatted: int
+) -> None:
+    # The bare backend API skips check_key, so a lease can still sit under one of the hand-off
+    # names of a key: waits on the key and its releases must neither fail nor touch it.
+    key = f"{{test}}:{uuid.uuid4().hex}" if tagged else f"test:{uuid.uuid4().hex}"
+    name = handoff_keys(key)[squatted]
+    squatter = RedisBackend.from_url(redis_server.url)
+    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
+    waiter = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
+    holder.owns_backend = waiter.owns_backend = True
+    try:
+        assert squatter.acquire(name, TOKEN_A, 60, "squatter")
+        for _ in range(3):
+            first = holder.acquire(key)
+            got: list[Any] = []
+            errors: list[BaseException] = []
+
+            def wait(got: list[Any] = got, errors: list[BaseException] = errors) -> None:
+                try:
+                    got.append(waiter.acquire(key, timeout=30))
+                except BaseException as error:  # noqa: BLE001 - handed to the test thread
+                    errors.append(error)
+
+            waiting = threading.Thread(target=wait)
+            waiting.start()
+            # Not a timing assertion: the release below must work whether or not the waiter
+            # has queued yet; the pause only makes the queued case the usual one.
+            time.sleep(0.3)
+            first.release()
+            waiting.join(60)
+            assert errors == [] and len(got) == 1 and got[0].state == "held"
+            got[0].release()
+        assert squatter.is_held(name, TOKEN_A)
+        assert squatter.client.type(name) == b"string"
+        assert squatter.client.pttl(name) > 0
+    finally:
+        squatter.force_release(name)
+        squatter.close()
+        holder.close()
+        waiter.close()
+
+
+def test_a_lease_written_under_a_wake_list_a_watcher_blocks_on_costs_the_other_keys_nothing(
+    backend: RedisBackend, key: str
+) -> None:
+    # The squatting lease arrives while the watcher already blocks on that wake list: the
+    # watcher must drop that list (at its next refresh, or after its next BLPOP met WRONGTYPE)
+    # and keep serving the other keys.
+    other = f"{key}:other"
+    counter = WakeCounter()
+    squatter = RedisBackend(backend.client)  # the bare backend API, on the same server
+    [watcher] = _queued(backend, key, [counter])
+    try:
+        watcher.want(other)
+        assert wait_until(lambda: handoff_keys(other)[1] in watcher._blocking, 30)
+        squatted = handoff_keys(key)[1]
+        assert squatter.acquire(squatted, TOKEN_B, 60, "squatter")
+        assert wait_until(lambda: squatted not in watcher._wanted, 30)
+        assert backend.acquire(other, TOKEN_A, 30, "holder")
+        assert backend.release(other, TOKEN_A)
+        assert wait_until(lambda: counter.calls == [other], 30)
+        assert watcher.active
+        assert squatter.is_held(squatted, TOKEN_B) and squatter.client.pttl(squatted) > 0
+    finally:
+        watcher.close()
+        squatter.force_release(handoff_keys(key)[1])
+        squatter.close()

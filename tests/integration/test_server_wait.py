@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import socket
 import threading
+import time
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +15,7 @@ from typing import Any, Callable
 
 import pytest
 import requests
-from lease_lock import Locker, Retry
+from lease_lock import Locker, LockHeldError, Retry
 from lease_lock.backends.http import HttpBackend
 from lease_lock.backends.memory import MemoryBackend
 from lease_lock.server import LockServiceApp, create_app
@@ -255,3 +259,63 @@ def test_the_client_falls_back_without_the_extension(tmp_path: Path) -> None:
         finally:
             holder.close()
             waiter.close()
+
+
+def _free_after_release(url: str, api_key: str, key: str, release: Callable[[], None]) -> float:
+    """Seconds from ``release()`` until another client's plain acquisition of ``key`` is granted
+    (tried every 20 ms; at most 10 s)."""
+    with _session(api_key) as other:
+        released = time.monotonic()
+        release()
+        token = str(uuid.uuid4())
+        while _acquire(other, url, key, token).status_code != 201:
+            assert time.monotonic() - released < 10
+            time.sleep(0.02)
+        return time.monotonic() - released
+
+
+def test_a_wait_the_locker_gave_up_gives_its_grant_back_at_once(rig: Any) -> None:
+    # A waiting acquisition times out on the client while its waiting request is still held by
+    # the server; the next release grants that request. Nobody will claim it, so the key must
+    # be free again at once, not after the client's claim window (2 s).
+    _app, recorder, url, keys = rig
+    holder, waiter = _locker(url, keys["alpha"]), _locker(url, keys["alpha"])
+    lease = "/locks/abandoned/lease"
+    try:
+        held = holder.acquire("abandoned", ttl=30)
+        with pytest.raises(LockHeldError):
+            waiter.acquire("abandoned", timeout=1.0)
+        assert any(m == "POST" and p == lease and prefer for m, p, prefer in recorder.seen)
+        free_after = _free_after_release(url, keys["alpha"], "abandoned", held.release)
+        print(f"key free {free_after:.3f} s after the release that granted an abandoned wait")
+        assert free_after < 1.0  # the claim window was 2 s
+    finally:
+        holder.close()
+        waiter.close()
+
+
+def test_a_waiting_request_whose_client_left_is_not_granted(rig: Any) -> None:
+    # A client that closed its connection while the server held its waiting acquisition (a
+    # killed process, a client-side timeout) can claim nothing: the server neither keeps its
+    # waiting slot nor grants it the key at the next release.
+    app, _recorder, url, keys = rig
+    with _session(keys["alpha"]) as holder:
+        token = str(uuid.uuid4())
+        assert _acquire(holder, url, "left", token).status_code == 201
+        host, port = urllib.parse.urlsplit(url).netloc.split(":")
+        body = json.dumps({"ttl_seconds": 30}).encode()
+        request = (
+            f"POST /locks/left/lease HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {keys['alpha']}\r\n"
+            f"X-Volcano-Lock-Token: {uuid.uuid4()}\r\nPrefer: wait=30\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        with socket.create_connection((host, int(port)), timeout=10) as gone:
+            gone.sendall(request)
+            assert wait_until(lambda: app.waits is not None and app.waits.waiting == 1, 20)
+        assert wait_until(lambda: app.waits.waiting == 0, 20)  # its slot is free again
+
+        def release() -> None:
+            answer = holder.delete(f"{url}/locks/left/lease", headers={"X-Volcano-Lock-Token": token}, timeout=10)
+            assert answer.status_code == 204
+
+        assert _free_after_release(url, keys["alpha"], "left", release) < 1.0

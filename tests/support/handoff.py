@@ -52,3 +52,58 @@ def hand_key_round(lockers: list[Locker], key: str, rounds: int) -> None:
     finally:
         for locker in lockers:
             locker.close()
+
+
+def contend(url: str, table: str, key: str, rounds: int, hold: float, rest: float) -> None:
+    """A process taking ``key`` ``rounds`` times from the PostgreSQL table ``table``: it holds
+    each grant ``hold`` seconds and rests ``rest`` seconds after each release, then prints one
+    JSON line: its grant and release times and the times a hand-off wake reached a waiter here
+    (all ``time.time()``, comparable between the processes of one host)."""
+    import json
+    import time
+
+    from lease_lock.backends.postgres import PostgresBackend
+    from lease_lock.waiting import ReleaseDispatcher
+
+    wakes: list[float] = []
+    deliver = ReleaseDispatcher._on_handoff
+
+    def noted(self: ReleaseDispatcher, name: str) -> bool:
+        taken = deliver(self, name)
+        if taken:
+            wakes.append(time.time())
+        return taken
+
+    ReleaseDispatcher._on_handoff = noted  # type: ignore[method-assign]
+    locker = Locker(PostgresBackend.from_url(url, table=table), ttl=30)
+    locker.owns_backend = True
+    grants: list[float] = []
+    releases: list[float] = []
+    try:
+        for _ in range(rounds):
+            lock = locker.acquire(key, timeout=120)
+            grants.append(time.time())
+            time.sleep(hold)
+            releases.append(time.time())
+            lock.release()
+            time.sleep(rest)
+    finally:
+        locker.close()
+    print(json.dumps({"grants": grants, "releases": releases, "wakes": wakes}), flush=True)
+
+
+def wait_forever(url: str, table: str, key: str) -> None:
+    """A process waiting for ``key`` (until it is stopped or killed)."""
+    from lease_lock.backends.postgres import PostgresBackend
+
+    locker = Locker(PostgresBackend.from_url(url, table=table), ttl=30)
+    locker.acquire(key, timeout=600)
+
+
+if __name__ == "__main__":  # pragma: no cover - run as a child process by the tests
+    import sys
+
+    if sys.argv[1] == "contend":
+        contend(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), float(sys.argv[6]), float(sys.argv[7]))
+    else:
+        wait_forever(sys.argv[2], sys.argv[3], sys.argv[4])

@@ -495,7 +495,7 @@ class PostgresBackend(ServiceStore):
         parameters = self._listen_parameters()
         watcher = PostgresHandoffWatcher(
             parameters, self.names.channel, callback, self.names.label,
-            lambda key: self.inspect(key).expires_in, self.names.turns_channel,
+            lambda key: self.inspect(key).expires_in, self.names.turns_channel, self.names.woken_channel,
         )
         self._watchers.append(watcher)
         return watcher

@@ -20,7 +20,7 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: PostgreSQL truncates identifiers longer than NAMEDATALEN - 1 bytes.
 _MAX_IDENTIFIER = 63
 #: Every derived object appends one of these; all are six characters long.
-_SUFFIXES = ("_fence", "_count", "_freed")
+_SUFFIXES = ("_fence", "_count", "_freed", "_turns", "_woken")
 _MAX_TABLE = _MAX_IDENTIFIER - max(len(suffix) for suffix in _SUFFIXES)
 
 
@@ -36,7 +36,8 @@ class Names:
     human-readable qualified table name; ``channel`` is the NOTIFY channel of releases (tables
     of the same name in different schemas share it, which can only cause an extra wake-up) and
     ``turns_channel`` the one on which a waiting process announces a hand-off turn it gave up;
-    ``gate`` is
+    ``woken_channel`` the one on which a listener says that a release woke a waiter of its
+    process; ``gate`` is
     the first half of the two-int advisory lock that serialises the fenced grants of one key.
     """
 
@@ -47,6 +48,7 @@ class Names:
     counters: str
     channel: str
     turns_channel: str
+    woken_channel: str
     gate: int
 
 
@@ -92,6 +94,7 @@ def resolve_names(table: object, schema: object = None) -> Names:
         counters=f"{prefix}{_quote(table + '_count')}",
         channel=f"{table}_freed",
         turns_channel=f"{table}_turns",
+        woken_channel=f"{table}_woken",
         gate=gate,
     )
 

@@ -18,7 +18,7 @@ import psycopg2.extensions
 from ..base import ReleaseWatcher
 from ..handoff import HandoffWatcher
 
-__all__ = ["TURN_RETRY", "PostgresHandoffWatcher", "PostgresReleaseWatcher"]
+__all__ = ["TURN_RETRY", "UNANSWERED_WAKE", "PostgresHandoffWatcher", "PostgresReleaseWatcher"]
 
 logger = logging.getLogger("lease_lock")
 
@@ -127,13 +127,18 @@ class PostgresReleaseWatcher(ReleaseWatcher):
         return conn
 
     def _listen(self, conn: Any) -> None:
+        heard = time.monotonic()
         while not self._stop.is_set():
-            readable, _, _ = select.select([conn, self._wake_read], [], [], _PING_AFTER)
+            wait = min(_PING_AFTER, max(0.0, heard + _PING_AFTER - time.monotonic()), self._next_due())
+            readable, _, _ = select.select([conn, self._wake_read], [], [], wait)
             if self._stop.is_set():
                 return
-            if not readable:
+            if conn in readable:
+                heard = time.monotonic()
+            elif time.monotonic() - heard >= _PING_AFTER:
                 with conn.cursor() as cursor:
                     cursor.execute("SELECT 1")
+                heard = time.monotonic()
             if self._wake_read in readable:
                 os.read(self._wake_read, 4096)
             conn.poll()
@@ -155,12 +160,22 @@ class PostgresReleaseWatcher(ReleaseWatcher):
         self._callback(key)
 
     def _between(self, conn: Any) -> None:
-        """Work queued for the listening connection by other threads (none here)."""
+        """Work queued for the listening connection by other threads or come due (none here)."""
+
+    def _next_due(self) -> float:
+        """Seconds until :meth:`_between` has work that comes due by time (never, here)."""
+        return _PING_AFTER
 
 
 #: How long a listener refused a hand-off turn waits before asking again at a release (a turn
 #: given up is announced, and answered at once).
 TURN_RETRY = 0.1
+#: How long a release may go unanswered by the turn's holder before the other waiting processes
+#: wake a waiter of their own: the holder says on ``woken_channel`` that it woke one, and a
+#: holder that cannot (its process paused: SIGSTOP, a frozen container, a debugger) keeps the
+#: turn, since its connection lives on, but holds every later hand-off back by this much at
+#: most. The same bound as an outstanding wake on Redis.
+UNANSWERED_WAKE = 0.25
 
 
 def turn_id(label: str, key: str) -> tuple[int, int]:
@@ -191,6 +206,11 @@ class PostgresHandoffWatcher(PostgresReleaseWatcher, HandoffWatcher):
     announced on ``turns_channel``, which the others answer at once, and otherwise a listener
     asks again only :data:`TURN_RETRY` seconds after its last failure (a turn whose holder's
     connection died ends without an announcement).
+
+    A holder whose process is paused keeps the turn (its connection stays open) but can no
+    longer act on it. So the holder that woke a waiter says so on ``woken_channel``, and a
+    release of a wanted key that nobody answered that way within :data:`UNANSWERED_WAKE`
+    wakes a waiter here all the same (the first listener to do so says so in turn).
     """
 
     def __init__(
@@ -201,10 +221,16 @@ class PostgresHandoffWatcher(PostgresReleaseWatcher, HandoffWatcher):
         label: str,
         lease_left: Callable[[str], Optional[float]],
         turns_channel: str,
+        woken_channel: str,
     ) -> None:
         self._label = label
         self._lease_left = lease_left
         self._turns_channel = turns_channel
+        self._woken_channel = woken_channel
+        # key -> time.monotonic() by which a release of it, heard while another listener held
+        # its turn, must have been answered on woken_channel.
+        self._unanswered: dict[str, float] = {}
+        self._woken: set[str] = set()  # wakes this listener delivered, to announce
         # key -> time.monotonic() of this listener's last failed try for its turn.
         self._refused: dict[str, float] = {}
         self._mutex = threading.Lock()
@@ -230,6 +256,7 @@ class PostgresHandoffWatcher(PostgresReleaseWatcher, HandoffWatcher):
         with self._mutex:
             self._wanted.discard(key)
             self._refused.pop(key, None)
+            self._unanswered.pop(key, None)
             self._give_up.add(key)
         self._poke()
 
@@ -255,16 +282,25 @@ class PostgresHandoffWatcher(PostgresReleaseWatcher, HandoffWatcher):
         super().close()
 
     def _channels(self) -> list[str]:
-        return [self._channel, self._turns_channel]
+        return [self._channel, self._turns_channel, self._woken_channel]
 
     def _lost(self) -> None:
         with self._mutex:
+            self._unanswered.clear()
+            self._woken.clear()
             self._refused.clear()
             self._turns.clear()
             self._give_up.clear()
             self._drop.clear()
 
+    def _next_due(self) -> float:
+        with self._mutex:
+            if not self._unanswered:
+                return _PING_AFTER
+            return max(0.0, min(self._unanswered.values()) - time.monotonic())
+
     def _between(self, conn: Any) -> None:
+        now = time.monotonic()
         with self._mutex:
             give_up = [
                 key for key in self._give_up | self._drop
@@ -274,7 +310,16 @@ class PostgresHandoffWatcher(PostgresReleaseWatcher, HandoffWatcher):
             self._give_up.clear()
             self._drop.clear()
             announce, self._announce = self._announce, set()
-        if not give_up and not announce:
+            due = [key for key, deadline in self._unanswered.items() if deadline <= now]
+            for key in due:
+                del self._unanswered[key]
+        # Nobody answered these releases in time: the turn's holder is stuck, so a waiter here
+        # tries instead (it is announced like any wake, so the others stand down).
+        woken = {key for key in due if key in self._wanted and self._callback(key)}
+        with self._mutex:
+            woken |= self._woken
+            self._woken = set()
+        if not give_up and not announce and not woken:
             return
         with conn.cursor() as cursor:
             for key in give_up:
@@ -282,6 +327,8 @@ class PostgresHandoffWatcher(PostgresReleaseWatcher, HandoffWatcher):
                 cursor.execute("SELECT pg_notify(%s, %s)", (self._turns_channel, key))
             for key in announce:
                 cursor.execute("SELECT pg_notify(%s, %s)", (self._channel, key))
+            for key in woken:
+                cursor.execute("SELECT pg_notify(%s, %s)", (self._woken_channel, key))
 
     def _take_turn(self, conn: Any, key: str, *, announced: bool) -> bool:
         """Whether this connection holds ``key``'s turn, asking for it when it was announced
@@ -308,6 +355,10 @@ class PostgresHandoffWatcher(PostgresReleaseWatcher, HandoffWatcher):
     def _deliver(self, conn: Any, channel: str, key: str, sender: int) -> None:
         if sender == self._pid:
             return  # a wake or a turn this listener gave back is for the other processes
+        if channel == self._woken_channel:
+            with self._mutex:
+                self._unanswered.pop(key, None)
+            return
         if channel == self._turns_channel:
             # A turn was given up: the key was granted to its waiter or the waiter left (a
             # release it did not use was announced on the release channel), so taking the
@@ -315,8 +366,16 @@ class PostgresHandoffWatcher(PostgresReleaseWatcher, HandoffWatcher):
             self._take_turn(conn, key, announced=True)
             return
         if not self._take_turn(conn, key, announced=False):
-            return  # another process is next in line
-        if not self._callback(key):
+            with self._mutex:
+                if key in self._wanted:
+                    # Another process is next in line; it has UNANSWERED_WAKE to say it woke.
+                    self._unanswered.setdefault(key, time.monotonic() + UNANSWERED_WAKE)
+            return
+        if self._callback(key):
+            with self._mutex:
+                self._woken.add(key)
+        else:
             self.requeue(key)
-            # Unlock and announce now, in that order, so the others find the turn free.
-            self._between(conn)
+        # Unlock and announce now, in that order, so the others find the turn free; and say
+        # that a waiter here was woken, so that the others do not wake one of their own.
+        self._between(conn)

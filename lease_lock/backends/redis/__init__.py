@@ -43,6 +43,7 @@ from ._url import (
     start_counting_retries,
 )
 from ._watch import (
+    HANDOFF_CONTROL_PREFIX,
     OUTSTANDING_MS,
     WAKE_MS,
     RedisHandoffWatcher,
@@ -51,7 +52,7 @@ from ._watch import (
     release_channel,
 )
 
-__all__ = ["RedisBackend", "fence_key", "handoff_keys", "hash_tag", "is_fence_key"]
+__all__ = ["RedisBackend", "fence_key", "handoff_keys", "hash_tag", "is_fence_key", "store_structure"]
 
 #: A fence counter outlives the last grant of its key by a day (or by the lease, if longer).
 _COUNTER_LIFETIME_MS = 86_400_000
@@ -70,6 +71,27 @@ def hash_tag(key: str) -> Optional[str]:
     return None
 
 
+#: The structures the backend keeps beside a key, by the suffix that names them: each is
+#: ``<key>:<suffix>`` for a key with a hash tag, ``{<key>}:<suffix>`` for any other, so that it
+#: shares the key's hash slot. A lock key named like one is refused (see
+#: :meth:`RedisBackend.check_key`); a structure added later is added here.
+_BESIDE_KEY = {
+    ":fence": "fence counter",
+    ":waiting": "waiting marker",
+    ":wake": "wake list",
+}
+#: The structures the backend keeps under names of its own, by prefix; lock keys may not start
+#: with one.
+_RESERVED_PREFIXES = {
+    _COUNTER_PREFIX: "rate counter",
+    HANDOFF_CONTROL_PREFIX: "hand-off control list",
+}
+
+
+def _beside(key: str, suffix: str) -> str:
+    return f"{key}{suffix}" if hash_tag(key) is not None else f"{{{key}}}{suffix}"
+
+
 def fence_key(key: str) -> str:
     """The name of ``key``'s fence counter, in the same hash slot as ``key``.
 
@@ -77,25 +99,36 @@ def fence_key(key: str) -> str:
     (``{key}:fence``). The second form lands in another slot when ``key`` contains ``}``, which
     only matters on a Cluster (see :meth:`RedisBackend.check_key`).
     """
-    return f"{key}:fence" if hash_tag(key) is not None else f"{{{key}}}:fence"
+    return _beside(key, ":fence")
 
 
 def handoff_keys(key: str) -> tuple[str, str]:
     """The names of ``key``'s waiting marker and wake list, in the same hash slot as ``key``
     (formed like :func:`fence_key`; see :mod:`lease_lock.backends.handoff`). Neither is a
     string, so :meth:`RedisBackend.scan` never lists them."""
-    base = key if hash_tag(key) is not None else f"{{{key}}}"
-    return f"{base}:waiting", f"{base}:wake"
+    return _beside(key, ":waiting"), _beside(key, ":wake")
+
+
+def store_structure(key: str) -> Optional[str]:
+    """What ``key`` names among the backend's own structures (``"fence counter"``,
+    ``"wake list"``, ...) when it is the name of one for some other key, else ``None``."""
+    for prefix, what in _RESERVED_PREFIXES.items():
+        if key.startswith(prefix):
+            return what
+    for suffix, what in _BESIDE_KEY.items():
+        if not key.endswith(suffix):
+            continue
+        base = key[: -len(suffix)]
+        if hash_tag(base) is not None:
+            return what  # the structure of ``base`` itself
+        if base.startswith("{") and base.endswith("}") and _beside(base[1:-1], suffix) == key:
+            return what
+    return None
 
 
 def is_fence_key(key: str) -> bool:
     """``True`` if ``key`` is the name of another key's fence counter (see :func:`fence_key`)."""
-    if not key.endswith(":fence"):
-        return False
-    base = key[: -len(":fence")]
-    if hash_tag(base) is not None and fence_key(base) == key:
-        return True
-    return base.startswith("{") and base.endswith("}") and fence_key(base[1:-1]) == key
+    return store_structure(key) == _BESIDE_KEY[":fence"]
 
 
 _Call = TypeVar("_Call", bound=Callable[..., Any])
@@ -670,11 +703,14 @@ class RedisBackend(ServiceStore):
     # -- validation hooks ----------------------------------------------------------------------
 
     def check_key(self, key: str) -> None:
-        """Refuse keys named like another key's fence counter, and on a Cluster keys whose
-        fence counter could not share their hash slot."""
-        if is_fence_key(key):
+        """Refuse keys named like one of the backend's own structures (the fence counter,
+        waiting marker or wake list of another key, a rate counter, a hand-off control list),
+        and on a Cluster keys whose fence counter could not share their hash slot."""
+        what = store_structure(key)
+        if what is not None:
             raise ValidationError(
-                f"key {key!r} is the name of the fence counter of another key on Redis; "
-                "choose a key that does not end in ':fence' after a hash tag"
+                f"key {key!r} is the name of a {what} of lease_lock on Redis; choose a key that "
+                "does not end in ':fence', ':waiting' or ':wake' after a hash tag and does not "
+                f"start with {', '.join(repr(prefix) for prefix in _RESERVED_PREFIXES)}"
             )
         self._fence_key(key)

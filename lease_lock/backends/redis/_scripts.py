@@ -27,6 +27,8 @@ __all__ = [
     "FORCE_RELEASE",
     "GRANT_IF_FREE",
     "INSPECT",
+    "MARK_WAITING",
+    "PUSH_WAKE",
     "RELEASE",
     "Script",
 ]
@@ -91,7 +93,9 @@ local mine = ARGV[1]
 # waiter's turn: the wake then stays outstanding that long, while the loser tries again on its
 # own (see TURN_RETRY_MS in _watch). Needs the locals of _READ_LEASE.
 _ANSWER_WAKE = """
-if ARGV[6] == '1' then
+-- Only a hash is a marker: a lease written under its name through the bare backend API is
+-- left alone.
+if ARGV[6] == '1' and redis.call('TYPE', KEYS[#KEYS]).ok == 'hash' then
   local kept = tonumber(ARGV[7] or '0')
   if kept > 0 and current and string.sub(current, 1, #mine) ~= mine then
     local now = redis.call('TIME')
@@ -187,7 +191,13 @@ _ANNOUNCE = (
     + """
 local function announce(channel, message, wake_ms, outstanding_ms)
   redis.call('PUBLISH', channel, message)
-  if redis.call('EXISTS', KEYS[2]) == 1 then
+  -- Only a hash is a marker and only a list a wake list: a lease written under either name
+  -- through the bare backend API is neither read nor replaced (its waiters poll instead).
+  if redis.call('TYPE', KEYS[2]).ok == 'hash' then
+    local wakes = redis.call('TYPE', KEYS[3]).ok
+    if wakes ~= 'list' and wakes ~= 'none' then
+      return
+    end
     local now = redis.call('TIME')
     local millis = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
     local due = tonumber(redis.call('HGET', KEYS[2], 'o') or '')
@@ -294,5 +304,42 @@ end
     + """
 redis.call('SET', KEYS[1], mine .. fence .. '|' .. ARGV[3], 'PX', ARGV[2])
 return fence
+"""
+)
+
+# The hand-off names of a key may hold a lease written through the bare backend API, which a
+# watcher must neither turn into a marker or a wake list nor give a new expiry. Run with EVAL
+# (in the watcher's pipelines, where no EVALSHA fallback can follow a lost script cache).
+_HANDOFF_NAMES_FREE = """
+local marker = redis.call('TYPE', KEYS[1]).ok
+local wakes = redis.call('TYPE', KEYS[2]).ok
+local free = (marker == 'hash' or marker == 'none') and (wakes == 'list' or wakes == 'none')
+"""
+
+#: KEYS[1] the key's waiting marker, KEYS[2] its wake list. ARGV[1] the marker's life in ms.
+#: Sets (or refreshes) the marker; returns 1, or 0 when either name holds something else.
+MARK_WAITING = Script(
+    _HANDOFF_NAMES_FREE
+    + """
+if not free then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'w', '1')
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
+)
+
+#: KEYS[1] the key's waiting marker, KEYS[2] its wake list. ARGV[1] the wake's life in ms.
+#: Pushes a wake back; returns 1, or 0 when either name holds something else.
+PUSH_WAKE = Script(
+    _HANDOFF_NAMES_FREE
+    + """
+if not free then
+  return 0
+end
+redis.call('LPUSH', KEYS[2], '1')
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
+return 1
 """
 )

@@ -18,9 +18,10 @@ from redis.exceptions import RedisError
 
 from ..base import ReleaseWatcher
 from ..handoff import HandoffWatcher
+from ._scripts import MARK_WAITING, PUSH_WAKE, Script
 
 __all__ = [
-    "OUTSTANDING_MS", "TURN_RETRIES", "TURN_RETRY_MS", "WAKE_MS",
+    "HANDOFF_CONTROL_PREFIX", "OUTSTANDING_MS", "TURN_RETRIES", "TURN_RETRY_MS", "WAKE_MS",
     "RedisHandoffWatcher", "RedisReleaseWatcher", "Turns", "release_channel",
 ]
 
@@ -36,6 +37,12 @@ _MAX_RETRY = 1.0
 def release_channel(db: int) -> str:
     """The pub/sub channel on which releases of keys in database ``db`` are announced."""
     return f"lease_lock:released:{db}"
+
+
+def _run_in(client: Any, script: Script, *args: Any) -> Any:
+    """Queue (on a pipeline) or run ``script`` with two keys and one argument, by its text:
+    a pipeline's reply comes too late for an EVALSHA to fall back on."""
+    return client.execute_command("EVAL", script.lua, *script.args(args[:2], args[2:]))
 
 
 class RedisReleaseWatcher(ReleaseWatcher):
@@ -116,6 +123,8 @@ class RedisReleaseWatcher(ReleaseWatcher):
             pubsub.close()
 
 
+#: The names of the watchers' private control lists start with this.
+HANDOFF_CONTROL_PREFIX = "lease_lock:handoff:"
 #: How long a waiting marker lives without a refresh; the watcher refreshes it every
 #: ``_MARKER_REFRESH`` seconds while it waits for the key.
 _MARKER_MS = 5000
@@ -233,7 +242,7 @@ class RedisHandoffWatcher(HandoffWatcher):
         self._callback = callback
         self._translate = translate
         self._turns = turns
-        self._control = f"lease_lock:handoff:{uuid.uuid4().hex}"
+        self._control = f"{HANDOFF_CONTROL_PREFIX}{uuid.uuid4().hex}"
         self._mutex = threading.Lock()
         self._wanted: dict[str, str] = {}  # wake list -> key
         self._refreshed = 0.0
@@ -267,18 +276,22 @@ class RedisHandoffWatcher(HandoffWatcher):
             if wake in self._blocking and time.monotonic() - self._refreshed < _MARKER_REFRESH:
                 return None
         pipe = self._client.pipeline(transaction=False)
-        pipe.hset(marker, "w", "1")
-        pipe.pexpire(marker, _MARKER_MS)
+        _run_in(pipe, MARK_WAITING, marker, wake, _MARKER_MS)
         pipe.lpush(self._control, "1")
         pipe.pexpire(self._control, WAKE_MS)
         pipe.pttl(key)
         try:
-            left_ms = int(pipe.execute()[-1])
+            replies = pipe.execute()
         except Exception as exc:
             translated = self._translate(exc)
             if translated is None:
                 raise
             raise translated from exc
+        if not replies[0]:
+            # A hand-off name of the key holds something else (a lease written through the bare
+            # backend API): no wake can come, so the waiter polls, and BLPOP leaves the name be.
+            self._unusable(key)
+        left_ms = int(replies[-1])
         # PTTL: -2 for a missing key (released before the marker was up), -1 for no expiry.
         if left_ms == -2:
             return 0.0
@@ -300,12 +313,9 @@ class RedisHandoffWatcher(HandoffWatcher):
 
     def requeue(self, key: str) -> None:
         """Push a wake back for another watcher."""
-        _, wake = self._names(key)
-        pipe = self._client.pipeline(transaction=False)
-        pipe.lpush(wake, "1")
-        pipe.pexpire(wake, WAKE_MS)
+        marker, wake = self._names(key)
         with contextlib.suppress(RedisError, OSError):
-            pipe.execute()
+            _run_in(self._client, PUSH_WAKE, marker, wake, WAKE_MS)
 
     def close(self) -> None:
         """Stop the thread (it notices within one ``BLPOP`` block). Idempotent."""
@@ -316,6 +326,27 @@ class RedisHandoffWatcher(HandoffWatcher):
             self._client.pexpire(self._control, WAKE_MS)
         if self._thread is not threading.current_thread():
             self._thread.join(self._block * 5 + _POLL)
+
+    def _mark(self, wanted: dict[str, str]) -> None:
+        """Refresh the markers of ``wanted`` (wake list -> key) in one round trip; a key whose
+        hand-off names hold something else leaves ``wanted`` and the keys blocked on."""
+        keys = list(wanted.values())
+        pipe = self._client.pipeline(transaction=False)
+        for key in keys:
+            _run_in(pipe, MARK_WAITING, *self._names(key), _MARKER_MS)
+        for key, marked in zip(keys, pipe.execute()):
+            if not marked:
+                self._unusable(key)
+                wanted.pop(self._names(key)[1], None)
+
+    def _unusable(self, key: str) -> None:
+        """Stop blocking on ``key``'s wake list, whose name holds something else."""
+        _, wake = self._names(key)
+        with self._mutex:
+            self._wanted.pop(wake, None)
+        _log.warning(
+            "a hand-off name of lock key %r holds something else; its waiters poll instead", key
+        )
 
     def _run(self) -> None:
         delay = _FIRST_RETRY
@@ -339,16 +370,13 @@ class RedisHandoffWatcher(HandoffWatcher):
             self._blocking = frozenset()
         now = time.monotonic()
         if wanted and now - self._refreshed >= _MARKER_REFRESH:
-            pipe = self._client.pipeline(transaction=False)
-            for key in wanted.values():
-                marker, _ = self._names(key)
-                pipe.hset(marker, "w", "1")
-                pipe.pexpire(marker, _MARKER_MS)
-            pipe.execute()
+            self._mark(wanted)
             self._refreshed = now
         self._active = True
         with self._mutex:
             self._blocking = frozenset(wanted)
+        # A lease written under a wake list's name since the last refresh fails this BLPOP
+        # (WRONGTYPE) like a lost connection; the next refresh, within a second, drops it.
         reply = self._client.blpop([self._control, *wanted], timeout=self._block)
         if reply is None or self._stop.is_set():
             return
