@@ -15,11 +15,11 @@ no NUL. So a guard needs no read before the write, and the owner rides in the sa
   only grows; a key created again after a release or an expiry gets the revision of that new
   write, so every later grant has a larger fence, and extending or re-acquiring (a put on the
   existing key) keeps it.
-- **extend** with the lease's own length: a guarded read of the key's lease, then a keep-alive
-  of that lease. With another length, the key moves to a new lease of that length (a guarded
+- **extend** with the lease's own length: a read of the key (its token checked, its lease
+  noted), then a keep-alive of that lease. With another length, the key moves to a new lease of that length (a guarded
   put that keeps the value) and the old lease is revoked: the new expiry replaces the old one.
 - **release** / **force_release**: a (guarded) delete, then the key's lease is revoked.
-- **extend_many**: the guarded reads of up to 100 keys in one transaction, then one keep-alive
+- **extend_many**: the reads of up to 100 keys in one transaction, then one keep-alive
   request carrying all their leases.
 
 TTLs: etcd grants whole seconds, at least its minimum (2 s with the default 1 s election
@@ -321,20 +321,21 @@ class EtcdBackend(Backend):
         return True
 
     def _holder_leases(self, items: Sequence[tuple[bytes, str]]) -> list[Optional[str]]:
-        """The lease of each key its token holds (``None`` where it does not), in one transaction."""
-        answer = self._txn([], [
-            {"request_txn": {
-                "compare": self._guard(name, token),
-                "success": [{"request_range": {"key": b64(name)}}],
-                "failure": [],
-            }}
-            for name, token in items
-        ])
+        """The lease of each key its token holds (``None`` where it does not), in one read.
+
+        The read is serializable: the member asked answers from its own state, without the
+        leader. During an election a linearizable read stalls for etcd's whole request timeout
+        (7 s), which no short lease survives; a serializable one answers at once. What it may
+        miss (a write the member has not applied yet) is caught by the keep-alive that
+        follows, which goes to the leader: a released, expired or force-released key's lease
+        was revoked with it, so its keep-alive answers that the lease is gone.
+        """
+        answer = self._txn([], [{"request_range": {"key": b64(name), "serializable": True}} for name, _token in items])
         leases: list[Optional[str]] = []
-        for response in answer.get("responses", []):
-            nested = response["response_txn"]
-            kvs = nested["responses"][0]["response_range"].get("kvs", []) if nested.get("succeeded") else []
-            leases.append(str(kvs[0].get("lease", "0")) if kvs else None)
+        for (_name, token), response in zip(items, answer.get("responses", [])):
+            kvs = response["response_range"].get("kvs", [])
+            held = bool(kvs) and unb64(kvs[0].get("value")).startswith(token.encode() + b"\x00")
+            leases.append(str(kvs[0].get("lease", "0")) if held else None)
         return leases
 
     def extend(self, key: str, token: str, ttl: float) -> bool:

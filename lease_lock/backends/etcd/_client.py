@@ -86,7 +86,8 @@ class EtcdClient:
     """POSTs JSON to a list of etcd members, failing over between them.
 
     ``endpoints`` are base URLs (``http://127.0.0.1:2379``); ``session`` carries TLS settings
-    (``verify``, ``cert``) and pooling; ``timeout`` bounds each request's connect and each read.
+    (``verify``, ``cert``) and pooling; ``timeout`` bounds each request's connect and each read
+    (half of it for keep-alives).
     """
 
     def __init__(
@@ -236,7 +237,10 @@ class EtcdClient:
     def _keepalive_round(self, endpoint: str, leases: Sequence[str]) -> dict[str, int]:
         body = "".join(json.dumps({"ID": lease}) for lease in leases)
         try:
-            response = self.send(endpoint + "/v3/lease/keepalive", body, self._headers(endpoint), self.timeout)
+            # Half the timeout: a keep-alive is safe to repeat, and a member whose leader just
+            # died holds one until it learns of the next leader, while another member may
+            # already know it.
+            response = self.send(endpoint + "/v3/lease/keepalive", body, self._headers(endpoint), self.timeout / 2)
         except EtcdError as error:
             if error.code != _CODE_UNAUTHENTICATED or self._user is None:
                 raise
