@@ -16,6 +16,7 @@ from lease_lock.backends import backend_from_url
 from lease_lock.backends.etcd import EtcdBackend, EtcdError, lease_seconds
 from lease_lock.testing import BackendContract, wait_until
 
+from tests.support.children import check_forked_children_beside_the_parent
 from tests.support.etcd_server import EtcdCluster, EtcdFactory
 from tests.support.ports import free_port
 
@@ -328,3 +329,28 @@ def test_a_waiter_is_woken_by_the_watch_instead_of_polling(etcd_server: EtcdClus
         holder.close()
         waiter.close()
         waiter.backend.close()
+
+
+# -- fork ----------------------------------------------------------------------------------------
+
+
+def test_forked_children_use_a_session_of_their_own(etcd_server: EtcdCluster, key: str) -> None:
+    backend = EtcdBackend.from_url(etcd_server.url)
+    # What a child must not reuse: the parent's pooled connections live in its session.
+    parent_session = backend._client.session
+
+    def child_cycles(index: int) -> int:
+        if backend._client.session is parent_session:
+            return 1
+        wrong = 0
+        for cycle in range(20):
+            mine = token()
+            name = f"{key}:child{index}:{cycle}"
+            wrong += not backend.acquire(name, mine, 30, OWNER)
+            wrong += not backend.release(name, mine)
+        return wrong
+
+    try:
+        check_forked_children_beside_the_parent(backend, child_cycles, token())
+    finally:
+        backend.close()
