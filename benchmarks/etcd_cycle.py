@@ -1,7 +1,7 @@
 """Acquire+release cycles and hand-off latency on etcd, side by side in one run.
 
     python -m benchmarks.etcd_cycle [--url etcd://127.0.0.1:2379 | --start 3]
-                                    [--seconds 4] [--handoffs 50] [--json PATH]
+                                    [--seconds 4] [--handoffs 50] [--workers 8] [--json PATH]
 
 ``--start N`` starts a private N-member cluster on loopback for the run (the tests' helper, so
 the repository's ``tests`` package must be importable); otherwise ``--url`` names a cluster.
@@ -15,6 +15,10 @@ cycle time (see ``measure.py``):
 - ``backend acquire/release``: ``EtcdBackend`` primitives.
 - ``Locker`` and ``Locker fenced``: ``locker.acquire(key).release()``, the whole public path.
 
+Contended: ``--workers`` processes (and then one alone) loop ``locker.acquire(key).release()``
+on one key for ``--seconds``; the grants per second of all together against one process alone,
+and the fewest grants of one worker as a fraction of a fair share.
+
 Hand-off: a waiter blocks in ``Locker.acquire`` while another locker holds the key; the time
 from the start of the holder's release to the waiter holding the lock (p50/p99), next to a bare
 watch delivery: the time from the start of a delete sent by hand to a watch stream (opened by
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import multiprocessing
 import tempfile
 import threading
 import time
@@ -35,6 +40,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import requests
+from lease_lock import connect
 from lease_lock.backends.etcd import EtcdBackend
 from lease_lock.locker import Locker
 
@@ -164,6 +170,40 @@ def _watch_deliveries(endpoint: str, count: int) -> list[float]:
     return delays
 
 
+def _contend(url: str, key: str, seconds: float, ready: Any, start: Any, grants: Any) -> None:
+    """One worker process: acquire/release ``key`` in a loop for ``seconds``; count its grants."""
+    with connect(url, ttl=TTL) as locker:
+        ready.put(True)
+        start.wait()
+        deadline = time.monotonic() + seconds
+        count = 0
+        while time.monotonic() < deadline:
+            locker.acquire(key, timeout=60).release()
+            count += 1
+        grants.put(count)
+
+
+def _contended(url: str, workers: int, seconds: float) -> list[int]:
+    """Grants per worker when ``workers`` processes loop on one key for ``seconds``."""
+    context = multiprocessing.get_context("spawn")
+    start = context.Event()
+    ready, grants = context.Queue(), context.Queue()
+    key = f"bench:contended:{uuid.uuid4().hex[:8]}"
+    processes = [
+        context.Process(target=_contend, args=(url, key, seconds, ready, start, grants)) for _ in range(workers)
+    ]
+    for process in processes:
+        process.start()
+    # Spawned interpreters take a while to import; the clock starts for all of them at once.
+    for _ in processes:
+        ready.get(timeout=120)
+    start.set()
+    counts = [grants.get(timeout=seconds + 120) for _ in processes]
+    for process in processes:
+        process.join(60)
+    return counts
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Run every contestant and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
@@ -171,6 +211,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--start", type=int, default=0, metavar="N", help="start a private N-member cluster")
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--handoffs", type=int, default=50)
+    parser.add_argument("--workers", type=int, default=8, help="processes of the contended row")
     add_json_argument(parser)
     args = parser.parse_args(argv)
     factory: Any = None
@@ -220,7 +261,15 @@ def _run(url: str, args: argparse.Namespace) -> dict[str, Any]:
     print(f"{'hand-off':34} {'p50 ms':>9} {'p99 ms':>9}")
     for name, delays in (("Locker hand-off (watch)", handoffs), ("bare watch delivery", watch)):
         print(f"{name:34} {percentile(delays, 0.5) * 1000:9.2f} {percentile(delays, 0.99) * 1000:9.2f}")
+    alone = _contended(url, 1, args.seconds)[0] / args.seconds
+    counts = _contended(url, args.workers, args.seconds)
+    total = sum(counts) / args.seconds
+    fewest = min(counts) / (sum(counts) / len(counts)) if sum(counts) else 0.0
+    print(f"{'contended (one key)':34} {'grants/s':>9} {'vs 1 proc':>9} {'fewest/fair':>11}")
+    print(f"{'Locker, 1 process':34} {alone:9.1f}")
+    print(f"{f'Locker, {args.workers} processes':34} {total:9.1f} {total / alone:8.2f}x {fewest:11.2f}")
     return {
+        "contended": {"alone": alone, "workers": args.workers, "total": total, "fewest_of_fair": fewest},
         "cycles": cycles,
         "handoff_p50": percentile(handoffs, 0.5),
         "watch_p50": percentile(watch, 0.5),

@@ -11,11 +11,17 @@ from tests.test_benchmarks import run_benchmark, table_rows
 
 
 def test_etcd_cycle_prints_every_row(etcd_server: EtcdCluster) -> None:
-    output = run_benchmark("etcd_cycle", "--url", etcd_server.url, "--seconds", "0.3", "--handoffs", "5")
-    names = ("backend acquire/release", "Locker fenced", "Locker hand-off (watch)", "bare watch delivery")
+    output = run_benchmark(
+        "etcd_cycle", "--url", etcd_server.url, "--seconds", "0.3", "--handoffs", "5", "--workers", "2"
+    )
+    names = (
+        "backend acquire/release", "Locker fenced", "Locker hand-off (watch)", "bare watch delivery",
+        "Locker, 1 process", "Locker, 2 processes",
+    )
     rows = table_rows(output, *names)
     assert rows["Locker fenced"][-1].endswith("x") and float(rows["Locker fenced"][0]) > 0
     assert float(rows["Locker hand-off (watch)"][0]) > 0 and float(rows["bare watch delivery"][0]) > 0
+    assert float(rows["Locker, 2 processes"][0]) > 0 and 0 <= float(rows["Locker, 2 processes"][-1]) <= 1
 
 
 def test_etcd_election_prints_a_row_per_ttl() -> None:
