@@ -11,6 +11,7 @@ from typing import Any
 import lease_lock
 import pytest
 import requests
+from benchmarks.chaos_harness.proxy import TcpProxy
 from lease_lock import BackendUnavailableError, ExtendRequest, ValidationError
 from lease_lock.backends import backend_from_url
 from lease_lock.backends.etcd import EtcdBackend, EtcdError, lease_seconds
@@ -329,6 +330,30 @@ def test_a_waiter_is_woken_by_the_watch_instead_of_polling(etcd_server: EtcdClus
         holder.close()
         waiter.close()
         waiter.backend.close()
+
+
+def test_a_release_during_a_dropped_watch_stream_is_still_delivered(etcd_server: EtcdCluster, key: str) -> None:
+    member = etcd_server.members[0]
+    proxy = TcpProxy("127.0.0.1", member.client_port)
+    watching = EtcdBackend([f"http://127.0.0.1:{proxy.port}"])
+    writer = EtcdBackend(etcd_server.endpoints)
+    heard: list[str] = []
+    mine = token()
+    try:
+        assert writer.acquire(key, mine, 30, OWNER)
+        watcher = watching.watch_releases(heard.append)
+        assert wait_until(lambda: watcher.active, 30)
+        proxy.stall()
+        assert writer.release(key, mine)  # its event is held by the proxy, then dropped
+        assert proxy.cut() > 0
+        proxy.resume()
+        # The new stream starts from the revision after the last one the old stream showed.
+        assert wait_until(lambda: key in heard, 30)
+        watcher.close()
+    finally:
+        watching.close()
+        writer.close()
+        proxy.close()
 
 
 # -- fork ----------------------------------------------------------------------------------------

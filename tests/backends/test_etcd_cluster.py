@@ -269,3 +269,35 @@ def test_the_heartbeat_leaves_a_stalled_member_at_once(private_etcd_cluster: Etc
     finally:
         locker.close()
         backend.close()
+
+
+def test_the_watch_moves_to_another_member_when_its_member_dies(
+    private_etcd_cluster: EtcdCluster, key: str
+) -> None:
+    cluster = private_etcd_cluster
+    session = RecordingSession()
+    watching = EtcdBackend(cluster.endpoints, session=session)
+    writer = EtcdBackend(cluster.endpoints)
+    heard: list[str] = []
+    token = uuid.uuid4().hex
+    assert writer.acquire(key, token, 30, "test")
+    watcher = watching.watch_releases(heard.append)
+    try:
+        assert wait_until(lambda: watcher.active, 30)
+        watched = next(member for member in cluster.members if member.endpoint == session.hosts[-1])
+        watched.kill()
+        assert wait_until(lambda: _released(writer, key, token), 60, interval=0.2)
+        assert wait_until(lambda: key in heard, 60)
+        assert wait_until(lambda: watcher.active, 30)
+        assert session.hosts[-1] != watched.endpoint
+    finally:
+        watcher.close()
+        watching.close()
+        writer.close()
+
+
+def _released(backend: EtcdBackend, key: str, token: str) -> bool:
+    try:
+        return backend.release(key, token)
+    except BackendUnavailableError:
+        return False
