@@ -8,4 +8,5 @@ pytest_plugins: list[str] = [
     "tests.support.postgres_server",
     "tests.support.redis_server",
     "tests.support.http_server",
+    "tests.support.etcd_server",
 ]

@@ -40,6 +40,8 @@ SCHEMES: dict[str, Union[str, type[Backend]]] = {
     "postgres": "lease_lock.backends.postgres:PostgresBackend",
     "http": "lease_lock.backends.http:HttpBackend",
     "https": "lease_lock.backends.http:HttpBackend",
+    "etcd": "lease_lock.backends.etcd:EtcdBackend",
+    "etcds": "lease_lock.backends.etcd:EtcdBackend",
     # Stand-ins that read Django's settings and build the backend of the store they name.
     "django": "lease_lock.contrib.django._schemes:DjangoDatabase",
     "django-cache": "lease_lock.contrib.django._schemes:DjangoCache",
@@ -52,6 +54,7 @@ _DRIVERS: dict[str, tuple[tuple[str, ...], str]] = {
     "lease_lock.backends.redis": (("redis",), "redis"),
     "lease_lock.backends.postgres": (("psycopg2",), "postgres"),
     "lease_lock.backends.http": (("requests", "urllib3"), "http"),
+    "lease_lock.backends.etcd": (("requests", "urllib3"), "etcd"),
 }
 
 

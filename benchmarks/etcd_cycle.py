@@ -1,0 +1,280 @@
+"""Acquire+release cycles and hand-off latency on etcd, side by side in one run.
+
+    python -m benchmarks.etcd_cycle [--url etcd://127.0.0.1:2379 | --start 3]
+                                    [--seconds 4] [--handoffs 50] [--workers 8] [--json PATH]
+
+``--start N`` starts a private N-member cluster on loopback for the run (the tests' helper, so
+the repository's ``tests`` package must be importable); otherwise ``--url`` names a cluster.
+
+Cycle contestants, each alternating with the floor one cycle at a time and judged on the median
+cycle time (see ``measure.py``):
+
+- ``by hand with requests (floor)``: the four requests the backend sends for a cycle (a lease
+  grant, the "take it if free or ours" transaction, the token-guarded delete, the lease
+  revoke), typed by hand as JSON on a bare ``requests.Session`` to the same member.
+- ``backend acquire/release``: ``EtcdBackend`` primitives.
+- ``Locker`` and ``Locker fenced``: ``locker.acquire(key).release()``, the whole public path.
+
+Contended: ``--workers`` processes (and then one alone) loop ``locker.acquire(key).release()``
+on one key for ``--seconds``; the grants per second of all together against one process alone,
+and the fewest grants of one worker as a fraction of a fair share.
+
+Hand-off: a waiter blocks in ``Locker.acquire`` while another locker holds the key; the time
+from the start of the holder's release to the waiter holding the lock (p50/p99), next to a bare
+watch delivery: the time from the start of a delete sent by hand to a watch stream (opened by
+hand) reading its event.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import multiprocessing
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+import requests
+from lease_lock import connect
+from lease_lock.backends.etcd import EtcdBackend
+from lease_lock.locker import Locker
+
+from benchmarks.measure import add_json_argument, paired, percentile, write_json
+
+__all__ = ["main"]
+
+TTL = 30.0
+TOKEN = "b" * 32
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _raw_cycle(session: requests.Session, endpoint: str) -> Callable[[], None]:
+    """The backend's four requests for one cycle, by hand."""
+    name = _b64(f"lease_lock/bench:raw:{uuid.uuid4().hex[:8]}".encode())
+    value = _b64(TOKEN.encode() + b"\x00bench")
+    guard = [
+        {"key": name, "target": "VALUE", "result": "GREATER", "value": _b64(TOKEN.encode())},
+        {"key": name, "target": "VALUE", "result": "LESS", "value": _b64(TOKEN.encode() + b"\x01")},
+    ]
+
+    def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        answer: dict[str, Any] = session.post(endpoint + path, data=json.dumps(body), timeout=10).json()
+        return answer
+
+    def cycle() -> None:
+        lease = post("/v3/lease/grant", {"TTL": int(TTL)})["ID"]
+        put = {"key": name, "value": value, "lease": lease}
+        post("/v3/kv/txn", {
+            "compare": [{"key": name, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
+            "success": [{"request_put": put}],
+            "failure": [{"request_txn": {
+                "compare": guard,
+                "success": [{"request_put": {**put, "prev_kv": True}}, {"request_range": {"key": name}}],
+            }}],
+        })
+        deleted = post("/v3/kv/txn", {
+            "compare": guard, "success": [{"request_delete_range": {"key": name, "prev_kv": True}}]
+        })
+        assert deleted.get("succeeded"), deleted
+        post("/v3/lease/revoke", {"ID": lease})
+
+    return cycle
+
+
+def _backend_cycle(backend: EtcdBackend) -> Callable[[], None]:
+    key = f"bench:backend:{uuid.uuid4().hex[:8]}"
+
+    def cycle() -> None:
+        backend.acquire(key, TOKEN, TTL, "bench")
+        backend.release(key, TOKEN)
+
+    return cycle
+
+
+def _locker_cycle(locker: Locker) -> Callable[[], None]:
+    key = f"bench:locker:{uuid.uuid4().hex[:8]}"
+
+    def cycle() -> None:
+        locker.acquire(key).release()
+
+    return cycle
+
+
+def _wait_for(waiter: Locker, key: str, held_at: list[float], got: threading.Event) -> None:
+    with waiter.lock(key, timeout=60):
+        held_at.append(time.perf_counter())
+        got.set()
+
+
+def _handoffs(url: str, count: int) -> list[float]:
+    """Seconds from the start of each release to the waiter holding the lock."""
+    holder = Locker(EtcdBackend.from_url(url), ttl=TTL)
+    waiter = Locker(EtcdBackend.from_url(url), ttl=TTL)
+    key = f"bench:handoff:{uuid.uuid4().hex[:8]}"
+    delays: list[float] = []
+    try:
+        for _ in range(count):
+            lock = holder.acquire(key)
+            got = threading.Event()
+            held_at: list[float] = []
+            thread = threading.Thread(target=_wait_for, args=(waiter, key, held_at, got))
+            thread.start()
+            # Let the waiter fail its attempt and go to sleep on the watch.
+            time.sleep(0.05)
+            started = time.perf_counter()
+            lock.release()
+            got.wait(60)
+            thread.join(60)
+            delays.append(held_at[0] - started)
+    finally:
+        holder.close()
+        waiter.close()
+        holder.backend.close()
+        waiter.backend.close()
+    return delays
+
+
+def _watch_deliveries(endpoint: str, count: int) -> list[float]:
+    """Seconds from the start of a delete sent by hand to a bare watch stream reading it."""
+    session = requests.Session()
+    name = f"bench:watch:{uuid.uuid4().hex[:8]}".encode()
+    stream = requests.post(
+        endpoint + "/v3/watch",
+        data=json.dumps({"create_request": {"key": _b64(name), "filters": ["NOPUT"]}}),
+        stream=True,
+        timeout=(10, None),
+    )
+    lines = stream.iter_lines(chunk_size=None)
+    next(lines)  # the "created" answer
+    delays: list[float] = []
+    try:
+        for _ in range(count):
+            session.post(endpoint + "/v3/kv/put", data=json.dumps({"key": _b64(name), "value": _b64(b"x")}), timeout=10)
+            started = time.perf_counter()
+            session.post(endpoint + "/v3/kv/deleterange", data=json.dumps({"key": _b64(name)}), timeout=10)
+            for line in lines:
+                if line and b"DELETE" in line:
+                    break
+            delays.append(time.perf_counter() - started)
+    finally:
+        stream.close()
+        session.close()
+    return delays
+
+
+def _contend(url: str, key: str, seconds: float, ready: Any, start: Any, grants: Any) -> None:
+    """One worker process: acquire/release ``key`` in a loop for ``seconds``; count its grants."""
+    with connect(url, ttl=TTL) as locker:
+        ready.put(True)
+        start.wait()
+        deadline = time.monotonic() + seconds
+        count = 0
+        while time.monotonic() < deadline:
+            locker.acquire(key, timeout=60).release()
+            count += 1
+        grants.put(count)
+
+
+def _contended(url: str, workers: int, seconds: float) -> list[int]:
+    """Grants per worker when ``workers`` processes loop on one key for ``seconds``."""
+    context = multiprocessing.get_context("spawn")
+    start = context.Event()
+    ready, grants = context.Queue(), context.Queue()
+    key = f"bench:contended:{uuid.uuid4().hex[:8]}"
+    processes = [
+        context.Process(target=_contend, args=(url, key, seconds, ready, start, grants)) for _ in range(workers)
+    ]
+    for process in processes:
+        process.start()
+    # Spawned interpreters take a while to import; the clock starts for all of them at once.
+    for _ in processes:
+        ready.get(timeout=120)
+    start.set()
+    counts = [grants.get(timeout=seconds + 120) for _ in processes]
+    for process in processes:
+        process.join(60)
+    return counts
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Run every contestant and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--url", default="etcd://127.0.0.1:2379")
+    parser.add_argument("--start", type=int, default=0, metavar="N", help="start a private N-member cluster")
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--handoffs", type=int, default=50)
+    parser.add_argument("--workers", type=int, default=8, help="processes of the contended row")
+    add_json_argument(parser)
+    args = parser.parse_args(argv)
+    factory: Any = None
+    url = args.url
+    if args.start:
+        from tests.support.etcd_server import EtcdFactory
+
+        factory = EtcdFactory(Path(tempfile.mkdtemp(prefix="bench-etcd-")))
+        url = factory.cluster(members=args.start).url
+    try:
+        results = _run(url, args)
+    finally:
+        if factory is not None:
+            factory.close()
+    write_json(args.json, "etcd_cycle", argv, results)
+
+
+def _run(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    # Every contestant talks to the same one member, so that none gains from a closer one.
+    first = EtcdBackend.from_url(url).endpoints[0]
+    session = requests.Session()
+    floor = _raw_cycle(session, first)
+    backend = EtcdBackend([first])
+    locker = Locker(EtcdBackend([first]), ttl=TTL)
+    fenced = Locker(EtcdBackend([first]), ttl=TTL, fencing=True)
+    contestants = {
+        "backend acquire/release": _backend_cycle(backend),
+        "Locker": _locker_cycle(locker),
+        "Locker fenced": _locker_cycle(fenced),
+    }
+    print(f"etcd at {url}; every cycle on {first}; {args.seconds:g} s per pairing")
+    print(f"{'contestant':34} {'cycles/s':>9} {'floor/s':>9} {'ratio':>7}")
+    cycles: dict[str, Any] = {}
+    try:
+        for name, contestant in contestants.items():
+            pairing = paired(floor, contestant, args.seconds)
+            cycles[name] = {"rate": pairing.rate, "floor_rate": pairing.floor_rate, "ratio": pairing.ratio}
+            print(f"{name:34} {pairing.rate:9.0f} {pairing.floor_rate:9.0f} {pairing.ratio:6.2f}x")
+    finally:
+        for item in (locker, fenced):
+            item.close()
+            item.backend.close()
+        backend.close()
+        session.close()
+    handoffs = _handoffs(url, args.handoffs)
+    watch = _watch_deliveries(first, args.handoffs)
+    print(f"{'hand-off':34} {'p50 ms':>9} {'p99 ms':>9}")
+    for name, delays in (("Locker hand-off (watch)", handoffs), ("bare watch delivery", watch)):
+        print(f"{name:34} {percentile(delays, 0.5) * 1000:9.2f} {percentile(delays, 0.99) * 1000:9.2f}")
+    alone = _contended(url, 1, args.seconds)[0] / args.seconds
+    counts = _contended(url, args.workers, args.seconds)
+    total = sum(counts) / args.seconds
+    fewest = min(counts) / (sum(counts) / len(counts)) if sum(counts) else 0.0
+    print(f"{'contended (one key)':34} {'grants/s':>9} {'vs 1 proc':>9} {'fewest/fair':>11}")
+    print(f"{'Locker, 1 process':34} {alone:9.1f}")
+    print(f"{f'Locker, {args.workers} processes':34} {total:9.1f} {total / alone:8.2f}x {fewest:11.2f}")
+    return {
+        "contended": {"alone": alone, "workers": args.workers, "total": total, "fewest_of_fair": fewest},
+        "cycles": cycles,
+        "handoff_p50": percentile(handoffs, 0.5),
+        "watch_p50": percentile(watch, 0.5),
+    }
+
+
+if __name__ == "__main__":
+    main()

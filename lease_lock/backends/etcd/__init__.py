@@ -1,0 +1,16 @@
+"""The etcd backend: leases kept by an etcd v3 cluster, over its JSON gateway with ``requests``.
+
+``connect("etcd://10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379")`` or
+``EtcdBackend(["http://10.0.0.1:2379", ...], session=requests.Session())``. Each lock is one
+etcd key on an etcd lease of its own, checked and written in single transactions; its fence is
+the key's ``create_revision``. The etcd backend page of the documentation gives the layout, the
+TTL rules (whole seconds, at least 2 s; a leader change restarts every lease) and the failure
+behaviour.
+"""
+
+from __future__ import annotations
+
+from ._backend import DEFAULT_NAMESPACE, MIN_TTL, EtcdBackend, lease_seconds
+from ._client import EtcdError
+
+__all__ = ["DEFAULT_NAMESPACE", "MIN_TTL", "EtcdBackend", "EtcdError", "lease_seconds"]

@@ -1,0 +1,428 @@
+"""The etcd backend: one etcd lease per lock, every check and write in one transaction.
+
+Layout: a lock on ``key`` is the etcd key ``namespace + key``, attached to a lease of its own.
+Its value is the holder's token, a NUL byte, then the owner label. "``token`` holds the key" is
+checked inside etcd's transactions as "the value sorts strictly between ``token`` and
+``token + "\\x01"``": only values that start with ``token`` and a NUL do, since tokens contain
+no NUL. So a guard needs no read before the write, and the owner rides in the same key.
+
+- **acquire**: grant a lease, then one transaction: "if the key does not exist, put it on the
+  new lease; else if our token holds it, put it on the new lease (same key, so the same
+  ``create_revision``) and say which lease it had". A re-acquire revokes the old lease; a lost
+  race revokes the new one.
+- **fence** = the key's ``create_revision``: etcd's revision counts every write of the whole
+  cluster, is stored with the data (it survives restarts, leader changes and compaction) and
+  only grows; a key created again after a release or an expiry gets the revision of that new
+  write, so every later grant has a larger fence, and extending or re-acquiring (a put on the
+  existing key) keeps it.
+- **extend** with the lease's own length: a read of the key (its token checked, its lease
+  noted), then a keep-alive of that lease. With another length, the key moves to a new lease of that length (a guarded
+  put that keeps the value) and the old lease is revoked: the new expiry replaces the old one.
+- **release** / **force_release**: a (guarded) delete, then the key's lease is revoked.
+- **extend_many**: the reads of up to 100 keys in one transaction, then one keep-alive
+  request carrying all their leases.
+
+TTLs: etcd grants whole seconds, at least its minimum (2 s with the default 1 s election
+timeout), so a ttl is rounded up to whole seconds and to that minimum; the core still judges
+the local lease on the ttl the caller asked for, from when the request was sent, so the store's
+lease is never shorter than the one the caller believes in. A leader change restarts every
+lease at its full length, so a dead holder's key may free up to one ttl late; never early.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import urllib.parse
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional, Sequence
+
+import requests
+
+from ... import forksafe
+from ...errors import BackendUnavailableError, ValidationError
+from ...validation import check_duration
+from ..base import Backend, Capabilities, ExtendRequest, LockState, ReleaseWatcher, parse_url_options
+from ._client import CODE_NOT_FOUND, EtcdClient, EtcdError, b64, prefix_end, unb64
+from ._watch import EtcdReleaseWatcher
+
+__all__ = ["DEFAULT_NAMESPACE", "MIN_TTL", "EtcdBackend", "lease_seconds"]
+
+#: The prefix every lock key gets in etcd unless ``namespace`` says otherwise.
+DEFAULT_NAMESPACE = "lease_lock/"
+#: etcd's shortest lease with its default election timeout (1.5 election timeouts, rounded up).
+MIN_TTL = 2
+# etcd's longest lease.
+_MAX_TTL = 9_000_000_000
+# Keys per batched transaction: below etcd's default limit of 128 operations per transaction.
+_BATCH = 100
+_DEFAULT_PORT = 2379
+
+
+def lease_seconds(ttl: float) -> int:
+    """``ttl`` as etcd grants it: whole seconds, rounded up, at least :data:`MIN_TTL`."""
+    if not ttl <= _MAX_TTL:
+        raise ValidationError(f"ttl must be at most {_MAX_TTL} seconds on etcd")
+    return max(MIN_TTL, math.ceil(ttl))
+
+
+def _positive_seconds(text: str) -> float:
+    return check_duration(float(text), "timeout")
+
+
+def _url_endpoints(netloc: str, scheme: str) -> list[str]:
+    hosts = netloc.rpartition("@")[2]
+    endpoints = []
+    for item in hosts.split(","):
+        parts = urllib.parse.urlsplit(f"//{item}")
+        try:
+            port = parts.port or _DEFAULT_PORT
+        except ValueError:
+            raise ValidationError(f"etcd URL host {item!r} has a bad port (expected 1 to 65535)") from None
+        if not parts.hostname:
+            raise ValidationError("an etcd URL needs at least one host: etcd://host:port[,host:port...]")
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        endpoints.append(f"{scheme}://{host}:{port}")
+    return endpoints
+
+
+def _check_endpoints(endpoints: Sequence[str]) -> list[str]:
+    if isinstance(endpoints, str) or not endpoints:
+        raise ValidationError("endpoints must be a non-empty list of http:// or https:// base URLs")
+    checked = []
+    for endpoint in endpoints:
+        parts = urllib.parse.urlsplit(endpoint) if isinstance(endpoint, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValidationError(f"endpoints must be http:// or https:// base URLs, got {endpoint!r}")
+        checked.append(endpoint.rstrip("/"))
+    return checked
+
+
+def _owner_of(value: bytes) -> str:
+    return value.partition(b"\x00")[2].decode("utf-8", "replace")
+
+
+class EtcdBackend(Backend):
+    """Leases kept by an etcd cluster (v3), over its JSON gateway with ``requests``.
+
+    ``endpoints`` are the members' client URLs (``http://10.0.0.1:2379``); ``session`` a
+    ``requests.Session`` to send with (TLS settings included; it stays the caller's to close);
+    ``namespace`` the prefix of every key in etcd; ``timeout`` seconds for each request to one
+    member before the next one is tried; ``user``/``password`` etcd credentials, when the
+    cluster has auth enabled.
+    """
+
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        server_clock=True,
+        fencing=True,
+        release_notify=True,
+        scan=True,
+        batch_extend=True,
+        min_ttl=float(MIN_TTL),
+        clock="the etcd leader's lease clock (whole seconds; a leader change restarts every lease)",
+    )
+    url_options: ClassVar[Mapping[str, Callable[[str], Any]]] = {
+        "namespace": str,
+        "timeout": _positive_seconds,
+        "ca": str,
+        "cert": str,
+        "key": str,
+    }
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        session: Optional[requests.Session] = None,
+        namespace: str = DEFAULT_NAMESPACE,
+        timeout: float = 2.0,
+        user: Optional[str] = None,
+        password: Optional[str] = None,
+    ) -> None:
+        checked = _check_endpoints(endpoints)
+        if not isinstance(namespace, str) or "\x00" in namespace:
+            raise ValidationError("namespace must be a str without NUL characters")
+        timeout = check_duration(timeout, "timeout")
+        if user is not None and (not isinstance(user, str) or not user):
+            raise ValidationError("user must be a non-empty str (an etcd user name)")
+        if (user is None) != (password is None):
+            raise ValidationError("user and password go together: give both or neither")
+        self.namespace = namespace
+        self._prefix = namespace.encode()
+        self._own_session = session is None
+        self._client = EtcdClient(
+            checked, session if session is not None else requests.Session(),
+            timeout=timeout, user=user, password=password,
+        )
+        self._watchers: list[EtcdReleaseWatcher] = []
+        # Lease length asked -> length etcd granted, when etcd's minimum raised it.
+        self._granted: dict[int, int] = {}
+        forksafe.register(self)
+
+    @property
+    def endpoints(self) -> list[str]:
+        """The members' client URLs, in the order they were given."""
+        return list(self._client.endpoints)
+
+    def __repr__(self) -> str:
+        return f"EtcdBackend({self._client.endpoints!r}, namespace={self.namespace!r})"
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> EtcdBackend:
+        """``etcd://[user:password@]host[:port][,host[:port]...][?namespace=...&timeout=...]``;
+        ``etcds://`` for TLS, with ``ca=`` (a CA bundle), ``cert=`` and ``key=`` (a client
+        certificate and its key, for clusters that check them)."""
+        parts = urllib.parse.urlsplit(url)
+        scheme = parts.scheme.lower()
+        if scheme not in ("etcd", "etcds"):
+            raise ValidationError(f"an etcd URL starts with etcd:// or etcds://, got {scheme}://")
+        if parts.path not in ("", "/"):
+            raise ValidationError("an etcd URL has no path: put keys under a prefix with ?namespace=")
+        parsed = parse_url_options(url, cls.url_options, options, backend="etcd")
+        tls = {name: parsed.pop(name) for name in ("ca", "cert", "key") if name in parsed}
+        if tls and scheme != "etcds":
+            raise ValidationError("ca, cert and key are TLS options: use an etcds:// URL")
+        if ("cert" in tls) != ("key" in tls):
+            raise ValidationError("cert and key go together: a client certificate needs its key")
+        userinfo, at, _hosts = parts.netloc.rpartition("@")
+        if at and "user" not in parsed:
+            user, _colon, password = userinfo.partition(":")
+            parsed["user"] = urllib.parse.unquote(user)
+            parsed["password"] = urllib.parse.unquote(password)
+        session = requests.Session()
+        if "ca" in tls:
+            session.verify = tls["ca"]
+        if "cert" in tls:
+            session.cert = (tls["cert"], tls["key"])
+        endpoints = _url_endpoints(parts.netloc, "https" if scheme == "etcds" else "http")
+        backend = cls(endpoints, session=session, **parsed)
+        backend._own_session = True
+        return backend
+
+    # -- fork --------------------------------------------------------------------------------
+
+    def before_fork(self) -> None:
+        """Fork hook: nothing to quiesce (each request holds no lock of ours while it waits)."""
+
+    def after_fork_in_parent(self) -> None:
+        """Fork hook: nothing to undo."""
+
+    def after_fork(self) -> None:
+        """Fork hook, in the child: a session of its own, never the parent's connections."""
+        parent = self._client.session
+        session = requests.Session()
+        session.verify, session.cert = parent.verify, parent.cert
+        session.headers.update(parent.headers)
+        self._client.reset_after_fork(session)
+        self._own_session = True
+        # The parent's watching threads do not exist here.
+        self._watchers = []
+
+    # -- encoding ----------------------------------------------------------------------------
+
+    def _name(self, key: str) -> bytes:
+        return self._prefix + key.encode()
+
+    def _key_of(self, name: bytes) -> str:
+        return name[len(self._prefix):].decode("utf-8", "replace")
+
+    @staticmethod
+    def _guard(name: bytes, token: str) -> list[dict[str, Any]]:
+        held = token.encode()
+        return [
+            {"key": b64(name), "target": "VALUE", "result": "GREATER", "value": b64(held)},
+            {"key": b64(name), "target": "VALUE", "result": "LESS", "value": b64(held + b"\x01")},
+        ]
+
+    # -- calls ---------------------------------------------------------------------------------
+
+    def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._client.call(path, body)
+
+    def _txn(
+        self,
+        compare: list[dict[str, Any]],
+        success: list[dict[str, Any]],
+        failure: Optional[list[dict[str, Any]]] = None,
+    ) -> dict[str, Any]:
+        try:
+            return self._call("/v3/kv/txn", {"compare": compare, "success": success, "failure": failure or []})
+        except EtcdError as error:
+            if error.code != CODE_NOT_FOUND:
+                raise
+            # The lease granted for this write ran out before the write was applied (an
+            # election longer than the lease): nothing was written.
+            raise BackendUnavailableError(f"etcd lease ran out before the write ({error})", backend="etcd") from error
+
+    def _grant(self, seconds: int) -> str:
+        answer = self._call("/v3/lease/grant", {"TTL": seconds})
+        granted = int(answer.get("TTL") or seconds)
+        if granted != seconds:
+            self._granted[seconds] = granted
+        return str(answer["ID"])
+
+    def _revoke(self, lease: Optional[str]) -> None:
+        # Best effort: a lease left behind holds no key and runs out by itself.
+        if not lease or lease == "0":
+            return
+        with contextlib.suppress(BackendUnavailableError, EtcdError):
+            self._call("/v3/lease/revoke", {"ID": lease})
+
+    def _keepalive(self, leases: Sequence[str]) -> dict[str, int]:
+        return self._client.keepalive(leases)
+
+    def _remaining(self, lease: Optional[str]) -> Optional[float]:
+        if not lease or lease == "0":
+            return None
+        answer = self._call("/v3/lease/timetolive", {"ID": lease})
+        return float(max(0, int(answer.get("TTL") or 0)))
+
+    # -- primitives ----------------------------------------------------------------------------
+
+    def acquire(self, key: str, token: str, ttl: float, owner: str) -> bool:
+        """Grant or renew ``key`` for ``token`` (one lease grant and one transaction)."""
+        return self.acquire_fenced(key, token, ttl, owner) is not None
+
+    def acquire_fenced(self, key: str, token: str, ttl: float, owner: str) -> Optional[int]:
+        """Grant or renew ``key`` for ``token``; the fence is the key's ``create_revision``."""
+        seconds = lease_seconds(ttl)
+        name = self._name(key)
+        lease = self._grant(seconds)
+        put = {"key": b64(name), "value": b64(token.encode() + b"\x00" + owner.encode()), "lease": lease}
+        answer = self._txn(
+            [{"key": b64(name), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
+            [{"request_put": put}],
+            [{"request_txn": {
+                "compare": self._guard(name, token),
+                "success": [{"request_put": {**put, "prev_kv": True}}, {"request_range": {"key": b64(name)}}],
+                "failure": [],
+            }}],
+        )
+        if answer.get("succeeded"):
+            # The key was created by this transaction, so its create_revision is the write's.
+            return int(answer["header"]["revision"])
+        mine = answer["responses"][0]["response_txn"]
+        if not mine.get("succeeded"):
+            self._revoke(lease)
+            return None
+        previous = mine["responses"][0]["response_put"].get("prev_kv", {}).get("lease")
+        if previous != lease:
+            self._revoke(previous)
+        return int(mine["responses"][1]["response_range"]["kvs"][0]["create_revision"])
+
+    def release(self, key: str, token: str) -> bool:
+        """Delete ``key`` if ``token`` holds it, then revoke its lease."""
+        name = self._name(key)
+        answer = self._txn(self._guard(name, token), [{"request_delete_range": {"key": b64(name), "prev_kv": True}}])
+        if not answer.get("succeeded"):
+            return False
+        for kv in answer["responses"][0]["response_delete_range"].get("prev_kvs", []):
+            self._revoke(kv.get("lease"))
+        return True
+
+    def _holder_leases(self, items: Sequence[tuple[bytes, str]]) -> list[Optional[str]]:
+        """The lease of each key its token holds (``None`` where it does not), in one read.
+
+        The read is serializable: the member asked answers from its own state, without the
+        leader. During an election a linearizable read stalls for etcd's whole request timeout
+        (7 s), which no short lease survives; a serializable one answers at once. What it may
+        miss (a write the member has not applied yet) is caught by the keep-alive that
+        follows, which goes to the leader: a released, expired or force-released key's lease
+        was revoked with it, so its keep-alive answers that the lease is gone.
+        """
+        answer = self._txn([], [{"request_range": {"key": b64(name), "serializable": True}} for name, _token in items])
+        leases: list[Optional[str]] = []
+        for (_name, token), response in zip(items, answer.get("responses", [])):
+            kvs = response["response_range"].get("kvs", [])
+            held = bool(kvs) and unb64(kvs[0].get("value")).startswith(token.encode() + b"\x00")
+            leases.append(str(kvs[0].get("lease", "0")) if held else None)
+        return leases
+
+    def extend(self, key: str, token: str, ttl: float) -> bool:
+        """Set ``key``'s lease to ``ttl`` from now if ``token`` holds it."""
+        return self.extend_many([ExtendRequest(key, token, ttl)])[0]
+
+    def extend_many(self, requests: Sequence[ExtendRequest]) -> list[bool]:
+        """Extend several leases: per 100 keys, one guarded read and one keep-alive request."""
+        answers: list[bool] = []
+        for start in range(0, len(requests), _BATCH):
+            answers += self._extend_batch(requests[start:start + _BATCH])
+        return answers
+
+    def _extend_batch(self, batch: Sequence[ExtendRequest]) -> list[bool]:
+        seconds = [lease_seconds(item.ttl) for item in batch]
+        leases = self._holder_leases([(self._name(item.key), item.token) for item in batch])
+        live = [lease for lease in leases if lease is not None and lease != "0"]
+        left = self._keepalive(sorted(set(live))) if live else {}
+        answers = []
+        for item, length, lease in zip(batch, seconds, leases):
+            if lease is None or left.get(lease, 0) <= 0:
+                answers.append(False)
+            elif left[lease] == self._granted.get(length, length):
+                answers.append(True)
+            else:
+                answers.append(self._move(self._name(item.key), item.token, lease, length))
+        return answers
+
+    def _move(self, name: bytes, token: str, old: str, seconds: int) -> bool:
+        """Put the key on a new lease of ``seconds`` (the value stays) and revoke the old one."""
+        new = self._grant(seconds)
+        answer = self._txn(
+            [*self._guard(name, token), {"key": b64(name), "target": "LEASE", "result": "EQUAL", "lease": old}],
+            [{"request_put": {"key": b64(name), "lease": new, "ignore_value": True}}],
+        )
+        if answer.get("succeeded"):
+            self._revoke(old)
+            return True
+        self._revoke(new)
+        return False
+
+    def is_held(self, key: str, token: str) -> bool:
+        """``True`` if ``token`` holds ``key`` (one guarded, empty transaction)."""
+        return bool(self._txn(self._guard(self._name(key), token), []).get("succeeded"))
+
+    def _state(self, kv: dict[str, Any]) -> LockState:
+        key = self._key_of(unb64(kv.get("key")))
+        remaining = self._remaining(kv.get("lease"))
+        return LockState(
+            key=key,
+            held=True,
+            expires_at=None if remaining is None else datetime.now(timezone.utc) + timedelta(seconds=remaining),
+            fence=int(kv["create_revision"]),
+            owner=_owner_of(unb64(kv.get("value"))),
+            expires_in=remaining,
+        )
+
+    def inspect(self, key: str) -> LockState:
+        """The state of ``key``: its owner, fence and the lease time etcd has left."""
+        kvs = self._call("/v3/kv/range", {"key": b64(self._name(key))}).get("kvs", [])
+        return self._state(kvs[0]) if kvs else LockState.free(key)
+
+    def force_release(self, key: str) -> bool:
+        """Delete ``key`` whoever holds it, then revoke its lease."""
+        answer = self._call("/v3/kv/deleterange", {"key": b64(self._name(key)), "prev_kv": True})
+        for kv in answer.get("prev_kvs", []):
+            self._revoke(kv.get("lease"))
+        return int(answer.get("deleted") or 0) > 0
+
+    def scan(self, prefix: str) -> Iterator[LockState]:
+        """Held keys starting with ``prefix``, in key order (one range, then each lease's time)."""
+        name = self._name(prefix)
+        kvs = self._call("/v3/kv/range", {"key": b64(name), "range_end": b64(prefix_end(name))}).get("kvs", [])
+        return iter([self._state(kv) for kv in kvs])
+
+    def watch_releases(self, callback: Callable[[str], None]) -> ReleaseWatcher:
+        """One watch stream over the namespace; ``callback(key)`` for every deleted key
+        (releases, force releases and expiries alike)."""
+        watcher = EtcdReleaseWatcher(self._client, self._prefix, callback)
+        self._watchers = [item for item in self._watchers if item.active or not item.closed]
+        self._watchers.append(watcher)
+        return watcher
+
+    def close(self) -> None:
+        """Stop the watchers and close the session if the backend opened it."""
+        for watcher in self._watchers:
+            watcher.close()
+        self._watchers = []
+        if self._own_session:
+            self._client.session.close()

@@ -1,0 +1,381 @@
+"""The etcd backend on real etcd members: the contract, its layout, URLs, failover, auth, TLS."""
+
+from __future__ import annotations
+
+import base64
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import lease_lock
+import pytest
+import requests
+from benchmarks.chaos_harness.proxy import TcpProxy
+from lease_lock import BackendUnavailableError, ExtendRequest, ValidationError
+from lease_lock.backends import backend_from_url
+from lease_lock.backends.etcd import EtcdBackend, EtcdError, lease_seconds
+from lease_lock.testing import BackendContract, wait_until
+
+from tests.support.children import check_forked_children_beside_the_parent
+from tests.support.etcd_server import EtcdCluster, EtcdFactory
+from tests.support.ports import free_port
+
+OWNER = "etcd-test:1"
+
+
+def raw(cluster: EtcdCluster, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """One request to the first member, by hand, to look at what the backend left in etcd."""
+    answer = requests.post(cluster.endpoints[0] + path, json=body, timeout=10).json()
+    assert isinstance(answer, dict)
+    return answer
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def live_leases(cluster: EtcdCluster) -> set[str]:
+    return {lease["ID"] for lease in raw(cluster, "/v3/lease/leases", {}).get("leases", [])}
+
+
+class CountingSession(requests.Session):
+    """A session that counts the requests sent per path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paths: list[str] = []
+
+    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+        self.paths.append(str(request.path_url))
+        return super().send(request, **kwargs)
+
+
+class TestEtcdBackend(BackendContract):
+    @pytest.fixture
+    def backend(self, etcd_cluster: EtcdCluster) -> Iterator[EtcdBackend]:
+        backend = EtcdBackend.from_url(etcd_cluster.url)
+        yield backend
+        backend.close()
+
+
+@pytest.fixture
+def backend(etcd_server: EtcdCluster) -> Iterator[EtcdBackend]:
+    backend = EtcdBackend.from_url(etcd_server.url)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture
+def key() -> str:
+    return f"etcd-test:{uuid.uuid4().hex}"
+
+
+def token() -> str:
+    return uuid.uuid4().hex
+
+
+# -- layout ------------------------------------------------------------------------------------
+
+
+def test_the_key_holds_token_and_owner_under_the_namespace(
+    etcd_server: EtcdCluster, backend: EtcdBackend, key: str
+) -> None:
+    mine = token()
+    fence = backend.acquire_fenced(key, mine, 30, OWNER)
+    kvs = raw(etcd_server, "/v3/kv/range", {"key": b64("lease_lock/" + key)})["kvs"]
+    assert base64.b64decode(kvs[0]["value"]) == f"{mine}\x00{OWNER}".encode()
+    # The fence is the key's create_revision, and the key rides on a lease of its own.
+    assert fence == int(kvs[0]["create_revision"])
+    lease = raw(etcd_server, "/v3/lease/timetolive", {"ID": kvs[0]["lease"], "keys": True})
+    assert [base64.b64decode(name).decode() for name in lease["keys"]] == ["lease_lock/" + key]
+
+
+def test_namespaces_keep_lockers_apart(etcd_server: EtcdCluster, key: str) -> None:
+    first = EtcdBackend.from_url(etcd_server.url + "?namespace=team-a/")
+    second = EtcdBackend(etcd_server.endpoints, namespace="team-b/")
+    try:
+        assert first.acquire(key, token(), 30, OWNER)
+        assert second.acquire(key, token(), 30, OWNER)
+        assert [state.key for state in first.scan(key)] == [key]
+        assert raw(etcd_server, "/v3/kv/range", {"key": b64("team-a/" + key)}).get("count") == "1"
+    finally:
+        first.close()
+        second.close()
+
+
+def test_ttls_are_whole_seconds_at_least_two() -> None:
+    assert [lease_seconds(ttl) for ttl in (0.1, 1.0, 2.0, 2.01, 29.5)] == [2, 2, 2, 3, 30]
+    with pytest.raises(ValidationError, match="ttl must be at most"):
+        lease_seconds(1e12)
+
+
+def test_a_lease_is_granted_rounded_up(etcd_server: EtcdCluster, backend: EtcdBackend, key: str) -> None:
+    assert backend.acquire(key, token(), 2.2, OWNER)
+    kvs = raw(etcd_server, "/v3/kv/range", {"key": b64("lease_lock/" + key)})["kvs"]
+    assert raw(etcd_server, "/v3/lease/timetolive", {"ID": kvs[0]["lease"]})["grantedTTL"] == "3"
+
+
+def test_no_lease_outlives_its_key(etcd_server: EtcdCluster, backend: EtcdBackend, key: str) -> None:
+    before = live_leases(etcd_server)
+    mine, other = token(), token()
+    assert backend.acquire(key, mine, 30, OWNER)
+    assert backend.acquire(key, mine, 30, OWNER)  # re-acquire: the key moves to a new lease
+    assert not backend.acquire(key, other, 30, OWNER)  # contention: its new lease is revoked
+    assert backend.extend(key, mine, 20)  # another length: a new lease again
+    assert len(live_leases(etcd_server) - before) == 1
+    assert backend.release(key, mine)
+    assert backend.acquire(key, other, 30, OWNER)
+    assert backend.force_release(key)
+    assert live_leases(etcd_server) - before == set()
+
+
+def test_extend_many_sends_one_transaction_and_one_keepalive_stream_per_hundred_keys(
+    etcd_server: EtcdCluster, key: str
+) -> None:
+    session = CountingSession()
+    backend = EtcdBackend(etcd_server.endpoints, session=session)
+    try:
+        mine = token()
+        names = [f"{key}:{index}" for index in range(250)]
+        for name in names:
+            assert backend.acquire(name, mine, 30, OWNER)
+        session.paths.clear()
+        assert backend.extend_many([ExtendRequest(name, mine, 30) for name in names]) == [True] * 250
+        # The gateway may cut a keep-alive stream's answers short; the rest go out again.
+        assert session.paths.count("/v3/kv/txn") == 3
+        assert 3 <= session.paths.count("/v3/lease/keepalive") < 250
+        assert set(session.paths) == {"/v3/kv/txn", "/v3/lease/keepalive"}
+        assert backend.extend_many([ExtendRequest(names[0], token(), 30)]) == [False]
+    finally:
+        backend.close()
+    # The session was ours: the backend leaves it open.
+    assert session.adapters
+
+
+# -- URLs and construction ---------------------------------------------------------------------
+
+
+def test_connect_builds_a_locker_on_etcd(etcd_cluster: EtcdCluster, key: str) -> None:
+    with lease_lock.connect(etcd_cluster.url, fencing=True, ttl=5) as locker:
+        assert isinstance(locker.backend, EtcdBackend)
+        assert locker.backend.endpoints == etcd_cluster.endpoints
+        with locker.lock(key) as lock:
+            assert lock.fence is not None and locker.get(key).held
+        assert not locker.get(key).held
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("etcd://127.0.0.1:99999", "bad port"),
+        ("etcd://127.0.0.1:2379,:2379", "at least one host"),
+        ("etcd://127.0.0.1:2379/prefix", "no path"),
+        ("etcd://127.0.0.1:2379?colour=red", "unknown etcd URL option 'colour'"),
+        ("etcd://127.0.0.1:2379?ca=/tmp/ca.pem", "etcds://"),
+        ("etcds://127.0.0.1:2379?cert=/tmp/c.pem", "cert and key go together"),
+        ("etcd://127.0.0.1:2379?timeout=0", "timeout"),
+        ("etcd://root@127.0.0.1:2379", None),
+    ],
+)
+def test_bad_urls_are_validation_errors(url: str, message: str) -> None:
+    if message is None:
+        # A user without a password is not an error of the URL: etcd allows empty passwords.
+        backend_from_url(url).close()
+        return
+    with pytest.raises(ValidationError, match=message):
+        backend_from_url(url)
+
+
+def test_bad_constructor_arguments() -> None:
+    with pytest.raises(ValidationError, match="endpoints"):
+        EtcdBackend([])
+    with pytest.raises(ValidationError, match="endpoints"):
+        EtcdBackend("http://127.0.0.1:2379")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="endpoints"):
+        EtcdBackend(["127.0.0.1:2379"])
+    with pytest.raises(ValidationError, match="user and password"):
+        EtcdBackend(["http://127.0.0.1:2379"], user="root")
+
+
+def test_a_url_lists_every_member(etcd_cluster: EtcdCluster) -> None:
+    backend = EtcdBackend.from_url(etcd_cluster.url.replace("127.0.0.1", "localhost", 1))
+    try:
+        assert backend.endpoints[0].startswith("http://localhost:")
+        assert len(backend.endpoints) == 3
+    finally:
+        backend.close()
+
+
+def test_a_callers_session_is_used_and_left_open(etcd_server: EtcdCluster, key: str) -> None:
+    session = CountingSession()
+    backend = EtcdBackend(etcd_server.endpoints, session=session)
+    assert backend.acquire(key, token(), 30, OWNER)
+    assert "/v3/kv/txn" in session.paths
+    backend.close()
+    assert backend.force_release(key) is True  # the session still works
+
+
+# -- failover and outages ----------------------------------------------------------------------
+
+
+def test_a_dead_endpoint_is_passed_over(etcd_server: EtcdCluster, key: str) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    backend = EtcdBackend([dead, *etcd_server.endpoints], timeout=2)
+    try:
+        for _ in range(4):  # whichever member a client starts on
+            mine = token()
+            assert backend.acquire(key, mine, 30, OWNER)
+            assert backend.release(key, mine)
+    finally:
+        backend.close()
+
+
+def test_an_unreachable_cluster_is_backend_unavailable(key: str) -> None:
+    backend = EtcdBackend([f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"])
+    try:
+        with pytest.raises(BackendUnavailableError) as caught:
+            backend.acquire(key, token(), 30, OWNER)
+        assert isinstance(caught.value.__cause__, requests.ConnectionError)
+        assert caught.value.backend == "etcd"
+        with pytest.raises(BackendUnavailableError):
+            backend.inspect(key)
+    finally:
+        backend.close()
+
+
+# -- auth and TLS ------------------------------------------------------------------------------
+
+
+def enable_auth(cluster: EtcdCluster, password: str) -> None:
+    raw(cluster, "/v3/auth/user/add", {"name": "root", "password": password})
+    raw(cluster, "/v3/auth/user/grant", {"user": "root", "role": "root"})
+    raw(cluster, "/v3/auth/enable", {})
+
+
+def test_auth_with_a_token_that_is_renewed(etcd_factory: EtcdFactory, key: str) -> None:
+    cluster = etcd_factory.cluster(members=1, extra_args=("--auth-token", "simple", "--auth-token-ttl", "1"))
+    try:
+        enable_auth(cluster, "s3cret/!")
+        anonymous = EtcdBackend(cluster.endpoints)
+        with pytest.raises(EtcdError):
+            anonymous.acquire(key, token(), 30, OWNER)
+        anonymous.close()
+        session = CountingSession()
+        url = cluster.url.replace("etcd://", "etcd://root:s3cret%2F%21@")
+        backend = EtcdBackend.from_url(url)
+        backend.close()
+        backend = EtcdBackend(cluster.endpoints, session=session, user="root", password="s3cret/!")  # noqa: S106 - a test cluster's
+        mine = token()
+        assert backend.acquire(key, mine, 30, OWNER)
+        assert session.paths.count("/v3/auth/authenticate") == 1
+        # etcd forgets a simple token after --auth-token-ttl of disuse; the backend gets a new one.
+        # (Each check is a use, so the checks are further apart than that.)
+        assert wait_until(
+            lambda: backend.is_held(key, mine) and session.paths.count("/v3/auth/authenticate") > 1, 30, interval=3
+        )
+        assert backend.release(key, mine)
+        backend.close()
+        wrong = EtcdBackend(cluster.endpoints, user="root", password="wrong")  # noqa: S106 - a wrong one on purpose
+        with pytest.raises(EtcdError, match="authentication failed"):
+            wrong.acquire(key, token(), 30, OWNER)
+        wrong.close()
+    finally:
+        cluster.close()
+
+
+def test_tls_with_client_certificates(etcd_factory: EtcdFactory, key: str) -> None:
+    cluster = etcd_factory.cluster(members=1, tls=True)
+    try:
+        tls = cluster.tls
+        url = f"{cluster.url}?ca={tls['ca']}&cert={tls['cert']}&key={tls['key']}"
+        with lease_lock.connect(url, ttl=5) as locker, locker.lock(key):
+            assert locker.get(key).held
+        without_certificate = EtcdBackend.from_url(f"{cluster.url}?ca={tls['ca']}")
+        with pytest.raises(BackendUnavailableError):
+            without_certificate.inspect(key)
+        without_certificate.close()
+    finally:
+        cluster.close()
+
+
+# -- hand-off ------------------------------------------------------------------------------------
+
+
+def test_a_waiter_is_woken_by_the_watch_instead_of_polling(etcd_server: EtcdCluster, key: str) -> None:
+    holder = lease_lock.connect(etcd_server.url, ttl=30)
+    session = CountingSession()
+    # Polling every 50 ms would make some 40 attempts while the key is held for two seconds.
+    waiter = lease_lock.Locker(
+        EtcdBackend(etcd_server.endpoints, session=session), ttl=30, retry=lease_lock.Retry(delay=0.05)
+    )
+    try:
+        lock = holder.acquire(key)
+        got = threading.Event()
+
+        def wait() -> None:
+            with waiter.lock(key, timeout=60):
+                got.set()
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        assert wait_until(lambda: session.paths.count("/v3/lease/grant") >= 1, 30)
+        assert not got.wait(2.0)
+        lock.release()
+        assert got.wait(30)
+        thread.join(30)
+        assert session.paths.count("/v3/watch") >= 1
+        assert session.paths.count("/v3/lease/grant") <= 6
+    finally:
+        holder.close()
+        waiter.close()
+        waiter.backend.close()
+
+
+def test_a_release_during_a_dropped_watch_stream_is_still_delivered(etcd_server: EtcdCluster, key: str) -> None:
+    member = etcd_server.members[0]
+    proxy = TcpProxy("127.0.0.1", member.client_port)
+    watching = EtcdBackend([f"http://127.0.0.1:{proxy.port}"])
+    writer = EtcdBackend(etcd_server.endpoints)
+    heard: list[str] = []
+    mine = token()
+    try:
+        assert writer.acquire(key, mine, 30, OWNER)
+        watcher = watching.watch_releases(heard.append)
+        assert wait_until(lambda: watcher.active, 30)
+        proxy.stall()
+        assert writer.release(key, mine)  # its event is held by the proxy, then dropped
+        assert proxy.cut() > 0
+        proxy.resume()
+        # The new stream starts from the revision after the last one the old stream showed.
+        assert wait_until(lambda: key in heard, 30)
+        watcher.close()
+    finally:
+        watching.close()
+        writer.close()
+        proxy.close()
+
+
+# -- fork ----------------------------------------------------------------------------------------
+
+
+def test_forked_children_use_a_session_of_their_own(etcd_server: EtcdCluster, key: str) -> None:
+    backend = EtcdBackend.from_url(etcd_server.url)
+    # What a child must not reuse: the parent's pooled connections live in its session.
+    parent_session = backend._client.session
+
+    def child_cycles(index: int) -> int:
+        if backend._client.session is parent_session:
+            return 1
+        wrong = 0
+        for cycle in range(20):
+            mine = token()
+            name = f"{key}:child{index}:{cycle}"
+            wrong += not backend.acquire(name, mine, 30, OWNER)
+            wrong += not backend.release(name, mine)
+        return wrong
+
+    try:
+        check_forked_children_beside_the_parent(backend, child_cycles, token())
+    finally:
+        backend.close()

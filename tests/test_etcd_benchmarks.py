@@ -1,0 +1,31 @@
+"""The etcd benchmarks still run end to end, in miniature, against real private clusters.
+
+Nothing here judges speed: the point is that a change cannot quietly break the scripts whose
+tables the etcd backend page quotes.
+"""
+
+from __future__ import annotations
+
+from tests.support.etcd_server import EtcdCluster, require_etcd_binary
+from tests.test_benchmarks import run_benchmark, table_rows
+
+
+def test_etcd_cycle_prints_every_row(etcd_server: EtcdCluster) -> None:
+    output = run_benchmark(
+        "etcd_cycle", "--url", etcd_server.url, "--seconds", "0.3", "--handoffs", "5", "--workers", "2"
+    )
+    names = (
+        "backend acquire/release", "Locker fenced", "Locker hand-off (watch)", "bare watch delivery",
+        "Locker, 1 process", "Locker, 2 processes",
+    )
+    rows = table_rows(output, *names)
+    assert rows["Locker fenced"][-1].endswith("x") and float(rows["Locker fenced"][0]) > 0
+    assert float(rows["Locker hand-off (watch)"][0]) > 0 and float(rows["bare watch delivery"][0]) > 0
+    assert float(rows["Locker, 2 processes"][0]) > 0 and 0 <= float(rows["Locker, 2 processes"][-1]) <= 1
+
+
+def test_etcd_election_prints_a_row_per_ttl() -> None:
+    require_etcd_binary()
+    output = run_benchmark("etcd_election", "--ttls", "2", "--trials", "1")
+    lost, _slash, trials = table_rows(output, "2")["2"][0].partition("/")
+    assert trials == "1" and lost in ("0", "1")
