@@ -305,27 +305,30 @@ def test_tls_with_client_certificates(etcd_factory: EtcdFactory, key: str) -> No
 def test_a_waiter_is_woken_by_the_watch_instead_of_polling(etcd_server: EtcdCluster, key: str) -> None:
     holder = lease_lock.connect(etcd_server.url, ttl=30)
     session = CountingSession()
-    # Polling every 50 ms would make some 40 attempts while the key is held for two seconds.
+    # The retry delay bounds every wait; one this long means only the watch can bring the key
+    # to the waiter before its second attempt.
     waiter = lease_lock.Locker(
-        EtcdBackend(etcd_server.endpoints, session=session), ttl=30, retry=lease_lock.Retry(delay=0.05)
+        EtcdBackend(etcd_server.endpoints, session=session), ttl=30, retry=lease_lock.Retry(delay=600)
     )
     try:
         lock = holder.acquire(key)
         got = threading.Event()
 
         def wait() -> None:
-            with waiter.lock(key, timeout=60):
+            with waiter.lock(key, timeout=1200):
                 got.set()
 
         thread = threading.Thread(target=wait)
         thread.start()
         assert wait_until(lambda: session.paths.count("/v3/lease/grant") >= 1, 30)
         assert not got.wait(2.0)
+        assert session.paths.count("/v3/lease/grant") == 1
         lock.release()
-        assert got.wait(30)
+        assert got.wait(60)
         thread.join(30)
         assert session.paths.count("/v3/watch") >= 1
-        assert session.paths.count("/v3/lease/grant") <= 6
+        # The refused attempt and the one the release's watch event brought, nothing else.
+        assert session.paths.count("/v3/lease/grant") == 2
     finally:
         holder.close()
         waiter.close()

@@ -118,6 +118,7 @@ class EtcdBackend(Backend):
         release_notify=True,
         scan=True,
         batch_extend=True,
+        replica_wait=False,
         min_ttl=float(MIN_TTL),
         clock="the etcd leader's lease clock (whole seconds; a leader change restarts every lease)",
     )
