@@ -22,6 +22,10 @@ the release call to the waiter's grant, with the ``Prefer: wait`` extension and 
 
     python -m benchmarks.http_cycle [--seconds 3] [--clients 1,8,32] [--processes 1,2]
         [--stores memory,redis] [--redis-url redis://127.0.0.1:6379/0] [--handoffs 30]
+        [--baseline CHECKOUT]
+
+With ``--baseline`` the service of another checkout (an earlier commit's work tree) runs as one
+more side, in the same turns: "vs before" is this code's rate over that code's.
 
 ``memory://`` lives in one process, so it is measured with one server process only.
 """
@@ -163,10 +167,10 @@ def _cpu_seconds(pids: list[int]) -> float:
 
 
 @contextmanager
-def _server(command: list[str], log: Path) -> Iterator[tuple[str, int]]:
+def _server(command: list[str], log: Path, cwd: Optional[str] = None) -> Iterator[tuple[str, int]]:
     with log.open("wb") as out:
         process = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+            command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=cwd
         )
     try:
         deadline = time.monotonic() + 30
@@ -190,13 +194,14 @@ def _bare_server(workers: int, tmp: Path, redis_url: Optional[str] = None) -> An
     return _server(command, tmp / f"bare-{workers}-{time.monotonic_ns()}.log")
 
 
-def _service(store: str, keys_file: Path, workers: int, tmp: Path, *extra: str) -> Any:
+def _service(store: str, keys_file: Path, workers: int, tmp: Path, *extra: str, cwd: Optional[str] = None) -> Any:
+    """``lease-lock serve`` on ``store``; with ``cwd``, the ``lease_lock`` of the checkout there."""
     command = [
         sys.executable, "-m", "lease_lock", "serve", "--url", store, "--keys", str(keys_file),
         "--bind", "127.0.0.1:0", "--workers", str(workers), "--threads", str(_THREADS),
         "--rate-limit", "1000000000", *extra,
     ]
-    return _server(command, tmp / f"service-{workers}-{time.monotonic_ns()}.log")
+    return _server(command, tmp / f"service-{workers}-{time.monotonic_ns()}.log", cwd)
 
 
 # -- the client load -------------------------------------------------------------------------
@@ -350,6 +355,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--stores", default="memory,redis", help="memory and/or redis")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--handoffs", type=int, default=30, help="hand-offs per row (0: skip)")
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        metavar="CHECKOUT",
+        help="also serve the lease_lock of another checkout (e.g. `git worktree add /tmp/before COMMIT`) in the"
+        " same turns, as a before/after comparison in one run",
+    )
     parser.add_argument("--serve-bare", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--serve-store", default=None, help=argparse.SUPPRESS)
@@ -371,6 +383,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         header += f"{'p50 ms':>8}{'p99 ms':>8}{'bare p50':>9}{'bare p99':>9}"
         # Server CPU per cycle, in microseconds, of the bare app, the service and the store-only app.
         header += f"{'bare us':>8}{'svc us':>8}{'store us':>9}"
+        if args.baseline:
+            header += f"{'before c/s':>11}{'before us':>10}{'vs before':>10}"
         print(header + f"{'store-only c/s':>15}{'vs store-only':>14}")
         rows: list[dict[str, Any]] = []
         handoffs: list[dict[str, Any]] = []
@@ -383,25 +397,37 @@ def main(argv: Optional[list[str]] = None) -> None:
                         started = [servers.enter_context(_bare_server(workers, tmp))]
                         if store == "redis":
                             started.append(servers.enter_context(_bare_server(workers, tmp, stores[store])))
+                        if args.baseline:
+                            service = _service(stores[store], keys_file, workers, tmp, cwd=args.baseline)
+                            started.append(servers.enter_context(service))
                         started.append(servers.enter_context(_service(stores[store], keys_file, workers, tmp)))
                         urls = tuple(url for url, _pid in started)
                         pids = [_server_pids(pid) for _url, pid in started]
                         figures = _alternating(urls, key, count, args.seconds, pids)
                     bare, served = figures[0], figures[-1]
-                    store_only = figures[1] if len(figures) == 3 else None
+                    store_only = figures[1] if store == "redis" else None
+                    before = figures[-2] if args.baseline else None
                     row = {
                         "store": store, "processes": workers, "clients": count, "bare_rate": bare[0],
                         "service_rate": served[0], "ratio": served[0] / bare[0], "p50_ms": served[1],
                         "p99_ms": served[2], "bare_p50_ms": bare[1], "bare_p99_ms": bare[2],
                         "bare_cpu_us": bare[3], "service_cpu_us": served[3],
                     }
+                    before_cells = ""
+                    if before is not None:
+                        row.update(baseline_rate=before[0], ratio_to_baseline=served[0] / before[0])
+                        row.update(baseline_cpu_us=before[3])
+                        before_cells = f"{before[0]:>11.0f}{before[3]:>10.0f}{served[0] / before[0]:>10.2f}"
                     store_cells = f"{'-':>9}{'-':>15}{'-':>14}"
                     if store_only is not None:
                         row.update(
                             store_only_rate=store_only[0], ratio_to_store_only=served[0] / store_only[0],
                             store_only_cpu_us=store_only[3],
                         )
-                        store_cells = f"{store_only[3]:>9.0f}{store_only[0]:>15.0f}{served[0] / store_only[0]:>14.2f}"
+                        store_cells = f"{store_only[3]:>9.0f}" + before_cells
+                        store_cells += f"{store_only[0]:>15.0f}{served[0] / store_only[0]:>14.2f}"
+                    else:
+                        store_cells = f"{'-':>9}" + before_cells + f"{'-':>15}{'-':>14}"
                     rows.append(row)
                     print(
                         f"{store:<8}{workers:>6}{count:>8}{bare[0]:>10.0f}{served[0]:>12.0f}"
