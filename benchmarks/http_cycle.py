@@ -12,7 +12,9 @@ waitress, keep-alive, the same threads and worker processes) and the same client
 service/bare cycles per second, "vs store-only" service/store-only. The sides take turns in
 short slices, each following each other equally often, so that a busy stretch of a shared
 machine lands on all of them. Clients are spread over up to 8 processes so that the client's
-own GIL does not cap the figure.
+own GIL does not cap the figure. Each side's server CPU per cycle (all its processes' threads,
+from ``/proc``) is counted over the same slices: unlike the rates it hardly depends on what else
+the machine runs, so it shows what the service's own work costs when the rates are noisy.
 
 Hand-off: a waiter blocked in ``Locker.acquire`` while another client releases; latency from
 the release call to the waiter's grant, with the ``Prefer: wait`` extension and without it
@@ -20,6 +22,10 @@ the release call to the waiter's grant, with the ``Prefer: wait`` extension and 
 
     python -m benchmarks.http_cycle [--seconds 3] [--clients 1,8,32] [--processes 1,2]
         [--stores memory,redis] [--redis-url redis://127.0.0.1:6379/0] [--handoffs 30]
+        [--baseline CHECKOUT]
+
+With ``--baseline`` the service of another checkout (an earlier commit's work tree) runs as one
+more side, in the same turns: "vs before" is this code's rate over that code's.
 
 ``memory://`` lives in one process, so it is measured with one server process only.
 """
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import multiprocessing
 import os
 import statistics
@@ -133,18 +140,44 @@ def _serve_bare(workers: int, redis_url: Optional[str]) -> None:
     serve(build, "127.0.0.1", 0, workers=workers, threads=_THREADS, announce=announce)
 
 
+def _server_pids(pid: int) -> list[int]:
+    """``pid`` and its child processes (the worker processes of ``serve --workers N``)."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[1]) == pid:
+            children.append(int(stat.parent.name))
+    return [pid, *children]
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """CPU time the threads of ``pids`` have run, in seconds (nanosecond ``schedstat`` counts;
+    ``nan`` without ``/proc``)."""
+    total = 0
+    try:
+        for pid in pids:
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                total += int((task / "schedstat").read_text().split()[0])
+    except OSError:
+        return math.nan
+    return total / 1e9
+
+
 @contextmanager
-def _server(command: list[str], log: Path) -> Iterator[str]:
+def _server(command: list[str], log: Path, cwd: Optional[str] = None) -> Iterator[tuple[str, int]]:
     with log.open("wb") as out:
         process = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+            command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=cwd
         )
     try:
         deadline = time.monotonic() + 30
         while True:
             text = log.read_text(errors="replace")
             if "serving on " in text:
-                yield text.split("serving on ", 1)[1].split()[0]
+                yield text.split("serving on ", 1)[1].split()[0], process.pid
                 break
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"server did not start:\n{text}")
@@ -161,13 +194,14 @@ def _bare_server(workers: int, tmp: Path, redis_url: Optional[str] = None) -> An
     return _server(command, tmp / f"bare-{workers}-{time.monotonic_ns()}.log")
 
 
-def _service(store: str, keys_file: Path, workers: int, tmp: Path, *extra: str) -> Any:
+def _service(store: str, keys_file: Path, workers: int, tmp: Path, *extra: str, cwd: Optional[str] = None) -> Any:
+    """``lease-lock serve`` on ``store``; with ``cwd``, the ``lease_lock`` of the checkout there."""
     command = [
         sys.executable, "-m", "lease_lock", "serve", "--url", store, "--keys", str(keys_file),
         "--bind", "127.0.0.1:0", "--workers", str(workers), "--threads", str(_THREADS),
         "--rate-limit", "1000000000", *extra,
     ]
-    return _server(command, tmp / f"service-{workers}-{time.monotonic_ns()}.log")
+    return _server(command, tmp / f"service-{workers}-{time.monotonic_ns()}.log", cwd)
 
 
 # -- the client load -------------------------------------------------------------------------
@@ -234,13 +268,17 @@ def _slice_side(elapsed: float, slices: int, sides: int = 2) -> Optional[int]:
     return (place + turn) % sides
 
 
-Figures = tuple[float, float, float]
+Figures = tuple[float, float, float, float]
 
 
-def _alternating(urls: tuple[str, ...], key: str, clients: int, seconds: float) -> list[Figures]:
+def _alternating(
+    urls: tuple[str, ...], key: str, clients: int, seconds: float, pids: Optional[list[list[int]]] = None
+) -> list[Figures]:
     """The loads of every server of ``urls`` in turns of _SLICE seconds, ``seconds`` per server,
     by the same client threads, so that a busy stretch of a shared machine falls on every side;
-    each side's cycles/s and p50/p99 (ms) over all its slices, in the order of ``urls``."""
+    each side's cycles/s, p50/p99 (ms) over all its slices and, given the server processes of
+    each side (``pids``), their CPU time per cycle in microseconds (else ``nan``), in the order
+    of ``urls``."""
     sides = len(urls)
     slices = sides * max(1, round(seconds / _SLICE))
     context = multiprocessing.get_context("fork")
@@ -256,18 +294,24 @@ def _alternating(urls: tuple[str, ...], key: str, clients: int, seconds: float) 
         process.start()
         spawned.append(process)
     ready.wait(timeout=120)
+    # Every client is warm: from here on each server serves only the measured cycles.
+    cpu_before = [_cpu_seconds(side) for side in pids] if pids else None
     observed: list[list[float]] = [[] for _ in urls]
     for _ in spawned:
         for side, times in enumerate(queue.get(timeout=120 + sides * seconds)):
             observed[side].extend(times)
+    cpu = [_cpu_seconds(side) - before for side, before in zip(pids, cpu_before)] if pids and cpu_before else None
     for process in spawned:
         process.join(30)
     side_seconds = slices // sides * _SLICE
     results = []
-    for times in observed:
+    for side, times in enumerate(observed):
         if not times:
             raise RuntimeError("no cycle completed")
-        results.append((len(times) / side_seconds, percentile(times, 0.5) * 1000, percentile(times, 0.99) * 1000))
+        cpu_per_cycle = cpu[side] / len(times) * 1e6 if cpu is not None else math.nan
+        results.append(
+            (len(times) / side_seconds, percentile(times, 0.5) * 1000, percentile(times, 0.99) * 1000, cpu_per_cycle)
+        )
     return results
 
 
@@ -311,6 +355,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--stores", default="memory,redis", help="memory and/or redis")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--handoffs", type=int, default=30, help="hand-offs per row (0: skip)")
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        metavar="CHECKOUT",
+        help="also serve the lease_lock of another checkout (e.g. `git worktree add /tmp/before COMMIT`) in the"
+        " same turns, as a before/after comparison in one run",
+    )
     parser.add_argument("--serve-bare", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--serve-store", default=None, help=argparse.SUPPRESS)
@@ -330,6 +381,10 @@ def main(argv: Optional[list[str]] = None) -> None:
         print(f"acquire+release cycles, {args.seconds:.1f} s each, {_THREADS} threads per server process")
         header = f"{'store':<8}{'procs':>6}{'clients':>8}{'bare c/s':>10}{'service c/s':>12}{'ratio':>7}"
         header += f"{'p50 ms':>8}{'p99 ms':>8}{'bare p50':>9}{'bare p99':>9}"
+        # Server CPU per cycle, in microseconds, of the bare app, the service and the store-only app.
+        header += f"{'bare us':>8}{'svc us':>8}{'store us':>9}"
+        if args.baseline:
+            header += f"{'before c/s':>11}{'before us':>10}{'vs before':>10}"
         print(header + f"{'store-only c/s':>15}{'vs store-only':>14}")
         rows: list[dict[str, Any]] = []
         handoffs: list[dict[str, Any]] = []
@@ -339,34 +394,52 @@ def main(argv: Optional[list[str]] = None) -> None:
                     continue  # one process's memory is not shared
                 for count in clients:
                     with ExitStack() as servers:
-                        urls = [servers.enter_context(_bare_server(workers, tmp))]
+                        started = [servers.enter_context(_bare_server(workers, tmp))]
                         if store == "redis":
-                            urls.append(servers.enter_context(_bare_server(workers, tmp, stores[store])))
-                        urls.append(servers.enter_context(_service(stores[store], keys_file, workers, tmp)))
-                        figures = _alternating(tuple(urls), key, count, args.seconds)
+                            started.append(servers.enter_context(_bare_server(workers, tmp, stores[store])))
+                        if args.baseline:
+                            service = _service(stores[store], keys_file, workers, tmp, cwd=args.baseline)
+                            started.append(servers.enter_context(service))
+                        started.append(servers.enter_context(_service(stores[store], keys_file, workers, tmp)))
+                        urls = tuple(url for url, _pid in started)
+                        pids = [_server_pids(pid) for _url, pid in started]
+                        figures = _alternating(urls, key, count, args.seconds, pids)
                     bare, served = figures[0], figures[-1]
-                    store_only = figures[1] if len(figures) == 3 else None
+                    store_only = figures[1] if store == "redis" else None
+                    before = figures[-2] if args.baseline else None
                     row = {
                         "store": store, "processes": workers, "clients": count, "bare_rate": bare[0],
                         "service_rate": served[0], "ratio": served[0] / bare[0], "p50_ms": served[1],
                         "p99_ms": served[2], "bare_p50_ms": bare[1], "bare_p99_ms": bare[2],
+                        "bare_cpu_us": bare[3], "service_cpu_us": served[3],
                     }
-                    store_cells = f"{'-':>15}{'-':>14}"
+                    before_cells = ""
+                    if before is not None:
+                        row.update(baseline_rate=before[0], ratio_to_baseline=served[0] / before[0])
+                        row.update(baseline_cpu_us=before[3])
+                        before_cells = f"{before[0]:>11.0f}{before[3]:>10.0f}{served[0] / before[0]:>10.2f}"
+                    store_cells = f"{'-':>9}{'-':>15}{'-':>14}"
                     if store_only is not None:
-                        row.update(store_only_rate=store_only[0], ratio_to_store_only=served[0] / store_only[0])
-                        store_cells = f"{store_only[0]:>15.0f}{served[0] / store_only[0]:>14.2f}"
+                        row.update(
+                            store_only_rate=store_only[0], ratio_to_store_only=served[0] / store_only[0],
+                            store_only_cpu_us=store_only[3],
+                        )
+                        store_cells = f"{store_only[3]:>9.0f}" + before_cells
+                        store_cells += f"{store_only[0]:>15.0f}{served[0] / store_only[0]:>14.2f}"
+                    else:
+                        store_cells = f"{'-':>9}" + before_cells + f"{'-':>15}{'-':>14}"
                     rows.append(row)
                     print(
                         f"{store:<8}{workers:>6}{count:>8}{bare[0]:>10.0f}{served[0]:>12.0f}"
                         f"{served[0] / bare[0]:>7.2f}{served[1]:>8.2f}{served[2]:>8.2f}{bare[1]:>9.2f}{bare[2]:>9.2f}"
-                        + store_cells
+                        f"{bare[3]:>8.0f}{served[3]:>8.0f}" + store_cells
                     )
         if args.handoffs:
             print(f"\nHand-off latency (ms), {args.handoffs} hand-offs, one server process")
             print(f"{'row':<40}{'p50':>8}{'p99':>8}")
             first_store = stores[args.stores.split(",")[0]]
             for label, extra in (("with Prefer: wait", ()), ("without (--max-waits 0)", ("--max-waits", "0"))):
-                with _service(first_store, keys_file, 1, tmp, *extra) as url:
+                with _service(first_store, keys_file, 1, tmp, *extra) as (url, _pid):
                     latencies = _handoffs(url, key, args.handoffs)
                 p50, p99 = statistics.median(latencies) * 1000, percentile(latencies, 0.99) * 1000
                 print(f"{label:<40}{p50:>8.2f}{p99:>8.2f}")

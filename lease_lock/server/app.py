@@ -84,6 +84,13 @@ _REASONS = {
 _STATUS_LINES = {status: f"{status} {reason}" for status, reason in _REASONS.items()}
 # The form ``str(uuid.UUID(...))`` gives, which needs no parsing to normalise.
 _CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+# The body every client sends, ``{"ttl_seconds": N}``, written as JSON allows it (JSON's four
+# whitespace characters, no leading zeros): read without the JSON parser, to the same value.
+_JSON_SPACE = rb"[ \t\n\r]*"
+_TTL_ONLY = re.compile(
+    _JSON_SPACE + rb"\{" + _JSON_SPACE + rb'"ttl_seconds"' + _JSON_SPACE + rb":" + _JSON_SPACE
+    + rb"(0|[1-9][0-9]{0,17})" + _JSON_SPACE + rb"\}" + _JSON_SPACE
+)
 
 StartResponse = Callable[..., Any]
 
@@ -127,10 +134,20 @@ class _Reject(Exception):
         self.response = _Response(status, {"error": message, "code": code}, list(headers))
 
 
+# The date part of the second format_time wrote last (one tuple, read and replaced whole).
+_last_second: tuple[int, str] = (-1, "")
+
+
 def format_time(epoch: float) -> str:
     """RFC 3339 UTC with a ``Z``, to the millisecond, rounded down (never later than the truth)."""
+    global _last_second
     seconds, millis = divmod(math.floor(epoch * 1000), 1000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(seconds)) + f"{millis:03d}Z"
+    second, stamp = _last_second
+    if second != seconds:
+        # Most answers fall in the same second as the one before: format the date once per second.
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(seconds))
+        _last_second = (seconds, stamp)
+    return f"{stamp}{millis:03d}Z"
 
 
 @functools.cache
@@ -158,8 +175,11 @@ def _raw_path(environ: dict[str, Any]) -> str:
     path = raw.split("?", 1)[0]
     if "://" in path:  # absolute-form request target
         path = "/" + path.split("://", 1)[1].partition("/")[2]
-    script = urllib.parse.quote(environ.get("SCRIPT_NAME", ""))
-    return path[len(script) :] if script and path.startswith(script) else path
+    script = environ.get("SCRIPT_NAME", "")
+    if not script:  # the application at the root: nothing to strip (and nothing to quote)
+        return path
+    script = urllib.parse.quote(script)
+    return path[len(script) :] if path.startswith(script) else path
 
 
 def _route_of(path: str) -> str:
@@ -191,6 +211,20 @@ def _uuid(value: Optional[str], what: str, code: str) -> Optional[str]:
     if parsed is None:
         raise _Reject(400, code, f"{what} must be a UUID")
     return parsed
+
+
+@functools.lru_cache(maxsize=1024)
+def _decoded_owner(raw: str) -> Optional[str]:
+    """The owner label of an ``X-Lease-Lock-Owner`` header, ``None`` when it is not valid.
+
+    A client sends the same label with each of its acquisitions, so the decoded labels are
+    kept (a pure function of the header's text).
+    """
+    try:
+        owner = check_owner(urllib.parse.unquote(raw, errors="strict"), HEADER_OWNER)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return owner if len(owner) <= _MAX_OWNER else None
 
 
 def _lease_body(grant: Grant) -> dict[str, Any]:
@@ -437,14 +471,17 @@ class LockServiceApp:
             raise _Reject(400, "invalid_key", "key must be 1 to 128 of A-Z a-z 0-9 . _ : -")
         return key
 
-    def _body(self, environ: dict[str, Any]) -> Any:
+    def _body(self, environ: dict[str, Any]) -> bytes:
         try:
             length = int(environ.get("CONTENT_LENGTH") or 0)
         except ValueError:
             raise _Reject(400, "invalid_request", "Content-Length is not a number") from None
         if length > self.max_body:
             raise _Reject(413, "payload_too_large", f"request body over {self.max_body} bytes")
-        data = environ["wsgi.input"].read(length) if length > 0 else b""
+        return environ["wsgi.input"].read(length) if length > 0 else b""
+
+    @staticmethod
+    def _json(data: bytes) -> Any:
         try:
             return json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError):
@@ -452,7 +489,9 @@ class LockServiceApp:
             raise _Reject(400, "invalid_request", "body must be a JSON object") from None
 
     def _ttl(self, environ: dict[str, Any]) -> int:
-        body = self._body(environ)
+        data = self._body(environ)
+        simple = _TTL_ONLY.fullmatch(data)
+        body = {"ttl_seconds": int(simple[1])} if simple is not None else self._json(data)
         if not isinstance(body, dict):
             raise _Reject(400, "invalid_request", "body must be a JSON object")
         ttl = body.get("ttl_seconds")
@@ -467,11 +506,8 @@ class LockServiceApp:
         raw = _header(environ, HEADER_OWNER)
         if raw is None:
             return ""
-        try:
-            owner = check_owner(urllib.parse.unquote(raw, errors="strict"), HEADER_OWNER)
-        except (UnicodeDecodeError, ValueError):
-            owner = None
-        if owner is None or len(owner) > _MAX_OWNER:
+        owner = _decoded_owner(raw)
+        if owner is None:
             raise _Reject(
                 400,
                 "invalid_request",

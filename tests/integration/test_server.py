@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime
@@ -145,6 +146,33 @@ def test_bad_bodies_are_400(alpha: Client, body: Any, code: str) -> None:
     raw = body if isinstance(body, str) else json.dumps(body) if body is not None else ""
     response = alpha.call("POST", f"/locks/{_key()}/lease", str(uuid.uuid4()), data=raw)
     _error(response, 400, code)
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "code"),
+    [
+        # Bodies written as JSON allows, each read to the same TTL as the parser reads it.
+        (b'{"ttl_seconds":30}', 201, None),
+        (b' \r\n\t{ "ttl_seconds" :\n30 }\n', 201, None),
+        (b'{"ttl_seconds": 30, "note": "x"}', 201, None),
+        (b'{"ttl_seconds": 4, "ttl_seconds": 30}', 201, None),  # the last member wins
+        (b'{"ttl_seconds": 30e0}', 400, "invalid_ttl"),  # a float, however whole
+        (b'{"ttl_seconds": 4}', 400, "invalid_ttl"),
+        (b'{"ttl_seconds": 1000000000000000000000}', 400, "invalid_ttl"),
+        (b'{"ttl_seconds": 030}', 400, "invalid_request"),  # JSON has no leading zeros
+        (b'{"ttl_seconds": -30}', 400, "invalid_ttl"),
+        (b'\xef\xbb\xbf{"ttl_seconds": 30}', 400, "invalid_request"),  # a byte-order mark is no JSON
+        (b'{"ttl_seconds": 30}\x0b', 400, "invalid_request"),  # nor is a vertical tab
+        (b'{"ttl_seconds": 30', 400, "invalid_request"),
+    ],
+)
+def test_raw_ttl_bodies(alpha: Client, raw: bytes, status: int, code: Optional[str]) -> None:
+    response = alpha.call("POST", f"/locks/{_key()}/lease", str(uuid.uuid4()), data=raw)
+    if code is not None:
+        _error(response, status, code)
+        return
+    assert response.status_code == status, response.text
+    assert 29 < _instant(response.json()["expires_at"]) - time.time() <= 31
 
 
 @pytest.mark.parametrize(
