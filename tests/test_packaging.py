@@ -56,13 +56,17 @@ def test_mypy_sees_the_strict_editable_install(tmp_path: Path) -> None:
     project.mkdir()
     _copy_project(project)
     environment = tmp_path / "env"
-    # The machine's pip, setuptools and wheel build the install, so the test needs no network.
-    venv.create(environment, system_site_packages=True, with_pip=False)
+    # A user's own venv, blind to this one and to the base interpreter's packages: pip builds the
+    # install in an isolated environment with the build requirements pyproject.toml names, fetched
+    # from whatever index pip is configured with (a local one works offline), exactly as the
+    # README's command does.
+    venv.create(environment, system_site_packages=False, with_pip=True)
     python = environment / "bin" / "python"
     install = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", str(project),
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(project),
          "--config-settings", "editable_mode=strict"],
         capture_output=True, text=True, timeout=600, check=False,
+        env={name: value for name, value in os.environ.items() if name not in ("PYTHONPATH", "PIP_NO_BUILD_ISOLATION")},
     )
     assert install.returncode == 0, install.stdout + install.stderr
     user = tmp_path / "user"
