@@ -132,6 +132,9 @@ def make_server(
     _positive_int(connection_limit, "connection_limit")
     _positive_int(channel_timeout, "channel_timeout")
     where: dict[str, Any] = {"sockets": [sock]} if sock is not None else {"host": host, "port": port}
+    # waitress 3 drops X-Forwarded-* headers that no trusted proxy set; 2.x kept them, with a
+    # DeprecationWarning on every server built. The same behaviour on both, and no warning.
+    adjustments.setdefault("clear_untrusted_proxy_headers", True)
     server = waitress.create_server(
         app,
         **where,
