@@ -84,3 +84,32 @@ def test_py_typed_ships() -> None:
     setup = (ROOT / "setup.cfg").read_text(encoding="utf-8")
     assert "lease_lock = py.typed" in setup
     assert (ROOT / "lease_lock" / "py.typed").is_file()
+
+
+def _installs(requirement: str, extras: frozenset[str] = frozenset(), seen: set[str] | None = None) -> set[str]:
+    """The distributions that installing ``requirement[extras]`` brings, read from the metadata of
+    what this environment has installed (the environment holds every extra's dependencies)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    seen = set() if seen is None else seen
+    name = canonicalize_name(requirement)
+    if name in seen:
+        return seen
+    seen.add(name)
+    for line in metadata.requires(requirement) or []:
+        needed = Requirement(line)
+        wanted = needed.marker is None or any(
+            needed.marker.evaluate({"extra": extra}) for extra in (extras or {""})
+        )
+        if wanted:
+            _installs(needed.name, frozenset(needed.extras), seen)
+    return seen
+
+
+def test_the_celery_install_line_gives_a_worker_its_redis_transport_needs() -> None:
+    # kombu's Redis transport imports packaging, which kombu lists only under its own redis
+    # extra: without it a worker of `pip install -e '.[celery,redis]'` dies at start.
+    assert "packaging" in _installs("lease_lock", frozenset({"celery", "redis"}))
