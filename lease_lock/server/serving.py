@@ -134,6 +134,9 @@ def make_server(
     # A connection is read while its request runs, so that a request held by the wait
     # extension learns when its client closed the connection (waitress.client_disconnected).
     adjustments.setdefault("channel_request_lookahead", 1)
+    # waitress 3 drops X-Forwarded-* headers that no trusted proxy set; 2.x kept them, with a
+    # DeprecationWarning on every server built. The same behaviour on both, and no warning.
+    adjustments.setdefault("clear_untrusted_proxy_headers", True)
     server = waitress.create_server(
         app,
         **where,

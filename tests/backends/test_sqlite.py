@@ -3,6 +3,7 @@ real processes sharing one file."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import sqlite3
@@ -124,7 +125,7 @@ def test_default_url_creates_the_directory_and_works(
 def test_database_runs_in_wal_mode(db: Path) -> None:
     backend = SqliteBackend(db)
     assert backend.acquire("k", TOKEN_A, 30, "o")
-    with sqlite3.connect(db) as raw:
+    with contextlib.closing(sqlite3.connect(db)) as raw, raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     backend.close()
 
@@ -145,7 +146,7 @@ def test_rows_from_an_earlier_boot_read_expired(db: Path) -> None:
     fence = backend.acquire_fenced("k", TOKEN_A, 3600, "o")
     assert fence is not None
     # Pretend the lease was written before a reboot: same reading, another boot id.
-    with sqlite3.connect(db) as raw:
+    with contextlib.closing(sqlite3.connect(db)) as raw, raw:
         raw.execute("UPDATE lease_lock_leases SET boot = 'boot:an-earlier-boot'")
     assert not backend.inspect("k").held
     assert not backend.is_held("k", TOKEN_A)

@@ -621,6 +621,11 @@ class RedisBackend(ServiceStore):
         self._commands.close()
         if self._close_client:
             self.client.close()
+            # redis-py before 5.0 leaves the pool of a client it built from a URL open on close();
+            # later releases have already disconnected it, and a second disconnect is a no-op.
+            pool = getattr(self.client, "connection_pool", None)
+            if pool is not None:
+                pool.disconnect()
 
     # -- optional capabilities -----------------------------------------------------------------
 

@@ -223,7 +223,7 @@ def _retry_policy() -> Any:
     """The retry policy of URL-built clients: two more tries on a fresh connection after a
     connection error or a timeout, 50 ms then up to 500 ms apart (redis-py's own default makes
     ten tries over several seconds, which would stall a down server's every call)."""
-    from redis.backoff import ExponentialWithJitterBackoff
+    from redis import backoff
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
     from redis.retry import Retry
@@ -238,8 +238,12 @@ def _retry_policy() -> Any:
 
             return super().call_with_retry(do, counted, *args, **kwargs)
 
+    # redis-py before 6.0 has no ExponentialWithJitterBackoff; its equal-jitter backoff grows
+    # and caps the same way, keeping half of each pause fixed.
+    jittered = getattr(backoff, "ExponentialWithJitterBackoff", None)
+    pause = jittered(base=0.05, cap=0.5) if jittered is not None else backoff.EqualJitterBackoff(cap=0.5, base=0.05)
     return CountingRetry(
-        ExponentialWithJitterBackoff(base=0.05, cap=0.5),
+        pause,
         2,
         supported_errors=(RedisConnectionError, RedisTimeoutError, OSError),
     )
