@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from lease_lock import Locker
+from lease_lock import Locker, Retry
 
 __all__ = ["WakeCounter", "hand_key_round"]
 
@@ -75,7 +75,9 @@ def contend(url: str, table: str, key: str, rounds: int, hold: float, rest: floa
         return taken
 
     ReleaseDispatcher._on_handoff = noted  # type: ignore[method-assign]
-    locker = Locker(PostgresBackend.from_url(url, table=table), ttl=30)
+    # A waiter here looks at the key again one second after a failed attempt: the retry delay
+    # bounds every wait, so only a wake can hand the key over sooner than that.
+    locker = Locker(PostgresBackend.from_url(url, table=table), ttl=30, retry=Retry(delay=1.0))
     locker.owns_backend = True
     grants: list[float] = []
     releases: list[float] = []
