@@ -240,13 +240,18 @@ def _make_certificates(directory: Path) -> dict[str, str]:
         "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
         "extendedKeyUsage=serverAuth,clientAuth\n"
         "keyUsage=digitalSignature,keyEncipherment\n"
+        "subjectKeyIdentifier=hash\n"
+        "authorityKeyIdentifier=keyid,issuer\n"
     )
 
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], check=True, capture_output=True)
 
+    # Python 3.13 verifies strictly (VERIFY_X509_STRICT): a CA must state its key usage and a
+    # leaf certificate must name the key that signed it.
     openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca_key, "-out", ca,
-            "-days", "2", "-subj", "/CN=lease-lock test CA")
+            "-days", "2", "-subj", "/CN=lease-lock test CA",
+            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
     openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj", "/CN=root")
     openssl("x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-out", cert,
             "-days", "2", "-extfile", str(extensions))
