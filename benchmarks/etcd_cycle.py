@@ -44,7 +44,7 @@ from lease_lock import connect
 from lease_lock.backends.etcd import EtcdBackend
 from lease_lock.locker import Locker
 
-from benchmarks.measure import add_json_argument, paired, percentile, write_json
+from benchmarks.measure import add_json_argument, grant_cycle, locker_cycle, paired, percentile, write_json
 
 __all__ = ["main"]
 
@@ -85,25 +85,6 @@ def _raw_cycle(session: requests.Session, endpoint: str) -> Callable[[], None]:
         })
         assert deleted.get("succeeded"), deleted
         post("/v3/lease/revoke", {"ID": lease})
-
-    return cycle
-
-
-def _backend_cycle(backend: EtcdBackend) -> Callable[[], None]:
-    key = f"bench:backend:{uuid.uuid4().hex[:8]}"
-
-    def cycle() -> None:
-        backend.acquire(key, TOKEN, TTL, "bench")
-        backend.release(key, TOKEN)
-
-    return cycle
-
-
-def _locker_cycle(locker: Locker) -> Callable[[], None]:
-    key = f"bench:locker:{uuid.uuid4().hex[:8]}"
-
-    def cycle() -> None:
-        locker.acquire(key).release()
 
     return cycle
 
@@ -238,9 +219,9 @@ def _run(url: str, args: argparse.Namespace) -> dict[str, Any]:
     locker = Locker(EtcdBackend([first]), ttl=TTL)
     fenced = Locker(EtcdBackend([first]), ttl=TTL, fencing=True)
     contestants = {
-        "backend acquire/release": _backend_cycle(backend),
-        "Locker": _locker_cycle(locker),
-        "Locker fenced": _locker_cycle(fenced),
+        "backend acquire/release": grant_cycle(backend.acquire, backend.release, TOKEN, TTL),
+        "Locker": locker_cycle(locker),
+        "Locker fenced": locker_cycle(fenced),
     }
     print(f"etcd at {url}; every cycle on {first}; {args.seconds:g} s per pairing")
     print(f"{'contestant':34} {'cycles/s':>9} {'floor/s':>9} {'ratio':>7}")

@@ -18,12 +18,16 @@ import shlex
 import statistics
 import sys
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["Pairing", "add_json_argument", "machine", "paired", "percentile", "write_json"]
+__all__ = [
+    "Pairing", "add_json_argument", "grant_cycle", "locker_cycle", "machine", "paired", "percentile",
+    "write_json",
+]
 
 _WARM_UP_CYCLES = 100
 
@@ -77,6 +81,29 @@ def paired(floor: Callable[[], None], contestant: Callable[[], None], seconds: f
         floor=statistics.median(floor_times),
         cycles=len(contestant_times),
     )
+
+
+def grant_cycle(
+    grant: Callable[[str, str, float, str], Any], release: Callable[[str, str], Any], token: str, ttl: float,
+) -> Callable[[], None]:
+    """One cycle of a backend's bare ``grant`` then ``release`` on a key of its own."""
+    key = f"bench:backend:{uuid.uuid4().hex[:8]}"
+
+    def cycle() -> None:
+        grant(key, token, ttl, "bench")
+        release(key, token)
+
+    return cycle
+
+
+def locker_cycle(locker: Any) -> Callable[[], None]:
+    """One cycle of ``locker.acquire(key).release()`` on a key of its own."""
+    key = f"bench:locker:{uuid.uuid4().hex[:8]}"
+
+    def cycle() -> None:
+        locker.acquire(key).release()
+
+    return cycle
 
 
 def percentile(values: list[float], fraction: float) -> float:

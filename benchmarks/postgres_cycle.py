@@ -60,7 +60,7 @@ from lease_lock.lock import Lock
 from lease_lock.locker import Locker
 from lease_lock.retry import Retry
 
-from benchmarks.measure import add_json_argument, paired, percentile, write_json
+from benchmarks.measure import add_json_argument, grant_cycle, locker_cycle, paired, percentile, write_json
 
 __all__ = ["main"]
 
@@ -115,23 +115,7 @@ def _minimal_pair(table: str) -> tuple[str, str]:
 
 
 def _backend_cycle(backend: PostgresBackend, fenced: bool) -> Callable[[], None]:
-    key = f"bench:backend:{uuid.uuid4().hex[:8]}"
-    grant = backend.acquire_fenced if fenced else backend.acquire
-
-    def cycle() -> None:
-        grant(key, TOKEN, TTL, "bench")
-        backend.release(key, TOKEN)
-
-    return cycle
-
-
-def _locker_cycle(locker: Locker) -> Callable[[], None]:
-    key = f"bench:locker:{uuid.uuid4().hex[:8]}"
-
-    def cycle() -> None:
-        locker.acquire(key).release()
-
-    return cycle
+    return grant_cycle(backend.acquire_fenced if fenced else backend.acquire, backend.release, TOKEN, TTL)
 
 
 class _CpuCounted:
@@ -311,8 +295,8 @@ def main(argv: Optional[list[str]] = None) -> None:
 
     add("backend acquire/release", logged, lambda b: _backend_cycle(b, fenced=False))
     add("backend fenced", logged, lambda b: _backend_cycle(b, fenced=True), fenced=True)
-    add("Locker", logged, lambda b: _locker_cycle(Locker(b, ttl=TTL)))
-    add("Locker fenced", logged, lambda b: _locker_cycle(Locker(b, ttl=TTL, fencing=True)), fenced=True)
+    add("Locker", logged, lambda b: locker_cycle(Locker(b, ttl=TTL)))
+    add("Locker fenced", logged, lambda b: locker_cycle(Locker(b, ttl=TTL, fencing=True)), fenced=True)
     add("backend, synchronous_commit=False", logged, lambda b: _backend_cycle(b, fenced=False),
         synchronous_commit=False)
     add("backend, UNLOGGED table", unlogged, lambda b: _backend_cycle(b, fenced=False))

@@ -3,7 +3,6 @@ quorum, full restarts, a killed holder and a stalled member."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
@@ -19,7 +18,7 @@ from lease_lock import BackendUnavailableError, LockEvent
 from lease_lock.backends.etcd import EtcdBackend
 from lease_lock.testing import wait_until
 
-from tests.support.children import exit_codes
+from tests.support.children import exit_codes, fork_children
 from tests.support.etcd_server import EtcdCluster
 
 
@@ -77,21 +76,16 @@ def test_processes_take_turns_with_rising_fences(etcd_cluster: EtcdCluster, key:
     counter, fences = tmp_path / "counter", tmp_path / "fences"
     counter.write_text("0")
     fences.write_text("")
-    children = []
-    for _ in range(3):
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child reports through its exit status
-            code = 1
-            try:
-                with lease_lock.connect(etcd_cluster.url, fencing=True, ttl=10) as locker:
-                    for _ in range(8):
-                        with locker.lock(key, timeout=60) as lock:
-                            assert lock.fence is not None
-                            critical_section(counter, fences, lock.fence)
-                code = 0
-            finally:
-                os._exit(code)
-        children.append(pid)
+
+    def take_turns(_index: int) -> int:
+        with lease_lock.connect(etcd_cluster.url, fencing=True, ttl=10) as locker:
+            for _ in range(8):
+                with locker.lock(key, timeout=60) as lock:
+                    assert lock.fence is not None
+                    critical_section(counter, fences, lock.fence)
+        return 0
+
+    children = fork_children(3, take_turns, failed=1)
     assert exit_codes(children, timeout=120) == [0, 0, 0]
     check_exclusion(counter, fences, 24)
 

@@ -20,7 +20,7 @@ from lease_lock.errors import BackendUnavailableError, ValidationError
 from lease_lock.events import LockEvent
 from lease_lock.testing import wait_until
 
-from tests.support.children import check_forked_children_beside_the_parent, exit_codes
+from tests.support.children import check_forked_children_beside_the_parent, exit_codes, fork_children
 from tests.support.outage import check_an_outage_past_the_timeout
 from tests.support.postgres_server import PostgresServer
 
@@ -435,25 +435,20 @@ def test_a_locker_built_before_fork_serves_every_child(postgres_server: Postgres
     locker = lease_lock.connect(f"{postgres_server.url}?table={table}", fencing=True, ttl=30)
     try:
         locker.acquire("warm").release()
-        children = []
-        for _child in range(4):
-            pid = os.fork()
-            if pid == 0:  # pragma: no cover - the child reports through its exit status
-                code = 99
-                try:
-                    check = psycopg2.connect(postgres_server.dsn)
-                    check.autocommit = True
-                    wrong = 0
-                    for cycle in range(30):
-                        lock = locker.acquire(f"fork-{cycle % 3}", timeout=30)
-                        with check.cursor() as cursor:
-                            cursor.execute(f'SELECT token, fence FROM "{table}" WHERE key = %s', (lock.key,))
-                            wrong += cursor.fetchall() != [(lock.token, lock.fence)]
-                        wrong += not lock.release()
-                    code = min(wrong, 90)
-                finally:
-                    os._exit(code)
-            children.append(pid)
+
+        def use_the_locker(_index: int) -> int:
+            check = psycopg2.connect(postgres_server.dsn)
+            check.autocommit = True
+            wrong = 0
+            for cycle in range(30):
+                lock = locker.acquire(f"fork-{cycle % 3}", timeout=30)
+                with check.cursor() as cursor:
+                    cursor.execute(f'SELECT token, fence FROM "{table}" WHERE key = %s', (lock.key,))
+                    wrong += cursor.fetchall() != [(lock.token, lock.fence)]
+                wrong += not lock.release()
+            return min(wrong, 90)
+
+        children = fork_children(4, use_the_locker)
         for _cycle in range(30):
             locker.acquire("parent").release()
         assert exit_codes(children) == [0, 0, 0, 0]

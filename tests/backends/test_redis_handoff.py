@@ -7,7 +7,6 @@ redis-server, whose blocked clients the tests read with ``CLIENT LIST``.
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,7 +22,7 @@ from lease_lock.server.waits import WaitRoom
 from lease_lock.testing import wait_until
 from lease_lock.waiting import ReleaseDispatcher
 
-from tests.support.handoff import WakeCounter, hand_key_round
+from tests.support.handoff import WakeCounter, hand_key_round, hand_over
 from tests.support.redis_server import RedisServer
 
 TOKEN_A = "a" * 32
@@ -472,26 +471,7 @@ def test_a_lease_under_a_hand_off_name_survives_waits_and_releases_of_its_key(
     holder.owns_backend = waiter.owns_backend = True
     try:
         assert squatter.acquire(name, TOKEN_A, 60, "squatter")
-        for _ in range(3):
-            first = holder.acquire(key)
-            got: list[Any] = []
-            errors: list[BaseException] = []
-
-            def wait(got: list[Any] = got, errors: list[BaseException] = errors) -> None:
-                try:
-                    got.append(waiter.acquire(key, timeout=30))
-                except BaseException as error:  # noqa: BLE001 - handed to the test thread
-                    errors.append(error)
-
-            waiting = threading.Thread(target=wait)
-            waiting.start()
-            # Not a timing assertion: the release below must work whether or not the waiter
-            # has queued yet; the pause only makes the queued case the usual one.
-            time.sleep(0.3)
-            first.release()
-            waiting.join(60)
-            assert errors == [] and len(got) == 1 and got[0].state == "held"
-            got[0].release()
+        hand_over(holder, waiter, key, 3, pause=0.3)
         assert squatter.is_held(name, TOKEN_A)
         assert squatter.client.type(name) == b"string"
         assert squatter.client.pttl(name) > 0

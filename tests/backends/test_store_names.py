@@ -10,11 +10,10 @@ server.
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import pytest
 import requests
@@ -26,6 +25,7 @@ from lease_lock.backends.redis import RedisBackend
 from lease_lock.backends.sqlite import SqliteBackend
 from lease_lock.server import create_app
 
+from tests.support.handoff import hand_over
 from tests.support.http_server import ThreadedServer, make_keys
 from tests.support.postgres_server import PostgresServer
 from tests.support.redis_server import RedisServer
@@ -44,23 +44,7 @@ def _waits_and_releases(make_locker: Callable[[], Locker], key: str, rounds: int
     """A holder and a waiter in separate lockers hand ``key`` over ``rounds`` times."""
     holder, waiter = make_locker(), make_locker()
     try:
-        for _ in range(rounds):
-            first = holder.acquire(key)
-            got: list[Any] = []
-            errors: list[BaseException] = []
-
-            def wait(got: list[Any] = got, errors: list[BaseException] = errors) -> None:
-                try:
-                    got.append(waiter.acquire(key, timeout=30))
-                except BaseException as error:  # noqa: BLE001 - handed to the test thread
-                    errors.append(error)
-
-            waiting = threading.Thread(target=wait)
-            waiting.start()
-            first.release()
-            waiting.join(60)
-            assert errors == [] and len(got) == 1 and got[0].state == "held"
-            got[0].release()
+        hand_over(holder, waiter, key, rounds)
     finally:
         holder.close()
         waiter.close()

@@ -79,6 +79,13 @@ def never_run(flags: str) -> None:
     """Queued where no worker listens."""
 
 
+def _fresh_queue(url: str) -> tuple[Any, str, Queue]:
+    """A client of the Redis at ``url`` and a queue of a new name, which also names the test's lists."""
+    client = redis.Redis.from_url(url)
+    flags = f"ll-rq-{uuid.uuid4().hex}"
+    return client, flags, Queue(flags, connection=client)
+
+
 def finished(job: Job) -> bool:
     return bool(job.get_status(refresh=True) == "finished")
 
@@ -86,9 +93,7 @@ def finished(job: Job) -> bool:
 @pytest.mark.parametrize("function", [default_key_job, keyed_job, plain_job])
 def test_two_jobs_with_one_key_run_one_body(redis_server: Any, function: Callable[..., Any]) -> None:
     url = redis_server.url
-    client = redis.Redis.from_url(url)
-    flags = f"ll-rq-{uuid.uuid4().hex}"
-    queue = Queue(flags, connection=client)
+    client, flags, queue = _fresh_queue(url)
     jobs = [queue.enqueue(function, flags, url) for _ in range(2)]
     environment = {**os.environ, "LEASE_LOCK_URL": url}
     command = [sys.executable, "-m", "rq.cli", "worker", "--burst", "--url", url, flags]
@@ -151,9 +156,7 @@ def test_enqueue_once_sends_one_job_per_key_to_real_workers(redis_server: Any, m
     # No LEASE_LOCK_URL anywhere: the queue's own Redis holds the keys, here and in the workers.
     monkeypatch.delenv("LEASE_LOCK_URL", raising=False)
     url = redis_server.url
-    client = redis.Redis.from_url(url)
-    flags = f"ll-rq-{uuid.uuid4().hex}"
-    queue = Queue(flags, connection=client)
+    client, flags, queue = _fresh_queue(url)
     first = enqueue_once(queue, customer_job, 1, flags, url)
     other = enqueue_once(queue, customer_job, 2, flags, url)
     assert first is not None and other is not None and first.id != other.id
@@ -214,9 +217,7 @@ def test_the_same_job_delivered_again_while_it_runs_is_skipped(
     # does) while its first delivery runs: the second delivery adopts nothing and skips.
     monkeypatch.delenv("LEASE_LOCK_URL", raising=False)
     url = redis_server.url
-    client = redis.Redis.from_url(url)
-    flags = f"ll-rq-{uuid.uuid4().hex}"
-    queue = Queue(flags, connection=client)
+    client, flags, queue = _fresh_queue(url)
     first = enqueue_once(queue, polling_job, 1, flags, url)
     assert first is not None
     workers = start_workers(url, flags, 1)

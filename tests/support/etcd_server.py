@@ -36,6 +36,7 @@ from typing import Optional
 import pytest
 
 from tests.support.ports import free_port
+from tests.support.processes import kill_process, log_tail, stop_process
 
 __all__ = [
     "EtcdCluster",
@@ -117,22 +118,12 @@ class EtcdMember:
     def stop(self) -> None:
         """Stop the member (SIGCONT in case it is paused, SIGTERM, then SIGKILL). Idempotent."""
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGCONT)
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+        stop_process(process, resume=True)
 
     def kill(self) -> None:
         """Kill the member at once, as a crash would."""
         process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.kill()
-            process.wait(10)
+        kill_process(process)
 
     def pause(self) -> None:
         """SIGSTOP: the member keeps its sockets but answers nothing."""
@@ -144,10 +135,7 @@ class EtcdMember:
 
     def log(self, lines: int = 30) -> str:
         """The last ``lines`` lines of the member's log."""
-        try:
-            return "\n".join(self.logfile.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return log_tail(self.logfile, lines)
 
 
 class EtcdCluster:

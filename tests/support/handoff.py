@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import threading
+import time
+from typing import Any
 
 from lease_lock import Locker, Retry
 
-__all__ = ["WakeCounter", "hand_key_round"]
+__all__ = ["WakeCounter", "hand_key_round", "hand_over"]
 
 
 class WakeCounter:
@@ -22,6 +24,35 @@ class WakeCounter:
         with self._mutex:
             self.calls.append(key)
         return self.answer
+
+
+def hand_over(holder: Locker, waiter: Locker, key: str, rounds: int = 3, pause: float = 0.0) -> None:
+    """``holder`` takes ``key`` and releases it to ``waiter``, blocked on its own thread, ``rounds``
+    times; every wait must end holding the key without an error.
+
+    ``pause`` seconds pass between starting the waiter and the release. It is not a timing
+    assertion: the release must work whether or not the waiter has queued yet; a pause only
+    makes the queued case the usual one. The lockers stay open.
+    """
+    for _ in range(rounds):
+        first = holder.acquire(key)
+        got: list[Any] = []
+        errors: list[BaseException] = []
+
+        def wait(got: list[Any] = got, errors: list[BaseException] = errors) -> None:
+            try:
+                got.append(waiter.acquire(key, timeout=30))
+            except BaseException as error:  # noqa: BLE001 - handed to the test thread
+                errors.append(error)
+
+        waiting = threading.Thread(target=wait)
+        waiting.start()
+        if pause:
+            time.sleep(pause)
+        first.release()
+        waiting.join(60)
+        assert errors == [] and len(got) == 1 and got[0].state == "held"
+        got[0].release()
 
 
 def hand_key_round(lockers: list[Locker], key: str, rounds: int) -> None:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -44,6 +43,7 @@ from typing import Any, Optional
 import pytest
 
 from tests.support.ports import free_port
+from tests.support.processes import kill_process, log_tail, stop_process
 
 __all__ = [
     "RedisClusterNodes",
@@ -170,21 +170,12 @@ class RedisServer:
     def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL after 10 s). Idempotent."""
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+        stop_process(process)
 
     def kill(self) -> None:
         """Kill the server at once, as a crash would."""
         process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.kill()
-            process.wait(10)
+        kill_process(process)
 
     def restart(self) -> RedisServer:
         """Stop and start again on the same port; without persistence every key is gone."""
@@ -199,10 +190,7 @@ class RedisServer:
 
     def log(self, lines: int = 40) -> str:
         """The last ``lines`` lines of the server's log."""
-        try:
-            return "\n".join(self.logfile.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return log_tail(self.logfile, lines)
 
 
 @dataclass

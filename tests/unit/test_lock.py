@@ -292,21 +292,27 @@ def _lease(lock: Lock, locker: Locker) -> tuple[object, ...]:
     return (lock.state, lock.ttl, lock.expires_in, locker.heartbeat.pending())
 
 
+def _extend_cancelled(lock: Lock, locker: Locker, cancel: threading.Event) -> LockHeldError:
+    """``lock.extend(60.0, cancel=cancel)`` must fail as cancelled and leave the lease as it was."""
+    before = _lease(lock, locker)
+    with pytest.raises(LockHeldError) as caught:
+        lock.extend(60.0, cancel=cancel)
+    assert caught.value.reason == "cancelled"
+    assert _lease(lock, locker) == before
+    return caught.value
+
+
 def test_a_renewal_cancelled_before_it_starts_sends_nothing(
     locker: Locker, backend: RecordingBackend, clock: FakeClock
 ) -> None:
     lock = locker.acquire("k", ttl=6.0)
     clock.advance(1.0)
-    before = _lease(lock, locker)
     cancel = threading.Event()
     cancel.set()
-    with pytest.raises(LockHeldError) as caught:
-        lock.extend(60.0, cancel=cancel)
-    assert caught.value.reason == "cancelled"
-    assert caught.value.attempts == 0
-    assert "was not extended: the renewal was cancelled" in str(caught.value)
+    error = _extend_cancelled(lock, locker, cancel)
+    assert error.attempts == 0
+    assert "was not extended: the renewal was cancelled" in str(error)
     assert backend.called("extend") == []
-    assert _lease(lock, locker) == before
     # The heartbeat still extends it on its old schedule (a third of the 6 s TTL).
     advance_to_beat(clock, locker, START + 2.0)
     assert backend.called("extend") == [("extend", "k", 6.0)]
@@ -318,15 +324,10 @@ def test_a_renewal_cancelled_during_its_request_is_not_applied(
 ) -> None:
     lock = locker.acquire("k", ttl=6.0)
     clock.advance(1.0)
-    before = _lease(lock, locker)
     cancel = threading.Event()
     backend.hooks["extend"] = cancel.set
-    with pytest.raises(LockHeldError) as caught:
-        lock.extend(60.0, cancel=cancel)
-    assert caught.value.reason == "cancelled"
-    assert caught.value.attempts == 1
+    assert _extend_cancelled(lock, locker, cancel).attempts == 1
     assert backend.called("extend") == [("extend", "k", 60.0)]
-    assert _lease(lock, locker) == before
     del backend.hooks["extend"]
     # A later renewal without a cancel applies as usual.
     lock.extend(60.0)

@@ -689,6 +689,20 @@ def _statements(names: Names, write_prefix: str) -> dict[str, _Statement]:
         f"NOT EXISTS (SELECT 1 FROM {t} WHERE key = %(key)s AND token <> %(token)s"
         " AND token <> %(claim)s AND expires_at > clock_timestamp())"
     )
+
+    def fenced_grant(free_rows: str) -> str:
+        """A fenced grant under the key's gate where ``free_rows`` holds, up to its RETURNING."""
+        return (
+            "WITH gate AS MATERIALIZED (SELECT pg_advisory_xact_lock(%(gate)s, %(slot)s)),"
+            + fence_drawn.format(free=free_rows)
+            + f" INSERT INTO {t} AS held (key, token, expires_at, fence, owner)"
+            f" SELECT %(key)s, %(token)s, {lease}, fence.value, %(owner)s FROM fence "
+            + take_over.format(
+                fence=f"CASE WHEN {still_ours} THEN COALESCE(held.fence, EXCLUDED.fence)"
+                " ELSE GREATEST(EXCLUDED.fence, held.fence + 1) END"
+            )
+        )
+
     state_columns = (
         "key, expires_at, fence, owner, extract(epoch FROM expires_at - now.at)::float8"
     )
@@ -713,29 +727,13 @@ def _statements(names: Names, write_prefix: str) -> dict[str, _Statement]:
         # The CTEs run in order (each reads the one before): the lock, then the fence, drawn
         # only when the key looks free.
         "acquire_fenced": (
-            "WITH gate AS MATERIALIZED (SELECT pg_advisory_xact_lock(%(gate)s, %(slot)s)),"
-            + fence_drawn.format(free=free)
-            + f" INSERT INTO {t} AS held (key, token, expires_at, fence, owner)"
-            f" SELECT %(key)s, %(token)s, {lease}, fence.value, %(owner)s FROM fence "
-            + take_over.format(
-                fence=f"CASE WHEN {still_ours} THEN COALESCE(held.fence, EXCLUDED.fence)"
-                " ELSE GREATEST(EXCLUDED.fence, held.fence + 1) END"
-            )
-            + " RETURNING fence"
+            fenced_grant(free) + " RETURNING fence"
         ),
         # Inputs: key, token, ttl, owner, gate, slot, claim. Result: the fence, or no row.
         # acquire_fenced with the claim's live row counted as free: the claim is replaced by
         # a new grant with a new, larger fence; the token's own live row keeps its fence.
         "adopt": (
-            "WITH gate AS MATERIALIZED (SELECT pg_advisory_xact_lock(%(gate)s, %(slot)s)),"
-            + fence_drawn.format(free=free_but_claim)
-            + f" INSERT INTO {t} AS held (key, token, expires_at, fence, owner)"
-            f" SELECT %(key)s, %(token)s, {lease}, fence.value, %(owner)s FROM fence "
-            + take_over.format(
-                fence=f"CASE WHEN {still_ours} THEN COALESCE(held.fence, EXCLUDED.fence)"
-                " ELSE GREATEST(EXCLUDED.fence, held.fence + 1) END"
-            )
-            + " OR held.token = %(claim)s RETURNING fence"
+            fenced_grant(free_but_claim) + " OR held.token = %(claim)s RETURNING fence"
         ),
         # Inputs: key, token, channel. Result: one row (was the lease live?) if the token
         # held the row; the NOTIFY is delivered when the statement commits.
