@@ -149,15 +149,15 @@ class Acquisition:
     ``LockHost`` a lock is built with): the backend, the lease clock, the heartbeat, the event
     hook, acquiring and forgetting a released lock.
 
-    The waits between attempts sleep with ``sleep`` and end on the lease clock, bounded by
-    ``real_clock`` too (a lease clock that stands still cannot stretch them). By default a
-    ``clock`` that has a ``sleep(seconds)`` method of its own (a test's fake clock) is both:
-    waits then pass on that clock alone. Otherwise they are ``time.sleep`` and
-    ``time.monotonic``.
+    The waits between attempts end on the lease clock and are bounded in real time too
+    (``time.sleep`` and ``time.monotonic``), so a lease clock that stands still cannot stretch
+    them. A ``clock`` that has a ``sleep(seconds)`` method of its own (a test's fake clock) is
+    injected time for the waits as well: they sleep with that method and pass on that clock
+    alone, taking no real time (a release notification is looked for before each sleep).
     """
 
     __slots__ = (
-        "_plans", "backend", "clock", "closed", "dispatcher", "fencing", "heartbeat", "holds",
+        "_plans", "backend", "clock", "closed", "dispatcher", "fake_time", "fencing", "heartbeat", "holds",
         "max_hold", "on_event", "owner", "real_clock", "reentrant", "retry", "sleep",
     )
 
@@ -172,15 +172,15 @@ class Acquisition:
         owner: str,
         reentrant: bool,
         on_event: Optional[EventHook],
-        sleep: Optional[Callable[[float], None]] = None,
-        real_clock: Optional[Callable[[], float]] = None,
     ) -> None:
         self.backend = backend
         self.clock = clock
         own_sleep: Optional[Callable[[float], None]] = getattr(clock, "sleep", None)
-        #: What the waits between attempts sleep with and what bounds them besides the lease clock.
-        self.sleep: Callable[[float], None] = sleep or own_sleep or time.sleep
-        self.real_clock: Callable[[], float] = real_clock or (clock if own_sleep is not None else time.monotonic)
+        #: Whether the waits between attempts pass on the lease clock alone (see the class
+        #: docstring); what they sleep with, and what bounds them besides the lease clock.
+        self.fake_time = own_sleep is not None
+        self.sleep: Callable[[float], None] = own_sleep or time.sleep
+        self.real_clock: Callable[[], float] = clock if self.fake_time else time.monotonic
         self.heartbeat = Heartbeat(backend, clock)
         self.dispatcher = ReleaseDispatcher(backend)
         self.retry = retry
@@ -489,8 +489,10 @@ class Acquisition:
                 if cancel.is_set():
                     return False
                 left = min(left, _CANCEL_SLICE)
-            if wake is not None:
-                if wake.wait(left):
+            if wake is None or self.fake_time:
+                # Injected time cannot also wait for the event: it looks at it before each sleep.
+                if wake is not None and wake.is_set():
                     return True
-            else:
                 self.sleep(left)
+            elif wake.wait(left):
+                return True
