@@ -299,7 +299,12 @@ class Acquisition:
         tries = Attempts(policy, retries, timeout, requested, max_hold, self.clock())
         cancel = options.cancel
         try:
-            while not self._stopped(tries, cancel):
+            while True:
+                if self.closed:
+                    self.check_open()
+                if cancel is not None and cancel.is_set():
+                    tries.reason = "cancelled"
+                    break
                 outcome = self.attempt(lock, tries, options.request_id)
                 if outcome == GRANTED:
                     if self._take(lock, tries, cancel):
@@ -312,16 +317,6 @@ class Acquisition:
             if tries.wake is not None:
                 self.dispatcher.unregister(lock.key, tries.wake)
         self._give_up(lock, tries)
-
-    def _stopped(self, tries: Attempts, cancel: Optional[threading.Event]) -> bool:
-        """Whether the loop ends before the next attempt: raises once the Locker is closed,
-        ``True`` once the wait is cancelled."""
-        if self.closed:
-            self.check_open()
-        if cancel is not None and cancel.is_set():
-            tries.reason = "cancelled"
-            return True
-        return False
 
     def attempt(self, lock: Lock, tries: Attempts, request_id: Optional[str] = None) -> Outcome:
         """One grant request for ``lock``, counted and timed in ``tries``, and what came of it.
@@ -354,25 +349,31 @@ class Acquisition:
             tries.unreachable = True
             tries.received = self.clock()
             return UNREACHABLE
-        if isinstance(answer, SlowDown) and tries.attempts > tries.retries:
-            # No attempt may follow (a single attempt, as try_acquire's): nothing is left to
-            # wait for, and the store's answer is the caller's.
-            raise answer.error
+        refused: Optional[Outcome] = None
+        fence: Optional[int] = None
+        if isinstance(answer, SlowDown):
+            if tries.attempts > tries.retries:
+                # No attempt may follow (a single attempt, as try_acquire's): nothing is left
+                # to wait for, and the store's answer is the caller's.
+                raise answer.error
+            tries.asked = answer.seconds
+            refused = RATE_LIMITED
+        elif answer is None:
+            refused = HELD
+        else:
+            fence = answer
         tries.received = received = self.clock()
         if tries.outage is not None:
             logger.warning("backend reachable again while acquiring %r", lock.key)
             tries.outage = None
-        if answer is None:
-            return HELD
-        if isinstance(answer, SlowDown):
-            tries.asked = answer.seconds
-            return RATE_LIMITED
+        if refused is not None:
+            return refused
         # The local end of the granted lease; None when the grant came back too late.
         end = local_end(tries.sent, tries.requested, received)
         if end is None:
             return LATE
         tries.end = end
-        tries.fence = answer if self.fencing else None
+        tries.fence = fence if self.fencing else None
         return GRANTED
 
     def _take(self, lock: Lock, tries: Attempts, cancel: Optional[threading.Event]) -> bool:

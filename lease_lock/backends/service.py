@@ -120,15 +120,11 @@ def ask_grant(
     primitive does.
     """
     try:
-        if request_id is None:
-            return _grant(backend, key, token, ttl, owner, fenced)
-        with request_id_scope(backend, request_id):
-            return _grant(backend, key, token, ttl, owner, fenced)
+        if request_id is not None:
+            with request_id_scope(backend, request_id):
+                return ask_grant(backend, key, token, ttl, owner, fenced, None)
+        if fenced:
+            return backend.acquire_fenced(key, token, ttl, owner)
+        return 0 if backend.acquire(key, token, ttl, owner) else None
     except RateLimitedError as error:
         return SlowDown(error.retry_after, error)
-
-
-def _grant(backend: Backend, key: str, token: str, ttl: float, owner: str, fenced: bool) -> Optional[int]:
-    if fenced:
-        return backend.acquire_fenced(key, token, ttl, owner)
-    return 0 if backend.acquire(key, token, ttl, owner) else None
