@@ -5,6 +5,12 @@ and the backend's answer: joining a re-entrant hold, the attempts paced by the r
 waiting for a release notification, a cancel event, the timeout, riding out an unreachable
 store, judging a grant that came back too late (:func:`lease_lock.lease.local_end`), and the set
 of locks currently held (which closing and forking need).
+
+The loop is three parts: :meth:`Acquisition.attempt` sends one grant request (through
+:func:`lease_lock.backends.service.ask_grant`, which knows the backends' request ids and rate
+limits) and names its :data:`Outcome`; :func:`pick_pause` chooses the wait before the next
+attempt; ``Acquisition._attempt`` joins them until a grant, the retries, the timeout or a
+cancel ends it. :class:`Attempts` is what they share about one acquisition.
 """
 
 from __future__ import annotations
