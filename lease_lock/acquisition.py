@@ -5,6 +5,12 @@ and the backend's answer: joining a re-entrant hold, the attempts paced by the r
 waiting for a release notification, a cancel event, the timeout, riding out an unreachable
 store, judging a grant that came back too late (:func:`lease_lock.lease.local_end`), and the set
 of locks currently held (which closing and forking need).
+
+The loop is three parts: :meth:`Acquisition.attempt` sends one grant request (through
+:func:`lease_lock.backends.service.ask_grant`, which knows the backends' request ids and rate
+limits) and names its :data:`Outcome`; :func:`pick_pause` chooses the wait before the next
+attempt; ``Acquisition._attempt`` joins them until a grant, the retries, the timeout or a
+cancel ends it. :class:`Attempts` is what they share about one acquisition.
 """
 
 from __future__ import annotations
@@ -12,11 +18,11 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Literal, NoReturn, Optional
 
 from .backends.base import Backend
-from .backends.service import request_id_scope
-from .errors import BackendUnavailableError, LockHeldError, LockStateError, RateLimitedError
+from .backends.service import SlowDown, ask_grant
+from .errors import BackendUnavailableError, LockHeldError, LockStateError
 from .events import EventHook, LockEvent, emit, logger, wanted
 from .heartbeat import Heartbeat
 from .lease import give_back, local_end
@@ -26,7 +32,10 @@ from .reentry import ThreadHolds
 from .retry import Retry, RetryState
 from .waiting import ReleaseDispatcher
 
-__all__ = ["NOTIFIED_WAIT_CAP", "Acquisition"]
+__all__ = [
+    "GRANTED", "HELD", "LATE", "NOTIFIED_WAIT_CAP", "RATE_LIMITED", "UNREACHABLE", "Acquisition", "Attempts",
+    "Outcome", "pick_pause",
+]
 
 #: The longest a waiter sleeps between looks at a key while release notifications flow (the
 #: retry delay, the holder's remaining lease when known, or this, whichever is shortest).
@@ -39,6 +48,86 @@ _CANCEL_SLICE = 0.05
 _Plan = tuple[Retry, float, float, Optional[float], bool]
 #: How many attempt plans an acquisition keeps before it starts afresh.
 _PLANS = 16
+
+
+#: What one attempt came to (see :meth:`Acquisition.attempt`).
+Outcome = Literal["granted", "held", "late", "unreachable", "rate-limited"]
+#: The store granted the key, and the answer came back while the local lease still runs.
+GRANTED: Outcome = "granted"
+#: The store answered that another holder has the key.
+HELD: Outcome = "held"
+#: The store granted the key, but the answer came back after the local lease had ended.
+LATE: Outcome = "late"
+#: The store could not be reached.
+UNREACHABLE: Outcome = "unreachable"
+#: The store asked for a pause before the next request (the HTTP service's 429).
+RATE_LIMITED: Outcome = "rate-limited"
+
+
+class Attempts:
+    """The attempts of one acquisition so far: its budget, what the latest one saw, its wait.
+
+    Built with the merged retry ``policy``, the ``retries`` and ``timeout`` of the loop, the
+    ``requested`` lease, the hold deadline ``max_hold`` and the lease-clock reading ``start``.
+    """
+
+    __slots__ = (
+        "asked", "attempts", "end", "fence", "max_hold", "outage", "policy", "previous_delay", "reason",
+        "received", "requested", "retries", "sent", "start", "timeout", "unreachable", "wake",
+    )
+
+    def __init__(
+        self, policy: Retry, retries: float, timeout: float, requested: float, max_hold: Optional[float], start: float
+    ) -> None:
+        self.policy = policy
+        self.retries = retries
+        self.timeout = timeout
+        self.requested = requested
+        self.max_hold = max_hold
+        #: When the acquisition began, when the latest attempt was sent and when it was answered.
+        self.start = self.sent = self.received = start
+        #: How many attempts were sent.
+        self.attempts = 0
+        #: What a wait ending now reports as LockHeldError's reason.
+        self.reason = "held"
+        #: Whether the latest attempt could not reach the store.
+        self.unreachable = False
+        #: The error of the latest attempt (or registration) that could not reach the store,
+        #: ``None`` once an attempt is answered again.
+        self.outage: Optional[BackendUnavailableError] = None
+        #: The retry delay last waited (the retry policy's ``previous_delay``).
+        self.previous_delay: Optional[float] = None
+        #: The pause the store asked for after a rate-limited attempt.
+        self.asked = 0.0
+        #: The local end and the fence of a grant in time.
+        self.end = start
+        self.fence: Optional[int] = None
+        #: Set by a release notification of the key, once registered for them.
+        self.wake: Optional[threading.Event] = None
+
+
+def pick_pause(
+    tries: Attempts, outcome: Outcome, elapsed: float, notifying: bool, lease_left: Callable[[], Optional[float]]
+) -> tuple[float, bool]:
+    """How long to wait after a refused attempt, and whether a release notification may end the
+    wait early: ``(seconds, interruptible)``, before the cut to the time left.
+
+    - After ``rate-limited``: the pause the store asked for, waited out in full.
+    - Otherwise the retry policy's delay for this attempt (remembered as the next one's
+      ``previous_delay``), which bounds every wait. While notifications flow (``notifying``) a
+      release only brings the next attempt sooner, and so may what is known without a round
+      trip: after ``held``, the holder's remaining lease (``lease_left()``, when the watcher
+      knows it); after ``late``, the key is worth trying again at once. After ``unreachable``
+      the delay stands.
+    """
+    if outcome == RATE_LIMITED:
+        return tries.asked, False
+    pause = tries.previous_delay = tries.policy.delay_for(RetryState(tries.attempts, elapsed, tries.previous_delay))
+    if notifying and outcome != UNREACHABLE and pause > 0:
+        sooner = lease_left() if outcome == HELD else 0.0
+        if sooner is not None:
+            pause = min(pause, sooner)
+    return pause, True
 
 
 def _unreachable(key: str, attempts: int, elapsed: float, last: BackendUnavailableError) -> BackendUnavailableError:
@@ -65,11 +154,17 @@ class Acquisition:
     It is also what every :class:`~lease_lock.Lock` of that Locker is served by (the
     ``LockHost`` a lock is built with): the backend, the lease clock, the heartbeat, the event
     hook, acquiring and forgetting a released lock.
+
+    The waits between attempts end on the lease clock and are bounded in real time too
+    (``time.sleep`` and ``time.monotonic``), so a lease clock that stands still cannot stretch
+    them. A ``clock`` that has a ``sleep(seconds)`` method of its own (a test's fake clock) is
+    injected time for the waits as well: they sleep with that method and pass on that clock
+    alone, taking no real time (a release notification is looked for before each sleep).
     """
 
     __slots__ = (
-        "_plans", "backend", "clock", "closed", "dispatcher", "fencing",
-        "heartbeat", "holds", "max_hold", "on_event", "owner", "reentrant", "retry",
+        "_plans", "backend", "clock", "closed", "dispatcher", "fake_time", "fencing", "heartbeat", "holds",
+        "max_hold", "on_event", "owner", "real_clock", "reentrant", "retry", "sleep",
     )
 
     def __init__(
@@ -86,6 +181,12 @@ class Acquisition:
     ) -> None:
         self.backend = backend
         self.clock = clock
+        own_sleep: Optional[Callable[[float], None]] = getattr(clock, "sleep", None)
+        #: Whether the waits between attempts pass on the lease clock alone (see the class
+        #: docstring); what they sleep with, and what bounds them besides the lease clock.
+        self.fake_time = own_sleep is not None
+        self.sleep: Callable[[float], None] = own_sleep or time.sleep
+        self.real_clock: Callable[[], float] = clock if self.fake_time else time.monotonic
         self.heartbeat = Heartbeat(backend, clock)
         self.dispatcher = ReleaseDispatcher(backend)
         self.retry = retry
@@ -198,152 +299,180 @@ class Acquisition:
         the store answered (or the wait was cancelled), ``BackendUnavailableError`` when it
         could not be reached."""
         cached = self._plans.get(id(options))
-        if cached is not None and cached[0] is options and cached[1] is self.retry:
-            policy, retries, timeout, max_hold, notify = cached[2]
-        else:
-            policy, retries, timeout, max_hold, notify = self._plan_for(options)
+        plan = cached[2] if cached is not None and cached[0] is options and cached[1] is self.retry else None
+        policy, retries, timeout, max_hold, notify = plan or self._plan_for(options)
         requested = min(lock.ttl, max_hold) if max_hold is not None else lock.ttl
+        tries = Attempts(policy, retries, timeout, requested, max_hold, self.clock())
         cancel = options.cancel
-        wake: Optional[threading.Event] = None
-        start = sent = self.clock()
-        attempts = 0
-        unreachable = False
-        previous_delay: Optional[float] = None
-        reason = "held"
-        # The error of the latest attempt that could not reach the store (None once an attempt
-        # is answered again): what a wait ending on an unreachable store reports.
-        outage: Optional[BackendUnavailableError] = None
         try:
             while True:
                 if self.closed:
                     self.check_open()
                 if cancel is not None and cancel.is_set():
-                    reason = "cancelled"
+                    tries.reason = "cancelled"
                     break
-                if wake is not None:
-                    wake.clear()
-                if attempts:
-                    sent = self.clock()
-                attempts += 1
-                rate_limit_pause: Optional[float] = None
-                unreachable = False
-                try:
-                    if options.request_id is None:
-                        granted, fence = self._ask(lock, requested)
-                    else:
-                        with request_id_scope(self.backend, options.request_id):
-                            granted, fence = self._ask(lock, requested)
-                except RateLimitedError as error:
-                    # The HTTP service asked us to slow down: a blocking acquisition waits as
-                    # long as it says (cut by the timeout) and counts that as an attempt; a
-                    # single attempt (try_acquire) has nothing to wait for and raises it.
-                    if attempts > retries:
-                        raise
-                    granted, fence, rate_limit_pause = False, None, error.retry_after
-                except BackendUnavailableError as error:
-                    # While the budget lasts an outage is one more failed attempt: the waiter
-                    # rides it out on its retry schedule. A single attempt raises it at once.
-                    if attempts == 1 and retries == 0:
-                        raise
-                    if outage is None:
-                        _log_outage(lock.key, error)
-                    granted, fence, unreachable, outage = False, None, True, error
-                received = self.clock()
-                # The local end of a granted lease, None when the grant came back too late.
-                end = local_end(sent, requested, received) if granted else None
-                if outage is not None and not unreachable:
-                    logger.warning("backend reachable again while acquiring %r", lock.key)
-                    outage = None
-                if end is not None:
-                    # A grant in time: the usual outcome, so judged first.
-                    if cancel is not None and cancel.is_set():
-                        # A winning attempt still in flight when the wait was cancelled is given
-                        # back: nobody will use it.
-                        give_back(self.backend, lock.key, lock.token)
-                        reason = "cancelled"
-                        break
-                    if self.closed:
-                        # close() ran while this attempt was in flight: nobody would extend or give
-                        # back this lease, so it goes back now, and check_open() raises (a closed
-                        # Locker never reopens).
-                        give_back(self.backend, lock.key, lock.token)
-                        self.check_open()
-                    lock.hold_granted(sent, end, requested, fence, max_hold)
-                    self.holds.add(lock)
-                    # Checked here too so that the uncontended path builds no event fields.
-                    if wanted(self.on_event, "acquired"):
-                        self._emit(lock, "acquired", waited=received - start, attempts=attempts)
-                    return
-                if unreachable:
-                    reason = "unavailable"
-                    self._emit(
-                        lock, "attempt_failed", attempt=attempts, elapsed=received - start, reason=reason, error=outage
-                    )
-                elif rate_limit_pause is not None:
-                    reason = "held"
-                elif granted:
-                    # Granted, but the answer came back after the local lease had ended.
-                    give_back(self.backend, lock.key, lock.token)
-                    reason = "late-acquire"
-                    self._emit(lock, "contended", attempt=attempts, elapsed=received - start, reason="late")
-                else:
-                    reason = "held"
-                    self._emit(lock, "contended", attempt=attempts, elapsed=received - start, reason="held")
-                if attempts > retries:
+                outcome = self.attempt(lock, tries, options.request_id)
+                if outcome == GRANTED:
+                    if self._take(lock, tries, cancel):
+                        return
                     break
-                elapsed = self.clock() - start
-                left = timeout - elapsed
-                if left <= 0:
-                    reason = "timeout"
-                    break
-                if notify and wake is None:
-                    # Registered only once the first attempt failed, which keeps uncontended
-                    # acquisitions cheap. A release between that attempt and registering wakes
-                    # nobody here, but the wait is bounded by the retry delay (and a wake-one
-                    # watcher answers such a release as it queues the waiter).
-                    try:
-                        wake = self.dispatcher.register(lock.key)
-                    except BackendUnavailableError as error:
-                        # No notifications while the store is down: pace by the retry delay
-                        # and try to subscribe again after the next failed attempt.
-                        if outage is None:
-                            _log_outage(lock.key, error)
-                        outage = error
-                if rate_limit_pause is not None:
-                    pause = rate_limit_pause
-                else:
-                    # The policy's delay bounds every wait; while notifications flow, a release
-                    # (or the holder's lease ending first) only brings the next attempt sooner.
-                    pause = previous_delay = policy.delay_for(RetryState(attempts, elapsed, previous_delay))
-                    if not unreachable and wake is not None and self.dispatcher.active and pause > 0:
-                        sooner = self._sooner(lock.key) if reason == "held" else 0.0
-                        if sooner is not None:
-                            pause = min(pause, sooner)
-                # A rate limit must be waited out in full: a release notification cannot end it.
-                notified = self._pause(min(pause, left), wake if rate_limit_pause is None else None, cancel)
-                if not notified and self.clock() - start >= timeout:
-                    # The last wait is cut to the time left, and no attempt starts after the timeout.
-                    reason = "timeout"
+                self._refused(lock, tries, outcome)
+                if not self._wait(lock, tries, outcome, notify, cancel):
                     break
         finally:
-            if wake is not None:
-                self.dispatcher.unregister(lock.key, wake)
-        elapsed = self.clock() - start
-        if reason == "timeout":
-            self._emit(lock, "timed_out", attempts=attempts, elapsed=elapsed)
-        if unreachable and reason != "cancelled":
+            if tries.wake is not None:
+                self.dispatcher.unregister(lock.key, tries.wake)
+        self._give_up(lock, tries)
+
+    def attempt(self, lock: Lock, tries: Attempts, request_id: Optional[str] = None) -> Outcome:
+        """One grant request for ``lock``, counted and timed in ``tries``, and what came of it.
+
+        ``granted`` (in time: ``tries.end`` and ``tries.fence`` say what to hold), ``held``,
+        ``late`` (granted, but the answer came after the local lease had ended),
+        ``rate-limited`` (the store asked for ``tries.asked`` seconds of quiet) or
+        ``unreachable`` (``tries.outage`` is the error). What cannot be ridden out is raised
+        instead: a single attempt's unreachable store, and a rate limit on the last attempt
+        allowed (the store's own error, as it is).
+        """
+        if tries.wake is not None:
+            tries.wake.clear()
+        if tries.attempts:
+            tries.sent = self.clock()
+        tries.attempts += 1
+        tries.unreachable = False
+        try:
+            answer = ask_grant(
+                self.backend, lock.key, lock.token, tries.requested, self.owner, self.fencing, request_id
+            )
+        except BackendUnavailableError as error:
+            # While the budget lasts an outage is one more failed attempt: the waiter rides it
+            # out on its retry schedule. A single attempt raises it at once.
+            if tries.attempts == 1 and tries.retries == 0:
+                raise
+            if tries.outage is None:
+                _log_outage(lock.key, error)
+            tries.outage = error
+            tries.unreachable = True
+            tries.received = self.clock()
+            return UNREACHABLE
+        refused: Optional[Outcome] = None
+        fence: Optional[int] = None
+        if isinstance(answer, SlowDown):
+            if tries.attempts > tries.retries:
+                # No attempt may follow (a single attempt, as try_acquire's): nothing is left
+                # to wait for, and the store's answer is the caller's.
+                raise answer.error
+            tries.asked = answer.seconds
+            refused = RATE_LIMITED
+        elif answer is None:
+            refused = HELD
+        else:
+            fence = answer
+        tries.received = received = self.clock()
+        if tries.outage is not None:
+            logger.warning("backend reachable again while acquiring %r", lock.key)
+            tries.outage = None
+        if refused is not None:
+            return refused
+        # The local end of the granted lease; None when the grant came back too late.
+        end = local_end(tries.sent, tries.requested, received)
+        if end is None:
+            return LATE
+        tries.end = end
+        tries.fence = fence if self.fencing else None
+        return GRANTED
+
+    def _take(self, lock: Lock, tries: Attempts, cancel: Optional[threading.Event]) -> bool:
+        """Hold the grant of the latest attempt; ``False`` (the grant given back) when the wait
+        was cancelled while that attempt was in flight."""
+        if cancel is not None and cancel.is_set():
+            # A winning attempt still in flight when the wait was cancelled is given back:
+            # nobody will use it.
+            give_back(self.backend, lock.key, lock.token)
+            tries.reason = "cancelled"
+            return False
+        if self.closed:
+            # close() ran while this attempt was in flight: nobody would extend or give back
+            # this lease, so it goes back now, and check_open() raises (a closed Locker never
+            # reopens).
+            give_back(self.backend, lock.key, lock.token)
+            self.check_open()
+        lock.hold_granted(tries.sent, tries.end, tries.requested, tries.fence, tries.max_hold)
+        self.holds.add(lock)
+        # Checked here too so that the uncontended path builds no event fields.
+        if wanted(self.on_event, "acquired"):
+            self._emit(lock, "acquired", waited=tries.received - tries.start, attempts=tries.attempts)
+        return True
+
+    def _refused(self, lock: Lock, tries: Attempts, outcome: Outcome) -> None:
+        """Note an attempt that got no grant: its reason, its event, and a late grant given back."""
+        elapsed = tries.received - tries.start
+        if outcome == UNREACHABLE:
+            tries.reason = "unavailable"
+            self._emit(
+                lock, "attempt_failed", attempt=tries.attempts, elapsed=elapsed, reason="unavailable",
+                error=tries.outage,
+            )
+        elif outcome == RATE_LIMITED:
+            tries.reason = "held"
+        elif outcome == LATE:
+            give_back(self.backend, lock.key, lock.token)
+            tries.reason = "late-acquire"
+            self._emit(lock, "contended", attempt=tries.attempts, elapsed=elapsed, reason="late")
+        else:
+            tries.reason = "held"
+            self._emit(lock, "contended", attempt=tries.attempts, elapsed=elapsed, reason="held")
+
+    def _wait(
+        self, lock: Lock, tries: Attempts, outcome: Outcome, notify: bool, cancel: Optional[threading.Event]
+    ) -> bool:
+        """Wait before the next attempt; ``False`` when none may follow (the retries are spent,
+        or the timeout came)."""
+        if tries.attempts > tries.retries:
+            return False
+        elapsed = self.clock() - tries.start
+        left = tries.timeout - elapsed
+        if left <= 0:
+            tries.reason = "timeout"
+            return False
+        if notify and tries.wake is None:
+            self._register(lock, tries)
+        notifying = tries.wake is not None and self.dispatcher.active
+        pause, interruptible = pick_pause(tries, outcome, elapsed, notifying, lambda: self._sooner(lock.key))
+        notified = self._pause(min(pause, left), tries.wake if interruptible else None, cancel)
+        if not notified and self.clock() - tries.start >= tries.timeout:
+            # The last wait is cut to the time left, and no attempt starts after the timeout.
+            tries.reason = "timeout"
+            return False
+        return True
+
+    def _register(self, lock: Lock, tries: Attempts) -> None:
+        """Start hearing of releases of ``lock``'s key.
+
+        Registered only once the first attempt failed, which keeps uncontended acquisitions
+        cheap. A release between that attempt and registering wakes nobody here, but the wait
+        is bounded by the retry delay (and a wake-one watcher answers such a release as it
+        queues the waiter)."""
+        try:
+            tries.wake = self.dispatcher.register(lock.key)
+        except BackendUnavailableError as error:
+            # No notifications while the store is down: pace by the retry delay and try to
+            # subscribe again after the next failed attempt.
+            if tries.outage is None:
+                _log_outage(lock.key, error)
+            tries.outage = error
+
+    def _give_up(self, lock: Lock, tries: Attempts) -> NoReturn:
+        """Raise what ends an acquisition without a grant (after its ``timed_out`` event)."""
+        elapsed = self.clock() - tries.start
+        if tries.reason == "timeout":
+            self._emit(lock, "timed_out", attempts=tries.attempts, elapsed=elapsed)
+        if tries.unreachable and tries.reason != "cancelled":
             # The wait ended with an attempt that could not reach the store: that is what it
             # says, not "held" (nobody answered that the key is held).
-            assert outage is not None
-            raise _unreachable(lock.key, attempts, elapsed, outage)
-        raise LockHeldError(lock.key, attempts=attempts, elapsed=elapsed, reason=reason) from outage
-
-    def _ask(self, lock: Lock, requested: float) -> tuple[bool, Optional[int]]:
-        """One grant request to the backend: whether it granted, and the fence if fencing."""
-        if self.fencing:
-            fence = self.backend.acquire_fenced(lock.key, lock.token, requested, self.owner)
-            return fence is not None, fence
-        return self.backend.acquire(lock.key, lock.token, requested, self.owner), None
+            assert tries.outage is not None
+            raise _unreachable(lock.key, tries.attempts, elapsed, tries.outage)
+        raise LockHeldError(lock.key, attempts=tries.attempts, elapsed=elapsed, reason=tries.reason) from tries.outage
 
     def _sooner(self, key: str) -> Optional[float]:
         """How soon the next attempt may come while notifications flow, when the wake-one
@@ -355,20 +484,22 @@ class Acquisition:
         return min(NOTIFIED_WAIT_CAP, max(known, 0.0))
 
     def _pause(self, seconds: float, wake: Optional[threading.Event], cancel: Optional[threading.Event]) -> bool:
-        """Wait ``seconds`` on the lease clock (bounded in real time too); ``True`` if a release
-        notification ended the wait early."""
+        """Wait ``seconds`` on the lease clock (bounded on the waits' own clock too); ``True`` if
+        a release notification ended the wait early."""
         target = self.clock() + seconds
-        real_deadline = time.monotonic() + seconds
+        real_deadline = self.real_clock() + seconds
         while True:
-            left = min(target - self.clock(), real_deadline - time.monotonic())
+            left = min(target - self.clock(), real_deadline - self.real_clock())
             if left <= 0:
                 return False
             if cancel is not None:
                 if cancel.is_set():
                     return False
                 left = min(left, _CANCEL_SLICE)
-            if wake is not None:
-                if wake.wait(left):
+            if wake is None or self.fake_time:
+                # Injected time cannot also wait for the event: it looks at it before each sleep.
+                if wake is not None and wake.is_set():
                     return True
-            else:
-                time.sleep(left)
+                self.sleep(left)
+            elif wake.wait(left):
+                return True

@@ -13,6 +13,11 @@ belong to the HTTP lock service live here instead, each an interface a backend m
   acquisitions (the HTTP client backend). :func:`request_id_scope` enters it when a backend
   offers it and does nothing otherwise.
 
+:func:`ask_grant` is how the core sends one grant request of an acquisition through any
+backend: it carries the request id where the backend can, and turns the service's request to
+slow down (:class:`~lease_lock.errors.RateLimitedError`, a 429 with ``Retry-After``) into an
+answer, :class:`SlowDown`, so that the core's attempt loop knows neither.
+
 A third-party backend that implements neither still passes
 :class:`lease_lock.testing.BackendContract` and works with every ``Locker`` feature; it only
 cannot be the store behind ``lease-lock serve``.
@@ -22,12 +27,13 @@ from __future__ import annotations
 
 import abc
 import contextlib
+from dataclasses import dataclass
 from typing import ContextManager, Optional, Union
 
-from ..errors import ValidationError
+from ..errors import RateLimitedError, ValidationError
 from .base import Backend, LockState
 
-__all__ = ["RequestIdCarrier", "ServiceStore", "check_amount", "request_id_scope"]
+__all__ = ["RequestIdCarrier", "ServiceStore", "SlowDown", "ask_grant", "check_amount", "request_id_scope"]
 
 
 class ServiceStore(Backend):
@@ -87,3 +93,38 @@ def request_id_scope(backend: object, request_id: Optional[str]) -> ContextManag
     if isinstance(backend, RequestIdCarrier):
         return backend.request_id_scope(request_id)
     return contextlib.nullcontext()
+
+
+@dataclass(frozen=True)
+class SlowDown:
+    """The store's answer to a grant request when it asks the caller to wait before the next.
+
+    ``seconds`` is how long it asked for (the service's ``Retry-After``); ``error`` is the
+    :class:`~lease_lock.errors.RateLimitedError` that said so, which a caller that will send no
+    further request (a single attempt, or the last one) raises as it is.
+    """
+
+    seconds: float
+    error: RateLimitedError
+
+
+def ask_grant(
+    backend: Backend, key: str, token: str, ttl: float, owner: str, fenced: bool, request_id: Optional[str]
+) -> Union[int, SlowDown, None]:
+    """One grant request of an acquisition: the answer, whichever backend it goes to.
+
+    Returns the grant's fence (``0`` for a grant asked without one, ``fenced=False``), ``None``
+    when the key is held, or a :class:`SlowDown` when the store asked the caller to wait first.
+    ``request_id`` travels with the request when the backend is a :class:`RequestIdCarrier`
+    and is ignored otherwise. An unreachable store raises ``BackendUnavailableError``, as every
+    primitive does.
+    """
+    try:
+        if request_id is not None:
+            with request_id_scope(backend, request_id):
+                return ask_grant(backend, key, token, ttl, owner, fenced, None)
+        if fenced:
+            return backend.acquire_fenced(key, token, ttl, owner)
+        return 0 if backend.acquire(key, token, ttl, owner) else None
+    except RateLimitedError as error:
+        return SlowDown(error.retry_after, error)

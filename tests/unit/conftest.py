@@ -2,25 +2,24 @@
 a recording memory backend, an event recorder and a Locker wired to all three.
 
 Time is injected, never slept: a test moves the :class:`FakeClock` and calls
-``locker.heartbeat.run_due()`` to do the heartbeat's due work on its own thread.
+``locker.heartbeat.run_due()`` to do the heartbeat's due work on its own thread. A test that
+asks for ``sleeps`` gets a :class:`SleepingClock`, which the Locker's waits sleep on.
 """
 
 from __future__ import annotations
 
-import types
 from typing import Iterator
 
 import pytest
 from lease_lock import Locker
-from lease_lock import acquisition as acquisition_module
 from lease_lock.heartbeat import Heartbeat
 
-from .fakes import EventLog, FakeClock, RecordingBackend
+from .fakes import EventLog, FakeClock, RecordingBackend, SleepingClock
 
 
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
-    """The fake clock.
+def clock(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> FakeClock:
+    """The fake clock (a :class:`SleepingClock` when the test also asks for ``sleeps``).
 
     While it is in use the heartbeat threads started by the test idle until stopped: a real
     thread acting on fake time would do due work whenever it happens to wake, racing the test.
@@ -34,7 +33,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
                 heartbeat._condition.wait()
 
     monkeypatch.setattr(Heartbeat, "_run", idle)
-    return FakeClock()
+    return SleepingClock() if "sleeps" in request.fixturenames else FakeClock()
 
 
 @pytest.fixture
@@ -58,13 +57,7 @@ def locker(backend: RecordingBackend, clock: FakeClock, events: EventLog) -> Ite
 
 
 @pytest.fixture
-def sleeps(monkeypatch: pytest.MonkeyPatch, clock: FakeClock) -> list[float]:
-    """Make the Locker's waits move the fake clock instead of sleeping; returns each wait."""
-    waited: list[float] = []
-
-    def sleep(seconds: float) -> None:
-        waited.append(seconds)
-        clock.advance(seconds)
-
-    monkeypatch.setattr(acquisition_module, "time", types.SimpleNamespace(monotonic=clock, sleep=sleep))
-    return waited
+def sleeps(clock: FakeClock) -> list[float]:
+    """Each wait of the Locker's acquisitions, in order: they sleep on the fake clock, moving it."""
+    assert isinstance(clock, SleepingClock)
+    return clock.slept

@@ -10,7 +10,7 @@ from typing import Any, Callable, ClassVar, Optional, Sequence
 from lease_lock import Locker, LockEvent, MemoryBackend
 from lease_lock.backends.base import Capabilities, ExtendRequest
 
-__all__ = ["START", "EventLog", "FakeClock", "RecordingBackend", "SilentBackend", "advance_to_beat"]
+__all__ = ["START", "EventLog", "FakeClock", "RecordingBackend", "SilentBackend", "SleepingClock", "advance_to_beat"]
 
 #: Fake time starts here; values used by the tests are binary fractions, so sums are exact.
 START = 1000.0
@@ -38,6 +38,23 @@ class FakeClock:
         with self._mutex:
             assert when >= self.now, "a monotonic clock cannot go back"
             self.now = when
+
+
+class SleepingClock(FakeClock):
+    """A fake clock that a Locker's waits sleep on: each sleep moves it and is recorded.
+
+    A Locker given a clock with a ``sleep`` method waits on that clock alone, so a wait between
+    attempts takes no real time and ``slept`` lists every one.
+    """
+
+    def __init__(self, start: float = START) -> None:
+        super().__init__(start)
+        self.slept: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        """Record ``seconds`` and move the clock by them."""
+        self.slept.append(seconds)
+        self.advance(seconds)
 
 
 class RecordingBackend(MemoryBackend):
