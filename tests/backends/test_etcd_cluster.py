@@ -127,9 +127,12 @@ def test_lost_quorum_grants_nothing_and_the_holder_reads_lost(private_etcd_clust
             member.pause()
         started = time.monotonic()
         try:
-            # The lock's own clock says it is lost within its ttl of the last extension.
+            # The lock's own clock says it is lost within its ttl of the last extension. The
+            # member left alone may be the leader, and an etcd leader renews leases without its
+            # quorum until it steps down, one election timeout (1 s by default) later: such a
+            # renewal is real, so it may push the local end that far past the pause.
             assert lock.lost.wait(30)
-            assert time.monotonic() - started <= 4 + 1.0
+            assert time.monotonic() - started <= 4 + 1.0 + 1.5
             for name in (key, f"{key}:free"):
                 with pytest.raises(BackendUnavailableError):
                     other.acquire(name, blocking=False)
