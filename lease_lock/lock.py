@@ -21,7 +21,7 @@ from .backends.base import Backend
 from .backends.service import request_id_scope
 from .errors import LockHeldError, LockLostError, LockStateError
 from .events import EventHook, LockEvent, emit, logger, wanted
-from .heartbeat import ARRIVAL_LEAD, Heartbeat, Timer
+from .heartbeat import ARRIVAL_LEAD, Heartbeat, Timer, beat_interval, clamp_to_deadline, next_beat
 from .lease import give_back, local_end
 from .options import LockOptions, check_extend_interval, check_request_id
 from .retry import Retry
@@ -433,11 +433,11 @@ class Lock(GuardedBlock):
             emit(hook, LockEvent(type=event_type, key=self.key, ttl=self._ttl, **fields))
 
     def _interval(self) -> float:
-        return self._options.extend_interval or self._ttl / 3
+        return beat_interval(self._ttl, self._options.extend_interval)
 
-    def _request_ttl(self, now: float) -> float:
-        """The TTL to ask for: the lock's TTL, clamped to the time left before the max-hold deadline."""
-        return min(self._ttl, self._deadline - now)
+    def _extending(self) -> bool:
+        """Whether the heartbeat extends this lease again (see :func:`lease_lock.heartbeat.next_beat`)."""
+        return self._options.auto_extend and not self._clamped
 
     # -- acquisition (driven by the Locker) ----------------------------------------------------
 
@@ -509,11 +509,9 @@ class Lock(GuardedBlock):
             self._lease_end = end
             self._clamped = requested < self._ttl
             self.fence = fence
-            # A grant clamped to the deadline already ends there: an extension could only ask
-            # for a sliver of time, which a normal round trip answers "late".
-            extend = self._options.auto_extend and not self._clamped
+            extend = self._extending()
             interval = self._interval()
-            self._next_beat = sent + interval if extend else math.inf
+            self._next_beat = next_beat("granted", sent, interval, extending=extend)
             if (interval if extend else end - sent) >= ARRIVAL_LEAD:
                 # Most locks are released long before their first timer: the heartbeat sets
                 # it only if this one is still held when its thread next wakes.
@@ -561,7 +559,7 @@ class Lock(GuardedBlock):
             if now < self._next_beat:
                 self._arm(self._interval())
                 return None
-            requested = self._request_ttl(now)
+            requested = clamp_to_deadline(self._ttl, self._deadline, now)
             if requested > 0:
                 self._in_flight += 1
                 return requested
@@ -583,7 +581,7 @@ class Lock(GuardedBlock):
         Returns ``None`` (the lock then reads lost, ``"max-hold"``) when no time is left. Planned
         requests can wait behind others, so the clamp is applied at sending, not at planning.
         """
-        clamped = min(requested, self._deadline - sent)
+        clamped = clamp_to_deadline(requested, self._deadline, sent)
         if clamped > 0:
             return clamped
         with self._mutex:
@@ -608,9 +606,7 @@ class Lock(GuardedBlock):
                 self._lease_end = end
                 self._clamped = requested < self._ttl
                 self._extend_error = None
-                # A clamped lease already ends at the deadline: extending again cannot help.
-                extend_again = self._options.auto_extend and not self._clamped
-                self._next_beat = sent + self._interval() if extend_again else math.inf
+                self._next_beat = next_beat("extended", sent, self._interval(), extending=self._extending())
         if outcome == "extended":
             self._emit("extended")
             self._schedule()
@@ -631,8 +627,8 @@ class Lock(GuardedBlock):
             if self._state != "held":
                 return
             self._extend_error = error
-            if self._options.auto_extend and self._next_beat != math.inf:
-                self._next_beat = self._host.clock() + self._interval() / 3
+            if self._next_beat != math.inf:
+                self._next_beat = next_beat("failed", self._host.clock(), self._interval(), extending=self._extending())
         self._emit("extend_failed", error=error)
         self._schedule()
 
@@ -757,7 +753,7 @@ class Lock(GuardedBlock):
         if cancel is not None and cancel.is_set():
             raise self._renewal_cancelled(0, started)
         with self._mutex:
-            requested = min(new_ttl, self._deadline - self._host.clock())
+            requested = clamp_to_deadline(new_ttl, self._deadline, self._host.clock())
             if requested > 0:
                 self._in_flight += 1
                 if cancel is None:
