@@ -628,21 +628,7 @@ class Lease:
         cancel: Optional[threading.Event] = None,
         request_id: Optional[str] = None,
     ) -> None:
-        """Replace the lease with ``ttl`` seconds from now (default: the latest TTL).
-
-        Clamped to the max-hold deadline. Raises ``LockStateError`` if unlocked or released,
-        ``LockLostError`` if lost, not ours (``"extend"``) or answered late (``"late-extend"``;
-        the late lease is given back). A driver error propagates; the lock stays held until its
-        current lease runs out.
-
-        ``cancel`` is the same kind of event ``acquire`` takes. Set before the renewal starts,
-        no request is made; set while its request is on its way, the call still returns when
-        the store answers (a request cannot be recalled) and the answer is not applied. Either
-        way ``LockHeldError(reason="cancelled")`` is raised and the lock is left as it was:
-        still held, with its TTL and heartbeat schedule (its local lease only ever becomes
-        shorter, when the store granted less time than was left). ``request_id`` goes with the
-        request as ``acquire``'s does.
-        """
+        """What :meth:`lease_lock.Lock.extend` does, for this lease."""
         cancel = check_cancel(cancel)
         if request_id is not None:
             check_request_id(request_id)
@@ -786,7 +772,7 @@ class Lease:
             self._mark_lost("forked", notify=False)
 
     def locker_closed(self) -> None:
-        """What :meth:`lease_lock.Lock.extend` does, for this lease."""
+        """Library side: the Locker is closing; give the key back and read lost (``"closed"``)."""
         self._refresh()
         with self._mutex:
             if self._state != "held" or self._releasing:
