@@ -142,10 +142,9 @@ class LossSignal(threading.Event):
 class Hold:
     """One handle's share of a lease: whether that handle has let go of it."""
 
-    __slots__ = ("let_go",)
-
-    def __init__(self) -> None:
-        self.let_go = False
+    # A class-level default and no __init__: a Hold is made for every lock, and most are let
+    # go once, so making one runs no Python code.
+    let_go = False
 
 
 class Lease:
