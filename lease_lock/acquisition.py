@@ -20,13 +20,13 @@ import threading
 import time
 from typing import Any, Callable, Literal, NoReturn, Optional
 
+from ._lease import Lease
 from .backends.base import Backend
 from .backends.service import SlowDown, ask_grant
 from .errors import BackendUnavailableError, LockHeldError, LockStateError
 from .events import EventHook, LockEvent, emit, logger, wanted
 from .heartbeat import Heartbeat
 from .lease import give_back, local_end
-from .lock import Lock
 from .options import LockOptions
 from .reentry import ThreadHolds
 from .retry import Retry, RetryState
@@ -204,7 +204,7 @@ class Acquisition:
 
     # -- the set of held locks -----------------------------------------------------------------
 
-    def forget(self, lock: Lock) -> None:
+    def forget(self, lock: Lease) -> None:
         """``lock`` was released or lost: closing the locker has nothing left to give back for it."""
         self.holds.forget(lock)
 
@@ -213,11 +213,11 @@ class Acquisition:
         heartbeat has not given back yet (the Locker is closing)."""
         self.heartbeat.release_dropped()
 
-    def take_held(self) -> list[Lock]:
+    def take_held(self) -> list[Lease]:
         """Every lock still held, emptying the set (the Locker is closing)."""
         return self.holds.take()
 
-    def after_fork(self) -> list[Lock]:
+    def after_fork(self) -> list[Lease]:
         """In a forked child: fresh mutexes, no thread's holds, and the locks a parent thread
         held at the fork (returned, emptying the set), which the child must never use."""
         held = self.holds.take()
@@ -233,9 +233,10 @@ class Acquisition:
 
     # -- acquiring -----------------------------------------------------------------------------
 
-    def acquire(self, lock: Lock, options: LockOptions, *, raise_on_contention: bool) -> bool:
-        """Acquire ``lock`` with ``options``: ``True`` when held; on contention ``False`` or,
-        with ``raise_on_contention``, ``LockHeldError``."""
+    def acquire(self, lock: Lease, options: LockOptions, *, raise_on_contention: bool) -> Optional[Lease]:
+        """Acquire ``lock`` with ``options``: the lease now held (``lock``, or the one a
+        re-entrant acquire joined); on contention ``None`` or, with ``raise_on_contention``,
+        ``LockHeldError``."""
         if self.closed:
             self.check_open()
         lock.start_acquiring()
@@ -243,22 +244,23 @@ class Acquisition:
             reentrant = self.reentrant if options.reentrant is None else options.reentrant
             if reentrant:
                 outer = self.holds.find(lock.key)
-                if outer is not None and lock.join_hold(outer):
-                    return True
+                if outer is not None and outer.join():
+                    lock.stop_acquiring()
+                    return outer
             self._attempt(lock, options)
         except BaseException as error:
-            # A grant (in its pass through the lock's mutex) or a join ended the acquiring
-            # already; every other way out ends it here.
+            # A grant (in its pass through the lock's mutex) ended the acquiring already;
+            # every other way out ends it here.
             lock.stop_acquiring()
             if not isinstance(error, LockHeldError):
                 raise
             if not raise_on_contention:
-                return False
+                return None
             explained = self.holds.explain(lock.key, error)
             if explained is error:
                 raise
             raise explained from None
-        return True
+        return lock
 
     def _max_hold_for(self, options: LockOptions) -> Optional[float]:
         if options.max_hold is not None:
@@ -267,7 +269,7 @@ class Acquisition:
             return self.max_hold
         return None
 
-    def _emit(self, lock: Lock, event_type: str, **fields: Any) -> None:
+    def _emit(self, lock: Lease, event_type: str, **fields: Any) -> None:
         hook = self.on_event
         if wanted(hook, event_type):
             emit(hook, LockEvent(type=event_type, key=lock.key, ttl=lock.ttl, **fields))
@@ -292,7 +294,7 @@ class Acquisition:
         self._plans[id(options)] = (options, self.retry, plan)
         return plan
 
-    def _attempt(self, lock: Lock, options: LockOptions) -> None:
+    def _attempt(self, lock: Lease, options: LockOptions) -> None:
         """The retry loop: attempts paced by the retry policy until its timeout.
 
         Returns on a grant. Otherwise raises what the last attempt saw: ``LockHeldError`` when
@@ -324,7 +326,7 @@ class Acquisition:
                 self.dispatcher.unregister(lock.key, tries.wake)
         self._give_up(lock, tries)
 
-    def attempt(self, lock: Lock, tries: Attempts, request_id: Optional[str] = None) -> Outcome:
+    def attempt(self, lock: Lease, tries: Attempts, request_id: Optional[str] = None) -> Outcome:
         """One grant request for ``lock``, counted and timed in ``tries``, and what came of it.
 
         ``granted`` (in time: ``tries.end`` and ``tries.fence`` say what to hold), ``held``,
@@ -382,7 +384,7 @@ class Acquisition:
         tries.fence = fence if self.fencing else None
         return GRANTED
 
-    def _take(self, lock: Lock, tries: Attempts, cancel: Optional[threading.Event]) -> bool:
+    def _take(self, lock: Lease, tries: Attempts, cancel: Optional[threading.Event]) -> bool:
         """Hold the grant of the latest attempt; ``False`` (the grant given back) when the wait
         was cancelled while that attempt was in flight."""
         if cancel is not None and cancel.is_set():
@@ -404,7 +406,7 @@ class Acquisition:
             self._emit(lock, "acquired", waited=tries.received - tries.start, attempts=tries.attempts)
         return True
 
-    def _refused(self, lock: Lock, tries: Attempts, outcome: Outcome) -> None:
+    def _refused(self, lock: Lease, tries: Attempts, outcome: Outcome) -> None:
         """Note an attempt that got no grant: its reason, its event, and a late grant given back."""
         elapsed = tries.received - tries.start
         if outcome == UNREACHABLE:
@@ -424,7 +426,7 @@ class Acquisition:
             self._emit(lock, "contended", attempt=tries.attempts, elapsed=elapsed, reason="held")
 
     def _wait(
-        self, lock: Lock, tries: Attempts, outcome: Outcome, notify: bool, cancel: Optional[threading.Event]
+        self, lock: Lease, tries: Attempts, outcome: Outcome, notify: bool, cancel: Optional[threading.Event]
     ) -> bool:
         """Wait before the next attempt; ``False`` when none may follow (the retries are spent,
         or the timeout came)."""
@@ -446,7 +448,7 @@ class Acquisition:
             return False
         return True
 
-    def _register(self, lock: Lock, tries: Attempts) -> None:
+    def _register(self, lock: Lease, tries: Attempts) -> None:
         """Start hearing of releases of ``lock``'s key.
 
         Registered only once the first attempt failed, which keeps uncontended acquisitions
@@ -462,7 +464,7 @@ class Acquisition:
                 _log_outage(lock.key, error)
             tries.outage = error
 
-    def _give_up(self, lock: Lock, tries: Attempts) -> NoReturn:
+    def _give_up(self, lock: Lease, tries: Attempts) -> NoReturn:
         """Raise what ends an acquisition without a grant (after its ``timed_out`` event)."""
         elapsed = self.clock() - tries.start
         if tries.reason == "timeout":

@@ -37,12 +37,15 @@ import math
 import threading
 import weakref
 from collections import deque
-from typing import Callable, Optional, Protocol
+from typing import Callable, Literal, Optional, Protocol
 
 from .backends.base import Backend, ExtendRequest
 from .events import logger
 
-__all__ = ["ARRIVAL_LEAD", "LANES", "OVERRUN_WARNING", "Beating", "Heartbeat", "Timer"]
+__all__ = [
+    "ARRIVAL_LEAD", "INTERVAL_SHARE", "LANES", "OVERRUN_WARNING", "RETRY_SHARE", "BeatStep", "Beating",
+    "Heartbeat", "Timer", "beat_interval", "clamp_to_deadline", "next_beat",
+]
 
 #: A beat that runs this many seconds after it was due is logged as a warning: the thread or the
 #: backend is too slow for the number of locks held.
@@ -59,6 +62,54 @@ ARRIVAL_LEAD = 2 * _WAIT_SLICE
 #: ones) were cancelled since the last pass, so released locks neither grow the queues nor wake
 #: the thread, at an amortized O(1) per cancel.
 _COMPACT_AFTER = 256
+
+
+# -- the schedule ------------------------------------------------------------------------------
+# The one home of the heartbeat's policy: how often a lease is extended, when the next extension
+# leaves after a grant, an answer or a failure, and how much each one asks for under a max-hold
+# deadline. The lock and the thread below only follow it; the docs explain it once, on the
+# concepts page ("The heartbeat").
+
+#: Without ``extend_interval``, a lease is extended every this share of its TTL: two extensions
+#: in a row can fail before the lease is in danger.
+INTERVAL_SHARE = 1 / 3
+#: After an extension that raised, the next one leaves after this share of the interval: the
+#: confirmed lease still runs, and this leaves room for more tries before it ends.
+RETRY_SHARE = 1 / 3
+
+#: What a lock's schedule is set after: its grant, an extension answered, an extension that raised.
+BeatStep = Literal["granted", "extended", "failed"]
+
+
+def beat_interval(ttl: float, extend_interval: Optional[float]) -> float:
+    """Seconds between two extensions of a lease of ``ttl``: ``extend_interval`` when given,
+    else :data:`INTERVAL_SHARE` of the TTL."""
+    return extend_interval or ttl * INTERVAL_SHARE
+
+
+def next_beat(step: BeatStep, at: float, interval: float, *, extending: bool) -> float:
+    """When a lock's next extension leaves, on the lease clock, after ``step`` at ``at``.
+
+    - ``"granted"`` and ``"extended"``: ``at`` is when the request that won or renewed the
+      lease *left*, and the next one leaves one ``interval`` later. Counting from the send, as
+      the local lease itself does, keeps a slow answer from pushing the schedule late.
+    - ``"failed"``: ``at`` is when the failure was seen; the next try leaves after
+      :data:`RETRY_SHARE` of the interval.
+    - Never (``inf``) when the lock is not ``extending``: ``auto_extend=False``, a heartbeat
+      stopped by a failed release, or a lease already clamped to its max-hold deadline (see
+      :func:`clamp_to_deadline`), which a further extension could not lengthen.
+    """
+    if not extending:
+        return math.inf
+    return at + (interval * RETRY_SHARE if step == "failed" else interval)
+
+
+def clamp_to_deadline(ttl: float, deadline: float, now: float) -> float:
+    """The TTL an extension (or grant) leaving at ``now`` asks for: ``ttl``, cut so the lease
+    ends no later than the max-hold ``deadline``. Zero or less means no time is left: the lock
+    is then lost with reason ``"max-hold"``. Applied as each request leaves, not when it is
+    planned, since planned requests can wait behind others."""
+    return min(ttl, deadline - now)
 
 
 class Beating(Protocol):

@@ -29,7 +29,7 @@ from .errors import LockHeldError, LockLostError, ValidationError
 from .events import EventHook, combine
 from .heartbeat import Heartbeat
 from .leadership import Leadership
-from .lock import Lock, run_guarded
+from .lock import Lock, acquire_or_raise, give_up, run_guarded
 from .lockset import LockSet
 from .options import LOCK_OPTIONS, LockOptions, check_extend_interval, check_request_id, lock_options
 from .retry import DEFAULT_RETRY, Retry
@@ -338,7 +338,7 @@ class Locker:
         """
         options = lock_options(opts) if opts else _DEFAULT_OPTIONS
         lock = self._make_lock(key, ttl, options)
-        self._acquisition.acquire(lock, options, raise_on_contention=True)
+        acquire_or_raise(lock, options)
         return lock
 
     def try_acquire(self, key: str, ttl: Optional[float] = None, **opts: Any) -> Optional[Lock]:
@@ -354,7 +354,7 @@ class Locker:
             options = _ONE_ATTEMPT
         lock = self._make_lock(key, ttl, options)
         try:
-            self._acquisition.acquire(lock, options, raise_on_contention=True)
+            acquire_or_raise(lock, options)
         except LockHeldError as error:
             # None means "another holder has the key" and nothing else: every other failure raises.
             if error.reason != "held":
@@ -388,7 +388,7 @@ class Locker:
                 name = key(*args, **kwargs) if callable(key) else key
                 lock = self._make_lock(name, lease, options)
                 try:
-                    self._acquisition.acquire(lock, options, raise_on_contention=True)
+                    acquire_or_raise(lock, options)
                 except LockHeldError as error:
                     if skip and error.reason != "late-acquire":
                         return None
@@ -430,7 +430,7 @@ class Locker:
             for lock in locks:
                 left = max(0.0, budget - (self._clock() - start))
                 step = options.with_attempt_budget(None, left if math.isfinite(left) else math.inf)
-                self._acquisition.acquire(lock, step, raise_on_contention=True)
+                acquire_or_raise(lock, step)
                 taken.append(lock)
             for lock in taken[:-1]:
                 try:
@@ -445,7 +445,7 @@ class Locker:
             for lock in taken:
                 # The original failure is what the caller must see; a failed give-back here
                 # becomes a release_failed event and the lease runs out on its own.
-                lock.release_on_exit()
+                give_up(lock)
             raise
         return LockSet(tuple(taken))
 

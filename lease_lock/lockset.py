@@ -6,7 +6,7 @@ import threading
 from typing import Any, Callable, Optional, TypeVar
 
 from .errors import LockLostError, LockStateError
-from .lock import GuardedBlock, Lock, wait_for_loss
+from .lock import GuardedBlock, Lock, give_up, wait_for_loss
 
 _Result = TypeVar("_Result")
 
@@ -38,7 +38,7 @@ class SetLossSignal(threading.Event):
         return wait_for_loss(self, super().wait, self._time_to_lapse, timeout)
 
     def _time_to_lapse(self) -> float:
-        return min(lock._time_to_lapse() for lock in self._locks)
+        return min(lock.lost._time_to_lapse() for lock in self._locks)
 
     def set(self) -> None:
         """Not for callers."""
@@ -127,7 +127,7 @@ class LockSet(GuardedBlock):
     def _finish(self, *, block_raised: bool, result: Any) -> None:
         lost: Optional[Lock] = None
         for lock in self.locks:
-            lock.release_on_exit()
+            give_up(lock)
             # As for one lock: only a loss counts, not a lock the block had released already.
             if lock.state == "lost" and lost is None:
                 lost = lock

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 from .errors import LockHeldError
 
 if TYPE_CHECKING:
-    from .lock import Lock
+    from ._lease import Lease
 
 __all__ = ["ThreadHolds"]
 
@@ -34,7 +34,7 @@ _FIRST_SWEEP = 1024
 
 
 if TYPE_CHECKING:
-    _LockRef = weakref.ref[Lock]
+    _LockRef = weakref.ref[Lease]
 else:
     _LockRef = weakref.ref
 
@@ -62,19 +62,19 @@ class ThreadHolds:
         # collected reads None and is swept in bulk (see _sweep_held), which costs a grant
         # nothing. A dead reference equals only itself, so the sweep can never drop a live lock
         # that happens to reuse a collected one's id.
-        self._held: set[weakref.ref[Lock]] = set()
+        self._held: set[weakref.ref[Lease]] = set()
         self._held_sweep_at = _FIRST_SWEEP
         # (thread id, key) -> the locks; kept once first asked (see the module docstring):
         # grants are noted from the moment ``_noting`` is set, and the index is read without
         # the mutex once it is complete (``_indexed``).
-        self._entries: dict[tuple[int, str], tuple[weakref.ref[Lock], ...]] = {}
+        self._entries: dict[tuple[int, str], tuple[weakref.ref[Lease], ...]] = {}
         self._sweep_at = _FIRST_SWEEP
         self._noting = False
         self._indexed = False
 
     # -- the held set --------------------------------------------------------------------------
 
-    def add(self, lock: Lock) -> None:
+    def add(self, lock: Lease) -> None:
         """``lock`` was just granted to the calling thread."""
         reference = _Held(lock, self._collected)
         reference.key = lock.key
@@ -107,25 +107,25 @@ class ThreadHolds:
         # Queued first: the warning may be turned into an error.
         warnings.warn(
             f"lock {reference.key!r} was garbage-collected while held; its lease is given back "
-            "now. Keep the Lock that acquire() or try_acquire() returned and release it, or use "
+            "now. Keep the Lease that acquire() or try_acquire() returned and release it, or use "
             "it in 'with'",
             ResourceWarning,
             stacklevel=2,
         )
 
-    def forget(self, lock: Lock) -> None:
+    def forget(self, lock: Lease) -> None:
         """``lock`` was released or lost: closing the locker has nothing left to give back for
         it, and collecting it is no drop."""
         self._held.discard(weakref.ref(lock))
 
-    def take(self) -> list[Lock]:
+    def take(self) -> list[Lease]:
         """Every lock still granted, emptying the set (the Locker is closing or forked)."""
         held, self._held = self._held, set()
         return [lock for reference in list(held) if (lock := reference()) is not None]
 
     # -- by thread and key ---------------------------------------------------------------------
 
-    def _note(self, lock: Lock, reference: weakref.ref[Lock]) -> None:
+    def _note(self, lock: Lease, reference: weakref.ref[Lease]) -> None:
         thread = lock.thread
         if thread is None or thread.ident is None:
             return
@@ -139,7 +139,7 @@ class ThreadHolds:
                 }
                 self._sweep_at = max(_FIRST_SWEEP, 2 * len(entries))
 
-    def _index(self) -> dict[tuple[int, str], tuple[weakref.ref[Lock], ...]]:
+    def _index(self) -> dict[tuple[int, str], tuple[weakref.ref[Lease], ...]]:
         if self._indexed:
             return self._entries
         with self._mutex:
@@ -161,7 +161,7 @@ class ThreadHolds:
                 self._indexed = True
             return self._entries
 
-    def find(self, key: str) -> Optional[Lock]:
+    def find(self, key: str) -> Optional[Lease]:
         """The lock the calling thread holds on ``key`` (read against the clock), else ``None``."""
         current = threading.current_thread()
         for reference in self._index().get((threading.get_ident(), key), ()):
@@ -189,5 +189,5 @@ class ThreadHolds:
         )
 
 
-def _alive(references: tuple[weakref.ref[Lock], ...]) -> tuple[weakref.ref[Lock], ...]:
+def _alive(references: tuple[weakref.ref[Lease], ...]) -> tuple[weakref.ref[Lease], ...]:
     return tuple(reference for reference in references if reference() is not None)

@@ -99,7 +99,8 @@ def test_extensions_sent_late_in_a_beat_stay_within_max_hold(clock: FakeClock) -
 
 
 def test_a_lapse_check_racing_an_extension_does_not_lose_the_lock(locker: Locker, clock: FakeClock) -> None:
-    lock = locker.acquire("k")
+    handle = locker.acquire("k")
+    lock = handle._lease
     old_end = lock._lease_end
     # The heartbeat extends in time; a reader that saw the old end only then tries to mark it.
     sent = clock.advance(10)
@@ -183,7 +184,7 @@ def test_timedelta_retry_delay_works_in_an_acquisition(sleeps: list[float], cloc
 
 def test_tokens_stay_out_of_reprs(locker: Locker) -> None:
     lock = locker.lock("k", token=SECRET)
-    for text in (repr(lock), repr(lock._options), repr(ExtendRequest("k", SECRET, 30.0))):
+    for text in (repr(lock), repr(lock._lease.options), repr(ExtendRequest("k", SECRET, 30.0))):
         assert SECRET not in text
 
 

@@ -120,3 +120,20 @@ def test_lazy_names_import_like_eager_ones() -> None:
 
 def test_version_is_a_string() -> None:
     assert isinstance(lease_lock.__version__, str) and lease_lock.__version__.count(".") >= 1
+
+
+#: Everything a user may call or read on a Lock (its context manager aside).
+LOCK_NAMES = {
+    "acquire", "check", "expires_in", "extend", "fence", "held_for", "holds", "is_held", "key", "lost",
+    "lost_cause", "lost_reason", "on_loss", "release", "retry", "state", "thread", "token", "ttl",
+}
+
+
+def test_a_lock_has_exactly_its_documented_public_names() -> None:
+    from lease_lock import Lock
+
+    assert {name for name in dir(Lock) if not name.startswith("_")} == LOCK_NAMES
+    assert Lock.__doc__ is not None
+    for name in LOCK_NAMES:
+        assert f"``{name}``" in Lock.__doc__, f"Lock's docstring does not name {name}"
+    assert hasattr(Lock, "__enter__") and hasattr(Lock, "__exit__")

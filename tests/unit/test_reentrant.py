@@ -158,7 +158,7 @@ def test_the_hold_index_forgets_collected_locks(locker: Locker) -> None:
     for index in range(1500):
         locker.acquire(f"more-{index}").release()
     # Live holds survive every sweep and are still found by their thread.
-    assert all(holds.find(lock.key) is lock for lock in kept)
+    assert all(holds.find(lock.key) is lock._lease for lock in kept)
     for lock in kept:
         lock.release()
 
@@ -191,7 +191,7 @@ def test_the_granting_thread_is_recorded(locker: Locker) -> None:
     with lock:
         assert lock.thread is threading.current_thread()
         with locker.lock("k", reentrant=True) as joined:
-            assert joined.thread is None, "a joined hold has no lease of its own"
+            assert joined.thread is threading.current_thread(), "a joined hold shares the lease"
 
 
 def test_closing_gives_back_what_is_held_even_after_many_were_dropped(
