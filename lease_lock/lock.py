@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, TypeVar
 
 from .backends.base import Backend
 from .backends.service import request_id_scope
-from .errors import LockHeldError, LockLostError, LockStateError
-from .events import EventHook, LockEvent, emit, logger, wanted
+from .errors import LockHeldError, LockLostError, LockStateError, LostReason
+from .events import EventHook, EventType, LockEvent, emit, logger, wanted
 from .heartbeat import ARRIVAL_LEAD, Heartbeat, Timer
 from .lease import give_back, local_end
 from .options import LockOptions, check_extend_interval, check_request_id
@@ -235,7 +235,7 @@ class Lock(GuardedBlock):
         self._mutex = threading.Lock()
         self._state = "unlocked"
         self._busy_acquiring = False
-        self._lost_reason: Optional[str] = None
+        self._lost_reason: Optional[LostReason] = None
         self._lost_cause: Optional[BaseException] = None
         self._acquired_at: Optional[float] = None
         self._ended_at: Optional[float] = None
@@ -317,7 +317,7 @@ class Lock(GuardedBlock):
         return self._state
 
     @property
-    def lost_reason(self) -> Optional[str]:
+    def lost_reason(self) -> Optional[LostReason]:
         """Why the lease was lost, or ``None``."""
         if self._outer is not None:
             return self._outer.lost_reason
@@ -372,7 +372,7 @@ class Lock(GuardedBlock):
             return math.inf
         return max(0.0, self._lease_end - self._host.clock())
 
-    def _lapse_reason(self) -> tuple[str, Optional[BaseException]]:
+    def _lapse_reason(self) -> tuple[LostReason, Optional[BaseException]]:
         if self._in_flight:
             return "late-extend", None
         if self._extend_error is not None:
@@ -389,7 +389,7 @@ class Lock(GuardedBlock):
 
     def _mark_lost(
         self,
-        reason: Optional[str],
+        reason: Optional[LostReason],
         cause: Optional[BaseException] = None,
         *,
         at: Optional[float] = None,
@@ -424,7 +424,7 @@ class Lock(GuardedBlock):
             self._emit("lost", reason=reason, error=cause)
         return True
 
-    def _emit(self, event_type: str, **fields: Any) -> None:
+    def _emit(self, event_type: EventType, **fields: Any) -> None:
         hook = self._host.on_event
         if wanted(hook, event_type):
             if event_type in _EVENTS_WITH_HELD_FOR:
