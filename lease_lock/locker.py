@@ -33,6 +33,7 @@ from .leadership import Leadership
 from .lock import Lock, run_guarded
 from .lockset import LockSet
 from .options import (
+    LOCK_OPTIONS,
     NOT_GIVEN,
     LockOptions,
     Seconds,
@@ -60,6 +61,9 @@ _LOCKERS: weakref.WeakSet[Locker] = weakref.WeakSet()
 _DEFAULT_OPTIONS = LockOptions()
 # try_acquire's options, built once: it is the hot path of skip-if-busy jobs.
 _ONE_ATTEMPT = LockOptions(blocking=False)
+#: The options each call gave, read from its ``locals()``: try_acquire takes no waiting options.
+_GIVEN = given_options(LOCK_OPTIONS)
+_GIVEN_TO_TRY = given_options(LOCK_OPTIONS - {"retry", "timeout", "blocking"})
 #: How many validated keys a Locker remembers before it starts afresh.
 _CHECKED_KEYS = 4096
 
@@ -327,7 +331,7 @@ class Locker:
 
         The options (keyword only) are those of :meth:`acquire`, taken when the lock is acquired.
         """
-        opts = given_options(locals())
+        opts = _GIVEN(locals())
         return self._make_lock(key, ttl, lock_options(opts) if opts else _DEFAULT_OPTIONS)
 
     def _make_lock(self, key: str, ttl: Optional[Seconds], options: LockOptions) -> Lock:
@@ -385,7 +389,7 @@ class Locker:
         answered that the key is held. A non-blocking call raises ``BackendUnavailableError``
         at once.
         """
-        opts = given_options(locals())
+        opts = _GIVEN(locals())
         options = lock_options(opts) if opts else _DEFAULT_OPTIONS
         lock = self._make_lock(key, ttl, options)
         self._acquisition.acquire(lock, options, raise_on_contention=True)
@@ -412,7 +416,7 @@ class Locker:
         ``LockHeldError(reason="late-acquire")`` instead, since then nobody holds the key. A
         store that cannot be reached raises ``BackendUnavailableError``.
         """
-        opts = given_options(locals())
+        opts = _GIVEN_TO_TRY(locals())
         options = replace(LockOptions.from_kwargs(opts), blocking=False) if opts else _ONE_ATTEMPT
         lock = self._make_lock(key, ttl, options)
         try:
@@ -449,7 +453,7 @@ class Locker:
         outcome order applies; ``LockLostError.result`` carries the return value. The other
         options are those of :meth:`acquire`.
         """
-        opts = given_options(locals())
+        opts = _GIVEN(locals())
         self._check_open()
         check_bool(skip, "skip")
         if skip and blocking is NOT_GIVEN and "timeout" not in opts:
@@ -501,7 +505,7 @@ class Locker:
         holds of the calling thread (``reentrant`` does not apply). The other options are those
         of :meth:`acquire` but ``token``.
         """
-        opts = given_options(locals())
+        opts = _GIVEN(locals())
         if "token" in opts:
             raise ValidationError("token cannot be given to acquire_many: each lock needs its own")
         if opts.get("reentrant"):
