@@ -10,11 +10,11 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import get_args
+from typing import Callable, get_args
 
 import lease_lock
 import pytest
-from lease_lock import Locker
+from lease_lock import Locker, ValidationError, connect
 from lease_lock.events import EVENT_TYPES
 from lease_lock.options import LOCK_OPTIONS, NOT_GIVEN, OPTION_DEFAULTS
 
@@ -36,6 +36,26 @@ def test_each_call_takes_the_lock_options_as_keywords_with_their_defaults(method
         # locked() must tell blocking=True from no blocking at all: skip=True means one attempt.
         expected = NOT_GIVEN if (method, name) == ("locked", "blocking") else OPTION_DEFAULTS[name]
         assert keywords[name] is expected, name
+
+
+CALLS: dict[str, Callable[..., object]] = {
+    "lock": lambda locker, **option: locker.lock("k", **option),
+    "acquire": lambda locker, **option: locker.acquire("k", **option),
+    "try_acquire": lambda locker, **option: locker.try_acquire("k", **option),
+    "locked": lambda locker, **option: locker.locked("k", **option)(lambda: None)(),
+    "acquire_many": lambda locker, **option: locker.acquire_many(["k"], **option),
+}
+
+
+@pytest.mark.parametrize("method", sorted(CALLS))
+def test_every_option_a_call_takes_reaches_its_validation(method: str) -> None:
+    # A call's fast path for "no option given" must not overlook one: each bad value is refused.
+    parameters = inspect.signature(getattr(Locker, method)).parameters
+    with connect("memory://") as locker:
+        for name in LOCK_OPTIONS & set(parameters):
+            with pytest.raises(ValidationError, match=name):
+                CALLS[method](locker, **{name: object()})
+        assert list(locker.list()) == []
 
 
 def test_the_event_type_literal_lists_every_event_type() -> None:
