@@ -10,7 +10,7 @@ import math
 import threading
 from dataclasses import MISSING, dataclass, field, fields, replace
 from datetime import timedelta
-from operator import is_, itemgetter
+from operator import itemgetter
 from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
 from .errors import ValidationError
@@ -126,13 +126,9 @@ def given_options(names: Iterable[str]) -> Callable[[Mapping[str, Any]], dict[st
     values_of = itemgetter(*ordered)
 
     def given(values: Mapping[str, Any]) -> dict[str, Any]:
-        found = values_of(values)
-        # Most calls give no option: one pass of identity checks in C says so.
-        if all(map(is_, found, defaults)):
-            return {}
         return {
             name: value
-            for name, value, default in zip(ordered, found, defaults)
+            for name, value, default in zip(ordered, values_of(values), defaults)
             if value is not default and value is not NOT_GIVEN
         }
 
