@@ -13,10 +13,12 @@ from .connect import connect
 from .errors import (
     AccessDeniedError,
     BackendUnavailableError,
+    HeldReason,
     LeaseLockError,
     LockHeldError,
     LockLostError,
     LockStateError,
+    LostReason,
     RateLimitedError,
     ReplicationError,
     ValidationError,
@@ -26,7 +28,7 @@ if _typing.TYPE_CHECKING:
     from .backends import register_scheme
     from .backends.base import Backend, Capabilities, ExtendRequest, LockState, ReleaseWatcher
     from .backends.memory import MemoryBackend
-    from .events import LockEvent
+    from .events import EventType, LockEvent
     from .leadership import Leadership
     from .lock import Lock
     from .locker import Locker
@@ -40,7 +42,9 @@ __all__ = [
     "Backend",
     "BackendUnavailableError",
     "Capabilities",
+    "EventType",
     "ExtendRequest",
+    "HeldReason",
     "Leadership",
     "LeaseLockError",
     "Lock",
@@ -51,6 +55,7 @@ __all__ = [
     "LockState",
     "LockStateError",
     "Locker",
+    "LostReason",
     "MemoryBackend",
     "RateLimitedError",
     "ReleaseWatcher",
@@ -68,6 +73,7 @@ __all__ = [
 _LAZY = {
     "Backend": ".backends.base",
     "Capabilities": ".backends.base",
+    "EventType": ".events",
     "ExtendRequest": ".backends.base",
     "Leadership": ".leadership",
     "Lock": ".lock",

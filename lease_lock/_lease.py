@@ -23,8 +23,8 @@ from typing import Any, Callable, Optional, Protocol
 
 from .backends.base import Backend
 from .backends.service import request_id_scope
-from .errors import LockHeldError, LockLostError, LockStateError
-from .events import EventHook, LockEvent, emit, logger, wanted
+from .errors import LockHeldError, LockLostError, LockStateError, LostReason
+from .events import EventHook, EventType, LockEvent, emit, logger, wanted
 from .heartbeat import ARRIVAL_LEAD, Heartbeat, Timer, beat_interval, clamp_to_deadline, next_beat
 from .lease import give_back, local_end
 from .options import LockOptions, check_extend_interval, check_request_id
@@ -201,7 +201,7 @@ class Lease:
         self._mutex = threading.Lock()
         self._state = "unlocked"
         self._busy_acquiring = False
-        self._lost_reason: Optional[str] = None
+        self._lost_reason: Optional[LostReason] = None
         self._lost_cause: Optional[BaseException] = None
         self._acquired_at: Optional[float] = None
         self._ended_at: Optional[float] = None
@@ -271,7 +271,7 @@ class Lease:
         return self._state
 
     @property
-    def lost_reason(self) -> Optional[str]:
+    def lost_reason(self) -> Optional[LostReason]:
         """Why the lease was lost, or ``None``."""
         self._refresh()
         return self._lost_reason
@@ -315,7 +315,7 @@ class Lease:
             return math.inf
         return max(0.0, self._lease_end - self._host.clock())
 
-    def _lapse_reason(self) -> tuple[str, Optional[BaseException]]:
+    def _lapse_reason(self) -> tuple[LostReason, Optional[BaseException]]:
         if self._in_flight:
             return "late-extend", None
         if self._extend_error is not None:
@@ -332,7 +332,7 @@ class Lease:
 
     def _mark_lost(
         self,
-        reason: Optional[str],
+        reason: Optional[LostReason],
         cause: Optional[BaseException] = None,
         *,
         at: Optional[float] = None,
@@ -367,7 +367,7 @@ class Lease:
             self._emit("lost", reason=reason, error=cause)
         return True
 
-    def _emit(self, event_type: str, **fields: Any) -> None:
+    def _emit(self, event_type: EventType, **fields: Any) -> None:
         hook = self._host.on_event
         if wanted(hook, event_type):
             if event_type in _EVENTS_WITH_HELD_FOR:

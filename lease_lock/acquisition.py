@@ -18,13 +18,13 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Any, Callable, Literal, NoReturn, Optional
+from typing import Any, Callable, Literal, NoReturn, Optional, Union
 
 from ._lease import Lease
 from .backends.base import Backend
 from .backends.service import SlowDown, ask_grant
-from .errors import BackendUnavailableError, LockHeldError, LockStateError
-from .events import EventHook, LockEvent, emit, logger, wanted
+from .errors import BackendUnavailableError, HeldReason, LockHeldError, LockStateError
+from .events import EventHook, EventType, LockEvent, emit, logger, wanted
 from .heartbeat import Heartbeat
 from .lease import give_back, local_end
 from .options import LockOptions
@@ -89,7 +89,7 @@ class Attempts:
         #: How many attempts were sent.
         self.attempts = 0
         #: What a wait ending now reports as LockHeldError's reason.
-        self.reason = "held"
+        self.reason: Union[HeldReason, Literal["unavailable"]] = "held"
         #: Whether the latest attempt could not reach the store.
         self.unreachable = False
         #: The error of the latest attempt (or registration) that could not reach the store,
@@ -269,7 +269,7 @@ class Acquisition:
             return self.max_hold
         return None
 
-    def _emit(self, lock: Lease, event_type: str, **fields: Any) -> None:
+    def _emit(self, lock: Lease, event_type: EventType, **fields: Any) -> None:
         hook = self.on_event
         if wanted(hook, event_type):
             emit(hook, LockEvent(type=event_type, key=lock.key, ttl=lock.ttl, **fields))
@@ -474,6 +474,8 @@ class Acquisition:
             # says, not "held" (nobody answered that the key is held).
             assert tries.outage is not None
             raise _unreachable(lock.key, tries.attempts, elapsed, tries.outage)
+        # An attempt that could not reach the store ended in BackendUnavailableError above.
+        assert tries.reason != "unavailable"
         raise LockHeldError(lock.key, attempts=tries.attempts, elapsed=elapsed, reason=tries.reason) from tries.outage
 
     def _sooner(self, key: str) -> Optional[float]:

@@ -26,18 +26,29 @@ task queues.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 __all__ = [
     "AccessDeniedError",
     "BackendUnavailableError",
+    "HeldReason",
     "LeaseLockError",
     "LockHeldError",
     "LockLostError",
     "LockStateError",
+    "LostReason",
     "RateLimitedError",
     "ReplicationError",
     "ValidationError",
+]
+
+#: Why a key could not be acquired: :attr:`LockHeldError.reason` (see :class:`LockHeldError`).
+HeldReason = Literal["held", "timeout", "cancelled", "late-acquire"]
+
+#: How a held lease ended: :attr:`LockLostError.reason` and ``Lock.lost_reason`` (see
+#: :class:`LockLostError`).
+LostReason = Literal[
+    "expired", "extend", "extend-failed", "late-extend", "max-hold", "release", "observed", "closed", "forked"
 ]
 
 
@@ -86,10 +97,16 @@ class LockHeldError(LeaseLockError):
     key: str
     attempts: int
     elapsed: float
-    reason: str
+    reason: HeldReason
 
     def __init__(
-        self, key: str, *, attempts: int, elapsed: float, reason: str = "held", holder: str = "is held elsewhere"
+        self,
+        key: str,
+        *,
+        attempts: int,
+        elapsed: float,
+        reason: HeldReason = "held",
+        holder: str = "is held elsewhere",
     ) -> None:
         # ``holder`` words who has the key, for the message only (a thread waiting for itself
         # is told so).
@@ -119,13 +136,11 @@ class LockLostError(LeaseLockError):
 
     code = "LOCK_LOST"
     key: str
-    reason: str
+    reason: LostReason
     completed: bool
     result: Any
 
-    def __init__(
-        self, key: str, reason: str, *, completed: bool = False, result: Any = None
-    ) -> None:
+    def __init__(self, key: str, reason: LostReason, *, completed: bool = False, result: Any = None) -> None:
         # A loss is only noticed at the next renewal, check or release: a block that ran to its
         # end may have run its last part without the lock.
         state = "; the block ran to its end before the loss was noticed" if completed else " while held"

@@ -11,18 +11,24 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
+from typing import Callable, Literal, Optional, Union
 
 from .errors import ValidationError
 
-__all__ = ["EVENT_TYPES", "EventHook", "LockEvent", "combine", "emit", "logger", "wanted"]
+__all__ = ["EVENT_TYPES", "EventHook", "EventType", "LockEvent", "combine", "emit", "logger", "wanted"]
 
 logger = logging.getLogger("lease_lock")
 # A library must not print through the last-resort handler; applications configure logging.
 logger.addHandler(logging.NullHandler())
 
+#: What happened to a lock: :attr:`LockEvent.type` (the keys of :data:`EVENT_TYPES`).
+EventType = Literal[
+    "acquired", "contended", "timed_out", "attempt_failed", "extended", "extend_failed", "released", "lost",
+    "release_failed",
+]
+
 #: Every event type, with the level it is logged at.
-EVENT_TYPES = {
+EVENT_TYPES: dict[EventType, int] = {
     "acquired": logging.DEBUG,
     "contended": logging.DEBUG,
     "timed_out": logging.DEBUG,
@@ -49,7 +55,7 @@ class LockEvent:
     ``release_failed``: ``held_for``, ``error``. Fields that do not apply are ``None``.
     """
 
-    type: str
+    type: EventType
     key: str
     ttl: float
     waited: Optional[float] = None
@@ -108,7 +114,7 @@ def combine(*hooks: Union[EventHook, Iterable[EventHook], None]) -> Optional[Eve
     return fan_out
 
 
-def wanted(hook: Optional[EventHook], event_type: str) -> bool:
+def wanted(hook: Optional[EventHook], event_type: EventType) -> bool:
     """Whether an event of this type would reach anyone (a hook, or an enabled log level), so
     that the hot path can skip building events nobody receives."""
     return hook is not None or logger.isEnabledFor(EVENT_TYPES[event_type])

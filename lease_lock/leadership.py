@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 from .errors import LockStateError, ValidationError
 from .events import logger
@@ -47,8 +47,16 @@ class Campaigner(Protocol):
     def closed(self) -> bool:
         """``True`` once the Locker is closed: the campaign ends."""
 
-    def lock(self, key: str, ttl: Optional[float] = None, **opts: Any) -> Lock:
-        """An unacquired lock on ``key``."""
+    def lock(
+        self,
+        key: str,
+        ttl: Optional[float] = None,
+        *,
+        retry: Optional[Retry] = None,
+        cancel: Optional[threading.Event] = None,
+        max_hold: Optional[float] = None,
+    ) -> Lock:
+        """An unacquired lock on ``key`` with the options a campaign uses."""
 
 
 class Leadership:

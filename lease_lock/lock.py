@@ -17,6 +17,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 from ._lease import Hold, Lease, LockHost, LossSignal, wait_for_loss
+from .errors import LostReason
 from .options import LockOptions
 from .retry import Retry
 
@@ -146,7 +147,7 @@ class Lock(GuardedBlock):
         return self._lease.state
 
     @property
-    def lost_reason(self) -> Optional[str]:
+    def lost_reason(self) -> Optional[LostReason]:
         """Why the lease was lost, or ``None``."""
         return self._lease.lost_reason
 

@@ -15,6 +15,7 @@ import functools
 import math
 import os
 import socket
+import threading
 import warnings
 import weakref
 from dataclasses import replace
@@ -31,7 +32,16 @@ from .heartbeat import Heartbeat
 from .leadership import Leadership
 from .lock import Lock, acquire_or_raise, give_up, run_guarded
 from .lockset import LockSet
-from .options import LOCK_OPTIONS, LockOptions, check_extend_interval, check_request_id, lock_options
+from .options import (
+    LOCK_OPTIONS,
+    NOT_GIVEN,
+    LockOptions,
+    Seconds,
+    check_extend_interval,
+    check_request_id,
+    given_options,
+    lock_options,
+)
 from .retry import DEFAULT_RETRY, Retry
 from .validation import (
     check_bool,
@@ -51,7 +61,9 @@ _LOCKERS: weakref.WeakSet[Locker] = weakref.WeakSet()
 _DEFAULT_OPTIONS = LockOptions()
 # try_acquire's options, built once: it is the hot path of skip-if-busy jobs.
 _ONE_ATTEMPT = LockOptions(blocking=False)
-_TRY_OPTION_NAMES = LOCK_OPTIONS - {"retry", "timeout", "blocking"}
+#: The options each call gave, read from its ``locals()``: try_acquire takes no waiting options.
+_GIVEN = given_options(LOCK_OPTIONS)
+_GIVEN_TO_TRY = given_options(LOCK_OPTIONS - {"retry", "timeout", "blocking"})
 #: How many validated keys a Locker remembers before it starts afresh.
 _CHECKED_KEYS = 4096
 
@@ -299,11 +311,46 @@ class Locker:
 
     # -- making locks --------------------------------------------------------------------------
 
-    def lock(self, key: str, ttl: Optional[float] = None, **opts: Any) -> Lock:
-        """An unacquired :class:`Lock` on ``key``; ``with`` acquires and releases it."""
-        return self._make_lock(key, ttl, lock_options(opts) if opts else _DEFAULT_OPTIONS)
+    def lock(
+        self,
+        key: str,
+        ttl: Optional[Seconds] = None,
+        *,
+        retry: Optional[Retry] = None,
+        timeout: Optional[Seconds] = None,
+        blocking: bool = True,
+        cancel: Optional[threading.Event] = None,
+        auto_extend: bool = True,
+        max_hold: Optional[Seconds] = None,
+        extend_interval: Optional[Seconds] = None,
+        token: Optional[str] = None,
+        request_id: Optional[str] = None,
+        reentrant: Optional[bool] = None,
+    ) -> Lock:
+        """An unacquired :class:`Lock` on ``key``; ``with`` acquires and releases it.
 
-    def _make_lock(self, key: str, ttl: Optional[float], options: LockOptions) -> Lock:
+        The options (keyword only) are those of :meth:`acquire`, taken when the lock is acquired.
+        """
+        # Most calls give no option. Saying so with identity checks spares reading the call's
+        # locals(): some 11,000 instructions of a 64,000-instruction cycle (benchmarks.instructions).
+        # Each call's checks name every option it takes: tests/unit/test_option_types.py passes
+        # each one a bad value.
+        if (
+            retry is None
+            and timeout is None
+            and blocking is True
+            and cancel is None
+            and auto_extend is True
+            and max_hold is None
+            and extend_interval is None
+            and token is None
+            and request_id is None
+            and reentrant is None
+        ):
+            return self._make_lock(key, ttl, _DEFAULT_OPTIONS)
+        return self._make_lock(key, ttl, lock_options(_GIVEN(locals())))
+
+    def _make_lock(self, key: str, ttl: Optional[Seconds], options: LockOptions) -> Lock:
         if self._acquisition.closed:
             self._check_open()
         full_key = self._full_key(key)
@@ -319,8 +366,30 @@ class Locker:
             token = self._factory_token()
         return Lock(self._acquisition, full_key, lease, options, token, self)
 
-    def acquire(self, key: str, ttl: Optional[float] = None, **opts: Any) -> Lock:
+    def acquire(
+        self,
+        key: str,
+        ttl: Optional[Seconds] = None,
+        *,
+        retry: Optional[Retry] = None,
+        timeout: Optional[Seconds] = None,
+        blocking: bool = True,
+        cancel: Optional[threading.Event] = None,
+        auto_extend: bool = True,
+        max_hold: Optional[Seconds] = None,
+        extend_interval: Optional[Seconds] = None,
+        token: Optional[str] = None,
+        request_id: Optional[str] = None,
+        reentrant: Optional[bool] = None,
+    ) -> Lock:
         """A held :class:`Lock`; raises ``LockHeldError`` when the retry budget is spent.
+
+        The options are keyword only; a name that is not one of them raises ``TypeError`` and a
+        bad value ``ValidationError``. ``retry`` and ``timeout`` shape the attempts (``timeout``
+        overrides ``retry.timeout``), ``blocking=False`` makes one, ``cancel`` (a
+        ``threading.Event``) stops the wait; ``auto_extend``, ``max_hold`` and
+        ``extend_interval`` shape the heartbeat; ``token`` is the lock's own token,
+        ``request_id`` the id of its requests to the store. ``None`` means the locker's default.
 
         With ``reentrant=True`` (here or on the Locker), when the calling thread already holds
         ``key`` through this locker the returned lock joins that lease without asking the
@@ -336,22 +405,58 @@ class Locker:
         answered that the key is held. A non-blocking call raises ``BackendUnavailableError``
         at once.
         """
-        options = lock_options(opts) if opts else _DEFAULT_OPTIONS
+        if (
+            retry is None
+            and timeout is None
+            and blocking is True
+            and cancel is None
+            and auto_extend is True
+            and max_hold is None
+            and extend_interval is None
+            and token is None
+            and request_id is None
+            and reentrant is None
+        ):
+            options = _DEFAULT_OPTIONS
+        else:
+            options = lock_options(_GIVEN(locals()))
         lock = self._make_lock(key, ttl, options)
         acquire_or_raise(lock, options)
         return lock
 
-    def try_acquire(self, key: str, ttl: Optional[float] = None, **opts: Any) -> Optional[Lock]:
+    def try_acquire(
+        self,
+        key: str,
+        ttl: Optional[Seconds] = None,
+        *,
+        cancel: Optional[threading.Event] = None,
+        auto_extend: bool = True,
+        max_hold: Optional[Seconds] = None,
+        extend_interval: Optional[Seconds] = None,
+        token: Optional[str] = None,
+        request_id: Optional[str] = None,
+        reentrant: Optional[bool] = None,
+    ) -> Optional[Lock]:
         """Exactly one attempt: a held :class:`Lock`, or ``None`` when another holder has it.
+
+        The options are those of :meth:`acquire` but ``retry``, ``timeout`` and ``blocking``.
 
         A grant that came back after its local lease ended raises
         ``LockHeldError(reason="late-acquire")`` instead, since then nobody holds the key. A
         store that cannot be reached raises ``BackendUnavailableError``.
         """
-        if opts:
-            options = replace(LockOptions.from_kwargs(opts, allowed=_TRY_OPTION_NAMES), blocking=False)
-        else:
+        if (
+            cancel is None
+            and auto_extend is True
+            and max_hold is None
+            and extend_interval is None
+            and token is None
+            and request_id is None
+            and reentrant is None
+        ):
             options = _ONE_ATTEMPT
+        else:
+            options = replace(LockOptions.from_kwargs(_GIVEN_TO_TRY(locals())), blocking=False)
         lock = self._make_lock(key, ttl, options)
         try:
             acquire_or_raise(lock, options)
@@ -363,18 +468,34 @@ class Locker:
         return lock
 
     def locked(
-        self, key: Union[str, Callable[..., str]], ttl: Optional[float] = None, *, skip: bool = False, **opts: Any
+        self,
+        key: Union[str, Callable[..., str]],
+        ttl: Optional[Seconds] = None,
+        *,
+        skip: bool = False,
+        retry: Optional[Retry] = None,
+        timeout: Optional[Seconds] = None,
+        blocking: bool = NOT_GIVEN,
+        cancel: Optional[threading.Event] = None,
+        auto_extend: bool = True,
+        max_hold: Optional[Seconds] = None,
+        extend_interval: Optional[Seconds] = None,
+        token: Optional[str] = None,
+        request_id: Optional[str] = None,
+        reentrant: Optional[bool] = None,
     ) -> Callable[[_Function], _Function]:
         """A decorator running the function under a fresh lock per call.
 
         ``key`` may be a callable receiving the call's arguments. With ``skip=True`` the lock
         makes one attempt (unless ``blocking`` or ``timeout`` is given) and a busy key returns
         ``None`` without running; otherwise contention raises ``LockHeldError``. The ``with``
-        outcome order applies; ``LockLostError.result`` carries the return value.
+        outcome order applies; ``LockLostError.result`` carries the return value. The other
+        options are those of :meth:`acquire`.
         """
+        opts = _GIVEN(locals())
         self._check_open()
         check_bool(skip, "skip")
-        if skip and "blocking" not in opts and "timeout" not in opts:
+        if skip and blocking is NOT_GIVEN and "timeout" not in opts:
             opts = {**opts, "blocking": False}
         options = LockOptions.from_kwargs(opts)
         lease = None if ttl is None else check_ttl(ttl)
@@ -399,14 +520,31 @@ class Locker:
 
         return decorator
 
-    def acquire_many(self, keys: Iterable[str], ttl: Optional[float] = None, **opts: Any) -> LockSet:
+    def acquire_many(
+        self,
+        keys: Iterable[str],
+        ttl: Optional[Seconds] = None,
+        *,
+        retry: Optional[Retry] = None,
+        timeout: Optional[Seconds] = None,
+        blocking: bool = True,
+        cancel: Optional[threading.Event] = None,
+        auto_extend: bool = True,
+        max_hold: Optional[Seconds] = None,
+        extend_interval: Optional[Seconds] = None,
+        token: None = None,
+        request_id: Optional[str] = None,
+        reentrant: Optional[bool] = None,
+    ) -> LockSet:
         """Hold every key or none: deduplicated, sorted, acquired in order.
 
         ``timeout`` covers the whole set and ``retry.retries`` applies to each key. On failure
         the locks already taken are released and ``LockHeldError`` is raised. After the last
         grant the earlier leases are extended so that all of them overlap. A set never joins
-        holds of the calling thread (``reentrant`` does not apply).
+        holds of the calling thread (``reentrant`` does not apply). The other options are those
+        of :meth:`acquire` but ``token``.
         """
+        opts = _GIVEN(locals())
         if "token" in opts:
             raise ValidationError("token cannot be given to acquire_many: each lock needs its own")
         if opts.get("reentrant"):

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Optional
+from dataclasses import MISSING, dataclass, field, fields, replace
+from datetime import timedelta
+from operator import itemgetter
+from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
 from .errors import ValidationError
 from .retry import Retry
@@ -22,15 +24,20 @@ from .validation import (
     unknown_option_error,
 )
 
-__all__ = ["LOCK_OPTIONS", "LockOptions", "check_extend_interval", "check_request_id", "lock_options"]
+__all__ = [
+    "LOCK_OPTIONS",
+    "NOT_GIVEN",
+    "OPTION_DEFAULTS",
+    "LockOptions",
+    "Seconds",
+    "check_extend_interval",
+    "check_request_id",
+    "given_options",
+    "lock_options",
+]
 
-#: Every option name ``lock()``, ``acquire()`` and friends accept.
-LOCK_OPTIONS = frozenset(
-    {
-        "retry", "timeout", "blocking", "cancel", "auto_extend", "max_hold", "extend_interval", "token",
-        "request_id", "reentrant",
-    }
-)
+#: A duration option's type: seconds, or a ``timedelta``.
+Seconds = Union[float, timedelta]
 
 
 @dataclass(frozen=True)
@@ -50,12 +57,12 @@ class LockOptions:
     reentrant: Optional[bool] = None
 
     @classmethod
-    def from_kwargs(cls, options: Mapping[str, Any], *, allowed: frozenset[str] = LOCK_OPTIONS) -> LockOptions:
+    def from_kwargs(cls, options: Mapping[str, Any]) -> LockOptions:
         """Validate keyword options; unknown names and bad values raise ``ValidationError``."""
-        unknown = set(options) - allowed
+        unknown = set(options) - LOCK_OPTIONS
         if unknown:
             # Every caller takes ``ttl`` beside these options, so it is one of the known names.
-            raise unknown_option_error("", unknown, allowed | {"ttl"})
+            raise unknown_option_error("", unknown, LOCK_OPTIONS | {"ttl"})
         retry = options.get("retry")
         if retry is not None and not isinstance(retry, Retry):
             raise ValidationError(f"retry must be a lease_lock.Retry, not {type(retry).__name__}")
@@ -87,6 +94,45 @@ class LockOptions:
             seconds = math.inf if timeout == -1 else check_duration(timeout, "timeout", allow_zero=True, allow_inf=True)
             updated = replace(updated, retry=(updated.retry or Retry()).merged(Retry(timeout=seconds)))
         return updated
+
+
+#: Each option of ``lock()``, ``acquire()`` and friends with the value that means "not given":
+#: the fields of :class:`LockOptions`, and ``timeout``, which is folded into ``retry``.
+OPTION_DEFAULTS: Mapping[str, object] = {
+    **{option.name: option.default for option in fields(LockOptions) if option.default is not MISSING},
+    "timeout": None,
+}
+#: Every option name ``lock()``, ``acquire()`` and friends accept.
+LOCK_OPTIONS = frozenset(OPTION_DEFAULTS)
+
+
+class _NotGiven:
+    """The default of an option whose every value, its usual default included, means something."""
+
+    def __repr__(self) -> str:
+        return "NOT_GIVEN"
+
+
+#: Marks an option the caller left out where ``True`` given explicitly differs from leaving it
+#: out (``blocking`` of ``Locker.locked(skip=True)``).
+NOT_GIVEN: Any = _NotGiven()
+
+
+def given_options(names: Iterable[str]) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
+    """A reader of the options a call gave, among ``names``: given the call's ``locals()``, the
+    options that are neither their default nor :data:`NOT_GIVEN`."""
+    ordered = tuple(sorted(names))
+    defaults = tuple(OPTION_DEFAULTS[name] for name in ordered)
+    values_of = itemgetter(*ordered)
+
+    def given(values: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            name: value
+            for name, value, default in zip(ordered, values_of(values), defaults)
+            if value is not default and value is not NOT_GIVEN
+        }
+
+    return given
 
 
 def check_request_id(request_id: object) -> Optional[str]:
