@@ -176,7 +176,7 @@ class Locker:
         # backend do not keep a dropped locker alive, and dropping it frees them.
         self._finalizer = weakref.finalize(self, _dropped, self._resources, repr(self))
         # Like an unclosed file, a locker still open when the interpreter exits is not reported.
-        self._finalizer.atexit = False
+        self._finalizer.atexit = False  # type: ignore[misc,unused-ignore]  # typeshed for 3.9 lists no atexit slot
         _LOCKERS.add(self)
 
     @property
