@@ -63,13 +63,24 @@ def _serves_directly(client: Any) -> bool:
 def pack_command(args: tuple[Any, ...], encoder: Any) -> bytes:
     """``args`` as one RESP command, byte for byte what redis-py's Python packer sends for them.
 
-    ``encoder`` is the client's (``client.get_encoder()``): ``str`` arguments are encoded
-    with its encoding, and anything but ``str``, ``int`` and ``bytes`` goes through its
-    ``encode``, which also raises redis-py's own error for what it refuses. The command name
-    must hold no space (redis-py would split it into words).
+    ``encoder`` is the client's (``client.get_encoder()``): ``str`` arguments after the
+    command name are encoded with its encoding, and anything but ``str``, ``int`` and
+    ``bytes`` goes through its ``encode``, which also raises redis-py's own error for what it
+    refuses. The command name must hold no space (redis-py would split it into words).
     """
+    return b"".join(_bulk_strings(args[1:], encoder, [b"*%d\r\n" % len(args), _name(args[0])]))
+
+
+def _name(name: Any) -> bytes:
+    """A command name as a bulk string: redis-py sends a ``str`` name in UTF-8, whatever the
+    client's encoding (which would turn ``EVALSHA`` into something else in UTF-16)."""
+    raw = name.encode() if type(name) is str else bytes(name)
+    return b"$%d\r\n%s\r\n" % (len(raw), raw)
+
+
+def _bulk_strings(args: tuple[Any, ...], encoder: Any, parts: list[bytes]) -> list[bytes]:
+    """``parts`` with ``args`` appended as RESP bulk strings, encoded as :func:`pack_command` says."""
     encoding, errors = encoder.encoding, encoder.encoding_errors
-    parts = [b"*%d\r\n" % len(args)]
     for arg in args:
         kind = type(arg)
         if kind is str:
@@ -79,7 +90,7 @@ def pack_command(args: tuple[Any, ...], encoder: Any) -> bytes:
         elif kind is not bytes:
             arg = bytes(encoder.encode(arg))
         parts.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
-    return b"".join(parts)
+    return parts
 
 
 def _packs_in_python(pool: Any) -> bool:
@@ -105,7 +116,7 @@ class DirectCommands:
     ``list.append`` are atomic), or from the pool when the list is empty.
     """
 
-    __slots__ = ("_checkout", "_client", "_direct", "_encoder", "_free", "_pid", "_pool")
+    __slots__ = ("_checkout", "_client", "_direct", "_encoder", "_free", "_heads", "_pid", "_pool")
 
     def __init__(self, client: Any) -> None:
         self._client = client
@@ -116,6 +127,8 @@ class DirectCommands:
         self._encoder = client.get_encoder() if self._direct and _packs_in_python(self._pool) else None
         #: Kept connections with the clock reading of their last reply.
         self._free: list[tuple[Any, float]] = []
+        #: Fixed first arguments (see execute_headed) packed with this client's encoder.
+        self._heads: dict[tuple[Any, ...], bytes] = {}
         self._pid = os.getpid()
 
     @property
@@ -132,13 +145,31 @@ class DirectCommands:
         """Send one command and return its raw reply; errors as ``execute_command`` raises them."""
         if not self._direct:
             return self._client.execute_command(*args)
+        # Packed before a connection is taken: an argument the encoder refuses takes none.
+        return self._send(args, pack_command(args, self._encoder) if self._encoder is not None else None)
+
+    def execute_headed(self, head: tuple[Any, ...], *rest: Any) -> Any:
+        """``execute_command(*head, *rest)``, with ``head`` packed once for this client.
+
+        ``head`` is a command's fixed first arguments, such as ``("EVALSHA", sha)``: the same
+        few tuples on every call (one packed copy is kept per distinct ``head``), so only
+        ``rest`` is encoded per call. The bytes sent are those of :func:`pack_command`.
+        """
+        if self._encoder is None:
+            return self.execute_command(*head, *rest)
+        packed_head = self._heads.get(head)
+        if packed_head is None:
+            # Dict assignment is atomic; two threads packing the same head store equal bytes.
+            packed_head = self._heads[head] = b"".join(_bulk_strings(head[1:], self._encoder, [_name(head[0])]))
+        parts = _bulk_strings(rest, self._encoder, [b"*%d\r\n" % (len(head) + len(rest)), packed_head])
+        return self._send((*head, *rest), b"".join(parts))
+
+    def _send(self, args: tuple[Any, ...], packed: Optional[bytes]) -> Any:
         if self._pid != os.getpid():
             # A forked child: the kept sockets are the parent's. Forget them (closing them here
             # could shut the parent's sockets down); the pool starts afresh in the child too.
             self._free = []
             self._pid = os.getpid()
-        # Packed before a connection is taken: an argument the encoder refuses takes none.
-        packed = pack_command(args, self._encoder) if self._encoder is not None else None
         connection = self._take()
         try:
             try:
