@@ -12,7 +12,7 @@ import pytest
 import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lease_lock.backends.redis import RedisBackend, _connections, _scripts
+from lease_lock.backends.redis import RedisBackend, _connections
 from lease_lock.errors import BackendUnavailableError
 from redis.backoff import NoBackoff
 from redis.connection import Encoder, PythonRespSerializer
@@ -335,40 +335,6 @@ def test_an_error_reply_is_not_retried(private_redis_server: RedisServer, key: s
             commands.execute_command("INCR", key)
         assert sends == 1
         assert commands.kept == 1  # an error reply was read in full: the connection stays
-    finally:
-        _connections._send = original
-        commands.close()
-        client.close()
-
-
-@pytest.mark.parametrize("encoding", ["utf-8", "utf-16"])
-def test_a_script_call_with_its_head_packed_once_sends_what_redis_py_would(
-    private_redis_server: RedisServer, key: str, encoding: str
-) -> None:
-    # The head ("EVALSHA", sha) is packed once per client, with that client's encoding (a
-    # server does not understand UTF-16 commands; what matters is the bytes redis-py sends).
-    client = _client(private_redis_server, encoding=encoding)
-    commands = _connections.DirectCommands(client)
-    sent: list[tuple[tuple[Any, ...], Optional[bytes]]] = []
-    original = _connections._send
-
-    def recording_send(connection: Any, args: tuple[Any, ...], packed: Optional[bytes]) -> Any:
-        sent.append((args, packed))
-        return original(connection, args, packed)
-
-    _connections._send = recording_send
-    try:
-        for name in (key, f"{key}:é"):
-            if encoding == "utf-8":
-                assert _scripts.INSPECT(commands, [name], []) is not None
-            else:
-                with pytest.raises(redis.ResponseError):
-                    _scripts.INSPECT(commands, [name], [])
-        serializer = PythonRespSerializer(6000, Encoder(encoding, "strict", False).encode)
-        assert [args[:2] for args, _ in sent if args[0] == "EVALSHA"] == [_scripts.INSPECT.evalsha] * 2
-        for args, packed in sent:
-            assert packed == b"".join(bytes(part) for part in serializer.pack(*args))
-        assert len(commands._heads) == 1
     finally:
         _connections._send = original
         commands.close()

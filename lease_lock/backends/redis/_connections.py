@@ -66,22 +66,15 @@ def pack_command(args: tuple[Any, ...], encoder: Any) -> bytes:
     ``encoder`` is the client's (``client.get_encoder()``): ``str`` arguments after the
     command name are encoded with its encoding, and anything but ``str``, ``int`` and
     ``bytes`` goes through its ``encode``, which also raises redis-py's own error for what it
-    refuses. The command name must hold no space (redis-py would split it into words).
+    refuses. The command name (``str`` or ``bytes``) must hold no space (redis-py would split
+    it into words).
     """
-    return b"".join(_bulk_strings(args[1:], encoder, [b"*%d\r\n" % len(args), _name(args[0])]))
-
-
-def _name(name: Any) -> bytes:
-    """A command name as a bulk string: redis-py sends a ``str`` name in UTF-8, whatever the
-    client's encoding (which would turn ``EVALSHA`` into something else in UTF-16)."""
-    raw = name.encode() if type(name) is str else bytes(name)
-    return b"$%d\r\n%s\r\n" % (len(raw), raw)
-
-
-def _bulk_strings(args: tuple[Any, ...], encoder: Any, parts: list[bytes]) -> list[bytes]:
-    """``parts`` with ``args`` appended as RESP bulk strings, encoded as :func:`pack_command` says."""
     encoding, errors = encoder.encoding, encoder.encoding_errors
-    for arg in args:
+    # redis-py sends a str command name in UTF-8 whatever the client's encoding (in UTF-16,
+    # encoding it like the arguments would turn EVALSHA into something else).
+    name = args[0].encode() if type(args[0]) is str else args[0]
+    parts = [b"*%d\r\n$%d\r\n%s\r\n" % (len(args), len(name), name)]
+    for arg in args[1:]:
         kind = type(arg)
         if kind is str:
             arg = arg.encode(encoding, errors)
@@ -90,7 +83,7 @@ def _bulk_strings(args: tuple[Any, ...], encoder: Any, parts: list[bytes]) -> li
         elif kind is not bytes:
             arg = bytes(encoder.encode(arg))
         parts.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
-    return parts
+    return b"".join(parts)
 
 
 def _packs_in_python(pool: Any) -> bool:
@@ -116,7 +109,7 @@ class DirectCommands:
     ``list.append`` are atomic), or from the pool when the list is empty.
     """
 
-    __slots__ = ("_checkout", "_client", "_direct", "_encoder", "_free", "_heads", "_pid", "_pool")
+    __slots__ = ("_checkout", "_client", "_direct", "_encoder", "_free", "_pid", "_pool")
 
     def __init__(self, client: Any) -> None:
         self._client = client
@@ -127,8 +120,6 @@ class DirectCommands:
         self._encoder = client.get_encoder() if self._direct and _packs_in_python(self._pool) else None
         #: Kept connections with the clock reading of their last reply.
         self._free: list[tuple[Any, float]] = []
-        #: Fixed first arguments (see execute_headed) packed with this client's encoder.
-        self._heads: dict[tuple[Any, ...], bytes] = {}
         self._pid = os.getpid()
 
     @property
@@ -145,31 +136,13 @@ class DirectCommands:
         """Send one command and return its raw reply; errors as ``execute_command`` raises them."""
         if not self._direct:
             return self._client.execute_command(*args)
-        # Packed before a connection is taken: an argument the encoder refuses takes none.
-        return self._send(args, pack_command(args, self._encoder) if self._encoder is not None else None)
-
-    def execute_headed(self, head: tuple[Any, ...], *rest: Any) -> Any:
-        """``execute_command(*head, *rest)``, with ``head`` packed once for this client.
-
-        ``head`` is a command's fixed first arguments, such as ``("EVALSHA", sha)``: the same
-        few tuples on every call (one packed copy is kept per distinct ``head``), so only
-        ``rest`` is encoded per call. The bytes sent are those of :func:`pack_command`.
-        """
-        if self._encoder is None:
-            return self.execute_command(*head, *rest)
-        packed_head = self._heads.get(head)
-        if packed_head is None:
-            # Dict assignment is atomic; two threads packing the same head store equal bytes.
-            packed_head = self._heads[head] = b"".join(_bulk_strings(head[1:], self._encoder, [_name(head[0])]))
-        parts = _bulk_strings(rest, self._encoder, [b"*%d\r\n" % (len(head) + len(rest)), packed_head])
-        return self._send((*head, *rest), b"".join(parts))
-
-    def _send(self, args: tuple[Any, ...], packed: Optional[bytes]) -> Any:
         if self._pid != os.getpid():
             # A forked child: the kept sockets are the parent's. Forget them (closing them here
             # could shut the parent's sockets down); the pool starts afresh in the child too.
             self._free = []
             self._pid = os.getpid()
+        # Packed before a connection is taken: an argument the encoder refuses takes none.
+        packed = pack_command(args, self._encoder) if self._encoder is not None else None
         connection = self._take()
         try:
             try:

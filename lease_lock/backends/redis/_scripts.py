@@ -19,8 +19,6 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from ._connections import DirectCommands
-
 __all__ = [
     "ACQUIRE",
     "ADOPT",
@@ -42,23 +40,20 @@ class Script:
 
     lua: str
     sha: str = field(init=False)
-    #: ``("EVALSHA", sha)``: the fixed head of every call, packed once per client.
-    evalsha: tuple[str, str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         # Redis names a cached script by the SHA1 of its text; computing it here means the first
         # call needs no SCRIPT LOAD round trip.
         object.__setattr__(self, "sha", hashlib.sha1(self.lua.encode()).hexdigest())  # noqa: S324
-        object.__setattr__(self, "evalsha", ("EVALSHA", self.sha))
 
     def args(self, keys: Sequence[str], argv: Sequence[Any]) -> tuple[Any, ...]:
         """The arguments after ``EVALSHA <sha>`` / ``EVAL <lua>``: numkeys, keys, argv."""
         return (len(keys), *keys, *argv)
 
-    def __call__(self, client: DirectCommands, keys: Sequence[str], argv: Sequence[Any]) -> Any:
-        """Run on ``client`` and return the raw reply."""
+    def __call__(self, client: Any, keys: Sequence[str], argv: Sequence[Any]) -> Any:
+        """Run on ``client`` (anything with redis-py's ``execute_command``) and return the raw reply."""
         try:
-            return client.execute_headed(self.evalsha, len(keys), *keys, *argv)
+            return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *argv)
         except NoScriptError:
             # After a restart, a failover or SCRIPT FLUSH the cache is empty; EVAL runs the
             # script and caches it again, so later calls go back to EVALSHA.
