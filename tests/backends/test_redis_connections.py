@@ -218,7 +218,12 @@ _ARGUMENTS = st.one_of(
 
 
 @settings(max_examples=300, deadline=None)
-@given(name=_COMMAND_NAMES, arguments=st.lists(_ARGUMENTS, max_size=12), encoding=st.sampled_from(["utf-8", "latin-1"]))
+@given(
+    name=_COMMAND_NAMES,
+    arguments=st.lists(_ARGUMENTS, max_size=12),
+    # UTF-16 too: redis-py sends the command name in UTF-8 whatever the client's encoding.
+    encoding=st.sampled_from(["utf-8", "latin-1", "utf-16"]),
+)
 def test_packed_commands_are_what_redis_py_sends(name: str, arguments: list[Any], encoding: str) -> None:
     encoder = Encoder(encoding, "replace", False)
     expected = b"".join(bytes(part) for part in PythonRespSerializer(6000, encoder.encode).pack(name, *arguments))
@@ -261,4 +266,76 @@ def test_keys_and_owners_are_stored_as_redis_py_would_write_them(private_redis_s
         assert client.exists(name) == 0
     finally:
         backend.close()
+        client.close()
+
+
+@pytest.mark.parametrize(("retries", "failures"), [(0, 1), (2, 1), (2, 2), (2, 3), (3, 5)])
+def test_a_failed_send_is_retried_as_often_as_the_clients_policy_says(
+    private_redis_server: RedisServer, key: str, retries: int, failures: int
+) -> None:
+    # The first send runs outside the retry policy; the policy must still see it as its first
+    # try, so the sends and disconnects are those of one call_with_retry around every send.
+    client = _client(private_redis_server, retry=Retry(NoBackoff(), retries))
+    backend = RedisBackend(client)
+    sends = 0
+    disconnects = 0
+    original = _connections._send
+
+    def failing_send(connection: Any, args: tuple[Any, ...], packed: Optional[bytes]) -> Any:
+        nonlocal sends
+        sends += 1
+        if sends <= failures:
+            raise redis.ConnectionError(f"injected failure {sends}")
+        return original(connection, args, packed)
+
+    def counting_disconnect(*args: Any, **kwargs: Any) -> None:
+        nonlocal disconnects
+        disconnects += 1
+        disconnect(*args, **kwargs)  # the next send connects afresh, as after a real failure
+
+    try:
+        # A working connection is kept, and both scripts are cached (no NOSCRIPT, no EVAL).
+        assert backend.acquire(key, TOKEN, 30, "o")
+        assert backend.release(key, TOKEN)
+        assert backend.acquire(key, TOKEN, 30, "o")
+        [(connection, _)] = backend._commands._free
+        disconnect = connection.disconnect
+        connection.disconnect = counting_disconnect
+        _connections._send = failing_send
+        if failures > retries:
+            with pytest.raises(BackendUnavailableError):
+                backend.release(key, TOKEN)
+            assert sends == retries + 1
+            assert disconnects == retries + 2  # one per failure, one more as the call gives up
+        else:
+            assert backend.release(key, TOKEN)
+            assert sends == failures + 1
+            assert disconnects == failures
+    finally:
+        _connections._send = original
+        backend.close()
+        client.close()
+
+
+def test_an_error_reply_is_not_retried(private_redis_server: RedisServer, key: str) -> None:
+    client = _client(private_redis_server, retry=Retry(NoBackoff(), 3))
+    commands = _connections.DirectCommands(client)
+    sends = 0
+    original = _connections._send
+
+    def counting_send(connection: Any, args: tuple[Any, ...], packed: Optional[bytes]) -> Any:
+        nonlocal sends
+        sends += 1
+        return original(connection, args, packed)
+
+    _connections._send = counting_send
+    try:
+        client.set(key, "text")
+        with pytest.raises(redis.ResponseError):
+            commands.execute_command("INCR", key)
+        assert sends == 1
+        assert commands.kept == 1  # an error reply was read in full: the connection stays
+    finally:
+        _connections._send = original
+        commands.close()
         client.close()

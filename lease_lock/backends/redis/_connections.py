@@ -4,8 +4,9 @@
 command: a pool lock, a ``poll()`` for unread data and, in recent redis-py, the client's
 observability hooks. On loopback that is about a third of a lock cycle, which is two commands.
 :class:`DirectCommands` keeps the connections it used checked out, on a free list of its own,
-and sends on them directly, through the connection's own retry policy (the client's) and its
-own health checks, exactly as redis-py does once it holds a connection.
+and sends on them directly, with the connection's own health checks, under the connection's
+own retry policy (the client's) once a send fails, exactly as redis-py does once it holds a
+connection.
 
 Why this is safe:
 
@@ -62,14 +63,18 @@ def _serves_directly(client: Any) -> bool:
 def pack_command(args: tuple[Any, ...], encoder: Any) -> bytes:
     """``args`` as one RESP command, byte for byte what redis-py's Python packer sends for them.
 
-    ``encoder`` is the client's (``client.get_encoder()``): ``str`` arguments are encoded
-    with its encoding, and anything but ``str``, ``int`` and ``bytes`` goes through its
-    ``encode``, which also raises redis-py's own error for what it refuses. The command name
-    must hold no space (redis-py would split it into words).
+    ``encoder`` is the client's (``client.get_encoder()``): ``str`` arguments after the
+    command name are encoded with its encoding, and anything but ``str``, ``int`` and
+    ``bytes`` goes through its ``encode``, which also raises redis-py's own error for what it
+    refuses. The command name (``str`` or ``bytes``) must hold no space (redis-py would split
+    it into words).
     """
     encoding, errors = encoder.encoding, encoder.encoding_errors
-    parts = [b"*%d\r\n" % len(args)]
-    for arg in args:
+    # redis-py sends a str command name in UTF-8 whatever the client's encoding (in UTF-16,
+    # encoding it like the arguments would turn EVALSHA into something else).
+    name = args[0].encode() if type(args[0]) is str else args[0]
+    parts = [b"*%d\r\n$%d\r\n%s\r\n" % (len(args), len(name), name)]
+    for arg in args[1:]:
         kind = type(arg)
         if kind is str:
             arg = arg.encode(encoding, errors)
@@ -140,9 +145,12 @@ class DirectCommands:
         packed = pack_command(args, self._encoder) if self._encoder is not None else None
         connection = self._take()
         try:
-            return connection.retry.call_with_retry(
-                lambda: _send(connection, args, packed), lambda _error, *_rest: connection.disconnect()
-            )
+            try:
+                return _send(connection, args, packed)
+            except Exception as error:  # noqa: BLE001 - the client's retry policy judges it
+                first = error
+            # Outside the handler: a retry's own error must not show ``first`` as its context.
+            return _retry_after(connection, args, packed, first)
         except BaseException as error:
             if not isinstance(error, ResponseError):
                 # A reply may be half read (a connection error, a timeout, an interrupt): this
@@ -177,6 +185,26 @@ class DirectCommands:
             return
         for connection, _ in kept:
             self._pool.release(connection)
+
+
+def _retry_after(connection: Any, args: tuple[Any, ...], packed: Optional[bytes], first: Exception) -> Any:
+    """The rest of a call whose first send raised ``first``, under the connection's retry policy.
+
+    The first try ran outside ``call_with_retry`` so that a call that succeeds builds no
+    closures. Re-raising ``first`` as the policy's own first try lets it count that failure,
+    disconnect, pick the backoff, and refuse what it does not retry (an error reply included),
+    so the attempts, pauses and errors are those of one ``call_with_retry`` around every send.
+    """
+    tries = 0
+
+    def attempt() -> Any:
+        nonlocal tries
+        tries += 1
+        if tries == 1:
+            raise first
+        return _send(connection, args, packed)
+
+    return connection.retry.call_with_retry(attempt, lambda _error, *_rest: connection.disconnect())
 
 
 def _send(connection: Any, args: tuple[Any, ...], packed: Optional[bytes]) -> Any:
