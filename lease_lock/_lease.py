@@ -724,11 +724,11 @@ class Lease:
         """Enter a ``with`` block: acquire a fresh lease (raising on contention), or go on with
         one already held; the lease now held."""
         # A fresh lease (the usual case) has no end to check against the clock.
-        state = "unlocked" if self._state == "unlocked" else self.state
-        if state == "unlocked":
+        if self._state == "unlocked":
             lease = self._host.acquire(self, self._options, raise_on_contention=True)
             assert lease is not None
             return lease
+        state = self.state
         if state != "held":
             raise LockStateError(f"cannot enter lock {self.key!r}: it is {state}")
         return self

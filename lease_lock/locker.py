@@ -68,6 +68,38 @@ _GIVEN_TO_TRY = given_options(LOCK_OPTIONS - {"retry", "timeout", "blocking"})
 _CHECKED_KEYS = 4096
 
 
+def _lock_options(
+    retry: Optional[Retry],
+    timeout: Optional[Seconds],
+    blocking: bool,
+    cancel: Optional[threading.Event],
+    auto_extend: bool,
+    max_hold: Optional[Seconds],
+    extend_interval: Optional[Seconds],
+    token: Optional[str],
+    request_id: Optional[str],
+    reentrant: Optional[bool],
+) -> LockOptions:
+    """The options of a ``lock()`` or ``acquire()`` call, passed on in this order."""
+    # Most calls give no option. Saying so with identity checks spares reading locals(): some
+    # 11,000 instructions of a 64,000-instruction cycle (benchmarks.instructions). The checks
+    # name every option: tests/unit/test_option_types.py passes each one a bad value.
+    if (
+        retry is None
+        and timeout is None
+        and blocking is True
+        and cancel is None
+        and auto_extend is True
+        and max_hold is None
+        and extend_interval is None
+        and token is None
+        and request_id is None
+        and reentrant is None
+    ):
+        return _DEFAULT_OPTIONS
+    return lock_options(_GIVEN(locals()))
+
+
 class _Resources:
     """What a locker must free when it is closed or dropped: everything but the locker itself,
     so that a finalizer can hold it without keeping the locker alive."""
@@ -331,24 +363,10 @@ class Locker:
 
         The options (keyword only) are those of :meth:`acquire`, taken when the lock is acquired.
         """
-        # Most calls give no option. Saying so with identity checks spares reading the call's
-        # locals(): some 11,000 instructions of a 64,000-instruction cycle (benchmarks.instructions).
-        # Each call's checks name every option it takes: tests/unit/test_option_types.py passes
-        # each one a bad value.
-        if (
-            retry is None
-            and timeout is None
-            and blocking is True
-            and cancel is None
-            and auto_extend is True
-            and max_hold is None
-            and extend_interval is None
-            and token is None
-            and request_id is None
-            and reentrant is None
-        ):
-            return self._make_lock(key, ttl, _DEFAULT_OPTIONS)
-        return self._make_lock(key, ttl, lock_options(_GIVEN(locals())))
+        options = _lock_options(
+            retry, timeout, blocking, cancel, auto_extend, max_hold, extend_interval, token, request_id, reentrant
+        )
+        return self._make_lock(key, ttl, options)
 
     def _make_lock(self, key: str, ttl: Optional[Seconds], options: LockOptions) -> Lock:
         if self._acquisition.closed:
@@ -405,21 +423,9 @@ class Locker:
         answered that the key is held. A non-blocking call raises ``BackendUnavailableError``
         at once.
         """
-        if (
-            retry is None
-            and timeout is None
-            and blocking is True
-            and cancel is None
-            and auto_extend is True
-            and max_hold is None
-            and extend_interval is None
-            and token is None
-            and request_id is None
-            and reentrant is None
-        ):
-            options = _DEFAULT_OPTIONS
-        else:
-            options = lock_options(_GIVEN(locals()))
+        options = _lock_options(
+            retry, timeout, blocking, cancel, auto_extend, max_hold, extend_interval, token, request_id, reentrant
+        )
         lock = self._make_lock(key, ttl, options)
         acquire_or_raise(lock, options)
         return lock
