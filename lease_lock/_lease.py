@@ -150,36 +150,35 @@ class Hold:
 class Lease:
     """One lease on one key, as the library drives it (see the module docstring); thread-safe."""
 
-    __slots__ = (
-        "__weakref__",
-        "_acquired_at",
-        "_busy_acquiring",
-        "_clamped",
-        "_deadline",
-        "_ended_at",
-        "_extend_error",
-        "_given_back",
-        "_holds",
-        "_host",
-        "_in_flight",
-        "_lease_end",
-        "_locker",
-        "_loss_listeners",
-        "_lost_cause",
-        "_lost_reason",
-        "_lost_signal",
-        "_mutex",
-        "_next_beat",
-        "_options",
-        "_releasing",
-        "_state",
-        "_thread",
-        "_timer",
-        "_ttl",
-        "fence",
-        "key",
-        "token",
-    )
+    # Every field that starts the same for each lease is a class attribute, written on the
+    # instance only when it changes: most leases are made, held once and released, and
+    # setting twenty fields in __init__ was a sixth of such a cycle (benchmarks.instructions).
+    fence: Optional[int] = None
+    # Built on first use: most locks are released without anyone looking at the signal, and
+    # an Event costs a Condition and two locks.
+    _lost_signal: Optional[LossSignal] = None
+    _state = "unlocked"
+    _busy_acquiring = False
+    _lost_reason: Optional[LostReason] = None
+    _lost_cause: Optional[BaseException] = None
+    _acquired_at: Optional[float] = None
+    _ended_at: Optional[float] = None
+    _lease_end = -math.inf
+    _deadline = math.inf
+    _clamped = False
+    _next_beat = math.inf
+    _in_flight = 0
+    _extend_error: Optional[BaseException] = None
+    _timer: Optional[Timer] = None
+    _releasing = False
+    _thread: Optional[threading.Thread] = None
+    #: Called (outside the mutex) when the lock is lost; a LockSet listens here. Made on first
+    #: use: most locks have no listener.
+    _loss_listeners: Optional[list[Callable[[], None]]] = None
+    _given_back = False
+    #: How many handles hold this lease: one from the grant, one more for each re-entrant
+    #: acquire that joined it, one less for each that let go.
+    _holds = 0
 
     def __init__(
         self, host: LockHost, key: str, ttl: float, options: LockOptions, token: str, owner: object = None
@@ -192,35 +191,9 @@ class Lease:
         self.token = token
         self._ttl = ttl
         self._options = options
-        self.fence: Optional[int] = None
-        # Built on first use: most locks are released without anyone looking at the signal,
-        # and an Event costs a Condition and two locks.
-        self._lost_signal: Optional[LossSignal] = None
         # Not re-entrant: nothing that runs under it (the clock, the heartbeat's bookkeeping)
         # comes back to this lock, and hooks and listeners run outside it.
         self._mutex = threading.Lock()
-        self._state = "unlocked"
-        self._busy_acquiring = False
-        self._lost_reason: Optional[LostReason] = None
-        self._lost_cause: Optional[BaseException] = None
-        self._acquired_at: Optional[float] = None
-        self._ended_at: Optional[float] = None
-        self._lease_end = -math.inf
-        self._deadline = math.inf
-        self._clamped = False
-        self._next_beat = math.inf
-        self._in_flight = 0
-        self._extend_error: Optional[BaseException] = None
-        self._timer: Optional[Timer] = None
-        self._releasing = False
-        self._thread: Optional[threading.Thread] = None
-        #: Called (outside the mutex) when the lock is lost; a LockSet listens here. Made on
-        #: first use: most locks have no listener.
-        self._loss_listeners: Optional[list[Callable[[], None]]] = None
-        self._given_back = False
-        #: How many handles hold this lease: one from the grant, one more for each re-entrant
-        #: acquire that joined it, one less for each that let go.
-        self._holds = 0
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -417,18 +390,21 @@ class Lease:
         request left at ``sent`` and whose local lease ends at ``end`` (see
         :func:`lease_lock.lease.local_end`)."""
         thread = threading.current_thread()
+        options = self._options
+        interval = beat_interval(self._ttl, options.extend_interval)
         with self._mutex:
             self._state = "held"
             self._holds = 1
             self._busy_acquiring = False
             self._thread = thread
             self._acquired_at = sent
-            self._deadline = sent + max_hold if max_hold is not None else math.inf
+            if max_hold is not None:
+                self._deadline = sent + max_hold
             self._lease_end = end
-            self._clamped = requested < self._ttl
             self.fence = fence
-            extend = self._extending()
-            interval = self._interval()
+            # _extending(), read here from what this grant sets.
+            self._clamped = clamped = requested < self._ttl
+            extend = options.auto_extend and not clamped
             self._next_beat = next_beat("granted", sent, interval, extending=extend)
             if (interval if extend else end - sent) >= ARRIVAL_LEAD:
                 # Most locks are released long before their first timer: the heartbeat sets
@@ -563,29 +539,26 @@ class Lease:
         and leaves the lease and the hold as they were (the heartbeat keeps the lease alive)."""
         if request_id is not None:
             check_request_id(request_id)
+        host = self._host
         # One clock reading serves the lapse check and, when the key is deleted, the end of the
         # hold (the moment the release request left).
-        now = self._host.clock()
+        now = host.clock()
         if self._state == "held" and now >= self._lease_end:
             self._mark_lost(None, lapsed=True)
         with self._mutex:
             state = self._state
-            if state == "unlocked":
-                raise LockStateError(f"lock {self.key!r} was never acquired")
-            if hold.let_go:
-                return False
-            if self._holds > 1:
-                # Other holds remain: this one lets go and the lease stays theirs. Decided under
-                # the same mutex that marks a release in flight, which a joining acquire checks.
-                hold.let_go = True
-                self._holds -= 1
-                return state == "held"
-            if state == "released" or self._given_back or self._releasing or self._lost_reason == "forked":
-                # Another thread's release (or close) is in flight: that one answers.
-                return False
+            # The usual case, a lease held by this one hold, goes straight to the store.
+            if state != "held" or self._holds != 1 or self._releasing or hold.let_go:
+                settled = self._let_go_without_store(hold, state)
+                if settled is not None:
+                    return settled
             self._releasing = True
         try:
-            deleted = self._ask_release(request_id)
+            if request_id is None:
+                deleted = host.backend.release(self.key, self.token)
+            else:
+                with request_id_scope(host.backend, request_id):
+                    deleted = host.backend.release(self.key, self.token)
             with self._mutex:
                 self._given_back = True
                 hold.let_go = True
@@ -596,29 +569,43 @@ class Lease:
                 if ended_here:
                     self._state = "released"
                     self._ended_at = now
-                    self._cancel_timer()
+                    if self._timer is not None:
+                        self._cancel_timer()
         finally:
             # A plain store: this thread alone set the flag, and every reader takes the mutex
             # and finds the lock's state decided by now.
             self._releasing = False
+        if ended_here:
+            host.forget(self)
+            # Checked here too, as for "acquired": a release nobody listens to costs no _emit call.
+            if wanted(host.on_event, "released"):
+                self._emit("released")
+            return True
         if state == "lost":
             return False
         if not deleted:
             self._mark_lost("release")
             return False
-        if ended_here:
-            self._host.forget(self)
-            # Checked here too, as for "acquired": a release nobody listens to costs no _emit call.
-            if wanted(self._host.on_event, "released"):
-                self._emit("released")
         return True
 
-    def _ask_release(self, request_id: Optional[str]) -> bool:
-        backend = self._host.backend
-        if request_id is None:
-            return backend.release(self.key, self.token)
-        with request_id_scope(backend, request_id):
-            return backend.release(self.key, self.token)
+    def _let_go_without_store(self, hold: Hold, state: str) -> Optional[bool]:
+        """A release that needs no request of its own, decided under the mutex: its answer, or
+        ``None`` when the key is to be given back (a lost lease still gives back a key our
+        token holds)."""
+        if state == "unlocked":
+            raise LockStateError(f"lock {self.key!r} was never acquired")
+        if hold.let_go:
+            return False
+        if self._holds > 1:
+            # Other holds remain: this one lets go and the lease stays theirs. Decided under the
+            # same mutex that marks a release in flight, which a joining acquire checks.
+            hold.let_go = True
+            self._holds -= 1
+            return state == "held"
+        if state == "released" or self._given_back or self._releasing or self._lost_reason == "forked":
+            # Another thread's release (or close) is in flight: that one answers.
+            return False
+        return None
 
     def extend(
         self,
@@ -733,7 +720,7 @@ class Lease:
             raise LockStateError(f"cannot enter lock {self.key!r}: it is {state}")
         return self
 
-    def finish(self, hold: Hold, *, block_raised: bool, result: Any) -> None:
+    def finish(self, hold: Hold, block_raised: bool, result: Any = None) -> None:
         """Leave a protected block through ``hold``: the block's own exception first, then a
         loss, then a failed release (reported as a ``release_failed`` event, never raised over
         the block's outcome: the heartbeat stops and the key runs out on its own)."""

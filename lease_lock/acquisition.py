@@ -46,6 +46,10 @@ _CANCEL_SLICE = 0.05
 
 #: See Acquisition._plan_for.
 _Plan = tuple[Retry, float, float, Optional[float], bool]
+#: What one grant request got: its fence, ``None`` (held), a pause asked for, or the outage.
+_Answer = Union[int, SlowDown, None, BackendUnavailableError]
+#: A first attempt that was not held at once: when it left, its answer, when that came.
+_Sent = tuple[float, _Answer, float]
 #: How many attempt plans an acquisition keeps before it starts afresh.
 _PLANS = 16
 
@@ -247,7 +251,15 @@ class Acquisition:
                 if outer is not None and outer.join():
                     lock.stop_acquiring()
                     return outer
-            self._attempt(lock, options)
+            cached = self._plans.get(id(options))
+            plan = cached[2] if cached is not None and cached[0] is options and cached[1] is self.retry else None
+            plan = plan or self._plan_for(options)
+            first = None
+            if options.cancel is None:
+                first = self._first_try(lock, plan, options.request_id)
+                if first is None:
+                    return lock
+            self._attempt(lock, options, plan, first)
         except BaseException as error:
             # A grant (in its pass through the lock's mutex) ended the acquiring already;
             # every other way out ends it here.
@@ -261,6 +273,33 @@ class Acquisition:
                 raise
             raise explained from None
         return lock
+
+    def _first_try(self, lock: Lease, plan: _Plan, request_id: Optional[str]) -> Optional[_Sent]:
+        """The first attempt of an acquisition that no cancel event can stop, before any of the
+        attempt loop is set up: held at once when the store grants the key in time (``None``);
+        otherwise what the attempt sent and got, which the loop goes on from.
+
+        Most acquisitions are granted at their first try, so that case costs two clock
+        readings, the store's call and one pass through the lock's mutex (see
+        ``benchmarks.instructions``); every other answer is judged by the loop exactly as if
+        it had sent this attempt itself."""
+        max_hold = plan[3]
+        requested = ttl = lock.ttl
+        if max_hold is not None and max_hold < ttl:
+            requested = max_hold
+        sent = self.clock()
+        answer: _Answer
+        try:
+            answer = ask_grant(self.backend, lock.key, lock.token, requested, self.owner, self.fencing, request_id)
+        except BackendUnavailableError as error:
+            answer = error
+        received = self.clock()
+        if isinstance(answer, int) and not self.closed:
+            end = local_end(sent, requested, received)
+            if end is not None:
+                self._hold(lock, sent, end, requested, answer if self.fencing else None, max_hold, received - sent, 1)
+                return None
+        return sent, answer, received
 
     def _max_hold_for(self, options: LockOptions) -> Optional[float]:
         if options.max_hold is not None:
@@ -294,26 +333,32 @@ class Acquisition:
         self._plans[id(options)] = (options, self.retry, plan)
         return plan
 
-    def _attempt(self, lock: Lease, options: LockOptions) -> None:
-        """The retry loop: attempts paced by the retry policy until its timeout.
+    def _attempt(self, lock: Lease, options: LockOptions, plan: _Plan, first: Optional[_Sent] = None) -> None:
+        """The retry loop: attempts paced by the retry policy until its timeout, going on from
+        the ``first`` attempt when :meth:`_first_try` sent it.
 
         Returns on a grant. Otherwise raises what the last attempt saw: ``LockHeldError`` when
         the store answered (or the wait was cancelled), ``BackendUnavailableError`` when it
         could not be reached."""
-        cached = self._plans.get(id(options))
-        plan = cached[2] if cached is not None and cached[0] is options and cached[1] is self.retry else None
-        policy, retries, timeout, max_hold, notify = plan or self._plan_for(options)
+        policy, retries, timeout, max_hold, notify = plan
         requested = min(lock.ttl, max_hold) if max_hold is not None else lock.ttl
-        tries = Attempts(policy, retries, timeout, requested, max_hold, self.clock())
         cancel = options.cancel
+        outcome: Optional[Outcome] = None
+        if first is None:
+            tries = Attempts(policy, retries, timeout, requested, max_hold, self.clock())
+        else:
+            tries = Attempts(policy, retries, timeout, requested, max_hold, first[0])
+            tries.attempts = 1
+            outcome = self._judge(lock, tries, first[1], first[2])
         try:
             while True:
-                if self.closed:
-                    self.check_open()
-                if cancel is not None and cancel.is_set():
-                    tries.reason = "cancelled"
-                    break
-                outcome = self.attempt(lock, tries, options.request_id)
+                if outcome is None:
+                    if self.closed:
+                        self.check_open()
+                    if cancel is not None and cancel.is_set():
+                        tries.reason = "cancelled"
+                        break
+                    outcome = self.attempt(lock, tries, options.request_id)
                 if outcome == GRANTED:
                     if self._take(lock, tries, cancel):
                         return
@@ -321,6 +366,7 @@ class Acquisition:
                 self._refused(lock, tries, outcome)
                 if not self._wait(lock, tries, outcome, notify, cancel):
                     break
+                outcome = None
         finally:
             if tries.wake is not None:
                 self.dispatcher.unregister(lock.key, tries.wake)
@@ -341,47 +387,48 @@ class Acquisition:
         if tries.attempts:
             tries.sent = self.clock()
         tries.attempts += 1
-        tries.unreachable = False
+        answer: _Answer
         try:
             answer = ask_grant(
                 self.backend, lock.key, lock.token, tries.requested, self.owner, self.fencing, request_id
             )
         except BackendUnavailableError as error:
+            answer = error
+        return self._judge(lock, tries, answer, self.clock())
+
+    def _judge(self, lock: Lease, tries: Attempts, answer: _Answer, received: float) -> Outcome:
+        """What the answer to the latest attempt (``answer``, at ``received``) came to; see
+        :meth:`attempt`."""
+        tries.unreachable = False
+        tries.received = received
+        if isinstance(answer, BackendUnavailableError):
             # While the budget lasts an outage is one more failed attempt: the waiter rides it
             # out on its retry schedule. A single attempt raises it at once.
             if tries.attempts == 1 and tries.retries == 0:
-                raise
+                raise answer
             if tries.outage is None:
-                _log_outage(lock.key, error)
-            tries.outage = error
+                _log_outage(lock.key, answer)
+            tries.outage = answer
             tries.unreachable = True
-            tries.received = self.clock()
             return UNREACHABLE
-        refused: Optional[Outcome] = None
-        fence: Optional[int] = None
+        if tries.outage is not None:
+            logger.warning("backend reachable again while acquiring %r", lock.key)
+            tries.outage = None
         if isinstance(answer, SlowDown):
             if tries.attempts > tries.retries:
                 # No attempt may follow (a single attempt, as try_acquire's): nothing is left
                 # to wait for, and the store's answer is the caller's.
                 raise answer.error
             tries.asked = answer.seconds
-            refused = RATE_LIMITED
-        elif answer is None:
-            refused = HELD
-        else:
-            fence = answer
-        tries.received = received = self.clock()
-        if tries.outage is not None:
-            logger.warning("backend reachable again while acquiring %r", lock.key)
-            tries.outage = None
-        if refused is not None:
-            return refused
+            return RATE_LIMITED
+        if answer is None:
+            return HELD
         # The local end of the granted lease; None when the grant came back too late.
         end = local_end(tries.sent, tries.requested, received)
         if end is None:
             return LATE
         tries.end = end
-        tries.fence = fence if self.fencing else None
+        tries.fence = answer if self.fencing else None
         return GRANTED
 
     def _take(self, lock: Lease, tries: Attempts, cancel: Optional[threading.Event]) -> bool:
@@ -399,12 +446,22 @@ class Acquisition:
             # reopens).
             give_back(self.backend, lock.key, lock.token)
             self.check_open()
-        lock.hold_granted(tries.sent, tries.end, tries.requested, tries.fence, tries.max_hold)
+        self._hold(
+            lock, tries.sent, tries.end, tries.requested, tries.fence, tries.max_hold, tries.received - tries.start,
+            tries.attempts,
+        )
+        return True
+
+    def _hold(
+        self, lock: Lease, sent: float, end: float, requested: float, fence: Optional[int], max_hold: Optional[float],
+        waited: float, attempts: int,
+    ) -> None:
+        """Hold a grant in time: the lease's state, the set of held locks, the ``acquired`` event."""
+        lock.hold_granted(sent, end, requested, fence, max_hold)
         self.holds.add(lock)
         # Checked here too so that the uncontended path builds no event fields.
         if wanted(self.on_event, "acquired"):
-            self._emit(lock, "acquired", waited=tries.received - tries.start, attempts=tries.attempts)
-        return True
+            self._emit(lock, "acquired", waited=waited, attempts=attempts)
 
     def _refused(self, lock: Lease, tries: Attempts, outcome: Outcome) -> None:
         """Note an attempt that got no grant: its reason, its event, and a late grant given back."""

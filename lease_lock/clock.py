@@ -64,10 +64,13 @@ class LeaseClock:
         #: How many pauses were counted: a reading is stamped with the count it saw before
         #: reading its sources, so a reading from before a counted pause is known as such.
         self._pauses = 0
-        first = (self._monotonic(), wall())
-        #: The latest reading, ``(monotonic, wall, pauses)``: one tuple, replaced whole, so that
-        #: a thread never sees the halves of two readings. Threads race to write it, so it may
-        #: be a little older than the newest reading; it is only ever the base of the next check.
+        first_monotonic = self._monotonic()
+        first = (first_monotonic, wall() - first_monotonic)
+        #: The latest reading, ``(monotonic, offset, pauses)`` where the offset is the wall
+        #: clock minus the monotonic one: a pause that only the wall clock saw grows the
+        #: offset. One tuple, replaced whole, so that a thread never sees the halves of two
+        #: readings. Threads race to write it, so it may be a little older than the newest
+        #: reading; it is only ever the base of the next check.
         self._last = (*first, 0)
         #: The reading that found the latest counted pause (written under the mutex only).
         self._counted_at = first
@@ -81,17 +84,18 @@ class LeaseClock:
     def __call__(self) -> float:
         pauses = self._pauses
         now_monotonic = self._monotonic()
-        now_wall = self._wall()
-        last_monotonic, last_wall, _ = self._last
-        if (now_wall - last_wall) - (now_monotonic - last_monotonic) > self._threshold:
-            self._judge_jump(now_monotonic, now_wall)
+        # The wall clock's advance beyond the monotonic one since the last reading is the
+        # growth of their difference.
+        offset = self._wall() - now_monotonic
+        if offset - self._last[1] > self._threshold:
+            self._judge_jump(now_monotonic, offset)
         else:
-            self._last = (now_monotonic, now_wall, pauses)
+            self._last = (now_monotonic, offset, pauses)
         # Read after the check: a pause counted meanwhile by another thread is included, which
         # can only put this reading ahead, never behind.
         return now_monotonic + self.paused
 
-    def _judge_jump(self, now_monotonic: float, now_wall: float) -> None:
+    def _judge_jump(self, now_monotonic: float, offset: float) -> None:
         """A reading saw the wall clock jump ahead: count the pause once, under the mutex.
 
         Judged against the latest reading if it was made since the last counted pause; a
@@ -101,17 +105,17 @@ class LeaseClock:
         is counted twice, none is missed, and a backward wall step is never read as a pause.
         """
         with self._mutex:
-            last_monotonic, last_wall, pauses = self._last
+            last_monotonic, last_offset, pauses = self._last
             if pauses != self._pauses:
-                last_monotonic, last_wall = self._counted_at
+                last_monotonic, last_offset = self._counted_at
             if now_monotonic < last_monotonic:
                 # This reading is older than the base (its thread was switched out after
                 # reading): the reading that made the base judged that span already, and a
                 # backward wall step inside it would read here as a forward jump.
                 return
-            unexplained = (now_wall - last_wall) - (now_monotonic - last_monotonic)
+            unexplained = offset - last_offset
             if unexplained > self._threshold:
                 self.paused += unexplained
                 self._pauses += 1
-                self._counted_at = (now_monotonic, now_wall)
-            self._last = (now_monotonic, now_wall, self._pauses)
+                self._counted_at = (now_monotonic, offset)
+            self._last = (now_monotonic, offset, self._pauses)
