@@ -7,8 +7,9 @@ store, judging a grant that came back too late (:func:`lease_lock.lease.local_en
 of locks currently held (which closing and forking need).
 
 An acquisition that no cancel event can stop sends its first attempt before any of the loop
-is set up (:meth:`Acquisition._first_try`): a grant in time is held at once, and any other
-answer is handed to the loop, which judges it as if it had sent it. The loop is three parts: :meth:`Acquisition.attempt` sends one grant request (through
+is set up (``Acquisition._first_try``): a grant in time is held at once, and any other
+answer is handed to the loop, which judges it as if it had sent it. The loop is three parts:
+:meth:`Acquisition.attempt` sends one grant request (through
 :func:`lease_lock.backends.service.ask_grant`, which knows the backends' request ids and rate
 limits) and names its :data:`Outcome`; :func:`pick_pause` chooses the wait before the next
 attempt; ``Acquisition._attempt`` joins them until a grant, the retries, the timeout or a
