@@ -257,12 +257,7 @@ class Lock(GuardedBlock):
         self._lease = self._lease.enter()
         return self
 
-    def __exit__(
-        self,
-        exc_type: Optional[type[BaseException]],
-        exc: Optional[BaseException],
-        traceback: Optional[TracebackType],
-    ) -> None:
+    def __exit__(self, exc_type: object, exc: Optional[BaseException], traceback: object) -> None:
         # GuardedBlock's exit, one call shorter: it is how most locks are left.
         self._lease.finish(self._hold, exc is not None)
 
