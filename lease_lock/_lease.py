@@ -360,12 +360,18 @@ class Lease:
     def start_acquiring(self) -> None:
         """Library side (the acquisition calls it): mark the lock as being acquired, refusing a
         lock that was held once or that another thread is acquiring."""
-        with self._mutex:
+        # The mutex of a lock cycle's own steps is taken with acquire() and release(): a with
+        # statement costs twice as much (about 1,100 instructions more, benchmarks.instructions).
+        mutex = self._mutex
+        mutex.acquire()
+        try:
             if self._state != "unlocked":
                 raise LockStateError(f"lock {self.key!r} was already acquired once ({self._state}); create a new lock")
             if self._busy_acquiring:
                 raise LockStateError(f"lock {self.key!r} is being acquired by another thread")
             self._busy_acquiring = True
+        finally:
+            mutex.release()
 
     def join(self) -> bool:
         """One more hold of this lease (a re-entrant acquire by the thread holding it);
@@ -392,7 +398,9 @@ class Lease:
         thread = threading.current_thread()
         options = self._options
         interval = beat_interval(self._ttl, options.extend_interval)
-        with self._mutex:
+        mutex = self._mutex
+        mutex.acquire()  # not a with statement: see start_acquiring
+        try:
             self._state = "held"
             self._holds = 1
             self._busy_acquiring = False
@@ -412,6 +420,8 @@ class Lease:
                 self._host.heartbeat.arrive(self)
             else:
                 self._arm(interval)
+        finally:
+            mutex.release()
 
     def _schedule(self) -> None:
         """(Re)arm this lock's one heartbeat timer: the next extension or the lease's end."""
@@ -545,7 +555,9 @@ class Lease:
         now = host.clock()
         if self._state == "held" and now >= self._lease_end:
             self._mark_lost(None, lapsed=True)
-        with self._mutex:
+        mutex = self._mutex
+        mutex.acquire()  # not a with statement: see start_acquiring
+        try:
             state = self._state
             # The usual case, a lease held by this one hold, goes straight to the store.
             if state != "held" or self._holds != 1 or self._releasing or hold.let_go:
@@ -553,13 +565,16 @@ class Lease:
                 if settled is not None:
                     return settled
             self._releasing = True
+        finally:
+            mutex.release()
         try:
             if request_id is None:
                 deleted = host.backend.release(self.key, self.token)
             else:
                 with request_id_scope(host.backend, request_id):
                     deleted = host.backend.release(self.key, self.token)
-            with self._mutex:
+            mutex.acquire()
+            try:
                 self._given_back = True
                 hold.let_go = True
                 self._holds = 0
@@ -571,6 +586,8 @@ class Lease:
                     self._ended_at = now
                     if self._timer is not None:
                         self._cancel_timer()
+            finally:
+                mutex.release()
         finally:
             # A plain store: this thread alone set the flag, and every reader takes the mutex
             # and finds the lock's state decided by now.
