@@ -140,14 +140,18 @@ class LossSignal(threading.Event):
 
 
 class Hold:
-    """One handle's share of a lease: whether that handle has let go of it."""
+    """One handle's share of a lease: whether that handle has let go of it.
 
-    # A class-level default and no __init__: a Hold is made for every lock, and most are let
-    # go once, so making one runs no Python code.
+    Every :class:`Lease` is one: the hold of the handle it was made for. A handle that joined
+    another lease (a re-entrant acquire) keeps its own, never granted, lease as its hold, so no
+    handle needs an object of its own for it.
+    """
+
+    # A class-level default, written on the instance only when the handle lets go.
     let_go = False
 
 
-class Lease:
+class Lease(Hold):
     """One lease on one key, as the library drives it (see the module docstring); thread-safe."""
 
     # Every field that starts the same for each lease is a class attribute, written on the

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
-from ._lease import Hold, Lease, LockHost, LossSignal, wait_for_loss
+from ._lease import Lease, LockHost, LossSignal, wait_for_loss
 from .errors import LostReason
 from .options import LockOptions
 from .retry import Retry
@@ -94,8 +94,9 @@ class Lock(GuardedBlock):
     def __init__(
         self, host: LockHost, key: str, ttl: float, options: LockOptions, token: str, owner: object = None
     ) -> None:
-        self._lease = Lease(host, key, ttl, options, token, owner)
-        self._hold = Hold()
+        # The lease made for this handle is its hold too, also after a re-entrant acquire has
+        # joined it to another lease (see Hold).
+        self._lease = self._hold = Lease(host, key, ttl, options, token, owner)
 
     # -- reading -------------------------------------------------------------------------------
 
