@@ -193,7 +193,9 @@ class Lease(Hold):
         self._locker = owner
         self.key = key
         self.token = token
-        self._ttl = ttl
+        #: The latest TTL asked for, in seconds (a plain field: the acquisition reads it on
+        #: every attempt).
+        self.ttl = ttl
         self._options = options
         # Not re-entrant: nothing that runs under it (the clock, the heartbeat's bookkeeping)
         # comes back to this lock, and hooks and listeners run outside it.
@@ -235,11 +237,6 @@ class Lease(Hold):
             if self._loss_listeners is None:
                 self._loss_listeners = []
             self._loss_listeners.append(listener)
-
-    @property
-    def ttl(self) -> float:
-        """The latest TTL asked for, in seconds."""
-        return self._ttl
 
     @property
     def state(self) -> str:
@@ -350,10 +347,10 @@ class Lease(Hold):
             if event_type in _EVENTS_WITH_HELD_FOR:
                 # Read only for events someone receives: it costs a clock reading.
                 fields["held_for"] = self.held_for
-            emit(hook, LockEvent(type=event_type, key=self.key, ttl=self._ttl, **fields))
+            emit(hook, LockEvent(type=event_type, key=self.key, ttl=self.ttl, **fields))
 
     def _interval(self) -> float:
-        return beat_interval(self._ttl, self._options.extend_interval)
+        return beat_interval(self.ttl, self._options.extend_interval)
 
     def _extending(self) -> bool:
         """Whether the heartbeat extends this lease again (see :func:`lease_lock.heartbeat.next_beat`)."""
@@ -401,7 +398,7 @@ class Lease(Hold):
         :func:`lease_lock.lease.local_end`)."""
         thread = threading.current_thread()
         options = self._options
-        interval = beat_interval(self._ttl, options.extend_interval)
+        interval = beat_interval(self.ttl, options.extend_interval)
         mutex = self._mutex
         mutex.acquire()  # not a with statement: see start_acquiring
         try:
@@ -415,7 +412,7 @@ class Lease(Hold):
             self._lease_end = end
             self.fence = fence
             # _extending(), read here from what this grant sets.
-            self._clamped = clamped = requested < self._ttl
+            self._clamped = clamped = requested < self.ttl
             extend = options.auto_extend and not clamped
             self._next_beat = next_beat("granted", sent, interval, extending=extend)
             if (interval if extend else end - sent) >= ARRIVAL_LEAD:
@@ -445,7 +442,7 @@ class Lease(Hold):
         if self._next_beat <= self._lease_end:
             self._timer = self._host.heartbeat.schedule(self, self._next_beat, interval)
         else:
-            self._timer = self._host.heartbeat.schedule(self, self._lease_end, self._ttl)
+            self._timer = self._host.heartbeat.schedule(self, self._lease_end, self.ttl)
 
     def _cancel_timer(self) -> None:
         timer, self._timer = self._timer, None
@@ -467,7 +464,7 @@ class Lease(Hold):
             if now < self._next_beat:
                 self._arm(self._interval())
                 return None
-            requested = clamp_to_deadline(self._ttl, self._deadline, now)
+            requested = clamp_to_deadline(self.ttl, self._deadline, now)
             if requested > 0:
                 self._in_flight += 1
                 return requested
@@ -512,7 +509,7 @@ class Lease(Hold):
             else:
                 outcome = "extended"
                 self._lease_end = end
-                self._clamped = requested < self._ttl
+                self._clamped = requested < self.ttl
                 self._extend_error = None
                 self._next_beat = next_beat("extended", sent, self._interval(), extending=self._extending())
         if outcome == "extended":
@@ -639,7 +636,7 @@ class Lease(Hold):
         cancel = check_cancel(cancel)
         if request_id is not None:
             check_request_id(request_id)
-        new_ttl = self._ttl if ttl is None else check_ttl(ttl)
+        new_ttl = self.ttl if ttl is None else check_ttl(ttl)
         check_extend_interval(self._options.extend_interval, new_ttl)
         self.check()
         started = self._host.clock()
@@ -650,7 +647,7 @@ class Lease(Hold):
             if requested > 0:
                 self._in_flight += 1
                 if cancel is None:
-                    self._ttl = new_ttl
+                    self.ttl = new_ttl
         if requested <= 0:
             self._mark_lost("max-hold")
             raise LockLostError(self.key, "max-hold")
@@ -678,7 +675,7 @@ class Lease(Hold):
                 self._keep_lease(sent, requested, granted=granted, received=received)
                 raise self._renewal_cancelled(1, started)
             with self._mutex:
-                self._ttl = new_ttl
+                self.ttl = new_ttl
         if not self.heartbeat_answered(sent, received, requested, granted):
             raise LockLostError(self.key, self._lost_reason or "extend") from self._lost_cause
 
