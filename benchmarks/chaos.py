@@ -4,8 +4,9 @@ Run from the repository root::
 
     python -m benchmarks.chaos --workers 8 --seconds 30 --keys 4 --ttl 2 --write docs/reliability.md
 
-Backends: ``sqlite`` (a temp file), ``redis`` and ``postgres`` (private servers started here
-and stopped at the end, so restarts and kills hurt nobody else). Each (backend, fault) pair runs
+Backends: ``sqlite`` (a temp file), ``redis``, ``postgres`` and ``etcd`` (private servers
+started here and stopped at the end, so restarts and kills hurt nobody else; etcd is a
+three-member cluster, started by the same helper the tests use). Each (backend, fault) pair runs
 ``--seconds`` with ``--workers`` processes; the logs stay in ``--workdir``. The table is printed
 and, with ``--write``, put into the docs page between its generated-table markers, together
 with the exact command. Exit status 1 when any run shows a problem (see ``checker.Report``).
@@ -40,6 +41,7 @@ def render_table(reports: list[Report]) -> str:
 
 
 def _targets(names: list[str], root: Path, stack: ExitStack) -> dict[str, Target]:
+    from tests.support.etcd_server import EtcdFactory, find_etcd_binary
     from tests.support.postgres_server import _remove, start_private_postgres
     from tests.support.redis_server import RedisServer
 
@@ -58,6 +60,13 @@ def _targets(names: list[str], root: Path, stack: ExitStack) -> dict[str, Target
             pg = start_private_postgres()
             stack.callback(_remove, pg)
             targets[name] = Target("postgres", f"{pg.url}?table=chaos_leases", f"{pg.url}?table=chaos_resource", pg)
+        elif name == "etcd":
+            if find_etcd_binary() is None:
+                raise SystemExit("etcd is not on PATH (set ETCD_BIN)")
+            (root / "etcd").mkdir(parents=True, exist_ok=True)
+            cluster = EtcdFactory(root / "etcd").cluster(members=3)
+            stack.callback(cluster.close)
+            targets[name] = Target("etcd", cluster.url, f"sqlite:///{root}/resource-etcd.db", cluster)
         else:
             raise SystemExit(f"unknown backend {name!r}")
     return targets
