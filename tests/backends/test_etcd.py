@@ -15,7 +15,7 @@ from benchmarks.chaos_harness.proxy import TcpProxy
 from lease_lock import BackendUnavailableError, ExtendRequest, ValidationError
 from lease_lock.backends import backend_from_url
 from lease_lock.backends.etcd import EtcdBackend, EtcdError, lease_seconds
-from lease_lock.testing import BackendContract, wait_until
+from lease_lock.testing import BackendContract, ServiceStoreContract, wait_until
 
 from tests.support.children import check_forked_children_beside_the_parent
 from tests.support.etcd_server import EtcdCluster, EtcdFactory
@@ -51,7 +51,7 @@ class CountingSession(requests.Session):
         return super().send(request, **kwargs)
 
 
-class TestEtcdBackend(BackendContract):
+class TestEtcdBackend(BackendContract, ServiceStoreContract):
     @pytest.fixture
     def backend(self, etcd_cluster: EtcdCluster) -> Iterator[EtcdBackend]:
         backend = EtcdBackend.from_url(etcd_cluster.url)
