@@ -104,6 +104,17 @@ def test_namespaces_keep_lockers_apart(etcd_server: EtcdCluster, key: str) -> No
         second.close()
 
 
+def test_rate_counters_stay_out_of_every_scan_even_of_the_empty_namespace(etcd_server: EtcdCluster) -> None:
+    whole = EtcdBackend(etcd_server.endpoints, namespace="")
+    try:
+        name = f"counter-{uuid.uuid4().hex[:8]}"
+        assert whole.count_in_window(name, 60, 3)[0] == 3
+        assert whole.count_in_window(name, 60)[0] == 4
+        assert not [state.key for state in whole.scan("") if name in state.key]
+    finally:
+        whole.close()
+
+
 def test_ttls_are_whole_seconds_at_least_two() -> None:
     assert [lease_seconds(ttl) for ttl in (0.1, 1.0, 2.0, 2.01, 29.5)] == [2, 2, 2, 3, 30]
     with pytest.raises(ValidationError, match="ttl must be at most"):
