@@ -6,23 +6,33 @@ between, for the length of the scenario. Targets are chosen among the current ho
 through the backend's ``inspect`` (the owner label carries the worker number), so that a fault
 hits someone it can hurt.
 
-=============  ============================================================  ==================
+=============  ============================================================  ======================
 name           what it does                                                  backends
-=============  ============================================================  ==================
+=============  ============================================================  ======================
 none           nothing: contention only                                      all
 pause          SIGSTOP a holder for 1.5 TTL, then SIGCONT                    all
 suspend        as ``pause``, and the holder's monotonic clock does not see   all
                the stop (only its wall clock does): a frozen VM; the pause
                detector of the lease clock must notice
 clock-jump     step a holder's wall clock 2 TTL forward, next time back      all
-restart        restart the server (Redis loses all data; PostgreSQL keeps    redis, postgres
-               it), locks held
-latency        add TTL/8 per direction to one holder's connections for 2 TTL redis, postgres
-stall          hold all traffic of one holder for 1.5 TTL (silent peer)      redis, postgres
-cut            reset every connection of one holder                          redis, postgres
+restart        restart the server (Redis loses all data; PostgreSQL keeps    redis, postgres, etcd
+               it; every etcd member is stopped, then all started on their
+               data), locks held
+leader-kill    SIGKILL the etcd leader; start it again once the others       etcd
+               elected a new one
+leader-pause   SIGSTOP the etcd leader for 1.5 TTL (a stuck leader the       etcd
+               others replace), then SIGCONT
+quorum-loss    SIGSTOP two of the three etcd members for 1.5 TTL: no         etcd
+               quorum, so no writes and no renewals; then SIGCONT
+latency        add TTL/8 per direction to one holder's connections for 2 TTL redis, postgres, etcd
+stall          hold all traffic of one holder for 1.5 TTL (silent peer)      redis, postgres, etcd
+cut            reset every connection of one holder                          redis, postgres, etcd
 kill           server-side: ``CLIENT KILL`` (Redis) or                       redis, postgres
                ``pg_terminate_backend`` (PostgreSQL) on every client
-=============  ============================================================  ==================
+=============  ============================================================  ======================
+
+A proxy fault on etcd hits the holder's connections to every member at once (one proxy per
+member), since the client fails over to the next member when one goes silent.
 """
 
 from __future__ import annotations
@@ -38,7 +48,7 @@ from lease_lock.backends.base import Backend
 
 from .clockctl import ClockControl
 from .eventlog import EventLog, host_now
-from .proxy import TcpProxy
+from .proxy import ProxyGroup
 
 __all__ = ["FAULTS", "FaultContext", "WorkerHandle", "supported"]
 
@@ -50,7 +60,7 @@ class WorkerHandle:
     index: int
     pid: int
     clock: Optional[ClockControl] = None
-    proxy: Optional[TcpProxy] = None
+    proxy: Optional[ProxyGroup] = None
 
 
 @dataclass
@@ -194,20 +204,64 @@ def kill(ctx: FaultContext) -> None:
     ctx.record("kill", t0, connections=count)
 
 
+def leader_kill(ctx: FaultContext) -> None:
+    """Crash the etcd leader; bring it back once the survivors have a leader of their own."""
+    t0 = host_now()
+    leader = ctx.server.leader()
+    leader.kill()
+    try:
+        successor = ctx.server.leader()
+    finally:
+        leader.start()
+    ctx.server.wait_serving([leader])
+    ctx.record("leader-kill", t0, member=leader.name, successor=successor.name)
+
+
+def _pause_members(ctx: FaultContext, kind: str, members: list[Any]) -> None:
+    t0 = host_now()
+    for member in members:
+        member.pause()
+    try:
+        time.sleep(1.5 * ctx.ttl)
+    finally:
+        for member in members:
+            member.resume()
+    ctx.record(kind, t0, members=[member.name for member in members])
+
+
+def leader_pause(ctx: FaultContext) -> None:
+    """SIGSTOP the etcd leader for longer than a TTL: the others elect a new one meanwhile."""
+    _pause_members(ctx, "leader-pause", [ctx.server.leader()])
+
+
+def quorum_loss(ctx: FaultContext) -> None:
+    """SIGSTOP a majority of the etcd members for longer than a TTL: nothing commits."""
+    members = list(ctx.server.members)
+    ctx.rng.shuffle(members)
+    _pause_members(ctx, "quorum-loss", members[: len(members) // 2 + 1])
+
+
 def none(ctx: FaultContext) -> None:
     """No fault: plain contention."""
 
 
+_EVERY = frozenset({"sqlite", "redis", "postgres", "etcd"})
+_SERVERS = frozenset({"redis", "postgres", "etcd"})
+_ETCD = frozenset({"etcd"})
+
 #: Every injector by name, with the backends it applies to.
 FAULTS: dict[str, tuple[Callable[[FaultContext], None], frozenset[str]]] = {
-    "none": (none, frozenset({"sqlite", "redis", "postgres"})),
-    "pause": (pause, frozenset({"sqlite", "redis", "postgres"})),
-    "suspend": (suspend, frozenset({"sqlite", "redis", "postgres"})),
-    "clock-jump": (clock_jump, frozenset({"sqlite", "redis", "postgres"})),
-    "restart": (restart, frozenset({"redis", "postgres"})),
-    "latency": (latency, frozenset({"redis", "postgres"})),
-    "stall": (stall, frozenset({"redis", "postgres"})),
-    "cut": (cut, frozenset({"redis", "postgres"})),
+    "none": (none, _EVERY),
+    "pause": (pause, _EVERY),
+    "suspend": (suspend, _EVERY),
+    "clock-jump": (clock_jump, _EVERY),
+    "restart": (restart, _SERVERS),
+    "leader-kill": (leader_kill, _ETCD),
+    "leader-pause": (leader_pause, _ETCD),
+    "quorum-loss": (quorum_loss, _ETCD),
+    "latency": (latency, _SERVERS),
+    "stall": (stall, _SERVERS),
+    "cut": (cut, _SERVERS),
     "kill": (kill, frozenset({"redis", "postgres"})),
 }
 

@@ -8,6 +8,10 @@ each worker its own proxy and a fault can hit one worker's network without touch
 - ``stall()`` / ``resume()``: hold every byte (both directions) until resumed; the sockets stay
   open, so clients see a silent peer, not an error;
 - ``cut()``: reset every open connection at once (new connections are still accepted).
+
+A :class:`ProxyGroup` puts one proxy in front of each server of a multi-server backend (the
+members of an etcd cluster) and acts on all of them at once, so that one worker's whole
+network is hit, not just its path to one member.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import struct
 import threading
 import time
 
-__all__ = ["TcpProxy"]
+__all__ = ["ProxyGroup", "TcpProxy"]
 
 _CHUNK = 65536
 
@@ -118,3 +122,44 @@ class TcpProxy:
         self.resume()
         self._listener.close()
         self.cut()
+
+
+class ProxyGroup:
+    """One :class:`TcpProxy` per ``(host, port)`` target; every fault acts on all of them."""
+
+    def __init__(self, targets: list[tuple[str, int]]) -> None:
+        self.proxies = [TcpProxy(host, port) for host, port in targets]
+
+    @property
+    def ports(self) -> list[int]:
+        """The local ports, in the order of the targets."""
+        return [proxy.port for proxy in self.proxies]
+
+    @property
+    def latency(self) -> float:
+        """Seconds each chunk waits in every proxy of the group."""
+        return self.proxies[0].latency
+
+    @latency.setter
+    def latency(self, seconds: float) -> None:
+        for proxy in self.proxies:
+            proxy.latency = seconds
+
+    def stall(self) -> None:
+        """Hold the traffic of every proxy until :meth:`resume`."""
+        for proxy in self.proxies:
+            proxy.stall()
+
+    def resume(self) -> None:
+        """Let every proxy's traffic through again."""
+        for proxy in self.proxies:
+            proxy.resume()
+
+    def cut(self) -> int:
+        """Reset every connection of every proxy; how many sockets were cut."""
+        return sum(proxy.cut() for proxy in self.proxies)
+
+    def close(self) -> None:
+        """Close every proxy."""
+        for proxy in self.proxies:
+            proxy.close()

@@ -23,7 +23,7 @@ from .checker import Report, check
 from .clockctl import ClockControl
 from .eventlog import EventLog, host_now, read_log
 from .faults import FAULTS, NEEDS_CLOCK, NEEDS_PROXY, FaultContext, WorkerHandle
-from .proxy import TcpProxy
+from .proxy import ProxyGroup
 from .resource import open_resource
 
 __all__ = ["REPO_ROOT", "Settings", "Target", "run_scenario"]
@@ -46,11 +46,20 @@ class Target:
     resource: str
     server: Any = None
 
-    def via(self, port: int) -> str:
-        """``url`` with its host and port replaced by ``127.0.0.1:port`` (a proxy)."""
+    def servers(self) -> list[tuple[str, int]]:
+        """The ``(host, port)`` of every server ``url`` names (an etcd URL names several,
+        comma-separated)."""
+        hosts = urllib.parse.urlsplit(self.url).netloc.rpartition("@")[2]
+        named = [urllib.parse.urlsplit(f"//{item}") for item in hosts.split(",")]
+        return [(parts.hostname or "127.0.0.1", parts.port or 0) for parts in named]
+
+    def via(self, ports: list[int]) -> str:
+        """``url`` with its servers replaced by ``127.0.0.1:port`` for each of ``ports`` (the
+        proxies, in the order of :meth:`servers`)."""
         parts = urllib.parse.urlsplit(self.url)
         userinfo = parts.netloc.rpartition("@")[0]
-        netloc = f"{userinfo}@127.0.0.1:{port}" if userinfo else f"127.0.0.1:{port}"
+        hosts = ",".join(f"127.0.0.1:{port}" for port in ports)
+        netloc = f"{userinfo}@{hosts}" if userinfo else hosts
         return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
@@ -114,17 +123,16 @@ def run_scenario(target: Target, fault: str, settings: Settings, workdir: Path) 
     resource.setup(keys)
     admin = backend_from_url(target.url)
     log = EventLog(workdir / "faults.log")
-    proxies: list[TcpProxy] = []
+    proxies: list[ProxyGroup] = []
     processes: list[subprocess.Popen[bytes]] = []
     try:
         handles = []
         for index in range(settings.workers):
             url, proxy, clock = target.url, None, None
             if fault in NEEDS_PROXY:
-                parts = urllib.parse.urlsplit(target.url)
-                proxy = TcpProxy(parts.hostname or "127.0.0.1", parts.port or 0)
+                proxy = ProxyGroup(target.servers())
                 proxies.append(proxy)
-                url = target.via(proxy.port)
+                url = target.via(proxy.ports)
             if fault in NEEDS_CLOCK:
                 clock = ClockControl(workdir / f"clock-{index}.bin", create=True)
             process = _spawn(target, settings, workdir, index, url, clock.path if clock else None, namespace)

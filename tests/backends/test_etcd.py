@@ -15,7 +15,7 @@ from benchmarks.chaos_harness.proxy import TcpProxy
 from lease_lock import BackendUnavailableError, ExtendRequest, ValidationError
 from lease_lock.backends import backend_from_url
 from lease_lock.backends.etcd import EtcdBackend, EtcdError, lease_seconds
-from lease_lock.testing import BackendContract, wait_until
+from lease_lock.testing import BackendContract, ServiceStoreContract, wait_until
 
 from tests.support.children import check_forked_children_beside_the_parent
 from tests.support.etcd_server import EtcdCluster, EtcdFactory
@@ -51,7 +51,7 @@ class CountingSession(requests.Session):
         return super().send(request, **kwargs)
 
 
-class TestEtcdBackend(BackendContract):
+class TestEtcdBackend(BackendContract, ServiceStoreContract):
     @pytest.fixture
     def backend(self, etcd_cluster: EtcdCluster) -> Iterator[EtcdBackend]:
         backend = EtcdBackend.from_url(etcd_cluster.url)
@@ -102,6 +102,17 @@ def test_namespaces_keep_lockers_apart(etcd_server: EtcdCluster, key: str) -> No
     finally:
         first.close()
         second.close()
+
+
+def test_rate_counters_stay_out_of_every_scan_even_of_the_empty_namespace(etcd_server: EtcdCluster) -> None:
+    whole = EtcdBackend(etcd_server.endpoints, namespace="")
+    try:
+        name = f"counter-{uuid.uuid4().hex[:8]}"
+        assert whole.count_in_window(name, 60, 3)[0] == 3
+        assert whole.count_in_window(name, 60)[0] == 4
+        assert not [state.key for state in whole.scan("") if name in state.key]
+    finally:
+        whole.close()
 
 
 def test_ttls_are_whole_seconds_at_least_two() -> None:

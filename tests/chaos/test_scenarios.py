@@ -20,11 +20,14 @@ SHORT = Settings(workers=4, seconds=3.5, keys=2, ttl=1.2, hold=(0.2, 1.0))
 
 #: The faults run briefly in CI for each backend. Faults of the lease clock (suspend,
 #: clock-jump) act inside the worker's core, the same on every backend: CI runs them on SQLite
-#: (and Redis, through the core's clock); the long run in the docs covers every pair.
+#: (and Redis, through the core's clock); the long run in the docs covers every pair. On etcd
+#: (a three-member cluster) CI runs the cluster's own faults: a crashed leader, a lost quorum and
+#: a full restart, besides a paused holder and a holder's stalled and cut connections.
 CI_SCENARIOS = [
     *(("sqlite", fault) for fault in supported("sqlite")),
     *(("redis", fault) for fault in ("pause", "restart", "latency", "stall", "cut", "kill", "suspend")),
     *(("postgres", fault) for fault in ("pause", "restart", "stall", "cut", "kill")),
+    *(("etcd", fault) for fault in ("pause", "restart", "leader-kill", "quorum-loss", "stall", "cut")),
 ]
 
 #: Faults that always cost the holder its lease (it is stopped for longer than the TTL).

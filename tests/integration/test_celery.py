@@ -1,6 +1,7 @@
 """``SingletonTask`` on real Celery workers and a real Redis broker (the tests' private server):
 a worker in a thread (threads pool) and a worker subprocess (prefork pool), so the locker is
-also exercised in processes forked after it was built.
+also exercised in processes forked after it was built. The prefork worker also runs with its
+locks on the tests' etcd cluster (``lease_lock_url`` an ``etcd://`` URL).
 
 The module doubles as the worker subprocess's app (``celery -A tests.integration.test_celery``):
 the broker, lock URL and queue then come from the environment.
@@ -70,7 +71,8 @@ def build_report(self: Any, day: str, flags: str, redis_url: str) -> dict[str, A
     """Runs alone per day."""
     _hold(flags, redis_url, self.request.id)
     inherited = any(task_locker(app) is parent for parent in _PARENT_LOCKERS)
-    return {"day": day, "pid": os.getpid(), "inherited_locker": inherited, "prebuilt": len(_PARENT_LOCKERS)}
+    return {"day": day, "pid": os.getpid(), "inherited_locker": inherited, "prebuilt": len(_PARENT_LOCKERS),
+            "store": type(task_locker(app).backend).__name__}
 
 
 @app.task(base=SingletonTask, lock_key=lambda flags, redis_url: f"retrying:{flags}", lock_on_busy="retry",
@@ -226,7 +228,7 @@ def test_two_tasks_with_one_key_on_a_threads_worker(redis_server: Any, thread_wo
     outcomes, started = exactly_one_runs(redis_server.url)
     assert started == 1
     assert sorted(outcomes, key=lambda outcome: outcome is None) == [
-        {"day": "mon", "pid": os.getpid(), "inherited_locker": False, "prebuilt": 0}, None,
+        {"day": "mon", "pid": os.getpid(), "inherited_locker": False, "prebuilt": 0, "store": "RedisBackend"}, None,
     ]
     assert not task_locker(app).get("report:mon").held
 
@@ -265,10 +267,19 @@ def test_bad_options_fail_when_the_task_is_defined() -> None:
         assert app.task(base=SingletonTask, lock_ttl=0, name=f"bad-{uuid.uuid4().hex}", shared=False)(job).name
 
 
-def test_two_tasks_with_one_key_on_a_prefork_worker_subprocess(redis_server: Any, celery_redis: str) -> None:
+@pytest.fixture(params=["redis", "etcd"])
+def worker_locks(request: pytest.FixtureRequest) -> str:
+    """The ``lease_lock_url`` of a worker subprocess: the broker's Redis, or the tests' etcd
+    cluster by its ``etcd://`` URL (the broker stays Redis)."""
+    return str(request.getfixturevalue("etcd_cluster" if request.param == "etcd" else "redis_server").url)
+
+
+def test_two_tasks_with_one_key_on_a_prefork_worker_subprocess(
+    redis_server: Any, celery_redis: str, worker_locks: str
+) -> None:
     environment = {
         **os.environ,
-        f"{_ENV}_BROKER": redis_server.url, f"{_ENV}_LOCKS": redis_server.url,
+        f"{_ENV}_BROKER": redis_server.url, f"{_ENV}_LOCKS": worker_locks,
         f"{_ENV}_QUEUE": celery_redis, f"{_ENV}_PREBUILD": "1",
     }
     worker = subprocess.Popen(
@@ -288,6 +299,7 @@ def test_two_tasks_with_one_key_on_a_prefork_worker_subprocess(redis_server: Any
     # The pool child built its own locker instead of using the one built before the fork.
     assert ran[0]["pid"] not in (os.getpid(), worker.pid)
     assert ran[0]["prebuilt"] == 1 and ran[0]["inherited_locker"] is False
+    assert ran[0]["store"] == ("EtcdBackend" if worker_locks.startswith("etcd://") else "RedisBackend")
 
 
 def test_the_default_key_is_the_name_plus_the_bound_arguments() -> None:

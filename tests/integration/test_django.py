@@ -1,7 +1,8 @@
 """The Django integration, driven by Django itself: settings configured here, the test client
 for a view that locks, ``call_command`` and ``ManagementUtility`` for ``SingletonCommand``, the
 ``migrate`` command for the PostgreSQL table, all on real databases (a SQLite file and the
-tests' PostgreSQL server)."""
+tests' PostgreSQL server); the view and the busy command also with ``LEASE_LOCK`` on the tests'
+etcd cluster by an ``etcd://`` URL."""
 
 from __future__ import annotations
 
@@ -102,7 +103,20 @@ def test_settings_map_to_the_sqlite_backend_of_the_alias(django_db: Path) -> Non
     assert get_locker() is built  # one per process
 
 
-def test_view_holds_the_lock_and_answers_409_while_it_is_busy(django_db: Path) -> None:
+@pytest.fixture(params=["sqlite", "etcd"])
+def lock_store(request: pytest.FixtureRequest, django_db: Path) -> Iterator[str]:
+    """The site's lock store: the module's ``django://default``, or ``LEASE_LOCK`` pointed at the
+    tests' etcd cluster by its ``etcd://`` URL (the locker is rebuilt when the setting changes)."""
+    if request.param == "sqlite":
+        yield "SqliteBackend"
+        return
+    url = request.getfixturevalue("etcd_cluster").url
+    with override_settings(LEASE_LOCK={"URL": url, "KEY_PREFIX": PREFIX, "TTL": 5}):
+        yield "EtcdBackend"
+
+
+def test_view_holds_the_lock_and_answers_409_while_it_is_busy(lock_store: str) -> None:
+    assert type(get_locker().backend).__name__ == lock_store
     client = Client()
     answer = client.get("/orders/7/settle")
     assert answer.status_code == 200
@@ -116,7 +130,8 @@ def test_view_holds_the_lock_and_answers_409_while_it_is_busy(django_db: Path) -
     assert client.get("/orders/7/settle").status_code == 200
 
 
-def test_a_second_concurrent_command_fails_busy_with_one_stderr_line(fresh_gate: None) -> None:
+def test_a_second_concurrent_command_fails_busy_with_one_stderr_line(fresh_gate: None, lock_store: str) -> None:
+    assert type(get_locker().backend).__name__ == lock_store
     first, errors = run_in_thread("nightly_report")
     assert gate.started.wait(WAIT)
     assert locker.get("command:nightly_report").held

@@ -1,6 +1,6 @@
 """``manage.py locks`` on the Django test project: real ``manage.py`` processes, locks held by
-real processes, on SQLite (``django://default``) and PostgreSQL; the output is the
-``lease-lock`` command's."""
+real processes, on SQLite (``django://default``), PostgreSQL and an etcd cluster (an
+``etcd://`` URL in ``LEASE_LOCK``); the output is the ``lease-lock`` command's."""
 
 from __future__ import annotations
 
@@ -41,9 +41,12 @@ class Site:
         )
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", "postgres", "etcd"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
     """(URL for the CLI and the holders, LEASE_LOCK URL of the site)."""
+    if request.param == "etcd":
+        url = str(request.getfixturevalue("etcd_cluster").url)
+        return url, url
     if request.param == "postgres":
         url = str(request.getfixturevalue("postgres_server").url)
         url += ("&" if "?" in url else "?") + "create_table=true"

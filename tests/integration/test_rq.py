@@ -1,6 +1,7 @@
 """RQ jobs guarded by ``singleton`` and by a plain ``@locker.locked(key, skip=True)``, run by two
 real ``rq worker --burst`` processes (each forks a work horse per job) on the tests' private
-Redis, which also holds the locks.
+Redis, which also holds the locks (or, for the one-body test, the tests' etcd cluster holds
+them, named by an ``etcd://`` ``LEASE_LOCK_URL``).
 
 The module doubles as the job module the workers import: in a worker, ``LEASE_LOCK_URL`` names
 the lock store.
@@ -90,12 +91,19 @@ def finished(job: Job) -> bool:
     return bool(job.get_status(refresh=True) == "finished")
 
 
+@pytest.fixture(params=["redis", "etcd"])
+def job_locks(request: pytest.FixtureRequest) -> str:
+    """The workers' ``LEASE_LOCK_URL``: the queue's Redis, or the tests' etcd cluster (the queue
+    stays on Redis)."""
+    return str(request.getfixturevalue("etcd_cluster" if request.param == "etcd" else "redis_server").url)
+
+
 @pytest.mark.parametrize("function", [default_key_job, keyed_job, plain_job])
-def test_two_jobs_with_one_key_run_one_body(redis_server: Any, function: Callable[..., Any]) -> None:
+def test_two_jobs_with_one_key_run_one_body(redis_server: Any, job_locks: str, function: Callable[..., Any]) -> None:
     url = redis_server.url
     client, flags, queue = _fresh_queue(url)
     jobs = [queue.enqueue(function, flags, url) for _ in range(2)]
-    environment = {**os.environ, "LEASE_LOCK_URL": url}
+    environment = {**os.environ, "LEASE_LOCK_URL": job_locks}
     command = [sys.executable, "-m", "rq.cli", "worker", "--burst", "--url", url, flags]
     workers = [
         subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -1,5 +1,6 @@
 """The service's lease rules (grace, deadline, renew margin, fences, idempotent acquire) on a
-memory store with an injected clock, then across two real server processes sharing SQLite."""
+memory store with an injected clock, then across two real server processes sharing SQLite or
+an etcd cluster."""
 
 from __future__ import annotations
 
@@ -135,10 +136,19 @@ def test_projects_are_separate_namespaces(service: LockService) -> None:
     assert service.read("q", "k").owner == "b"
 
 
-def test_two_server_processes_share_one_store(tmp_path: Path) -> None:
+@pytest.fixture(params=["sqlite", "etcd"])
+def shared_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The URL of the store two ``serve`` processes share: an SQLite file, or the tests' etcd
+    cluster under a namespace of this test's own."""
+    if request.param == "etcd":
+        return f"{request.getfixturevalue('etcd_cluster').url}?namespace=serve-{uuid.uuid4().hex[:8]}/"
+    return f"sqlite:///{tmp_path / 'locks.db'}"
+
+
+def test_two_server_processes_share_one_store(tmp_path: Path, shared_store: str) -> None:
     keys_file = tmp_path / "keys.toml"
     keys = make_keys(keys_file)
-    url = f"sqlite:///{tmp_path / 'locks.db'}"
+    url = shared_store
     first, first_url, _ = start_serve(tmp_path, url, keys_file, "--rate-limit", "7")
     second, second_url, _ = start_serve(tmp_path, url, keys_file, "--rate-limit", "7")
     session = requests.Session()

@@ -45,6 +45,7 @@ __all__ = [
     "etcd_cluster",
     "etcd_factory",
     "etcd_server",
+    "find_etcd_binary",
     "private_etcd_cluster",
     "require_etcd_binary",
 ]
@@ -52,11 +53,17 @@ __all__ = [
 _START_TIMEOUT = 30.0
 
 
-def require_etcd_binary() -> str:
-    """The path of an ``etcd`` binary; fails under ``CI``, skips elsewhere, when it is missing."""
+def find_etcd_binary() -> Optional[str]:
+    """The path of an ``etcd`` binary (``$ETCD_BIN``, ``PATH``, ``/usr/bin/etcd``), or ``None``."""
     path = os.environ.get("ETCD_BIN") or shutil.which("etcd")
     if path is None and os.access("/usr/bin/etcd", os.X_OK):
         path = "/usr/bin/etcd"
+    return path
+
+
+def require_etcd_binary() -> str:
+    """The path of an ``etcd`` binary; fails under ``CI``, skips elsewhere, when it is missing."""
+    path = find_etcd_binary()
     if path is None:
         message = "etcd is not on PATH (install the etcd-server package or set ETCD_BIN)"
         if os.environ.get("CI"):

@@ -42,8 +42,10 @@ import requests
 from ... import forksafe
 from ...errors import BackendUnavailableError, ValidationError
 from ...validation import check_duration
-from ..base import Backend, Capabilities, ExtendRequest, LockState, ReleaseWatcher, parse_url_options
+from ..base import Capabilities, ExtendRequest, LockState, ReleaseWatcher, parse_url_options
+from ..service import ServiceStore
 from ._client import CODE_NOT_FOUND, EtcdClient, EtcdError, b64, prefix_end, unb64
+from ._counters import COUNTER_PREFIX, count_in_window
 from ._watch import EtcdReleaseWatcher
 
 __all__ = ["DEFAULT_NAMESPACE", "MIN_TTL", "EtcdBackend", "lease_seconds"]
@@ -102,7 +104,7 @@ def _owner_of(value: bytes) -> str:
     return value.partition(b"\x00")[2].decode("utf-8", "replace")
 
 
-class EtcdBackend(Backend):
+class EtcdBackend(ServiceStore):
     """Leases kept by an etcd cluster (v3), over its JSON gateway with ``requests``.
 
     ``endpoints`` are the members' client URLs (``http://10.0.0.1:2379``); ``session`` a
@@ -409,8 +411,18 @@ class EtcdBackend(Backend):
     def scan(self, prefix: str) -> Iterator[LockState]:
         """Held keys starting with ``prefix``, in key order (one range, then each lease's time)."""
         name = self._name(prefix)
-        kvs = self._call("/v3/kv/range", {"key": b64(name), "range_end": b64(prefix_end(name))}).get("kvs", [])
-        return iter([self._state(kv) for kv in kvs])
+        # An empty name (no namespace, no prefix) is etcd's "from the first key": NUL.
+        body = {"key": b64(name or b"\x00"), "range_end": b64(prefix_end(name))}
+        kvs = self._call("/v3/kv/range", body).get("kvs", [])
+        # Only the empty namespace's range takes in the rate counters (see ``count_in_window``).
+        return iter([self._state(kv) for kv in kvs if not unb64(kv.get("key")).startswith(COUNTER_PREFIX)])
+
+    def count_in_window(self, name: str, window: float, amount: int = 1) -> tuple[int, float]:
+        """Add ``amount`` to counter ``name`` in the current window (see
+        :class:`~lease_lock.backends.service.ServiceStore`). etcd has no clock to read, so the
+        windows are aligned on this process's wall clock; the count is exact across processes.
+        The counter is a key outside the namespace's range, dropped by etcd after its window."""
+        return count_in_window(self._client, self._prefix, name, window, amount, self._revoke)
 
     def watch_releases(self, callback: Callable[[str], None]) -> ReleaseWatcher:
         """One watch stream over the namespace; ``callback(key)`` for every deleted key
