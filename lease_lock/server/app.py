@@ -435,7 +435,9 @@ class LockServiceApp:
                 [("Retry-After", str(budget.retry_after))],
             )
         segments = path.split("/")
-        _uuid(_header(environ, HEADER_REQUEST_ID), HEADER_REQUEST_ID, "invalid_request")
+        if "request_id" not in context and _header(environ, HEADER_REQUEST_ID) is not None:
+            # Parsed once, on arrival (see __call__): an id that is there but was not taken is no UUID.
+            raise _Reject(400, "invalid_request", f"{HEADER_REQUEST_ID} must be a UUID")
         if segments == ["", "locks"]:
             self._allow(method, ("GET",))
             self._scope(record, write=False)
