@@ -265,14 +265,19 @@ class _AccessRecords:
     """
 
     def __init__(self) -> None:
-        # (process id, logging's settings) -> the fields of that process's template record.
+        # logging's settings -> the fields of this process's template record (forgotten in a
+        # forked child, see forget; asking for the process id on every line is a system call).
         self._template: tuple[tuple[object, ...], dict[str, Any]] = ((), {})
+
+    def forget(self) -> None:
+        """Make the next record's template anew (in a forked child: another process id)."""
+        self._template = ((), {})
 
     def make(self, args: tuple[Any, ...], fields: dict[str, Any]) -> logging.LogRecord:
         """An access line's record: ``_ACCESS_FORMAT`` with ``args``, and ``fields`` as ``access``."""
         if logging.getLogRecordFactory() is not logging.LogRecord or type(_log).makeRecord is not _MAKE_RECORD:
             return self._made(args, fields)
-        settings = (os.getpid(), logging.logThreads, logging.logProcesses, logging.logMultiprocessing)
+        settings = (logging.logThreads, logging.logProcesses, logging.logMultiprocessing)
         known, template = self._template  # one tuple, read and replaced whole: thread-safe
         if known != settings:
             template = vars(self._made((), {}))
@@ -284,7 +289,7 @@ class _AccessRecords:
         copied["created"] = now / 1e9
         copied["msecs"] = (now % 1_000_000_000) // 1_000_000 + 0.0
         copied["relativeCreated"] = template["relativeCreated"] + (now / 1e9 - template["created"]) * 1000
-        if settings[1]:
+        if settings[0]:
             copied["thread"] = threading.get_ident()
             copied["threadName"] = threading.current_thread().name
         copied["args"] = args
@@ -300,6 +305,8 @@ class _AccessRecords:
 
 _MAKE_RECORD = logging.Logger.makeRecord
 _access_records = _AccessRecords()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_access_records.forget)
 
 
 class LockServiceApp:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import random
 import sys
 import threading
@@ -122,3 +123,20 @@ def test_access_records_are_what_make_record_gives() -> None:
     worker.join()
     assert seen[0].threadName == "worker-7" and seen[0].thread == worker.ident
     assert seen[0].getMessage() == made.getMessage()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX")
+def test_access_records_of_a_forked_worker_name_its_process() -> None:
+    args = ("DELETE", "/locks/{key}/lease", 204, "alpha", str(uuid.uuid4()), 0.5)
+    assert _access_records.make(args, {}).process == os.getpid()
+    reading, writing = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        try:
+            os.write(writing, str(_access_records.make(args, {}).process).encode())
+        finally:
+            os._exit(0)
+    os.close(writing)
+    os.waitpid(child, 0)
+    with os.fdopen(reading) as pipe:
+        assert pipe.read() == str(child)
