@@ -25,7 +25,9 @@ import functools
 import json
 import logging
 import math
+import os
 import re
+import threading
 import time
 import urllib.parse
 import uuid
@@ -249,6 +251,64 @@ def _holder_body(holder: Holder, *, with_key: bool = False) -> dict[str, Any]:
     return body
 
 
+class _AccessRecords:
+    """The log records of the access lines, each a copy of one made by the logger itself.
+
+    ``Logger.info`` would walk the call stack for the caller's file and line, and
+    ``LogRecord`` reads the file's name, the process and its name and the thread and its name
+    anew for every line; of those only the time and the thread differ from one access line of
+    a process to the next. So a record is made once per process (and per setting of
+    ``logging``'s ``logThreads``, ``logProcesses``, ``logMultiprocessing``) by
+    ``Logger.makeRecord`` and copied for each line, with its own time, thread, arguments and
+    ``access`` fields: handlers and filters see what ``makeRecord`` would give them. A record
+    factory or logger class of the program's own makes every record itself.
+    """
+
+    def __init__(self) -> None:
+        # logging's settings -> the fields of this process's template record (forgotten in a
+        # forked child, see forget; asking for the process id on every line is a system call).
+        self._template: tuple[tuple[object, ...], dict[str, Any]] = ((), {})
+
+    def forget(self) -> None:
+        """Make the next record's template anew (in a forked child: another process id)."""
+        self._template = ((), {})
+
+    def make(self, args: tuple[Any, ...], fields: dict[str, Any]) -> logging.LogRecord:
+        """An access line's record: ``_ACCESS_FORMAT`` with ``args``, and ``fields`` as ``access``."""
+        if logging.getLogRecordFactory() is not logging.LogRecord or type(_log).makeRecord is not _MAKE_RECORD:
+            return self._made(args, fields)
+        settings = (logging.logThreads, logging.logProcesses, logging.logMultiprocessing)
+        known, template = self._template  # one tuple, read and replaced whole: thread-safe
+        if known != settings:
+            template = vars(self._made((), {}))
+            self._template = (settings, template)
+        record: logging.LogRecord = logging.LogRecord.__new__(logging.LogRecord)
+        copied = vars(record)
+        copied.update(template)
+        now = time.time_ns()
+        copied["created"] = now / 1e9
+        copied["msecs"] = (now % 1_000_000_000) // 1_000_000 + 0.0
+        copied["relativeCreated"] = template["relativeCreated"] + (now / 1e9 - template["created"]) * 1000
+        if settings[0]:
+            copied["thread"] = threading.get_ident()
+            copied["threadName"] = threading.current_thread().name
+        copied["args"] = args
+        copied["access"] = fields
+        return record
+
+    @staticmethod
+    def _made(args: tuple[Any, ...], fields: dict[str, Any]) -> logging.LogRecord:
+        return _log.makeRecord(
+            _log.name, logging.INFO, __file__, 0, _ACCESS_FORMAT, args, None, "_access_log", {"access": fields}
+        )
+
+
+_MAKE_RECORD = logging.Logger.makeRecord
+_access_records = _AccessRecords()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_access_records.forget)
+
+
 class LockServiceApp:
     """The WSGI callable. Build it with :func:`create_app`; it is safe across threads."""
 
@@ -339,13 +399,7 @@ class LockServiceApp:
             "duration_ms": round(seconds * 1000, 1),
         }
         args = (method, context["route"], status, context["project"], request_id, seconds * 1000)
-        # Built here rather than through ``_log.info``, which walks the call stack for the
-        # caller's file and line on every line: a known place is as good, and this runs once
-        # per request. Handlers and filters see the record as ``info`` would make it.
-        record = _log.makeRecord(
-            _log.name, logging.INFO, __file__, 0, _ACCESS_FORMAT, args, None, "_access_log", {"access": fields}
-        )
-        _log.handle(record)
+        _log.handle(_access_records.make(args, fields))
 
     # -- the steps of one request --------------------------------------------------------------
 
@@ -388,7 +442,9 @@ class LockServiceApp:
                 [("Retry-After", str(budget.retry_after))],
             )
         segments = path.split("/")
-        _uuid(_header(environ, HEADER_REQUEST_ID), HEADER_REQUEST_ID, "invalid_request")
+        if "request_id" not in context and _header(environ, HEADER_REQUEST_ID) is not None:
+            # Parsed once, on arrival (see __call__): an id that is there but was not taken is no UUID.
+            raise _Reject(400, "invalid_request", f"{HEADER_REQUEST_ID} must be a UUID")
         if segments == ["", "locks"]:
             self._allow(method, ("GET",))
             self._scope(record, write=False)

@@ -1,8 +1,10 @@
 """The service's hand-written fast paths give exactly what the general code they replace gives.
 
 The request path writes lease answers as JSON text directly, formats ``expires_at`` with
-``time.gmtime``, passes canonical UUIDs through unparsed and formats each second of the log
-timestamps once; each is checked here against the plain library code it stands in for.
+``time.gmtime``, passes canonical UUIDs through unparsed, formats each second of the log
+timestamps once, writes text log lines without ``%``-formatting the record and copies access
+records from one ``makeRecord`` made; each is checked here against the plain library code it
+stands in for.
 """
 
 from __future__ import annotations
@@ -10,14 +12,20 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import random
+import sys
+import threading
+import time
 import uuid
 from datetime import datetime, timezone
 
 import pytest
-from lease_lock.server.app import _lease_response, _Reject, _uuid, format_time
+from lease_lock.server import app as app_module
+from lease_lock.server.app import _ACCESS_FORMAT, _access_records, _lease_response, _Reject, _uuid, format_time
 from lease_lock.server.cli import JsonLogFormatter, _SecondCachedFormatter
 from lease_lock.server.service import Grant
+from lease_lock.validation import escape_text
 
 
 def _rfc3339_by_datetime(epoch: float) -> str:
@@ -70,3 +78,65 @@ def test_log_timestamps_match_logging_across_seconds() -> None:
         assert cached.format(_record(created)) == plain.format(_record(created))
     line = json.loads(JsonLogFormatter().format(_record(1_764_560_000.5)))
     assert line["time"] == plain.formatTime(_record(1_764_560_000.5))
+
+
+def test_log_lines_with_tracebacks_or_control_characters_match_logging() -> None:
+    pattern = "%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
+    cached, plain = _SecondCachedFormatter(pattern), logging.Formatter(pattern)
+    record = _record(1_764_560_000.5)
+    record.msg, record.args = "key %s", ("a\nb\x1b[31m\\",)
+    assert cached.format(record) == escape_text(plain.format(_record_like(record)))
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        failed = logging.LogRecord("lease_lock.server", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    line = cached.format(failed)
+    assert line.startswith(plain.formatTime(failed)) and "Traceback" in line and "ValueError: boom" in line
+
+
+def _record_like(record: logging.LogRecord) -> logging.LogRecord:
+    copy = logging.LogRecord(record.name, record.levelno, record.pathname, record.lineno, record.msg, record.args, None)
+    copy.created, copy.msecs = record.created, record.msecs
+    return copy
+
+
+def test_access_records_are_what_make_record_gives() -> None:
+    logger = logging.getLogger("lease_lock.server")
+    args = ("POST", "/locks/{key}/lease", 201, "alpha", str(uuid.uuid4()), 1.25)
+    fields = {"method": "POST", "status": 201}
+    before = time.time()
+    copied = _access_records.make(args, fields)
+    made = logger.makeRecord(logger.name, logging.INFO, app_module.__file__, 0, _ACCESS_FORMAT, args, None,
+                             "_access_log", {"access": fields})
+    varying = {"created", "msecs", "relativeCreated"}
+    assert {k: v for k, v in vars(copied).items() if k not in varying} == {
+        k: v for k, v in vars(made).items() if k not in varying
+    }
+    assert before - 0.001 <= copied.created <= made.created + 0.001
+    # Whole milliseconds of its own time, as the formatters show them.
+    assert copied.msecs == int(copied.msecs) and 0 <= (copied.created % 1) * 1000 - copied.msecs < 1.001
+    assert abs(copied.relativeCreated - made.relativeCreated) < 1000
+    # Another thread's record names that thread, as makeRecord would.
+    seen: list[logging.LogRecord] = []
+    worker = threading.Thread(target=lambda: seen.append(_access_records.make(args, fields)), name="worker-7")
+    worker.start()
+    worker.join()
+    assert seen[0].threadName == "worker-7" and seen[0].thread == worker.ident
+    assert seen[0].getMessage() == made.getMessage()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX")
+def test_access_records_of_a_forked_worker_name_its_process() -> None:
+    args = ("DELETE", "/locks/{key}/lease", 204, "alpha", str(uuid.uuid4()), 0.5)
+    assert _access_records.make(args, {}).process == os.getpid()
+    reading, writing = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        try:
+            os.write(writing, str(_access_records.make(args, {}).process).encode())
+        finally:
+            os._exit(0)
+    os.close(writing)
+    os.waitpid(child, 0)
+    with os.fdopen(reading) as pipe:
+        assert pipe.read() == str(child)
