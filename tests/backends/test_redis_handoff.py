@@ -17,7 +17,7 @@ from lease_lock import Locker
 from lease_lock.backends.handoff import HandoffSource
 from lease_lock.backends.redis import RedisBackend, handoff_keys
 from lease_lock.backends.redis._watch import TURN_RETRIES, TURN_RETRY_MS
-from lease_lock.errors import ValidationError
+from lease_lock.errors import LockHeldError, ValidationError
 from lease_lock.server.waits import WaitRoom
 from lease_lock.testing import wait_until
 from lease_lock.waiting import ReleaseDispatcher
@@ -507,3 +507,58 @@ def test_a_lease_written_under_a_wake_list_a_watcher_blocks_on_costs_the_other_k
         watcher.close()
         squatter.force_release(handoff_keys(key)[1])
         squatter.close()
+
+
+def test_fences_rise_with_every_hand_off_between_lockers(redis_server: RedisServer, key: str) -> None:
+    # Guards direct hand-off too: a grant made by the release script must take a new fence.
+    lockers = [Locker(RedisBackend.from_url(redis_server.url), ttl=30, fencing=True) for _ in range(2)]
+    fences: list[int] = []
+    try:
+        held = lockers[0].acquire(key)
+        for round_ in range(20):
+            got: list[Any] = []
+            taker = lockers[(round_ + 1) % 2]
+            waiter = threading.Thread(target=lambda out=got, who=taker: out.append(who.acquire(key, timeout=30)))
+            waiter.start()
+            assert held.fence is not None
+            fences.append(held.fence)
+            held.release()
+            waiter.join(60)
+            assert got, "the waiter never acquired"
+            held = got[0]
+        held.release()
+    finally:
+        for locker in lockers:
+            locker.close()
+    assert fences == sorted(set(fences))
+
+
+def test_a_release_racing_a_waiters_timeout_leaves_no_key_held_by_nobody(redis_server: RedisServer, key: str) -> None:
+    # Whether the waiter's last attempt (or a grant made for it) wins or its timeout does, once
+    # both sides are done nobody may hold the key: a grant nobody uses must go back.
+    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
+    waiter = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
+    try:
+        for round_ in range(30):
+            held = holder.acquire(key)
+            outcome: list[Any] = []
+
+            def wait(out: list[Any] = outcome) -> None:
+                try:
+                    out.append(waiter.acquire(key, timeout=0.05))
+                except LockHeldError:
+                    out.append(None)
+
+            thread = threading.Thread(target=wait)
+            thread.start()
+            # Spread the releases across the waiter's timeout: before, at and after it.
+            threading.Event().wait(0.03 + (round_ % 5) * 0.01)
+            held.release()
+            thread.join(60)
+            assert outcome, "the waiter never returned"
+            if outcome[0] is not None:
+                outcome[0].release()
+            assert not holder.backend.inspect(key).held
+    finally:
+        holder.close()
+        waiter.close()
