@@ -170,6 +170,8 @@ class Lease(Hold):
     _lease_end = -math.inf
     _deadline = math.inf
     _clamped = False
+    #: A key handed over by a release, for a claim window that no extension has lengthened yet.
+    _claimed = False
     _next_beat = math.inf
     _in_flight = 0
     _extend_error: Optional[BaseException] = None
@@ -353,8 +355,9 @@ class Lease(Hold):
         return beat_interval(self.ttl, self._options.extend_interval)
 
     def _extending(self) -> bool:
-        """Whether the heartbeat extends this lease again (see :func:`lease_lock.heartbeat.next_beat`)."""
-        return self._options.auto_extend and not self._clamped
+        """Whether the heartbeat extends this lease again (see :func:`lease_lock.heartbeat.next_beat`):
+        always while a handed-over claim waits to become a full lease."""
+        return (self._options.auto_extend and not self._clamped) or self._claimed
 
     # -- acquisition (driven by the Locker) ----------------------------------------------------
 
@@ -423,6 +426,27 @@ class Lease(Hold):
                 self._arm(interval)
         finally:
             mutex.release()
+
+    def hold_claimed(
+        self, sent: float, end: float, requested: float, fence: Optional[int], max_hold: Optional[float],
+        claim: float,
+    ) -> None:
+        """Library side: record a key that a release handed over for a claim window of ``claim``
+        seconds, judged from ``sent`` (the waiter's latest request before the grant) to end
+        locally at ``end``. The heartbeat turns the claim into a full lease of ``requested``
+        seconds early in the window, whatever ``auto_extend`` says (see the ``"claimed"`` step
+        of :func:`lease_lock.heartbeat.next_beat`); a lock that is not auto-extended is extended
+        that once only."""
+        self.hold_granted(sent, end, requested, fence, max_hold)
+        interval = min(beat_interval(claim, None), self._interval())
+        with self._mutex:
+            if self._state != "held":
+                return
+            self._claimed = True
+            self._next_beat = next_beat("claimed", sent, interval, extending=True)
+            if self._timer is not None or interval < ARRIVAL_LEAD:
+                # Too soon for the arrivals queue, or a timer set for the full lease's plan.
+                self._arm(interval)
 
     def _schedule(self) -> None:
         """(Re)arm this lock's one heartbeat timer: the next extension or the lease's end."""
@@ -510,6 +534,7 @@ class Lease(Hold):
                 outcome = "extended"
                 self._lease_end = end
                 self._clamped = requested < self.ttl
+                self._claimed = False
                 self._extend_error = None
                 self._next_beat = next_beat("extended", sent, self._interval(), extending=self._extending())
         if outcome == "extended":

@@ -25,6 +25,7 @@ from typing import Any, Callable, Literal, NoReturn, Optional, Union
 
 from ._lease import Lease
 from .backends.base import Backend
+from .backends.handoff import LineGrant, LineSource, WaitingLine
 from .backends.service import SlowDown, ask_grant
 from .clock import LeaseClock
 from .errors import BackendUnavailableError, HeldReason, LockHeldError, LockStateError
@@ -80,8 +81,9 @@ class Attempts:
     """
 
     __slots__ = (
-        "asked", "attempts", "end", "fence", "max_hold", "outage", "policy", "previous_delay", "reason",
-        "received", "requested", "retries", "sent", "start", "timeout", "unreachable", "wake",
+        "asked", "attempts", "claim", "end", "fence", "handed", "line", "max_hold", "outage", "policy",
+        "previous_delay", "reason", "received", "requested", "retries", "sent", "start", "timeout", "unreachable",
+        "wake",
     )
 
     def __init__(
@@ -112,6 +114,12 @@ class Attempts:
         self.fence: Optional[int] = None
         #: Set by a release notification of the key, once registered for them.
         self.wake: Optional[threading.Event] = None
+        #: The waiter's place in the key's line in the store, when it waits in one; a grant
+        #: that reached it there and is yet to be judged; the claim window of a grant in time
+        #: that a release handed over (``None`` for a grant of the full lease).
+        self.line: Optional[WaitingLine] = None
+        self.handed: Optional[LineGrant] = None
+        self.claim: Optional[float] = None
 
 
 def pick_pause(
@@ -171,7 +179,7 @@ class Acquisition:
     """
 
     __slots__ = (
-        "_plans", "backend", "clock", "closed", "dispatcher", "fake_time", "fencing", "heartbeat", "holds",
+        "_plans", "backend", "clock", "closed", "dispatcher", "fake_time", "fencing", "heartbeat", "holds", "lines",
         "max_hold", "on_event", "owner", "real_clock", "reentrant", "retry", "sleep",
     )
 
@@ -199,6 +207,8 @@ class Acquisition:
         self.real_clock: Callable[[], float] = clock if self.fake_time else time.monotonic
         self.heartbeat = Heartbeat(backend, clock)
         self.dispatcher = ReleaseDispatcher(backend)
+        #: Where a waiting thread may take a place in line instead (see _wait_in_line).
+        self.lines: Optional[LineSource] = backend if isinstance(backend, LineSource) else None
         self.retry = retry
         self.max_hold = max_hold
         self.fencing = fencing
@@ -356,6 +366,7 @@ class Acquisition:
             tries = Attempts(policy, retries, timeout, requested, max_hold, first[0])
             tries.attempts = 1
             outcome = self._judge(lock, tries, first[1], first[2])
+        granted = False
         try:
             while True:
                 if outcome is None:
@@ -364,9 +375,10 @@ class Acquisition:
                     if cancel is not None and cancel.is_set():
                         tries.reason = "cancelled"
                         break
-                    outcome = self.attempt(lock, tries, options.request_id)
+                    outcome = self._judge_handed(lock, tries) or self.attempt(lock, tries, options.request_id)
                 if outcome == GRANTED:
-                    if self._take(lock, tries, cancel):
+                    granted = self._take(lock, tries, cancel)
+                    if granted:
                         return
                     break
                 self._refused(lock, tries, outcome)
@@ -376,6 +388,8 @@ class Acquisition:
         finally:
             if tries.wake is not None:
                 self.dispatcher.unregister(lock.key, tries.wake)
+            if tries.line is not None:
+                tries.line.leave(granted)
         self._give_up(lock, tries)
 
     def attempt(self, lock: Lease, tries: Attempts, request_id: Optional[str] = None) -> Outcome:
@@ -395,16 +409,35 @@ class Acquisition:
         tries.attempts += 1
         answer: _Answer
         try:
-            answer = ask_grant(
-                self.backend, lock.key, lock.token, tries.requested, self.owner, self.fencing, request_id
-            )
+            if tries.line is not None:
+                # In line, every attempt keeps the waiter's place, and a grant takes it out.
+                answer = tries.line.ask()
+            else:
+                answer = ask_grant(
+                    self.backend, lock.key, lock.token, tries.requested, self.owner, self.fencing, request_id
+                )
         except BackendUnavailableError as error:
             answer = error
         return self._judge(lock, tries, answer, self.clock())
 
-    def _judge(self, lock: Lease, tries: Attempts, answer: _Answer, received: float) -> Outcome:
+    def _judge_handed(self, lock: Lease, tries: Attempts) -> Optional[Outcome]:
+        """What a grant that reached the waiter in line came to (``granted`` or ``late``), as
+        if the request it names had been the latest attempt; ``None`` when none came."""
+        grant = tries.handed
+        if grant is None:
+            return None
+        tries.handed = None
+        tries.sent = grant.sent
+        outcome = self._judge(lock, tries, grant.fence, tries.received, grant.lease)
+        tries.claim = grant.lease if grant.claimed else None
+        return outcome
+
+    def _judge(
+        self, lock: Lease, tries: Attempts, answer: _Answer, received: float, lease: Optional[float] = None
+    ) -> Outcome:
         """What the answer to the latest attempt (``answer``, at ``received``) came to; see
-        :meth:`attempt`."""
+        :meth:`attempt`. ``lease`` is the seconds a grant runs in the store when that is not the
+        lease asked for (a claim window)."""
         tries.unreachable = False
         tries.received = received
         if isinstance(answer, BackendUnavailableError):
@@ -430,7 +463,7 @@ class Acquisition:
         if answer is None:
             return HELD
         # The local end of the granted lease; None when the grant came back too late.
-        end = local_end(tries.sent, tries.requested, received)
+        end = local_end(tries.sent, tries.requested if lease is None else lease, received)
         if end is None:
             return LATE
         tries.end = end
@@ -454,16 +487,20 @@ class Acquisition:
             self.check_open()
         self._hold(
             lock, tries.sent, tries.end, tries.requested, tries.fence, tries.max_hold, tries.received - tries.start,
-            tries.attempts,
+            tries.attempts, tries.claim,
         )
         return True
 
     def _hold(
         self, lock: Lease, sent: float, end: float, requested: float, fence: Optional[int], max_hold: Optional[float],
-        waited: float, attempts: int,
+        waited: float, attempts: int, claim: Optional[float] = None,
     ) -> None:
-        """Hold a grant in time: the lease's state, the set of held locks, the ``acquired`` event."""
-        lock.hold_granted(sent, end, requested, fence, max_hold)
+        """Hold a grant in time: the lease's state, the set of held locks, the ``acquired`` event.
+        ``claim`` is the claim window of a key that a release handed over."""
+        if claim is None:
+            lock.hold_granted(sent, end, requested, fence, max_hold)
+        else:
+            lock.hold_claimed(sent, end, requested, fence, max_hold, claim)
         self.holds.add(lock)
         # Checked here too so that the uncontended path builds no event fields.
         if wanted(self.on_event, "acquired"):
@@ -500,6 +537,10 @@ class Acquisition:
         if left <= 0:
             tries.reason = "timeout"
             return False
+        if notify and tries.wake is None and tries.line is None and cancel is None:
+            self._join_line(lock, tries)
+        if tries.line is not None:
+            return self._wait_in_line(lock, tries, outcome, elapsed, left)
         if notify and tries.wake is None:
             self._register(lock, tries)
         notifying = tries.wake is not None and self.dispatcher.active
@@ -507,6 +548,43 @@ class Acquisition:
         notified = self._pause(min(pause, left), tries.wake if interruptible else None, cancel)
         if not notified and self.clock() - tries.start >= tries.timeout:
             # The last wait is cut to the time left, and no attempt starts after the timeout.
+            tries.reason = "timeout"
+            return False
+        return True
+
+    def _join_line(self, lock: Lease, tries: Attempts) -> None:
+        """Take a place in the key's line in the store, where the backend offers one (see
+        :class:`~lease_lock.backends.handoff.LineSource`): a release then hands this waiter the
+        key itself. Not with injected time, which a thread blocked on the store cannot follow,
+        nor with a cancel event, which it could not see while blocked."""
+        if self.lines is not None and not self.fake_time:
+            tries.line = self.lines.join_line(
+                lock.key, lock.token, tries.requested, self.owner, self.fencing, self.clock
+            )
+
+    def _wait_in_line(self, lock: Lease, tries: Attempts, outcome: Outcome, elapsed: float, left: float) -> bool:
+        """The wait before the next attempt, blocked in the key's line: ``True`` when a grant
+        reached the waiter there (``tries.handed``) or the pause ended; ``False`` at the timeout.
+
+        The pause is the retry policy's (a release hands the key over sooner). When the line
+        cannot reach the store, the waiter leaves it and pauses as without it; the next wait
+        takes a place again."""
+        line = tries.line
+        assert line is not None
+        pause, _ = pick_pause(tries, outcome, elapsed, True, lambda: None)
+        try:
+            tries.handed = line.wait(min(pause, left))
+        except BackendUnavailableError as error:
+            line.leave(False)
+            tries.line = None
+            if tries.outage is None:
+                _log_outage(lock.key, error)
+            tries.outage = error
+            self._pause(min(pause, left), None, None)
+        if tries.handed is not None:
+            tries.received = self.clock()
+            return True
+        if self.clock() - tries.start >= tries.timeout:
             tries.reason = "timeout"
             return False
         return True

@@ -78,7 +78,7 @@ INTERVAL_SHARE = 1 / 3
 RETRY_SHARE = 1 / 3
 
 #: What a lock's schedule is set after: its grant, an extension answered, an extension that raised.
-BeatStep = Literal["granted", "extended", "failed"]
+BeatStep = Literal["granted", "claimed", "extended", "failed"]
 
 
 def beat_interval(ttl: float, extend_interval: Optional[float]) -> float:
@@ -93,13 +93,19 @@ def next_beat(step: BeatStep, at: float, interval: float, *, extending: bool) ->
     - ``"granted"`` and ``"extended"``: ``at`` is when the request that won or renewed the
       lease *left*, and the next one leaves one ``interval`` later. Counting from the send, as
       the local lease itself does, keeps a slow answer from pushing the schedule late.
+    - ``"claimed"``: a key that a release handed straight to this waiter holds only for a
+      short claim window (see :mod:`lease_lock.backends.handoff`), judged from ``at``, the send
+      of the waiter's latest request before the grant; ``interval`` is then the claim window's
+      own interval (:func:`beat_interval` of the window, or the lock's when that is shorter).
+      The extension that turns the claim into a full lease leaves one such interval later,
+      *whether or not* the lock is ``extending``: without it, every claim would end early.
     - ``"failed"``: ``at`` is when the failure was seen; the next try leaves after
       :data:`RETRY_SHARE` of the interval.
     - Never (``inf``) when the lock is not ``extending``: ``auto_extend=False``, a heartbeat
       stopped by a failed release, or a lease already clamped to its max-hold deadline (see
       :func:`clamp_to_deadline`), which a further extension could not lengthen.
     """
-    if not extending:
+    if not extending and step != "claimed":
         return math.inf
     return at + (interval * RETRY_SHARE if step == "failed" else interval)
 

@@ -30,11 +30,12 @@ from ..base import (
     ReleaseWatcher,
     parse_url_options,
 )
-from ..handoff import HandoffWatcher
+from ..handoff import HandoffWatcher, WaitingLine
 from ..service import ServiceStore, check_amount
 from . import _scripts
 from ._connections import DirectCommands
-from ._scripts import Script
+from ._line import FRESH_SHARE, LineSlots, RedisWaitingLine, claim_for
+from ._scripts import GRANTED_PREFIX, Script
 from ._url import (
     URL_OPTIONS,
     build_client,
@@ -52,13 +53,17 @@ from ._watch import (
     release_channel,
 )
 
-__all__ = ["RedisBackend", "fence_key", "handoff_keys", "hash_tag", "is_fence_key", "store_structure"]
+__all__ = [
+    "RedisBackend", "fence_key", "handoff_keys", "hash_tag", "is_fence_key", "line_keys", "store_structure",
+]
 
 #: A fence counter outlives the last grant of its key by a day (or by the lease, if longer).
 _COUNTER_LIFETIME_MS = 86_400_000
 #: Batched reads and extensions go out in pipelines of at most this many commands.
 _BATCH = 1000
 _COUNTER_PREFIX = "lease_lock:window:"
+#: The longest one waiter's BLPOP blocks when the client sets no socket timeout.
+_LINE_BLOCK = 1.0
 
 
 def hash_tag(key: str) -> Optional[str]:
@@ -79,12 +84,15 @@ _BESIDE_KEY = {
     ":fence": "fence counter",
     ":waiting": "waiting marker",
     ":wake": "wake list",
+    ":line": "waiting line",
+    ":entries": "waiting line's entries",
 }
 #: The structures the backend keeps under names of its own, by prefix; lock keys may not start
 #: with one.
 _RESERVED_PREFIXES = {
     _COUNTER_PREFIX: "rate counter",
     HANDOFF_CONTROL_PREFIX: "hand-off control list",
+    GRANTED_PREFIX: "waiter's grant list",
 }
 
 
@@ -107,6 +115,12 @@ def handoff_keys(key: str) -> tuple[str, str]:
     (formed like :func:`fence_key`; see :mod:`lease_lock.backends.handoff`). Neither is a
     string, so :meth:`RedisBackend.scan` never lists them."""
     return _beside(key, ":waiting"), _beside(key, ":wake")
+
+
+def line_keys(key: str) -> tuple[str, str]:
+    """The names of ``key``'s waiting line (a list of tokens) and its entries (a hash), in
+    the same hash slot as ``key`` (formed like :func:`fence_key`)."""
+    return _beside(key, ":line"), _beside(key, ":entries")
 
 
 def store_structure(key: str) -> Optional[str]:
@@ -318,6 +332,10 @@ class RedisBackend(ServiceStore):
         #: The wakes this process took and has not answered yet, and the turns its waiters
         #: keep after losing a race (see _grant and the scripts).
         self._turns = Turns()
+        #: The threads waiting in line (see join_line), and whether the server can have them
+        #: (``None``: not asked yet).
+        self._line_slots = LineSlots()
+        self._lines_ok: Optional[bool] = None
         # Whether the client counts its failed tries (only the clients from_url builds do): a
         # release then reads its answer in that light, and other clients skip the counting.
         self._counts_retries = False
@@ -529,6 +547,14 @@ class RedisBackend(ServiceStore):
             return self._state(key, reply)
         return int(reply)
 
+    def _release_call(self, key: str, token: Optional[str]) -> tuple[list[str], list[Any]]:
+        """The keys and arguments of RELEASE (``token``'s release) or FORCE_RELEASE (``None``)."""
+        keys = [key, *handoff_keys(key), fence_key(key), *line_keys(key)]
+        argv: list[Any] = [self._channel, key, WAKE_MS, OUTSTANDING_MS, _COUNTER_LIFETIME_MS]
+        if token is not None:
+            argv.insert(0, f"{token}|")
+        return keys, argv
+
     @_reports_unavailable
     def release(self, key: str, token: str) -> bool:
         """Delete ``key`` if ``token`` holds it and announce the release to watchers.
@@ -541,7 +567,7 @@ class RedisBackend(ServiceStore):
         It can hide a loss only when the lease ran out or was force-released during that one
         failing call. (A client passed in retries as it was configured, unseen here.)
         """
-        keys, argv = [key, *handoff_keys(key)], [f"{token}|", self._channel, key, WAKE_MS, OUTSTANDING_MS]
+        keys, argv = self._release_call(key, token)
         if not self._counts_retries:
             return bool(_scripts.RELEASE(self._commands, keys, argv))
         start_counting_retries()
@@ -609,7 +635,7 @@ class RedisBackend(ServiceStore):
     @_reports_unavailable
     def force_release(self, key: str) -> bool:
         """Delete ``key`` whoever holds it and announce the release to watchers."""
-        keys, argv = [key, *handoff_keys(key)], [self._channel, key, WAKE_MS, OUTSTANDING_MS]
+        keys, argv = self._release_call(key, None)
         return bool(_scripts.FORCE_RELEASE(self._commands, keys, argv))
 
     def close(self) -> None:
@@ -689,6 +715,62 @@ class RedisBackend(ServiceStore):
             self._watchers = [item for item in self._watchers if not item.closed] + [watcher]
         return watcher
 
+    def join_line(
+        self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float]
+    ) -> Optional[WaitingLine]:
+        """A place in ``key``'s line for a waiting thread (see :mod:`lease_lock.backends.handoff`):
+        a release hands the key straight to the first live waiter in line, who is blocked in
+        ``BLPOP`` on a connection of the client's pool. At most
+        :data:`~lease_lock.backends.redis._line.LINE_WAITERS` threads of one backend wait this
+        way at once (``None`` beyond that), and none on a Cluster (one grant list per waiter
+        cannot share every key's hash slot) or on a server older than Redis 6 (``BLPOP`` takes
+        whole seconds there).
+        """
+        if not self._lines_usable() or not self._line_slots.take():
+            return None
+        claim = claim_for(ttl)
+        ms, claim_ms = _millis(ttl), _millis(claim)
+        granted = GRANTED_PREFIX + token
+        join_keys = [key, fence_key(key), *line_keys(key), granted]
+        join_argv = [
+            f"{token}|", ms, owner, "1" if fenced else "0", max(_COUNTER_LIFETIME_MS, ms), claim_ms,
+            _millis(claim * FRESH_SHARE), token,
+        ]
+        leave_keys, leave_argv = self._release_call(key, token)
+        timeout = self.client.connection_pool.connection_kwargs.get("socket_timeout")
+
+        def translate(exc: BaseException) -> Optional[BaseException]:
+            return _unavailable(exc) if _is_unavailable(exc) else None
+
+        return RedisWaitingLine(
+            self._commands,
+            self.client,
+            join=(join_keys, join_argv),
+            leave=([*leave_keys, granted], [*leave_argv, token]),
+            granted=granted,
+            ttl=ttl,
+            claim=claim,
+            clock=clock,
+            translate=translate,
+            # A BLPOP must return before the socket timeout would call the connection dead.
+            block_cap=max(0.01, timeout / 2) if timeout else _LINE_BLOCK,
+            slots=self._line_slots,
+        )
+
+    def _lines_usable(self) -> bool:
+        usable = self._lines_ok
+        if usable is None:
+            if self._cluster:
+                usable = False
+            else:
+                try:
+                    version = str(self.client.info("server").get("redis_version", "0"))
+                except Exception:  # noqa: BLE001 - asked again by the next waiter
+                    return False
+                usable = int(version.split(".", 1)[0] or 0) >= 6
+            self._lines_ok = usable
+        return usable
+
     @_reports_unavailable
     def count_in_window(self, name: str, window: float, amount: int = 1) -> tuple[int, float]:
         """Add ``amount`` to ``name`` in the current window, atomically on the server clock.
@@ -715,7 +797,7 @@ class RedisBackend(ServiceStore):
         if what is not None:
             raise ValidationError(
                 f"key {key!r} is the name of a {what} of lease_lock on Redis; choose a key that "
-                "does not end in ':fence', ':waiting' or ':wake' after a hash tag and does not "
-                f"start with {', '.join(repr(prefix) for prefix in _RESERVED_PREFIXES)}"
+                f"does not end in {', '.join(repr(suffix) for suffix in _BESIDE_KEY)} after a hash "
+                f"tag and does not start with {', '.join(repr(prefix) for prefix in _RESERVED_PREFIXES)}"
             )
         self._fence_key(key)

@@ -25,8 +25,11 @@ __all__ = [
     "COUNT_IN_WINDOW",
     "EXTEND",
     "FORCE_RELEASE",
+    "GRANTED_PREFIX",
     "GRANT_IF_FREE",
     "INSPECT",
+    "JOIN_LINE",
+    "LEAVE_LINE",
     "MARK_WAITING",
     "PUSH_WAKE",
     "RELEASE",
@@ -64,20 +67,32 @@ class Script:
 # later do that anyway, Redis 3.2 and 4 need it or they refuse the write.
 _EFFECTS = "if redis.replicate_commands then redis.replicate_commands() end\n"
 
-# Takes the next fence of KEYS[2] (counter lifetime ARGV[5] ms) into the Lua local ``fence``.
+# ``next_fence(counter, lifetime)``: the next fence of the counter key (which then lives
+# ``lifetime`` ms), or nil when that name holds something other than a counter.
+_NEXT_FENCE = """
+local function next_fence(counter, lifetime)
+  local now = redis.call('TIME')
+  local micros = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  local stored = redis.call('GET', counter) or '0'
+  -- Only a counter may be read as one: anything else (a lease written under the counter's
+  -- name through the bare backend API) must not be overwritten.
+  if not string.match(stored, '^%d+$') then
+    return nil
+  end
+  -- At least the server time: the fence keeps rising after the counter is lost.
+  local taken = string.format('%.0f', math.max(micros, tonumber(stored) + 1))
+  redis.call('SET', counter, taken, 'PX', lifetime)
+  return taken
+end
+"""
+
+# Takes the next fence of KEYS[2] (counter lifetime ARGV[5] ms) into the Lua local ``fence``,
+# failing loudly when KEYS[2] is no counter. Needs _NEXT_FENCE.
 _TAKE_FENCE = """
-local now = redis.call('TIME')
-local micros = tonumber(now[1]) * 1000000 + tonumber(now[2])
-local stored = redis.call('GET', KEYS[2]) or '0'
--- Only a counter may be read as one: anything else (a lease written under the counter's
--- name through the bare backend API) must not be overwritten, so fail loudly instead.
-if not string.match(stored, '^%d+$') then
+fence = next_fence(KEYS[2], ARGV[5])
+if not fence then
   return redis.error_reply('lease_lock: fence counter ' .. KEYS[2] .. ' holds a non-counter value')
 end
-local last = tonumber(stored)
--- At least the server time: the fence keeps rising after the counter is lost.
-fence = string.format('%.0f', math.max(micros, last + 1))
-redis.call('SET', KEYS[2], fence, 'PX', ARGV[5])
 """
 
 # Reads the lease of KEYS[1] into the Lua locals ``current`` (its value or false) and ``mine``
@@ -107,18 +122,11 @@ if ARGV[6] == '1' and redis.call('TYPE', KEYS[#KEYS]).ok == 'hash' then
 end
 """
 
-#: KEYS[1] lease key, KEYS[2] fence counter (same hash slot; only when fenced), and last the
-#: key's waiting marker when ARGV[6] is "1".
-#: ARGV[1] "<token>|", ARGV[2] lease in ms, ARGV[3] owner, ARGV[4] "1" to fence,
-#: ARGV[5] counter lifetime in ms, ARGV[6] "1" when this attempt answers a wake (see RELEASE),
-#: ARGV[7] with it: how many ms the waiter's turn is kept if it loses ("0": none).
-#: Returns nil when another token holds the key, else the fence as text ("" when unfenced).
-#: A repeated acquire by the holding token keeps its fence and sets a new lease.
-ACQUIRE = Script(
-    _EFFECTS
-    + _READ_LEASE
-    + _ANSWER_WAKE
-    + """
+# Grants KEYS[1] to the token (ARGV[1] "<token>|") when it is free or the token's own, keeping
+# the fence of a lease the token holds; returns false when another token holds it. Needs the
+# locals of _READ_LEASE and _NEXT_FENCE.
+_GRANT = (
+    """
 local fence = ''
 if current then
   if string.sub(current, 1, #mine) ~= mine then
@@ -141,12 +149,22 @@ return fence
 """
 )
 
+#: KEYS[1] lease key, KEYS[2] fence counter (same hash slot; only when fenced), and last the
+#: key's waiting marker when ARGV[6] is "1".
+#: ARGV[1] "<token>|", ARGV[2] lease in ms, ARGV[3] owner, ARGV[4] "1" to fence,
+#: ARGV[5] counter lifetime in ms, ARGV[6] "1" when this attempt answers a wake (see RELEASE),
+#: ARGV[7] with it: how many ms the waiter's turn is kept if it loses ("0": none).
+#: Returns nil when another token holds the key, else the fence as text ("" when unfenced).
+#: A repeated acquire by the holding token keeps its fence and sets a new lease.
+ACQUIRE = Script(_EFFECTS + _NEXT_FENCE + _READ_LEASE + _ANSWER_WAKE + _GRANT)
+
 #: The same keys and ARGV as ACQUIRE (ARGV[4] is ignored: always fenced; the lock service's
 #: waiting requests keep no turn, so ARGV[7] is "0").
 #: Grants only a key no lease holds, this token's included. Returns the fence as text on a
 #: grant, else what INSPECT returns for the key (read in the same atomic step).
 GRANT_IF_FREE = Script(
     _EFFECTS
+    + _NEXT_FENCE
     + _READ_LEASE
     + _ANSWER_WAKE
     + """
@@ -213,17 +231,79 @@ end
 """
 )
 
-#: KEYS[1] lease key, KEYS[2] its waiting marker, KEYS[3] its wake list. ARGV[1] "<token>|",
-#: ARGV[2] channel, ARGV[3] message (the key), ARGV[4] wake lifetime in ms, ARGV[5] how long
-#: a pushed wake stays outstanding at most, in ms.
-#: Returns 1 when the token held the key and it was deleted (and announced), else 0.
+#: The prefix of each waiting thread's own grant list (see _HAND_ON).
+GRANTED_PREFIX = "lease_lock:granted:"
+
+# The hand-over of a released key to the first waiter in its line that still waits (see
+# JOIN_LINE): KEYS[4] the key's fence counter, KEYS[5] its line (a list of waiting tokens, oldest
+# first), KEYS[6] their entries (a hash: token -> "<fresh until, server ms>|<claim ms>|<1 to
+# fence, else 0>|<owner>"). Waiters whose entry went stale (not refreshed in time: dead,
+# stopped or gone) are dropped on the way. The waiter gets the key for its claim window only and
+# a fence from the counter, and learns of it on its own grant list (GRANTED_PREFIX + token),
+# where it is blocked in BLPOP; it extends the claim to a full lease from there, or the claim
+# lapses. Returns true when the key was handed over; announce() is then not needed.
+_HAND_ON = (
+    _NEXT_FENCE
+    + """
+local function hand_on(lifetime)
+  if redis.call('TYPE', KEYS[5]).ok ~= 'list' or redis.call('TYPE', KEYS[6]).ok ~= 'hash' then
+    return false
+  end
+  local now = redis.call('TIME')
+  local millis = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  while true do
+    local waiter = redis.call('LPOP', KEYS[5])
+    if not waiter then
+      return false
+    end
+    local entry = redis.call('HGET', KEYS[6], waiter)
+    redis.call('HDEL', KEYS[6], waiter)
+    local fresh, claim, fenced, owner
+    if entry then
+      fresh, claim, fenced, owner = string.match(entry, '^(%d+)|(%d+)|([01])|(.*)$')
+    end
+    if fresh and tonumber(fresh) > millis then
+      local fence = ''
+      if fenced == '1' then
+        fence = next_fence(KEYS[4], lifetime)
+        if not fence then
+          -- No fence can be taken: put the waiter back and let it take the key itself.
+          redis.call('LPUSH', KEYS[5], waiter)
+          redis.call('HSET', KEYS[6], waiter, entry)
+          return false
+        end
+      end
+      redis.call('SET', KEYS[1], waiter .. '|' .. fence .. '|' .. owner, 'PX', claim)
+      local granted = '"""
+    + GRANTED_PREFIX
+    + """' .. waiter
+      redis.call('DEL', granted)
+      redis.call('RPUSH', granted, fence)
+      redis.call('PEXPIRE', granted, claim)
+      return true
+    end
+  end
+end
+"""
+)
+
+#: KEYS[1] lease key, KEYS[2] its waiting marker, KEYS[3] its wake list, KEYS[4] its fence
+#: counter, KEYS[5] its line, KEYS[6] the line's entries (all in the key's hash slot).
+#: ARGV[1] "<token>|", ARGV[2] channel, ARGV[3] message (the key), ARGV[4] wake lifetime in ms,
+#: ARGV[5] how long a pushed wake stays outstanding at most, in ms, ARGV[6] fence counter
+#: lifetime in ms.
+#: Returns 1 when the token held the key and it was deleted (and handed over to the first live
+#: waiter in line, or else announced), else 0.
 RELEASE = Script(
     _ANNOUNCE
+    + _HAND_ON
     + """
 local current = redis.call('GET', KEYS[1])
 if current and string.sub(current, 1, #ARGV[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  announce(ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+  if not hand_on(ARGV[6]) then
+    announce(ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+  end
   return 1
 end
 return 0
@@ -231,13 +311,85 @@ return 0
 )
 
 #: KEYS as for RELEASE. ARGV[1] channel, ARGV[2] message (the key), ARGV[3] wake lifetime in
-#: ms, ARGV[4] how long a pushed wake stays outstanding at most, in ms.
-#: Returns 1 when a live lease was deleted (and announced), else 0.
+#: ms, ARGV[4] how long a pushed wake stays outstanding at most, in ms, ARGV[5] fence counter
+#: lifetime in ms.
+#: Returns 1 when a live lease was deleted (and handed over or announced), else 0.
 FORCE_RELEASE = Script(
     _ANNOUNCE
+    + _HAND_ON
     + """
 if redis.call('DEL', KEYS[1]) == 1 then
-  announce(ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+  if not hand_on(ARGV[5]) then
+    announce(ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+  end
+  return 1
+end
+return 0
+"""
+)
+
+#: KEYS[1] lease key, KEYS[2] fence counter, KEYS[3] the key's line, KEYS[4] the line's
+#: entries, KEYS[5] this waiter's grant list. ARGV[1] to ARGV[5] as for ACQUIRE, ARGV[6] the
+#: claim window in ms, ARGV[7] how long the entry stays fresh in ms, ARGV[8] the token.
+#: A waiting thread's attempt: the key is granted as by ACQUIRE when it is free or the token's
+#: own (the token then leaves the line: a release may have handed it the key meanwhile);
+#: when another token holds it, the token takes a place at the end of the line or, already in
+#: it, keeps its place and refreshes its entry. Returns the fence as text on a grant, else nil.
+JOIN_LINE = Script(
+    _EFFECTS
+    + _NEXT_FENCE
+    + _READ_LEASE
+    + """
+local line_ok = redis.call('TYPE', KEYS[3]).ok
+local entries_ok = redis.call('TYPE', KEYS[4]).ok
+line_ok = line_ok == 'list' or line_ok == 'none'
+entries_ok = entries_ok == 'hash' or entries_ok == 'none'
+if current and string.sub(current, 1, #mine) ~= mine then
+  -- Only a list is a line and only a hash its entries: a lease written under either name
+  -- through the bare backend API is left alone (this waiter then polls).
+  if line_ok and entries_ok then
+    local now = redis.call('TIME')
+    local millis = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+    local fresh = string.format('%.0f', millis + tonumber(ARGV[7]))
+    local entry = fresh .. '|' .. ARGV[6] .. '|' .. ARGV[4] .. '|' .. ARGV[3]
+    if redis.call('HSET', KEYS[4], ARGV[8], entry) == 1 then
+      redis.call('RPUSH', KEYS[3], ARGV[8])
+    end
+    local life = tonumber(ARGV[7]) + tonumber(ARGV[6])
+    redis.call('PEXPIRE', KEYS[3], life)
+    redis.call('PEXPIRE', KEYS[4], life)
+  end
+  return false
+end
+if line_ok and entries_ok then
+  redis.call('HDEL', KEYS[4], ARGV[8])
+  redis.call('LREM', KEYS[3], 0, ARGV[8])
+end
+redis.call('DEL', KEYS[5])
+"""
+    + _GRANT
+)
+
+#: KEYS as for RELEASE, then KEYS[7] this waiter's grant list. ARGV as for RELEASE, then
+#: ARGV[7] the token.
+#: A waiting thread that leaves without the key takes its entry out of the line; a grant that a
+#: release handed it meanwhile is released as by RELEASE (handed on, or announced). Returns 1
+#: when such a grant was released, else 0.
+LEAVE_LINE = Script(
+    _ANNOUNCE
+    + _HAND_ON
+    + """
+if redis.call('TYPE', KEYS[5]).ok == 'list' and redis.call('TYPE', KEYS[6]).ok == 'hash' then
+  redis.call('HDEL', KEYS[6], ARGV[7])
+  redis.call('LREM', KEYS[5], 0, ARGV[7])
+end
+redis.call('DEL', KEYS[7])
+local current = redis.call('GET', KEYS[1])
+if current and string.sub(current, 1, #ARGV[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  if not hand_on(ARGV[6]) then
+    announce(ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+  end
   return 1
 end
 return 0
@@ -285,6 +437,7 @@ return {count, string.format('%.0f', left)}
 #: fence as text, or nil when any other token holds the key.
 ADOPT = Script(
     _EFFECTS
+    + _NEXT_FENCE
     + _READ_LEASE
     + """
 local fence = ''

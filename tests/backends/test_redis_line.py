@@ -1,0 +1,288 @@
+"""Direct hand-off on Redis: a release hands the key to the first live waiter in the key's line.
+
+The waiter wakes up holding the key for a claim window, which its heartbeat turns into a full
+lease; a waiter that dies, stops or leaves before then loses the key when the window ends, and
+the next waiter gets it. Everything runs on a private real redis-server; the stopped and killed
+waiters are real processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from lease_lock import Locker
+from lease_lock.backends.handoff import LineSource
+from lease_lock.backends.redis import RedisBackend, line_keys
+from lease_lock.backends.redis._line import CLAIM_MAX, LINE_WAITERS
+from lease_lock.errors import LockHeldError, ValidationError
+from lease_lock.events import LockEvent
+from lease_lock.testing import wait_until
+
+from tests.support.handoff import hand_key_round
+from tests.support.processes import kill_process
+from tests.support.redis_server import RedisServer
+
+
+@pytest.fixture
+def key() -> str:
+    return f"test:line:{uuid.uuid4().hex}"
+
+
+class Events:
+    """An ``on_event`` hook that keeps every event, for counting attempts and extensions."""
+
+    def __init__(self) -> None:
+        self.seen: list[LockEvent] = []
+        self._mutex = threading.Lock()
+
+    def __call__(self, event: LockEvent) -> None:
+        with self._mutex:
+            self.seen.append(event)
+
+    def count(self, event_type: str) -> int:
+        with self._mutex:
+            return sum(1 for event in self.seen if event.type == event_type)
+
+
+def _in_line(client: Any, key: str) -> int:
+    """How many waiters have an entry in ``key``'s line."""
+    return int(client.hlen(line_keys(key)[1]))
+
+
+def _holder_token(client: Any, key: str) -> str:
+    value = client.get(key)
+    return "" if value is None else value.decode().split("|", 1)[0]
+
+
+def _waiting_thread(locker: Locker, key: str, out: list[Any], **options: Any) -> threading.Thread:
+    def wait() -> None:
+        out.append(locker.acquire(key, timeout=60, **options))
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_redis_backend_offers_a_line(redis_server: RedisServer) -> None:
+    backend = RedisBackend.from_url(redis_server.url)
+    try:
+        assert isinstance(backend, LineSource)
+    finally:
+        backend.close()
+
+
+def test_a_release_hands_the_key_to_the_waiter_without_another_attempt(redis_server: RedisServer, key: str) -> None:
+    events = Events()
+    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
+    waiter = Locker(RedisBackend.from_url(redis_server.url), ttl=30, on_event=events, fencing=True)
+    holder.owns_backend = waiter.owns_backend = True
+    try:
+        held = holder.acquire(key)
+        got: list[Any] = []
+        thread = _waiting_thread(waiter, key, got)
+        assert wait_until(lambda: _in_line(holder.backend.client, key) == 1, 30)
+        attempts_before = events.count("contended")
+        held.release()
+        thread.join(60)
+        [lock] = got
+        # Nothing was tried after the release: the release itself made the grant, for the claim
+        # window only, with a fence of its own.
+        assert events.count("contended") == attempts_before
+        assert _holder_token(holder.backend.client, key) == lock.token
+        assert 0 < lock.expires_in <= CLAIM_MAX
+        assert 0 < holder.backend.client.pttl(key) <= CLAIM_MAX * 1000
+        assert lock.fence is not None and lock.fence > 0
+        assert _in_line(holder.backend.client, key) == 0
+        lock.release()
+        assert not holder.backend.inspect(key).held
+    finally:
+        holder.close()
+        waiter.close()
+
+
+@pytest.mark.parametrize("auto_extend", [True, False], ids=["auto-extend", "no-auto-extend"])
+def test_the_heartbeat_turns_a_handed_claim_into_a_full_lease(
+    redis_server: RedisServer, key: str, auto_extend: bool
+) -> None:
+    # ttl 9 s: the claim window is CLAIM_MAX (6 s), so the full lease is longer than the claim.
+    events = Events()
+    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=9)
+    waiter = Locker(RedisBackend.from_url(redis_server.url), ttl=9, on_event=events)
+    holder.owns_backend = waiter.owns_backend = True
+    try:
+        held = holder.acquire(key)
+        got: list[Any] = []
+        thread = _waiting_thread(waiter, key, got, auto_extend=auto_extend)
+        assert wait_until(lambda: _in_line(holder.backend.client, key) == 1, 30)
+        held.release()
+        thread.join(60)
+        [lock] = got
+        assert lock.expires_in <= CLAIM_MAX
+        # Extended once, a third of the way into the claim window, whatever auto_extend says.
+        assert wait_until(lambda: events.count("extended") >= 1, 30)
+        assert lock.expires_in > CLAIM_MAX
+        assert holder.backend.client.pttl(key) > CLAIM_MAX * 1000
+        assert lock.is_held()
+        lock.release()
+    finally:
+        holder.close()
+        waiter.close()
+
+
+_WAITER = textwrap.dedent(
+    """
+    import sys
+    from lease_lock import Locker
+    from lease_lock.backends.redis import RedisBackend
+    from lease_lock.errors import LockHeldError
+
+    url, key, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    locker = Locker(RedisBackend.from_url(url), ttl=2)
+    print("waiting", flush=True)
+    try:
+        lock = locker.acquire(key, timeout=timeout)
+    except LockHeldError:
+        print("held", flush=True)
+    else:
+        print("granted", lock.token, flush=True)
+        lock.release()
+    locker.close()
+    """
+)
+
+
+def _waiter_process(url: str, key: str, timeout: float) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    process = subprocess.Popen(
+        [sys.executable, "-c", _WAITER, url, key, str(timeout)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == "waiting"
+    return process
+
+
+@pytest.mark.parametrize("fate", ["killed", "stopped"])
+def test_a_waiter_that_cannot_take_a_handed_key_loses_it_at_the_end_of_its_claim(
+    redis_server: RedisServer, key: str, fate: str
+) -> None:
+    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=2)
+    holder.owns_backend = True
+    client = holder.backend.client
+    process = _waiter_process(redis_server.url, key, 5.0)
+    try:
+        held = holder.acquire(key)
+        assert wait_until(lambda: _in_line(client, key) == 1, 30)
+        process.send_signal(signal.SIGKILL if fate == "killed" else signal.SIGSTOP)
+        if fate == "killed":
+            process.wait(30)
+        held.release()
+        # The release handed the key to the waiter, which cannot take it: for the claim window
+        # (ttl 2 s here) at most.
+        handed = _holder_token(client, key)
+        assert handed not in ("", held.token)
+        assert 0 < client.pttl(key) <= 2000
+        # Then it is free again, and another waiter gets it.
+        taken = holder.acquire(key, timeout=30)
+        assert taken.token != handed
+        if fate == "stopped":
+            process.send_signal(signal.SIGCONT)
+            # The waiter wakes long after its claim ended: it must not take that grant, and
+            # its own wait runs out while the key is held here.
+            out, _ = process.communicate(timeout=60)
+            assert out.split() == ["held"]
+            assert taken.is_held() and _holder_token(client, key) == taken.token
+        taken.release()
+        assert not holder.backend.inspect(key).held
+    finally:
+        if fate == "stopped":
+            process.send_signal(signal.SIGCONT)
+        kill_process(process)
+        if process.stdout is not None:
+            process.stdout.close()
+        holder.close()
+
+
+def test_a_waiter_that_times_out_in_line_leaves_it(redis_server: RedisServer, key: str) -> None:
+    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
+    waiter = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
+    holder.owns_backend = waiter.owns_backend = True
+    client = holder.backend.client
+    try:
+        held = holder.acquire(key)
+        outcome: list[BaseException] = []
+
+        def wait() -> None:
+            try:
+                waiter.acquire(key, timeout=2)
+            except LockHeldError as error:
+                outcome.append(error)
+
+        thread = threading.Thread(target=wait, daemon=True)
+        thread.start()
+        assert wait_until(lambda: _in_line(client, key) == 1, 30)
+        thread.join(60)
+        assert len(outcome) == 1 and outcome[0].reason == "timeout"
+        assert _in_line(client, key) == 0
+        held.release()
+        # Nobody was handed the key on the way out: it is free.
+        assert not holder.backend.inspect(key).held
+    finally:
+        holder.close()
+        waiter.close()
+
+
+def test_waiters_beyond_the_bound_wait_without_a_place_and_all_get_the_key(redis_server: RedisServer, key: str) -> None:
+    locker = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
+    locker.owns_backend = True
+    client = locker.backend.client
+    taken: list[str] = []
+
+    def take_once() -> None:
+        with locker.lock(key, timeout=60) as lock:
+            taken.append(lock.token)
+
+    try:
+        held = locker.acquire(key)
+        threads = [threading.Thread(target=take_once, daemon=True) for _ in range(LINE_WAITERS + 2)]
+        for thread in threads:
+            thread.start()
+        # One connection per waiter in line, up to the bound; the others wait without a place.
+        assert wait_until(lambda: _in_line(client, key) == LINE_WAITERS, 30)
+        held.release()
+        for thread in threads:
+            thread.join(60)
+        assert len(set(taken)) == len(threads)
+        assert _in_line(client, key) == 0
+        assert not locker.backend.inspect(key).held
+    finally:
+        locker.close()
+
+
+def test_lockers_in_line_hand_a_key_round_many_times(redis_server: RedisServer, key: str) -> None:
+    lockers = [Locker(RedisBackend.from_url(redis_server.url), ttl=30) for _ in range(4)]
+    for locker in lockers:
+        locker.owns_backend = True
+    try:
+        hand_key_round(lockers, key, 25)
+    finally:
+        for locker in lockers:
+            locker.close()
+
+
+@pytest.mark.parametrize("name", ["{orders}:line", "{orders}:42:entries", "lease_lock:granted:" + "a" * 32])
+def test_the_lines_own_names_are_refused_as_keys(redis_server: RedisServer, name: str) -> None:
+    backend = RedisBackend.from_url(redis_server.url)
+    try:
+        with pytest.raises(ValidationError, match="line|grant list"):
+            backend.check_key(name)
+    finally:
+        backend.close()
