@@ -428,6 +428,9 @@ class Acquisition:
             return None
         tries.handed = None
         tries.sent = grant.sent
+        # Counted as an attempt, the one the grant answers: every grant ends an acquisition's
+        # count of attempts as it would had the waiter asked for it itself.
+        tries.attempts += 1
         outcome = self._judge(lock, tries, grant.fence, tries.received, grant.lease)
         tries.claim = grant.lease if grant.claimed else None
         return outcome

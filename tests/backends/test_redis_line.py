@@ -15,7 +15,6 @@ import sys
 import textwrap
 import threading
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -282,7 +281,7 @@ def test_lockers_in_line_hand_a_key_round_many_times(redis_server: RedisServer, 
 def test_the_lines_own_names_are_refused_as_keys(redis_server: RedisServer, name: str) -> None:
     backend = RedisBackend.from_url(redis_server.url)
     try:
-        with pytest.raises(ValidationError, match="line|grant list"):
+        with pytest.raises(ValidationError, match=r"line|grant list"):
             backend.check_key(name)
     finally:
         backend.close()

@@ -31,3 +31,11 @@ def test_each_request_is_cut_to_the_max_hold_deadline() -> None:
     assert clamp_to_deadline(30.0, math.inf, 5.0) == 30.0
     assert clamp_to_deadline(30.0, 20.0, 5.0) == 15.0
     assert clamp_to_deadline(30.0, 20.0, 25.0) <= 0
+
+
+@pytest.mark.parametrize("extending", [True, False])
+def test_a_handed_claim_is_extended_one_claim_interval_after_its_send_even_when_not_extending(
+    extending: bool,
+) -> None:
+    # The claim window ends early unless it is extended once, whatever auto_extend says.
+    assert next_beat("claimed", 100.0, 2.0, extending=extending) == 102.0
