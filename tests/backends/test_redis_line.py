@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -53,8 +54,8 @@ class Events:
 
 
 def _in_line(client: Any, key: str) -> int:
-    """How many waiters have an entry in ``key``'s line."""
-    return int(client.hlen(line_keys(key)[1]))
+    """How many waiters have a place in ``key``'s line."""
+    return int(client.llen(line_keys(key)[0]))
 
 
 def _holder_token(client: Any, key: str) -> str:
@@ -176,9 +177,9 @@ def test_a_waiter_that_cannot_take_a_handed_key_loses_it_at_the_end_of_its_claim
     holder = Locker(RedisBackend.from_url(redis_server.url), ttl=2)
     holder.owns_backend = True
     client = holder.backend.client
+    held = holder.acquire(key)
     process = _waiter_process(redis_server.url, key, 5.0)
     try:
-        held = holder.acquire(key)
         assert wait_until(lambda: _in_line(client, key) == 1, 30)
         process.send_signal(signal.SIGKILL if fate == "killed" else signal.SIGSTOP)
         if fate == "killed":
@@ -285,3 +286,67 @@ def test_the_lines_own_names_are_refused_as_keys(redis_server: RedisServer, name
             backend.check_key(name)
     finally:
         backend.close()
+
+
+def test_releases_during_a_holders_burst_leave_the_key_free_and_the_head_of_the_line_asks_when_it_ends(
+    redis_server: RedisServer, key: str
+) -> None:
+    backend = RedisBackend.from_url(redis_server.url)
+    client = backend.client
+    holder, waiter = "h" * 32, "w" * 32
+    line = backend.join_line(key, waiter, 30, "waiter", False, time.monotonic)
+    assert line is not None
+    try:
+        assert backend.acquire(key, holder, 30, "holder")
+        assert line.ask() is None
+        # A hand-over gave the holder a burst that runs another minute (the entries' "!"
+        # field, in server ms).
+        entries = line_keys(key)[1]
+        seconds, micros = client.time()
+        client.hset(entries, "!", seconds * 1000 + micros // 1000 + 60_000)
+        granted = "lease_lock:granted:" + waiter
+        for _ in range(3):
+            # The holder releases and takes the key straight back: it keeps it, and nothing
+            # is handed over.
+            assert backend.release(key, holder)
+            assert not client.exists(key) and not client.exists(granted)
+            assert backend.acquire(key, holder, 30, "holder")
+        # The head of the line is told when the burst ends: its next ask is due then, no
+        # sooner than its usual refresh would be.
+        assert line.ask() is None
+        assert _in_line(client, key) == 1
+        assert backend.release(key, holder)
+        assert line.ask() == 0  # the key was left free for it
+        line.leave(True)
+        assert _in_line(client, key) == 0 and not client.exists(granted)
+    finally:
+        line.leave(False)
+        backend.force_release(key)
+        backend.close()
+
+
+def test_a_burst_ends_and_the_next_release_hands_the_key_over(redis_server: RedisServer, key: str) -> None:
+    # Two lockers cycle on one key for a while: every one of them gets grants, and most
+    # grants stay with the holder of a burst (see the performance page for the figures).
+    lockers = [Locker(RedisBackend.from_url(redis_server.url), ttl=30) for _ in range(3)]
+    grants = [0, 0, 0]
+    stop = threading.Event()
+
+    def cycle(index: int) -> None:
+        while not stop.is_set():
+            with lockers[index].lock(key, timeout=30):
+                grants[index] += 1
+
+    try:
+        threads = [threading.Thread(target=cycle, args=(index,), daemon=True) for index in range(3)]
+        for thread in threads:
+            thread.start()
+        assert wait_until(lambda: min(grants) >= 20, 60)
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+        assert not any(thread.is_alive() for thread in threads)
+    finally:
+        for locker in lockers:
+            locker.owns_backend = True
+            locker.close()

@@ -34,7 +34,7 @@ from ..handoff import HandoffWatcher, WaitingLine
 from ..service import ServiceStore, check_amount
 from . import _scripts
 from ._connections import DirectCommands
-from ._line import FRESH_SHARE, LineSlots, RedisWaitingLine, claim_for
+from ._line import BURST, FRESH_SHARE, LineSlots, RedisWaitingLine, claim_for
 from ._scripts import GRANTED_PREFIX, Script
 from ._url import (
     URL_OPTIONS,
@@ -734,7 +734,7 @@ class RedisBackend(ServiceStore):
         join_keys = [key, fence_key(key), *line_keys(key), granted]
         join_argv = [
             f"{token}|", ms, owner, "1" if fenced else "0", max(_COUNTER_LIFETIME_MS, ms), claim_ms,
-            _millis(claim * FRESH_SHARE), token,
+            _millis(claim * FRESH_SHARE), token, _millis(BURST),
         ]
         leave_keys, leave_argv = self._release_call(key, token)
         timeout = self.client.connection_pool.connection_kwargs.get("socket_timeout")

@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional, TypeVar
 from ..handoff import LineGrant, WaitingLine
 from ._scripts import JOIN_LINE, LEAVE_LINE
 
-__all__ = ["CLAIM_MAX", "FRESH_SHARE", "LINE_WAITERS", "LineSlots", "RedisWaitingLine", "claim_for"]
+__all__ = ["BURST", "CLAIM_MAX", "FRESH_SHARE", "LINE_WAITERS", "LineSlots", "RedisWaitingLine", "claim_for"]
 
 _log = logging.getLogger("lease_lock")
 _Result = TypeVar("_Result")
@@ -42,6 +42,10 @@ CLAIM_MAX = 6.0
 #: skips a stale one), and the waiter refreshes it twice as often.
 FRESH_SHARE = 0.5
 _REFRESH_SHARE = 0.25
+#: A waiter handed the key keeps it through its own releases this long (seconds): a release
+#: within its burst leaves the key free (see _HAND_ON in _scripts), and the waiter at the head
+#: of the line asks for the key itself when the burst ends.
+BURST = 0.002
 #: How many threads of one backend may wait in line at once, each blocked on a connection of
 #: its own; further waiters wait through the shared hand-off watcher instead.
 LINE_WAITERS = 8
@@ -151,8 +155,11 @@ class RedisWaitingLine(WaitingLine):
         keys, argv = self._join
         reply = JOIN_LINE(self._commands, keys, argv)
         self._sent = sent
-        if reply is None:
-            self._refresh_due = time.monotonic() + self._refresh
+        if reply is None or isinstance(reply, int):
+            # At the head of the line during a holder's burst (``reply`` ms left of it): no
+            # release hands the key over before it ends, so ask again then.
+            wait = self._refresh if reply is None else min(self._refresh, reply / 1000)
+            self._refresh_due = time.monotonic() + wait
             return None
         self._refresh_due = -math.inf  # the place went with the grant
         return _fence(reply)

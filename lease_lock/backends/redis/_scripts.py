@@ -234,14 +234,19 @@ end
 #: The prefix of each waiting thread's own grant list (see _HAND_ON).
 GRANTED_PREFIX = "lease_lock:granted:"
 
-# The hand-over of a released key to the first waiter in its line that still waits (see
-# JOIN_LINE): KEYS[4] the key's fence counter, KEYS[5] its line (a list of waiting tokens, oldest
-# first), KEYS[6] their entries (a hash: token -> "<fresh until, server ms>|<claim ms>|<1 to
-# fence, else 0>|<owner>"). Waiters whose entry went stale (not refreshed in time: dead,
-# stopped or gone) are dropped on the way. The waiter gets the key for its claim window only and
-# a fence from the counter, and learns of it on its own grant list (GRANTED_PREFIX + token),
-# where it is blocked in BLPOP; it extends the claim to a full lease from there, or the claim
-# lapses. Returns true when the key was handed over; announce() is then not needed.
+# What a release does for the waiters in the key's line (see JOIN_LINE): KEYS[4] the key's
+# fence counter, KEYS[5] its line (a list of waiting tokens, oldest first), KEYS[6] their
+# entries (a hash: token -> "<fresh until, server ms>|<claim ms>|<1 to fence, else 0>|<burst
+# ms>|<owner>", and the field "!": the server ms before which no release hands the key over).
+# Entries gone stale (not refreshed in time: the waiter died, stopped or left) are dropped on
+# the way to the first fresh one, and the release hands that waiter the key: for its claim
+# window, with a fence from the counter, the fence pushed onto its grant list (GRANTED_PREFIX +
+# token) where the waiter is blocked in BLPOP. The waiter wakes holding the key, and extends the
+# claim to a full lease from there, or the claim lapses. Returns true; announce() is then not
+# needed. The new holder then keeps the key through its releases for its burst: until "!", a
+# release leaves the key free (false), so a holder that releases and takes the key straight
+# back is not interrupted at every release by a hand-over, each of which costs a waiter's
+# wake-up; the waiter at the head of the line asks for the key itself when the burst ends.
 _HAND_ON = (
     _NEXT_FENCE
     + """
@@ -251,28 +256,30 @@ local function hand_on(lifetime)
   end
   local now = redis.call('TIME')
   local millis = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  if millis < tonumber(redis.call('HGET', KEYS[6], '!') or '0') then
+    return false
+  end
   while true do
-    local waiter = redis.call('LPOP', KEYS[5])
+    local waiter = redis.call('LINDEX', KEYS[5], 0)
     if not waiter then
       return false
     end
     local entry = redis.call('HGET', KEYS[6], waiter)
-    redis.call('HDEL', KEYS[6], waiter)
-    local fresh, claim, fenced, owner
+    local fresh, claim, fenced, burst, owner
     if entry then
-      fresh, claim, fenced, owner = string.match(entry, '^(%d+)|(%d+)|([01])|(.*)$')
+      fresh, claim, fenced, burst, owner = string.match(entry, '^(%d+)|(%d+)|([01])|(%d+)|(.*)$')
     end
     if fresh and tonumber(fresh) > millis then
       local fence = ''
       if fenced == '1' then
         fence = next_fence(KEYS[4], lifetime)
         if not fence then
-          -- No fence can be taken: put the waiter back and let it take the key itself.
-          redis.call('LPUSH', KEYS[5], waiter)
-          redis.call('HSET', KEYS[6], waiter, entry)
-          return false
+          return false  -- no fence can be taken: the waiter asks for the key itself (and fails)
         end
       end
+      redis.call('LPOP', KEYS[5])
+      redis.call('HDEL', KEYS[6], waiter)
+      redis.call('HSET', KEYS[6], '!', string.format('%.0f', millis + tonumber(burst)))
       redis.call('SET', KEYS[1], waiter .. '|' .. fence .. '|' .. owner, 'PX', claim)
       local granted = '"""
     + GRANTED_PREFIX
@@ -282,6 +289,8 @@ local function hand_on(lifetime)
       redis.call('PEXPIRE', granted, claim)
       return true
     end
+    redis.call('LPOP', KEYS[5])
+    redis.call('HDEL', KEYS[6], waiter)
   end
 end
 """
@@ -330,11 +339,13 @@ return 0
 
 #: KEYS[1] lease key, KEYS[2] fence counter, KEYS[3] the key's line, KEYS[4] the line's
 #: entries, KEYS[5] this waiter's grant list. ARGV[1] to ARGV[5] as for ACQUIRE, ARGV[6] the
-#: claim window in ms, ARGV[7] how long the entry stays fresh in ms, ARGV[8] the token.
+#: claim window in ms, ARGV[7] how long the entry stays fresh in ms, ARGV[8] the token, ARGV[9]
+#: the burst in ms that a release handing this waiter the key gives it (see _HAND_ON).
 #: A waiting thread's attempt: the key is granted as by ACQUIRE when it is free or the token's
 #: own (the token then leaves the line: a release may have handed it the key meanwhile);
 #: when another token holds it, the token takes a place at the end of the line or, already in
-#: it, keeps its place and refreshes its entry. Returns the fence as text on a grant, else nil.
+#: it, keeps its place and refreshes its entry. Returns the fence as text on a grant; else nil,
+#: or for the head of the line while a holder's burst runs the milliseconds it has left.
 JOIN_LINE = Script(
     _EFFECTS
     + _NEXT_FENCE
@@ -351,13 +362,21 @@ if current and string.sub(current, 1, #mine) ~= mine then
     local now = redis.call('TIME')
     local millis = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
     local fresh = string.format('%.0f', millis + tonumber(ARGV[7]))
-    local entry = fresh .. '|' .. ARGV[6] .. '|' .. ARGV[4] .. '|' .. ARGV[3]
+    local entry = table.concat({fresh, ARGV[6], ARGV[4], ARGV[9], ARGV[3]}, '|')
     if redis.call('HSET', KEYS[4], ARGV[8], entry) == 1 then
       redis.call('RPUSH', KEYS[3], ARGV[8])
     end
     local life = tonumber(ARGV[7]) + tonumber(ARGV[6])
     redis.call('PEXPIRE', KEYS[3], life)
     redis.call('PEXPIRE', KEYS[4], life)
+    -- The head of the line learns how long the holder's burst still runs (see _HAND_ON): it
+    -- asks for the key itself when the burst ends, as no release hands it over before then.
+    if redis.call('LINDEX', KEYS[3], 0) == ARGV[8] then
+      local burst_end = tonumber(redis.call('HGET', KEYS[4], '!') or '0')
+      if burst_end > millis then
+        return burst_end - millis
+      end
+    end
   end
   return false
 end
