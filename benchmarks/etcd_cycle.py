@@ -21,7 +21,8 @@ cycle time (see ``measure.py``):
 
 Contended: ``--workers`` processes (and then one alone) loop ``locker.acquire(key).release()``
 on one key for ``--seconds``; the grants per second of all together against one process alone,
-and the fewest grants of one worker as a fraction of a fair share.
+the fewest grants of one worker as a fraction of a fair share, and the attempts that found the
+key held per grant (each one a lease grant, a transaction and a revoke: three replicated writes).
 
 Hand-off: a waiter blocks in its library's own blocking acquire (``Locker.acquire``; tooz's
 ``lock.acquire(blocking=60)``) while another client holds the key; the time from the start of
@@ -219,8 +220,15 @@ def _watch_deliveries(endpoint: str, count: int) -> list[float]:
 
 
 def _contend(url: str, key: str, seconds: float, ready: Any, start: Any, grants: Any) -> None:
-    """One worker process: acquire/release ``key`` in a loop for ``seconds``; count its grants."""
-    with connect(url, ttl=TTL) as locker:
+    """One worker process: acquire/release ``key`` in a loop for ``seconds``; count its grants
+    and its attempts that found the key held."""
+    refused = [0]
+
+    def count_refusals(event: Any) -> None:
+        if event.type == "contended":
+            refused[0] += 1
+
+    with connect(url, ttl=TTL, on_event=count_refusals) as locker:
         ready.put(True)
         start.wait()
         deadline = time.monotonic() + seconds
@@ -228,11 +236,12 @@ def _contend(url: str, key: str, seconds: float, ready: Any, start: Any, grants:
         while time.monotonic() < deadline:
             locker.acquire(key, timeout=60).release()
             count += 1
-        grants.put(count)
+        grants.put((count, refused[0]))
 
 
-def _contended(url: str, workers: int, seconds: float) -> list[int]:
-    """Grants per worker when ``workers`` processes loop on one key for ``seconds``."""
+def _contended(url: str, workers: int, seconds: float) -> list[tuple[int, int]]:
+    """Grants and refused attempts per worker when ``workers`` processes loop on one key for
+    ``seconds``."""
     context = multiprocessing.get_context("spawn")
     start = context.Event()
     ready, grants = context.Queue(), context.Queue()
@@ -330,15 +339,22 @@ def _run(url: str, args: argparse.Namespace) -> dict[str, Any]:
             continue
         latencies[name] = {"p50": percentile(delays, 0.5), "p99": percentile(delays, 0.99)}
         print(f"{name:40} {percentile(delays, 0.5) * 1000:9.2f} {percentile(delays, 0.99) * 1000:9.2f}")
-    alone = _contended(url, 1, args.seconds)[0] / args.seconds
-    counts = _contended(url, args.workers, args.seconds)
+    alone = _contended(url, 1, args.seconds)[0][0] / args.seconds
+    results = _contended(url, args.workers, args.seconds)
+    counts = [grants for grants, _refused in results]
     total = sum(counts) / args.seconds
     fewest = min(counts) / (sum(counts) / len(counts)) if sum(counts) else 0.0
-    print(f"{'contended (one key)':40} {'grants/s':>9} {'vs 1 proc':>9} {'fewest/fair':>11}")
+    refused = sum(refusals for _grants, refusals in results) / max(1, sum(counts))
+    print(f"{'contended (one key)':40} {'grants/s':>9} {'vs 1 proc':>9} {'fewest/fair':>11} {'refused/grant':>13}")
     print(f"{'Locker, 1 process':40} {alone:9.1f}")
-    print(f"{f'Locker, {args.workers} processes':40} {total:9.1f} {total / alone:8.2f}x {fewest:11.2f}")
+    print(
+        f"{f'Locker, {args.workers} processes':40} {total:9.1f} {total / alone:8.2f}x {fewest:11.2f} {refused:13.2f}"
+    )
     return {
-        "contended": {"alone": alone, "workers": args.workers, "total": total, "fewest_of_fair": fewest},
+        "contended": {
+            "alone": alone, "workers": args.workers, "total": total, "fewest_of_fair": fewest,
+            "refused_per_grant": refused,
+        },
         "cycles": cycles,
         "handoffs": latencies,
         "handoff_p50": latencies["Locker hand-off (watch)"]["p50"],
