@@ -35,7 +35,7 @@ import contextlib
 import math
 import urllib.parse
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional, Sequence, TypeVar
 
 import requests
 
@@ -45,8 +45,9 @@ from ...validation import check_duration
 from ..base import Capabilities, ExtendRequest, LockState, ReleaseWatcher, parse_url_options
 from ..service import ServiceStore
 from ._client import CODE_NOT_FOUND, EtcdClient, EtcdError, b64, prefix_end, unb64
-from ._counters import COUNTER_PREFIX, count_in_window
-from ._watch import EtcdReleaseWatcher
+from ._counters import count_in_window
+from ._handoff import EtcdHandoffWatcher
+from ._watch import EtcdReleaseWatcher, WatchStream, lock_key
 
 __all__ = ["DEFAULT_NAMESPACE", "MIN_TTL", "EtcdBackend", "lease_seconds"]
 
@@ -59,6 +60,7 @@ _MAX_TTL = 9_000_000_000
 # Keys per batched transaction: below etcd's default limit of 128 operations per transaction.
 _BATCH = 100
 _DEFAULT_PORT = 2379
+_Watcher = TypeVar("_Watcher", bound=WatchStream)
 
 
 def lease_seconds(ttl: float) -> int:
@@ -157,7 +159,7 @@ class EtcdBackend(ServiceStore):
             checked, session if session is not None else requests.Session(),
             timeout=timeout, user=user, password=password,
         )
-        self._watchers: list[EtcdReleaseWatcher] = []
+        self._watchers: list[WatchStream] = []
         # Lease length asked -> length etcd granted, when etcd's minimum raised it.
         self._granted: dict[int, int] = {}
         forksafe.register(self)
@@ -414,8 +416,8 @@ class EtcdBackend(ServiceStore):
         # An empty name (no namespace, no prefix) is etcd's "from the first key": NUL.
         body = {"key": b64(name or b"\x00"), "range_end": b64(prefix_end(name))}
         kvs = self._call("/v3/kv/range", body).get("kvs", [])
-        # Only the empty namespace's range takes in the rate counters (see ``count_in_window``).
-        return iter([self._state(kv) for kv in kvs if not unb64(kv.get("key")).startswith(COUNTER_PREFIX)])
+        # The hand-off queues (and, in the empty namespace, the rate counters) are no locks.
+        return iter([self._state(kv) for kv in kvs if lock_key(self._prefix, unb64(kv.get("key"))) is not None])
 
     def count_in_window(self, name: str, window: float, amount: int = 1) -> tuple[int, float]:
         """Add ``amount`` to counter ``name`` in the current window (see
@@ -427,8 +429,22 @@ class EtcdBackend(ServiceStore):
     def watch_releases(self, callback: Callable[[str], None]) -> ReleaseWatcher:
         """One watch stream over the namespace; ``callback(key)`` for every deleted key
         (releases, force releases and expiries alike)."""
-        watcher = EtcdReleaseWatcher(self._client, self._prefix, callback)
-        self._watchers = [item for item in self._watchers if item.active or not item.closed]
+        return self._keep(EtcdReleaseWatcher(self._client, self._prefix, callback))
+
+    @property
+    def handoff_ready(self) -> bool:
+        """Always: the wake-one queues need nothing beyond the namespace's own permissions."""
+        return True
+
+    def watch_handoffs(self, callback: Callable[[str], bool]) -> EtcdHandoffWatcher:
+        """A wake-one watcher: while this process waits for a key it holds an entry in the key's
+        queue in etcd, and a release wakes only the process whose entry is first (see
+        :class:`~lease_lock.backends.handoff.HandoffWatcher`)."""
+        return self._keep(EtcdHandoffWatcher(self._client, self._prefix, callback))
+
+    def _keep(self, watcher: _Watcher) -> _Watcher:
+        """Remember ``watcher`` for :meth:`close`, forgetting the ones closed already."""
+        self._watchers = [item for item in self._watchers if not item.closed]
         self._watchers.append(watcher)
         return watcher
 
