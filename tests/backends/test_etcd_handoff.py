@@ -126,6 +126,27 @@ def test_a_wake_nobody_here_wants_moves_the_process_to_the_back(
         assert len(entries) == 2 and first not in [entry["key"] for entry in entries]
 
 
+def test_the_grant_to_a_queued_process_takes_its_entry_out_in_the_same_transaction(
+    etcd_server: EtcdCluster, key: str
+) -> None:
+    backend = EtcdBackend.from_url(etcd_server.url)
+    watcher = backend.watch_handoffs(WakeCounter())
+    try:
+        assert watcher.want(key) == 0.0
+        assert len(queue_entries(etcd_server, key)) == 1
+        assert backend.acquire(key, TOKEN, 30, "queued waiter")
+        # Gone as the key was taken: the next entry was first at once, no write of its own.
+        assert queue_entries(etcd_server, key) == []
+        # Still waited for here (another thread, say): queued again, at the back.
+        assert wait_until(lambda: len(queue_entries(etcd_server, key)) == 1, 30)
+        watcher.unwant(key)
+        assert wait_until(lambda: queue_entries(etcd_server, key) == [], 30)
+        assert backend.release(key, TOKEN)
+    finally:
+        watcher.close()
+        backend.close()
+
+
 def test_queue_entries_are_no_locks_and_go_with_their_watcher(
     etcd_server: EtcdCluster, holder: EtcdBackend, key: str
 ) -> None:

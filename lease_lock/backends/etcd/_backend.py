@@ -292,11 +292,14 @@ class EtcdBackend(ServiceStore):
         """Grant or renew ``key`` for ``token``; the fence is the key's ``create_revision``."""
         seconds = lease_seconds(ttl)
         name = self._name(key)
+        watcher, entry = self._queue_entry(key)
         lease = self._grant(seconds)
         put = {"key": b64(name), "value": b64(token.encode() + b"\x00" + owner.encode()), "lease": lease}
+        # A waiter of this process queued for the key leaves the queue as it takes the key.
+        leave = [{"request_delete_range": {"key": b64(entry)}}] if entry is not None else []
         answer = self._txn(
             [{"key": b64(name), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
-            [{"request_put": put}],
+            [{"request_put": put}, *leave],
             [{"request_txn": {
                 "compare": self._guard(name, token),
                 "success": [{"request_put": {**put, "prev_kv": True}}, {"request_range": {"key": b64(name)}}],
@@ -304,6 +307,8 @@ class EtcdBackend(ServiceStore):
             }}],
         )
         if answer.get("succeeded"):
+            if watcher is not None and entry is not None:
+                watcher.granted(key, entry)
             # The key was created by this transaction, so its create_revision is the write's.
             return int(answer["header"]["revision"])
         mine = answer["responses"][0]["response_txn"]
@@ -314,6 +319,15 @@ class EtcdBackend(ServiceStore):
         if previous != lease:
             self._revoke(previous)
         return int(mine["responses"][1]["response_range"]["kvs"][0]["create_revision"])
+
+    def _queue_entry(self, key: str) -> tuple[Optional[EtcdHandoffWatcher], Optional[bytes]]:
+        """The hand-off watcher of this backend queued for ``key``, and its entry, if any."""
+        for watcher in self._watchers:
+            if isinstance(watcher, EtcdHandoffWatcher):
+                entry = watcher.entry_for(key)
+                if entry is not None:
+                    return watcher, entry
+        return None, None
 
     def release(self, key: str, token: str) -> bool:
         """Delete ``key`` if ``token`` holds it, then revoke its lease."""

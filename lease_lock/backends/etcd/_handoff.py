@@ -66,6 +66,8 @@ class _Line:
 
     #: This watcher's entry in the queue.
     entry: bytes
+    #: Whether ``entry`` is in etcd or on its way (not after the grant that deleted it).
+    queued: bool = True
     #: The revision of the snapshot the state starts from (0: none yet; events wait in
     #: ``backlog``): events up to it are in the snapshot already.
     base: int = 0
@@ -159,8 +161,7 @@ class EtcdHandoffWatcher(WatchStream, HandoffWatcher):
             with self._mutex:
                 if self._lines.get(name) is line:
                     del self._lines[name]
-                    self._deletes.append(line.entry)
-                    self._work.notify()
+                    self._drop(line.entry)
             raise
         revision, entries, lease = self._read_snapshot(answer, 0)
         with self._mutex:
@@ -172,22 +173,33 @@ class EtcdHandoffWatcher(WatchStream, HandoffWatcher):
         """Leave ``key``'s queue; a free key's turn passes to the next entry as this one goes."""
         with self._mutex:
             line = self._lines.pop(key.encode(), None)
-            if line is not None:
-                self._deletes.append(line.entry)
-                self._work.notify()
+            if line is not None and line.queued:
+                self._drop(line.entry)
 
     def requeue(self, key: str) -> None:
         """Pass a wake nobody here used on: this watcher's entry moves to the back of the queue
         (when it still waits for the key; else its entry is going already)."""
         with self._mutex:
             line = self._lines.get(key.encode())
-            if line is None:
-                return
-            self._deletes.append(line.entry)
-            line.entry = self._new_entry(key.encode())
-            line.woken = False
-            self._puts.append(line.entry)
-            self._work.notify()
+            if line is not None:
+                self._to_the_back(key.encode(), line)
+
+    def entry_for(self, key: str) -> Optional[bytes]:
+        """This watcher's queue entry for ``key`` while a waiter here is queued for it: an
+        attempt at the key deletes it in the transaction that takes the key, so that the next
+        entry is first as the key is taken, without a write of its own (see :meth:`granted`)."""
+        with self._mutex:
+            line = self._lines.get(key.encode())
+            return line.entry if line is not None and line.queued else None
+
+    def granted(self, key: str, entry: bytes) -> None:
+        """The attempt that deleted ``entry`` took ``key``. The waiter that made it leaves the
+        queue next (nothing more to delete); another waiter here for the key, if any, queues
+        again at the back within a keep-alive period."""
+        with self._mutex:
+            line = self._lines.get(key.encode())
+            if line is not None and line.entry == entry:
+                line.queued = False
 
     def close(self) -> None:
         """Stop both threads and revoke the lease, which takes this watcher's entries with it."""
@@ -207,6 +219,23 @@ class EtcdHandoffWatcher(WatchStream, HandoffWatcher):
 
     def _new_entry(self, key: bytes) -> bytes:
         return queue_prefix(self._prefix, key) + self._id + b"-%d" % next(self._numbers)
+
+    def _drop(self, entry: bytes) -> None:
+        """Have the helper delete ``entry`` (under the mutex); one whose put is still pending is
+        simply not put (a transaction may not both put and delete one name)."""
+        if entry in self._puts:
+            self._puts.remove(entry)
+        else:
+            self._deletes.append(entry)
+        self._work.notify()
+
+    def _to_the_back(self, key: bytes, line: _Line) -> None:
+        """Give ``line`` a new entry, at the back of its queue (under the mutex)."""
+        if line.queued:
+            self._drop(line.entry)
+        line.entry, line.queued, line.woken = self._new_entry(key), True, False
+        self._puts.append(line.entry)
+        self._work.notify()
 
     def _lease_id(self) -> str:
         """The lease of this watcher's entries, granted on first need."""
@@ -346,6 +375,7 @@ class EtcdHandoffWatcher(WatchStream, HandoffWatcher):
                 self._write(deletes, puts)
                 if time.monotonic() >= beat:
                     self._keep_alive()
+                    self._queue_again()
                     beat = time.monotonic() + QUEUE_KEEPALIVE
                 delay = _FIRST_RETRY
             except Exception as error:  # noqa: BLE001 - the helper must outlive any failure
@@ -361,8 +391,10 @@ class EtcdHandoffWatcher(WatchStream, HandoffWatcher):
         return any(line.entry == entry for line in self._lines.values())
 
     def _write(self, deletes: list[bytes], puts: list[bytes]) -> None:
-        if deletes or puts:
-            self._put_then(puts, [{"request_delete_range": {"key": b64(entry)}} for entry in deletes])
+        # One name at most once per transaction, or etcd refuses the whole of it.
+        gone = [entry for entry in dict.fromkeys(deletes) if entry not in puts]
+        if gone or puts:
+            self._put_then(puts, [{"request_delete_range": {"key": b64(entry)}} for entry in gone])
 
     def _keep_alive(self) -> None:
         """Renew the lease; when etcd no longer has it, its entries are gone: put every line's
@@ -374,7 +406,13 @@ class EtcdHandoffWatcher(WatchStream, HandoffWatcher):
         self._lost_lease(lease)
         _log.debug("etcd hand-off lease %s ran out; queueing again", lease)
         with self._mutex:
+            for line in self._lines.values():
+                line.queued = False
+
+    def _queue_again(self) -> None:
+        """Queue again, at the back, every key still waited for whose entry is gone (taken by a
+        grant to another waiter here, or with a lost lease)."""
+        with self._mutex:
             for key, line in self._lines.items():
-                line.entry = self._new_entry(key)
-                line.woken = False
-                self._puts.append(line.entry)
+                if not line.queued:
+                    self._to_the_back(key, line)
