@@ -21,6 +21,9 @@ no NUL. So a guard needs no read before the write, and the owner rides in the sa
 - **release** / **force_release**: a (guarded) delete, then the key's lease is revoked.
 - **extend_many**: the reads of up to 100 keys in one transaction, then one keep-alive
   request carrying all their leases.
+- **hand-off**: waiting processes queue under ``namespace + NUL + "queue" + NUL + key`` (no
+  lock key contains a NUL, so ``scan`` skips those names); the grant transaction of a queued
+  waiter deletes its queue entry as well. The queue only decides whom a release wakes.
 
 TTLs: etcd grants whole seconds, at least its minimum (2 s with the default 1 s election
 timeout), so a ttl is rounded up to whole seconds and to that minimum; the core still judges
