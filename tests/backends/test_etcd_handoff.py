@@ -147,6 +147,27 @@ def test_the_grant_to_a_queued_process_takes_its_entry_out_in_the_same_transacti
         backend.close()
 
 
+def test_a_process_whose_queue_lease_ran_out_queues_again(
+    etcd_server: EtcdCluster, holder: EtcdBackend, key: str
+) -> None:
+    # As after a pause longer than the queue lease: etcd drops the lease and the entries on it.
+    # The next keep-alive finds it gone, and the process queues again, at the back.
+    assert holder.acquire(key, TOKEN, 30, "holder")
+    counter = WakeCounter()
+    with queued(etcd_server, key, [counter]):
+        (entry,) = queue_entries(etcd_server, key)
+        revoked = requests.post(
+            etcd_server.endpoints[0] + "/v3/lease/revoke", json={"ID": entry["lease"]}, timeout=10
+        )
+        assert revoked.status_code == 200 and queue_entries(etcd_server, key) == []
+        assert wait_until(lambda: len(queue_entries(etcd_server, key)) == 1, 30)
+        (again,) = queue_entries(etcd_server, key)
+        assert again["key"] != entry["key"] and again["lease"] != entry["lease"]
+        # And it is woken as the first in line again.
+        assert holder.release(key, TOKEN)
+        assert wait_until(lambda: counter.calls == [key], 30)
+
+
 def test_queue_entries_are_no_locks_and_go_with_their_watcher(
     etcd_server: EtcdCluster, holder: EtcdBackend, key: str
 ) -> None:
