@@ -14,23 +14,33 @@ cycle time (see ``measure.py``):
   revoke), typed by hand as JSON on a bare ``requests.Session`` to the same member.
 - ``backend acquire/release``: ``EtcdBackend`` primitives.
 - ``Locker`` and ``Locker fenced``: ``locker.acquire(key).release()``, the whole public path.
+- ``tooz (etcd3gw driver)``: a started tooz coordinator (``etcd3+http://`` on the same member),
+  ``coordinator.get_lock(name)``, ``lock.acquire(blocking=False)`` and ``lock.release()``. When
+  tooz or etcd3gw is missing (``pip install -e '.[bench]'``) or the driver cannot start, the
+  output says so in its place.
 
 Contended: ``--workers`` processes (and then one alone) loop ``locker.acquire(key).release()``
 on one key for ``--seconds``; the grants per second of all together against one process alone,
-and the fewest grants of one worker as a fraction of a fair share.
+the fewest grants of one worker as a fraction of a fair share, and the attempts that found the
+key held per grant (each one a lease grant, a transaction and a revoke: three replicated writes).
 
-Hand-off: a waiter blocks in ``Locker.acquire`` while another locker holds the key; the time
-from the start of the holder's release to the waiter holding the lock (p50/p99), next to a bare
-watch delivery: the time from the start of a delete sent by hand to a watch stream (opened by
-hand) reading its event.
+Hand-off: a waiter blocks in its library's own blocking acquire (``Locker.acquire``; tooz's
+``lock.acquire(blocking=60)``) while another client holds the key; the time from the start of
+the holder's release to the waiter holding the lock (p50/p99), next to a bare watch delivery:
+the time from the start of a delete sent by hand to a watch stream (opened by hand) reading its
+event. Each release comes at a random moment 0.05 to 1.05 s after the waiter started, so a
+waiter that polls (tooz tries again once a second) is caught at every point of its period, not
+always just after a failed try.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import importlib.util
 import json
 import multiprocessing
+import random
 import tempfile
 import threading
 import time
@@ -50,6 +60,11 @@ __all__ = ["main"]
 
 TTL = 30.0
 TOKEN = "b" * 32
+TOOZ = "tooz (etcd3gw driver)"
+# Where a release falls after the waiter started: across a whole 1 s polling period.
+_FIRST_RELEASE, _RELEASE_SPREAD = 0.05, 1.0
+#: A blocking acquire: returns the release of the lock it got.
+Hold = Callable[[], Callable[[], Any]]
 
 
 def _b64(data: bytes) -> str:
@@ -89,38 +104,91 @@ def _raw_cycle(session: requests.Session, endpoint: str) -> Callable[[], None]:
     return cycle
 
 
-def _wait_for(waiter: Locker, key: str, held_at: list[float], got: threading.Event) -> None:
-    with waiter.lock(key, timeout=60):
-        held_at.append(time.perf_counter())
-        got.set()
+def _tooz_coordinator(endpoint: str) -> Any:
+    """A started tooz coordinator on ``endpoint`` through the etcd3gw driver, or the reason
+    (a str) why there is none here."""
+    try:
+        from tooz import coordination
+    except ImportError as error:
+        return f"not run: tooz is not installed ({error}); pip install -e '.[bench]'"
+    if importlib.util.find_spec("etcd3gw") is None:
+        return "not run: etcd3gw (tooz's etcd3+http driver) is not installed; pip install -e '.[bench]'"
+    try:
+        coordinator = coordination.get_coordinator(
+            f"etcd3+{endpoint}", f"bench-{uuid.uuid4().hex[:8]}".encode()
+        )
+        coordinator.start()
+    except Exception as error:  # noqa: BLE001 - whatever the driver raises is the reason to print
+        return f"not run: the driver did not start on {endpoint}: {error!r}"
+    return coordinator
 
 
-def _handoffs(url: str, count: int) -> list[float]:
-    """Seconds from the start of each release to the waiter holding the lock."""
+def _tooz_cycle(coordinator: Any) -> Callable[[], None]:
+    """One non-blocking acquire and release of a tooz lock on a name of its own."""
+    name = f"bench:tooz:{uuid.uuid4().hex[:8]}".encode()
+
+    def cycle() -> None:
+        lock = coordinator.get_lock(name)
+        if not lock.acquire(blocking=False):
+            raise RuntimeError("tooz: uncontended acquire failed")
+        lock.release()
+
+    return cycle
+
+
+def _wait_for(wait: Hold, held_at: list[float], releases: list[Callable[[], Any]]) -> None:
+    releases.append(wait())
+    held_at.append(time.perf_counter())
+
+
+def _handoffs(hold: Hold, wait: Hold, count: int) -> list[float]:
+    """Seconds from the start of each release of ``hold``'s lock to ``wait`` holding it."""
+    pauses = random.Random(25)
+    delays: list[float] = []
+    for _ in range(count):
+        release = hold()
+        held_at: list[float] = []
+        releases: list[Callable[[], Any]] = []
+        thread = threading.Thread(target=_wait_for, args=(wait, held_at, releases))
+        thread.start()
+        # Let the waiter fail its attempt and go to sleep (on the watch, or until its next poll).
+        time.sleep(_FIRST_RELEASE + pauses.random() * _RELEASE_SPREAD)
+        started = time.perf_counter()
+        release()
+        thread.join(120)
+        if not held_at:
+            raise RuntimeError("the waiter never got the lock")
+        delays.append(held_at[0] - started)
+        releases[0]()
+    return delays
+
+
+def _locker_handoffs(url: str, count: int) -> list[float]:
+    """Hand-offs between two lockers, each on a backend of its own."""
     holder = Locker(EtcdBackend.from_url(url), ttl=TTL)
     waiter = Locker(EtcdBackend.from_url(url), ttl=TTL)
     key = f"bench:handoff:{uuid.uuid4().hex[:8]}"
-    delays: list[float] = []
     try:
-        for _ in range(count):
-            lock = holder.acquire(key)
-            got = threading.Event()
-            held_at: list[float] = []
-            thread = threading.Thread(target=_wait_for, args=(waiter, key, held_at, got))
-            thread.start()
-            # Let the waiter fail its attempt and go to sleep on the watch.
-            time.sleep(0.05)
-            started = time.perf_counter()
-            lock.release()
-            got.wait(60)
-            thread.join(60)
-            delays.append(held_at[0] - started)
+        return _handoffs(
+            lambda: holder.acquire(key).release, lambda: waiter.acquire(key, timeout=60).release, count
+        )
     finally:
-        holder.close()
-        waiter.close()
-        holder.backend.close()
-        waiter.backend.close()
-    return delays
+        for locker in (holder, waiter):
+            locker.close()
+            locker.backend.close()
+
+
+def _tooz_handoffs(holder: Any, waiter: Any, count: int) -> list[float]:
+    """Hand-offs between two tooz coordinators: the waiter's blocking acquire polls."""
+    name = f"bench:tooz-handoff:{uuid.uuid4().hex[:8]}".encode()
+
+    def take(coordinator: Any, blocking: Any) -> Callable[[], Any]:
+        lock = coordinator.get_lock(name)
+        if not lock.acquire(blocking=blocking):
+            raise RuntimeError("tooz: a blocking acquire gave up")
+        return lock.release  # type: ignore[no-any-return]
+
+    return _handoffs(lambda: take(holder, True), lambda: take(waiter, 60), count)
 
 
 def _watch_deliveries(endpoint: str, count: int) -> list[float]:
@@ -152,8 +220,15 @@ def _watch_deliveries(endpoint: str, count: int) -> list[float]:
 
 
 def _contend(url: str, key: str, seconds: float, ready: Any, start: Any, grants: Any) -> None:
-    """One worker process: acquire/release ``key`` in a loop for ``seconds``; count its grants."""
-    with connect(url, ttl=TTL) as locker:
+    """One worker process: acquire/release ``key`` in a loop for ``seconds``; count its grants
+    and its attempts that found the key held."""
+    refused = [0]
+
+    def count_refusals(event: Any) -> None:
+        if event.type == "contended":
+            refused[0] += 1
+
+    with connect(url, ttl=TTL, on_event=count_refusals) as locker:
         ready.put(True)
         start.wait()
         deadline = time.monotonic() + seconds
@@ -161,11 +236,12 @@ def _contend(url: str, key: str, seconds: float, ready: Any, start: Any, grants:
         while time.monotonic() < deadline:
             locker.acquire(key, timeout=60).release()
             count += 1
-        grants.put(count)
+        grants.put((count, refused[0]))
 
 
-def _contended(url: str, workers: int, seconds: float) -> list[int]:
-    """Grants per worker when ``workers`` processes loop on one key for ``seconds``."""
+def _contended(url: str, workers: int, seconds: float) -> list[tuple[int, int]]:
+    """Grants and refused attempts per worker when ``workers`` processes loop on one key for
+    ``seconds``."""
     context = multiprocessing.get_context("spawn")
     start = context.Event()
     ready, grants = context.Queue(), context.Queue()
@@ -218,42 +294,71 @@ def _run(url: str, args: argparse.Namespace) -> dict[str, Any]:
     backend = EtcdBackend([first])
     locker = Locker(EtcdBackend([first]), ttl=TTL)
     fenced = Locker(EtcdBackend([first]), ttl=TTL, fencing=True)
-    contestants = {
+    coordinators = [_tooz_coordinator(first) for _ in range(3)]
+    missing = next((item for item in coordinators if isinstance(item, str)), None)
+    contestants: dict[str, Any] = {
         "backend acquire/release": grant_cycle(backend.acquire, backend.release, TOKEN, TTL),
         "Locker": locker_cycle(locker),
         "Locker fenced": locker_cycle(fenced),
+        TOOZ: missing or _tooz_cycle(coordinators[0]),
     }
     print(f"etcd at {url}; every cycle on {first}; {args.seconds:g} s per pairing")
-    print(f"{'contestant':34} {'cycles/s':>9} {'floor/s':>9} {'ratio':>7}")
+    print(f"{'contestant':40} {'cycles/s':>9} {'floor/s':>9} {'ratio':>7}")
     cycles: dict[str, Any] = {}
     try:
         for name, contestant in contestants.items():
+            if isinstance(contestant, str):
+                print(f"{name:40} {contestant}")
+                cycles[name] = {"not_run": contestant}
+                continue
             pairing = paired(floor, contestant, args.seconds)
             cycles[name] = {"rate": pairing.rate, "floor_rate": pairing.floor_rate, "ratio": pairing.ratio}
-            print(f"{name:34} {pairing.rate:9.0f} {pairing.floor_rate:9.0f} {pairing.ratio:6.2f}x")
+            print(f"{name:40} {pairing.rate:9.0f} {pairing.floor_rate:9.0f} {pairing.ratio:6.2f}x")
+        handoffs = {
+            "Locker hand-off (watch)": _locker_handoffs(url, args.handoffs),
+            f"{TOOZ} hand-off (polls)": (
+                missing or _tooz_handoffs(coordinators[1], coordinators[2], args.handoffs)
+            ),
+            "bare watch delivery": _watch_deliveries(first, args.handoffs),
+        }
     finally:
         for item in (locker, fenced):
             item.close()
             item.backend.close()
         backend.close()
         session.close()
-    handoffs = _handoffs(url, args.handoffs)
-    watch = _watch_deliveries(first, args.handoffs)
-    print(f"{'hand-off':34} {'p50 ms':>9} {'p99 ms':>9}")
-    for name, delays in (("Locker hand-off (watch)", handoffs), ("bare watch delivery", watch)):
-        print(f"{name:34} {percentile(delays, 0.5) * 1000:9.2f} {percentile(delays, 0.99) * 1000:9.2f}")
-    alone = _contended(url, 1, args.seconds)[0] / args.seconds
-    counts = _contended(url, args.workers, args.seconds)
+        for coordinator in coordinators:
+            if not isinstance(coordinator, str):
+                coordinator.stop()
+    print(f"{'hand-off':40} {'p50 ms':>9} {'p99 ms':>9}")
+    latencies: dict[str, Any] = {}
+    for name, delays in handoffs.items():
+        if isinstance(delays, str):
+            print(f"{name:40} {delays}")
+            latencies[name] = {"not_run": delays}
+            continue
+        latencies[name] = {"p50": percentile(delays, 0.5), "p99": percentile(delays, 0.99)}
+        print(f"{name:40} {percentile(delays, 0.5) * 1000:9.2f} {percentile(delays, 0.99) * 1000:9.2f}")
+    alone = _contended(url, 1, args.seconds)[0][0] / args.seconds
+    results = _contended(url, args.workers, args.seconds)
+    counts = [grants for grants, _refused in results]
     total = sum(counts) / args.seconds
     fewest = min(counts) / (sum(counts) / len(counts)) if sum(counts) else 0.0
-    print(f"{'contended (one key)':34} {'grants/s':>9} {'vs 1 proc':>9} {'fewest/fair':>11}")
-    print(f"{'Locker, 1 process':34} {alone:9.1f}")
-    print(f"{f'Locker, {args.workers} processes':34} {total:9.1f} {total / alone:8.2f}x {fewest:11.2f}")
+    refused = sum(refusals for _grants, refusals in results) / max(1, sum(counts))
+    print(f"{'contended (one key)':40} {'grants/s':>9} {'vs 1 proc':>9} {'fewest/fair':>11} {'refused/grant':>13}")
+    print(f"{'Locker, 1 process':40} {alone:9.1f}")
+    print(
+        f"{f'Locker, {args.workers} processes':40} {total:9.1f} {total / alone:8.2f}x {fewest:11.2f} {refused:13.2f}"
+    )
     return {
-        "contended": {"alone": alone, "workers": args.workers, "total": total, "fewest_of_fair": fewest},
+        "contended": {
+            "alone": alone, "workers": args.workers, "total": total, "fewest_of_fair": fewest,
+            "refused_per_grant": refused,
+        },
         "cycles": cycles,
-        "handoff_p50": percentile(handoffs, 0.5),
-        "watch_p50": percentile(watch, 0.5),
+        "handoffs": latencies,
+        "handoff_p50": latencies["Locker hand-off (watch)"]["p50"],
+        "watch_p50": latencies["bare watch delivery"]["p50"],
     }
 
 

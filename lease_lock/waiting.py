@@ -5,7 +5,7 @@ a failed attempt and the wait still wakes it. The backend's watcher is started o
 shared by every waiter of the locker.
 
 Two kinds of watcher serve it. A backend that can queue waiters in the store
-(:class:`~lease_lock.backends.handoff.HandoffSource`, e.g. Redis) wakes one waiting process per
+(:class:`~lease_lock.backends.handoff.HandoffSource`: Redis, PostgreSQL, etcd) wakes one waiting process per
 release, and the dispatcher wakes that process's longest-waiting thread: the others stay asleep
 instead of all trying and all but one failing, which under contention costs more than the
 hand-off itself. Otherwise every release notification wakes every waiter of the key.

@@ -16,6 +16,7 @@ from lease_lock import BackendUnavailableError, ExtendRequest, ValidationError
 from lease_lock.backends import backend_from_url
 from lease_lock.backends.etcd import EtcdBackend, EtcdError, lease_seconds
 from lease_lock.testing import BackendContract, ServiceStoreContract, wait_until
+from lease_lock.waiting import ReleaseDispatcher
 
 from tests.support.children import check_forked_children_beside_the_parent
 from tests.support.etcd_server import EtcdCluster, EtcdFactory
@@ -313,33 +314,50 @@ def test_tls_with_client_certificates(etcd_factory: EtcdFactory, key: str) -> No
 # -- hand-off ------------------------------------------------------------------------------------
 
 
-def test_a_waiter_is_woken_by_the_watch_instead_of_polling(etcd_server: EtcdCluster, key: str) -> None:
+def test_a_waiter_is_woken_through_its_one_watch_stream(
+    etcd_server: EtcdCluster, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     holder = lease_lock.connect(etcd_server.url, ttl=30)
     session = CountingSession()
-    # The retry delay bounds every wait; one this long means only the watch can bring the key
-    # to the waiter before its second attempt.
+    woken: list[str] = []
+    deliver = ReleaseDispatcher._on_handoff
+
+    def noted(self: ReleaseDispatcher, name: str) -> bool:
+        taken = deliver(self, name)
+        if taken:
+            woken.append(name)
+        return taken
+
+    monkeypatch.setattr(ReleaseDispatcher, "_on_handoff", noted)
+    # The retry delay bounds every wait; one this long leaves the waiter only the release's wake
+    # and the core's own look once a second.
     waiter = lease_lock.Locker(
         EtcdBackend(etcd_server.endpoints, session=session), ttl=30, retry=lease_lock.Retry(delay=600)
     )
     try:
         lock = holder.acquire(key)
         got = threading.Event()
+        others = [f"{key}:{index}" for index in range(3)]
+        for other in others:
+            holder.acquire(other)
 
-        def wait() -> None:
-            with waiter.lock(key, timeout=1200):
-                got.set()
+        def wait(name: str) -> None:
+            with waiter.lock(name, timeout=1200):
+                if name == key:
+                    got.set()
 
-        thread = threading.Thread(target=wait)
-        thread.start()
-        assert wait_until(lambda: session.paths.count("/v3/lease/grant") >= 1, 30)
-        assert not got.wait(2.0)
-        assert session.paths.count("/v3/lease/grant") == 1
+        threads = [threading.Thread(target=wait, args=(name,)) for name in [key, *others]]
+        for thread in threads:
+            thread.start()
+        assert wait_until(lambda: session.paths.count("/v3/kv/txn") >= 8, 30)
         lock.release()
         assert got.wait(60)
-        thread.join(30)
-        assert session.paths.count("/v3/watch") >= 1
-        # The refused attempt and the one the release's watch event brought, nothing else.
-        assert session.paths.count("/v3/lease/grant") == 2
+        assert woken[:1] == [key]
+        holder.close()  # releases the others
+        for thread in threads:
+            thread.join(60)
+        # Four keys waited for, one watch stream (it never dropped here).
+        assert session.paths.count("/v3/watch") == 1
     finally:
         holder.close()
         waiter.close()

@@ -21,6 +21,9 @@ no NUL. So a guard needs no read before the write, and the owner rides in the sa
 - **release** / **force_release**: a (guarded) delete, then the key's lease is revoked.
 - **extend_many**: the reads of up to 100 keys in one transaction, then one keep-alive
   request carrying all their leases.
+- **hand-off**: waiting processes queue under ``namespace + NUL + "queue" + NUL + key`` (no
+  lock key contains a NUL, so ``scan`` skips those names); the grant transaction of a queued
+  waiter deletes its queue entry as well. The queue only decides whom a release wakes.
 
 TTLs: etcd grants whole seconds, at least its minimum (2 s with the default 1 s election
 timeout), so a ttl is rounded up to whole seconds and to that minimum; the core still judges
@@ -35,7 +38,7 @@ import contextlib
 import math
 import urllib.parse
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional, Sequence, TypeVar
 
 import requests
 
@@ -45,8 +48,9 @@ from ...validation import check_duration
 from ..base import Capabilities, ExtendRequest, LockState, ReleaseWatcher, parse_url_options
 from ..service import ServiceStore
 from ._client import CODE_NOT_FOUND, EtcdClient, EtcdError, b64, prefix_end, unb64
-from ._counters import COUNTER_PREFIX, count_in_window
-from ._watch import EtcdReleaseWatcher
+from ._counters import count_in_window
+from ._handoff import EtcdHandoffWatcher
+from ._watch import EtcdReleaseWatcher, WatchStream, lock_key
 
 __all__ = ["DEFAULT_NAMESPACE", "MIN_TTL", "EtcdBackend", "lease_seconds"]
 
@@ -59,6 +63,7 @@ _MAX_TTL = 9_000_000_000
 # Keys per batched transaction: below etcd's default limit of 128 operations per transaction.
 _BATCH = 100
 _DEFAULT_PORT = 2379
+_Watcher = TypeVar("_Watcher", bound=WatchStream)
 
 
 def lease_seconds(ttl: float) -> int:
@@ -157,7 +162,7 @@ class EtcdBackend(ServiceStore):
             checked, session if session is not None else requests.Session(),
             timeout=timeout, user=user, password=password,
         )
-        self._watchers: list[EtcdReleaseWatcher] = []
+        self._watchers: list[WatchStream] = []
         # Lease length asked -> length etcd granted, when etcd's minimum raised it.
         self._granted: dict[int, int] = {}
         forksafe.register(self)
@@ -290,11 +295,14 @@ class EtcdBackend(ServiceStore):
         """Grant or renew ``key`` for ``token``; the fence is the key's ``create_revision``."""
         seconds = lease_seconds(ttl)
         name = self._name(key)
+        watcher, entry = self._queue_entry(key)
         lease = self._grant(seconds)
         put = {"key": b64(name), "value": b64(token.encode() + b"\x00" + owner.encode()), "lease": lease}
+        # A waiter of this process queued for the key leaves the queue as it takes the key.
+        leave = [{"request_delete_range": {"key": b64(entry)}}] if entry is not None else []
         answer = self._txn(
             [{"key": b64(name), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
-            [{"request_put": put}],
+            [{"request_put": put}, *leave],
             [{"request_txn": {
                 "compare": self._guard(name, token),
                 "success": [{"request_put": {**put, "prev_kv": True}}, {"request_range": {"key": b64(name)}}],
@@ -302,6 +310,8 @@ class EtcdBackend(ServiceStore):
             }}],
         )
         if answer.get("succeeded"):
+            if watcher is not None and entry is not None:
+                watcher.granted(key, entry)
             # The key was created by this transaction, so its create_revision is the write's.
             return int(answer["header"]["revision"])
         mine = answer["responses"][0]["response_txn"]
@@ -312,6 +322,15 @@ class EtcdBackend(ServiceStore):
         if previous != lease:
             self._revoke(previous)
         return int(mine["responses"][1]["response_range"]["kvs"][0]["create_revision"])
+
+    def _queue_entry(self, key: str) -> tuple[Optional[EtcdHandoffWatcher], Optional[bytes]]:
+        """The hand-off watcher of this backend queued for ``key``, and its entry, if any."""
+        for watcher in self._watchers:
+            if isinstance(watcher, EtcdHandoffWatcher):
+                entry = watcher.entry_for(key)
+                if entry is not None:
+                    return watcher, entry
+        return None, None
 
     def release(self, key: str, token: str) -> bool:
         """Delete ``key`` if ``token`` holds it, then revoke its lease."""
@@ -414,8 +433,8 @@ class EtcdBackend(ServiceStore):
         # An empty name (no namespace, no prefix) is etcd's "from the first key": NUL.
         body = {"key": b64(name or b"\x00"), "range_end": b64(prefix_end(name))}
         kvs = self._call("/v3/kv/range", body).get("kvs", [])
-        # Only the empty namespace's range takes in the rate counters (see ``count_in_window``).
-        return iter([self._state(kv) for kv in kvs if not unb64(kv.get("key")).startswith(COUNTER_PREFIX)])
+        # The hand-off queues (and, in the empty namespace, the rate counters) are no locks.
+        return iter([self._state(kv) for kv in kvs if lock_key(self._prefix, unb64(kv.get("key"))) is not None])
 
     def count_in_window(self, name: str, window: float, amount: int = 1) -> tuple[int, float]:
         """Add ``amount`` to counter ``name`` in the current window (see
@@ -427,8 +446,22 @@ class EtcdBackend(ServiceStore):
     def watch_releases(self, callback: Callable[[str], None]) -> ReleaseWatcher:
         """One watch stream over the namespace; ``callback(key)`` for every deleted key
         (releases, force releases and expiries alike)."""
-        watcher = EtcdReleaseWatcher(self._client, self._prefix, callback)
-        self._watchers = [item for item in self._watchers if item.active or not item.closed]
+        return self._keep(EtcdReleaseWatcher(self._client, self._prefix, callback))
+
+    @property
+    def handoff_ready(self) -> bool:
+        """Always: the wake-one queues need nothing beyond the namespace's own permissions."""
+        return True
+
+    def watch_handoffs(self, callback: Callable[[str], bool]) -> EtcdHandoffWatcher:
+        """A wake-one watcher: while this process waits for a key it holds an entry in the key's
+        queue in etcd, and a release wakes only the process whose entry is first (see
+        :class:`~lease_lock.backends.handoff.HandoffWatcher`)."""
+        return self._keep(EtcdHandoffWatcher(self._client, self._prefix, callback))
+
+    def _keep(self, watcher: _Watcher) -> _Watcher:
+        """Remember ``watcher`` for :meth:`close`, forgetting the ones closed already."""
+        self._watchers = [item for item in self._watchers if not item.closed]
         self._watchers.append(watcher)
         return watcher
 

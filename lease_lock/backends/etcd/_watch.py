@@ -1,46 +1,74 @@
-"""Release notifications over one etcd watch stream per watcher.
+"""Watch streams over a namespace: release notifications, and the stream the hand-off rides on.
 
-The watcher watches the whole namespace for deletes only (etcd's ``NOPUT`` filter), so one
-stream serves every key its locker waits for, and a release, a force release and an expiry all
-arrive as the same ``DELETE`` event. After a dropped stream it reconnects to the next member and
-resumes from the revision after the last one it saw, so a release during the gap is still
-delivered; if etcd compacted that revision away, it starts again from now.
+:class:`WatchStream` is one thread reading one watch stream over the whole namespace. After a
+dropped stream it reconnects to the next member and resumes from the revision after the last one
+it saw, so an event during the gap is still delivered; if etcd compacted that revision away, it
+starts again from now (a subclass is told, and may read what it missed first).
+
+:class:`EtcdReleaseWatcher` watches for deletes only (etcd's ``NOPUT`` filter), so one stream
+serves every key its locker waits for, and a release, a force release and an expiry all arrive
+as the same ``DELETE`` event.
+
+Names in the namespace that start with a NUL byte after it are not lock keys (lock keys contain
+no NUL): the hand-off queues live there, and with an empty namespace the rate counters too.
+:func:`lock_key` tells them apart.
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import logging
 import socket
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 import requests
 
 from ..base import ReleaseWatcher
 from ._client import EtcdClient, b64, prefix_end, unb64
 
-__all__ = ["EtcdReleaseWatcher"]
+__all__ = ["RESERVED", "EtcdReleaseWatcher", "WatchStream", "lock_key"]
 
 _log = logging.getLogger("lease_lock")
 
 _FIRST_RETRY = 0.05
 _MAX_RETRY = 1.0
+#: What follows the namespace in every name of the namespace that is not a lock key.
+RESERVED = b"\x00"
 
 
-class EtcdReleaseWatcher(ReleaseWatcher):
-    """A thread reading one watch stream of deletes under ``prefix``."""
+def lock_key(prefix: bytes, name: bytes) -> Optional[bytes]:
+    """The lock key (encoded) that ``name`` under ``prefix`` is, or ``None`` for a name of the
+    namespace that is no lock (a hand-off queue entry, a rate counter)."""
+    rest = name[len(prefix):]
+    return None if rest.startswith(RESERVED) else rest
 
-    def __init__(self, client: EtcdClient, prefix: bytes, callback: Callable[[str], None]) -> None:
+
+class WatchStream(abc.ABC):
+    """A daemon thread reading one watch stream over every name under ``prefix``.
+
+    A subclass says which events it wants (``_filters``), handles each message's events
+    (:meth:`_handle`) and may prepare before each connection (:meth:`_prepare`); it calls
+    :meth:`_start` once its own state is set up.
+    """
+
+    #: etcd's watch filters for the stream (``NOPUT``, ``NODELETE``).
+    _filters: ClassVar[tuple[str, ...]] = ()
+    _thread_name: ClassVar[str] = "lease-lock-etcd-watch"
+
+    def __init__(self, client: EtcdClient, prefix: bytes) -> None:
         self._client = client
         self._prefix = prefix
-        self._callback = callback
         self._stop = threading.Event()
         self._created = threading.Event()
         self._response: Optional[requests.Response] = None
-        self._mutex = threading.Lock()
+        self._stream_mutex = threading.Lock()
+        #: The first revision the next stream is to deliver (0: from now on).
         self._next_revision = 0
-        self._thread = threading.Thread(target=self._run, name="lease-lock-etcd-watch", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self._thread_name, daemon=True)
+
+    def _start(self) -> None:
         self._thread.start()
 
     @property
@@ -54,14 +82,19 @@ class EtcdReleaseWatcher(ReleaseWatcher):
         return self._stop.is_set()
 
     def _request(self) -> dict[str, Any]:
-        create: dict[str, Any] = {
-            "key": b64(self._prefix),
-            "range_end": b64(prefix_end(self._prefix)),
-            "filters": ["NOPUT"],
-        }
+        create: dict[str, Any] = {"key": b64(self._prefix), "range_end": b64(prefix_end(self._prefix))}
+        if self._filters:
+            create["filters"] = list(self._filters)
         if self._next_revision:
             create["start_revision"] = str(self._next_revision)
         return {"create_request": create}
+
+    def _prepare(self) -> None:
+        """Before each connection (on the stream's thread); may set ``_next_revision``."""
+
+    @abc.abstractmethod
+    def _handle(self, events: list[dict[str, Any]]) -> None:
+        """The events of one message, in order (on the stream's thread)."""
 
     def _run(self) -> None:
         delay = _FIRST_RETRY
@@ -70,6 +103,7 @@ class EtcdReleaseWatcher(ReleaseWatcher):
                 if self._stop.is_set():
                     return
                 try:
+                    self._prepare()
                     self._follow(endpoint)
                     delay = _FIRST_RETRY
                 except Exception as error:  # noqa: BLE001 - the stream must outlive any failure
@@ -82,7 +116,7 @@ class EtcdReleaseWatcher(ReleaseWatcher):
 
     def _follow(self, endpoint: str) -> None:
         response = self._client.watch(endpoint, self._request())
-        with self._mutex:
+        with self._stream_mutex:
             if self._stop.is_set():
                 response.close()
                 return
@@ -98,27 +132,47 @@ class EtcdReleaseWatcher(ReleaseWatcher):
                 if message.get("created"):
                     self._created.set()
                 revision = int(message.get("header", {}).get("revision") or 0)
-                for event in message.get("events", []):
-                    if event.get("type") == "DELETE":
-                        name = unb64(event.get("kv", {}).get("key"))
-                        self._callback(name[len(self._prefix):].decode("utf-8", "replace"))
+                events = message.get("events", [])
+                if events:
+                    self._handle(events)
+                for event in events:
                     revision = max(revision, int(event.get("kv", {}).get("mod_revision") or 0))
                 if revision:
                     self._next_revision = revision + 1
         finally:
-            with self._mutex:
+            with self._stream_mutex:
                 self._response = None
             response.close()
 
     def close(self) -> None:
         """Stop the thread and close its stream. Idempotent."""
         self._stop.set()
-        with self._mutex:
+        with self._stream_mutex:
             response = self._response
         if response is not None:
             _shut(response)
-        if self._thread is not threading.current_thread():
+        if self._thread is not threading.current_thread() and self._thread.ident is not None:
             self._thread.join(5)
+
+
+class EtcdReleaseWatcher(WatchStream, ReleaseWatcher):
+    """A thread reading one watch stream of deletes under ``prefix``; ``callback(key)`` for
+    every deleted lock key."""
+
+    _filters = ("NOPUT",)
+
+    def __init__(self, client: EtcdClient, prefix: bytes, callback: Callable[[str], None]) -> None:
+        super().__init__(client, prefix)
+        self._callback = callback
+        self._start()
+
+    def _handle(self, events: list[dict[str, Any]]) -> None:
+        for event in events:
+            if event.get("type") != "DELETE":
+                continue
+            key = lock_key(self._prefix, unb64(event.get("kv", {}).get("key")))
+            if key is not None:
+                self._callback(key.decode("utf-8", "replace"))
 
 
 def _shut(response: requests.Response) -> None:
