@@ -12,41 +12,18 @@ import pytest
 from benchmarks.chaos_harness.proxy import TcpProxy
 from lease_lock import acquisition
 from lease_lock.backends.redis import RedisBackend
-from lease_lock.events import LockEvent
 from lease_lock.locker import Locker
 from lease_lock.testing import wait_until
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from tests.support.events import Recorder
 from tests.support.redis_server import RedisServer
 
 
 @pytest.fixture
 def key() -> str:
     return f"fault:{uuid.uuid4().hex}"
-
-
-class Recorder:
-    """Collects events and lets a test wait for one of a type."""
-
-    def __init__(self) -> None:
-        self.events: list[LockEvent] = []
-        self._condition = threading.Condition()
-
-    def __call__(self, event: LockEvent) -> None:
-        with self._condition:
-            self.events.append(event)
-            self._condition.notify_all()
-
-    def wait_for(self, kind: str, count: int = 1, timeout: float = 30) -> bool:
-        with self._condition:
-            return self._condition.wait_for(
-                lambda: sum(event.type == kind for event in self.events) >= count, timeout
-            )
-
-    def types(self) -> list[str]:
-        with self._condition:
-            return [event.type for event in self.events]
 
 
 def quick_client(port: int) -> Any:

@@ -24,9 +24,9 @@ from lease_lock.backends.handoff import LineSource
 from lease_lock.backends.redis import RedisBackend, line_keys
 from lease_lock.backends.redis._line import CLAIM_MAX, LINE_WAITERS
 from lease_lock.errors import LockHeldError, ValidationError
-from lease_lock.events import LockEvent
 from lease_lock.testing import wait_until
 
+from tests.support.events import Recorder
 from tests.support.handoff import hand_key_round
 from tests.support.processes import kill_process
 from tests.support.redis_server import RedisServer
@@ -35,22 +35,6 @@ from tests.support.redis_server import RedisServer
 @pytest.fixture
 def key() -> str:
     return f"test:line:{uuid.uuid4().hex}"
-
-
-class Events:
-    """An ``on_event`` hook that keeps every event, for counting attempts and extensions."""
-
-    def __init__(self) -> None:
-        self.seen: list[LockEvent] = []
-        self._mutex = threading.Lock()
-
-    def __call__(self, event: LockEvent) -> None:
-        with self._mutex:
-            self.seen.append(event)
-
-    def count(self, event_type: str) -> int:
-        with self._mutex:
-            return sum(1 for event in self.seen if event.type == event_type)
 
 
 def _in_line(client: Any, key: str) -> int:
@@ -81,7 +65,7 @@ def test_redis_backend_offers_a_line(redis_server: RedisServer) -> None:
 
 
 def test_a_release_hands_the_key_to_the_waiter_without_another_attempt(redis_server: RedisServer, key: str) -> None:
-    events = Events()
+    events = Recorder()
     holder = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
     waiter = Locker(RedisBackend.from_url(redis_server.url), ttl=30, on_event=events, fencing=True)
     holder.owns_backend = waiter.owns_backend = True
@@ -90,13 +74,13 @@ def test_a_release_hands_the_key_to_the_waiter_without_another_attempt(redis_ser
         got: list[Any] = []
         thread = _waiting_thread(waiter, key, got)
         assert wait_until(lambda: _in_line(holder.backend.client, key) == 1, 30)
-        attempts_before = events.count("contended")
+        attempts_before = events.types().count("contended")
         held.release()
         thread.join(60)
         [lock] = got
         # Nothing was tried after the release: the release itself made the grant, for the claim
         # window only, with a fence of its own.
-        assert events.count("contended") == attempts_before
+        assert events.types().count("contended") == attempts_before
         assert _holder_token(holder.backend.client, key) == lock.token
         assert 0 < lock.expires_in <= CLAIM_MAX
         assert 0 < holder.backend.client.pttl(key) <= CLAIM_MAX * 1000
@@ -114,7 +98,7 @@ def test_the_heartbeat_turns_a_handed_claim_into_a_full_lease(
     redis_server: RedisServer, key: str, auto_extend: bool
 ) -> None:
     # ttl 9 s: the claim window is CLAIM_MAX (6 s), so the full lease is longer than the claim.
-    events = Events()
+    events = Recorder()
     holder = Locker(RedisBackend.from_url(redis_server.url), ttl=9)
     waiter = Locker(RedisBackend.from_url(redis_server.url), ttl=9, on_event=events)
     holder.owns_backend = waiter.owns_backend = True
@@ -128,7 +112,7 @@ def test_the_heartbeat_turns_a_handed_claim_into_a_full_lease(
         [lock] = got
         assert lock.expires_in <= CLAIM_MAX
         # Extended once, a third of the way into the claim window, whatever auto_extend says.
-        assert wait_until(lambda: events.count("extended") >= 1, 30)
+        assert events.wait_for("extended")
         assert lock.expires_in > CLAIM_MAX
         assert holder.backend.client.pttl(key) > CLAIM_MAX * 1000
         assert lock.is_held()

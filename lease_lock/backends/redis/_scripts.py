@@ -296,17 +296,9 @@ end
 """
 )
 
-#: KEYS[1] lease key, KEYS[2] its waiting marker, KEYS[3] its wake list, KEYS[4] its fence
-#: counter, KEYS[5] its line, KEYS[6] the line's entries (all in the key's hash slot).
-#: ARGV[1] "<token>|", ARGV[2] channel, ARGV[3] message (the key), ARGV[4] wake lifetime in ms,
-#: ARGV[5] how long a pushed wake stays outstanding at most, in ms, ARGV[6] fence counter
-#: lifetime in ms.
-#: Returns 1 when the token held the key and it was deleted (and handed over to the first live
-#: waiter in line, or else announced), else 0.
-RELEASE = Script(
-    _ANNOUNCE
-    + _HAND_ON
-    + """
+# Deletes KEYS[1] when the token (ARGV[1] "<token>|") holds it, then hands it over or announces
+# the release (see _HAND_ON and _ANNOUNCE, with the keys and ARGV of RELEASE); returns 1, else 0.
+_RELEASE_IF_HELD = """
 local current = redis.call('GET', KEYS[1])
 if current and string.sub(current, 1, #ARGV[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
@@ -317,7 +309,15 @@ if current and string.sub(current, 1, #ARGV[1]) == ARGV[1] then
 end
 return 0
 """
-)
+
+#: KEYS[1] lease key, KEYS[2] its waiting marker, KEYS[3] its wake list, KEYS[4] its fence
+#: counter, KEYS[5] its line, KEYS[6] the line's entries (all in the key's hash slot).
+#: ARGV[1] "<token>|", ARGV[2] channel, ARGV[3] message (the key), ARGV[4] wake lifetime in ms,
+#: ARGV[5] how long a pushed wake stays outstanding at most, in ms, ARGV[6] fence counter
+#: lifetime in ms.
+#: Returns 1 when the token held the key and it was deleted (and handed over to the first live
+#: waiter in line, or else announced), else 0.
+RELEASE = Script(_ANNOUNCE + _HAND_ON + _RELEASE_IF_HELD)
 
 #: KEYS as for RELEASE. ARGV[1] channel, ARGV[2] message (the key), ARGV[3] wake lifetime in
 #: ms, ARGV[4] how long a pushed wake stays outstanding at most, in ms, ARGV[5] fence counter
@@ -403,16 +403,8 @@ if redis.call('TYPE', KEYS[5]).ok == 'list' and redis.call('TYPE', KEYS[6]).ok =
   redis.call('LREM', KEYS[5], 0, ARGV[7])
 end
 redis.call('DEL', KEYS[7])
-local current = redis.call('GET', KEYS[1])
-if current and string.sub(current, 1, #ARGV[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  if not hand_on(ARGV[6]) then
-    announce(ARGV[2], ARGV[3], ARGV[4], ARGV[5])
-  end
-  return 1
-end
-return 0
 """
+    + _RELEASE_IF_HELD
 )
 
 #: KEYS[1] lease key. No ARGV.
