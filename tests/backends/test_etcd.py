@@ -352,7 +352,9 @@ def test_a_waiter_is_woken_through_its_one_watch_stream(
         assert wait_until(lambda: session.paths.count("/v3/kv/txn") >= 8, 30)
         lock.release()
         assert got.wait(60)
-        assert woken[:1] == [key]
+        # The release of ``key`` woke its waiter here. (A wake for a key still held can come
+        # first at times, seen once in CI: it costs that waiter one refused attempt.)
+        assert key in woken
         holder.close()  # releases the others
         for thread in threads:
             thread.join(60)
