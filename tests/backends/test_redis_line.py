@@ -334,3 +334,39 @@ def test_a_burst_ends_and_the_next_release_hands_the_key_over(redis_server: Redi
         for locker in lockers:
             locker.owns_backend = True
             locker.close()
+
+
+def test_a_user_that_may_not_run_info_waits_without_a_line_and_still_gets_the_key(
+    redis_server: RedisServer, key: str
+) -> None:
+    admin = RedisBackend.from_url(redis_server.url)
+    user = f"noinfo{uuid.uuid4().hex[:8]}"
+    admin.client.acl_setuser(user, enabled=True, passwords=["+secret"], keys=["*"], channels=["*"],
+                             commands=["+@all", "-info"])
+    waiter = Locker(RedisBackend.from_url(f"redis://{user}:secret@127.0.0.1:{redis_server.port}/0"), ttl=30)
+    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
+    waiter.owns_backend = holder.owns_backend = True
+
+    def refused_infos() -> int:
+        stats = admin.client.info("commandstats").get("cmdstat_info", {})
+        return int(stats.get("rejected_calls", 0))
+
+    refused_before = refused_infos()
+    try:
+        for _ in range(2):
+            held = holder.acquire(key)
+            got: list[Any] = []
+            thread = _waiting_thread(waiter, key, got)
+            threading.Event().wait(0.3)  # not a timing assertion: the waiter has queued, or not
+            assert _in_line(admin.client, key) == 0
+            held.release()
+            thread.join(60)
+            assert len(got) == 1 and got[0].state == "held"
+            got[0].release()
+        # Asked once: a refusal is not asked again at every wait.
+        assert refused_infos() - refused_before == 1
+    finally:
+        holder.close()
+        waiter.close()
+        admin.client.acl_deluser(user)
+        admin.close()

@@ -765,8 +765,11 @@ class RedisBackend(ServiceStore):
             else:
                 try:
                     version = str(self.client.info("server").get("redis_version", "0"))
-                except Exception:  # noqa: BLE001 - asked again by the next waiter
-                    return False
+                except Exception as exc:  # noqa: BLE001 - no line; the waiter waits as before
+                    if _is_unavailable(exc):
+                        return False  # asked again by the next waiter
+                    # A user whose ACL forbids INFO: waiters wait without a line from now on.
+                    version = "0"
                 usable = int(version.split(".", 1)[0] or 0) >= 6
             self._lines_ok = usable
         return usable
