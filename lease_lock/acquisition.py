@@ -576,7 +576,7 @@ class Acquisition:
         assert line is not None
         pause, _ = pick_pause(tries, outcome, elapsed, True, lambda: None)
         try:
-            tries.handed = line.wait(min(pause, left))
+            tries.handed = self._block_in_line(line, min(pause, left))
         except BackendUnavailableError as error:
             line.leave(False)
             tries.line = None
@@ -591,6 +591,16 @@ class Acquisition:
             tries.reason = "timeout"
             return False
         return True
+
+    def _block_in_line(self, line: WaitingLine, seconds: float) -> Optional[LineGrant]:
+        """Wait in line for up to ``seconds``, a second at a time, so that a Locker closed
+        meanwhile is seen within a second (its next look raises)."""
+        deadline = self.real_clock() + seconds
+        while True:
+            left = deadline - self.real_clock()
+            handed = line.wait(max(0.0, min(left, NOTIFIED_WAIT_CAP)))
+            if handed is not None or self.closed or left <= NOTIFIED_WAIT_CAP:
+                return handed
 
     def _register(self, lock: Lease, tries: Attempts) -> None:
         """Start hearing of releases of ``lock``'s key.

@@ -19,11 +19,11 @@ import uuid
 from typing import Any
 
 import pytest
-from lease_lock import Locker
+from lease_lock import Locker, Retry
 from lease_lock.backends.handoff import LineSource
 from lease_lock.backends.redis import RedisBackend, line_keys
 from lease_lock.backends.redis._line import CLAIM_MAX, LINE_WAITERS
-from lease_lock.errors import LockHeldError, ValidationError
+from lease_lock.errors import LockHeldError, LockStateError, ValidationError
 from lease_lock.testing import wait_until
 
 from tests.support.events import Recorder
@@ -370,3 +370,33 @@ def test_a_user_that_may_not_run_info_waits_without_a_line_and_still_gets_the_ke
         waiter.close()
         admin.client.acl_deluser(user)
         admin.close()
+
+
+def test_closing_the_locker_ends_a_wait_in_line(redis_server: RedisServer, key: str) -> None:
+    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
+    waiter = Locker(RedisBackend.from_url(redis_server.url), ttl=30, retry=Retry(delay=600, timeout=1200))
+    holder.owns_backend = True
+    client = holder.backend.client
+    outcome: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            waiter.acquire(key)
+        except LockStateError as error:
+            outcome.append(error)
+
+    try:
+        held = holder.acquire(key)
+        thread = threading.Thread(target=wait, daemon=True)
+        thread.start()
+        assert wait_until(lambda: _in_line(client, key) == 1, 30)
+        waiter.close()
+        # The retry delay is ten minutes: only the look at the closed Locker ends the wait.
+        thread.join(30)
+        assert not thread.is_alive() and len(outcome) == 1
+        held.release()
+        assert not holder.backend.inspect(key).held
+    finally:
+        holder.close()
+        waiter.close()
+        waiter.backend.close()
