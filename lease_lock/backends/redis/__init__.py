@@ -50,6 +50,7 @@ from ._watch import (
     RedisHandoffWatcher,
     RedisReleaseWatcher,
     Turns,
+    longest_block,
     release_channel,
 )
 
@@ -62,8 +63,6 @@ _COUNTER_LIFETIME_MS = 86_400_000
 #: Batched reads and extensions go out in pipelines of at most this many commands.
 _BATCH = 1000
 _COUNTER_PREFIX = "lease_lock:window:"
-#: The longest one waiter's BLPOP blocks when the client sets no socket timeout.
-_LINE_BLOCK = 1.0
 
 
 def hash_tag(key: str) -> Optional[str]:
@@ -175,6 +174,12 @@ def _unavailable(exc: BaseException) -> BackendUnavailableError:
     # redis-py's messages name host and port, never the password.
     detail = " ".join(str(exc).split()) or type(exc).__name__
     return BackendUnavailableError(f"Redis backend unavailable: {detail}", backend="redis")
+
+
+def _translate_unavailable(exc: BaseException) -> Optional[BaseException]:
+    """The :class:`BackendUnavailableError` for a connection-level driver error, else ``None``
+    (the error passes through): what the backend's watchers and lines raise."""
+    return _unavailable(exc) if _is_unavailable(exc) else None
 
 
 def _reports_unavailable(method: _Call) -> _Call:
@@ -699,9 +704,6 @@ class RedisBackend(ServiceStore):
         if self._cluster:
             raise NotImplementedError("wake-one hand-off needs a single Redis server, not a Cluster")
 
-        def translate(exc: BaseException) -> Optional[BaseException]:
-            return _unavailable(exc) if _is_unavailable(exc) else None
-
         def deliver(key: str) -> bool:
             # Noted before the waiter wakes, since its attempt may start at once.
             self._turns.woken(key)
@@ -710,7 +712,7 @@ class RedisBackend(ServiceStore):
                 self._turns.unwoken(key)
             return taken
 
-        watcher = RedisHandoffWatcher(self.client, handoff_keys, deliver, translate, self._turns)
+        watcher = RedisHandoffWatcher(self.client, handoff_keys, deliver, _translate_unavailable, self._turns)
         with self._watchers_lock:
             self._watchers = [item for item in self._watchers if not item.closed] + [watcher]
         return watcher
@@ -737,11 +739,6 @@ class RedisBackend(ServiceStore):
             _millis(claim * FRESH_SHARE), token, _millis(BURST),
         ]
         leave_keys, leave_argv = self._release_call(key, token)
-        timeout = self.client.connection_pool.connection_kwargs.get("socket_timeout")
-
-        def translate(exc: BaseException) -> Optional[BaseException]:
-            return _unavailable(exc) if _is_unavailable(exc) else None
-
         return RedisWaitingLine(
             self._commands,
             self.client,
@@ -751,9 +748,8 @@ class RedisBackend(ServiceStore):
             ttl=ttl,
             claim=claim,
             clock=clock,
-            translate=translate,
-            # A BLPOP must return before the socket timeout would call the connection dead.
-            block_cap=max(0.01, timeout / 2) if timeout else _LINE_BLOCK,
+            translate=_translate_unavailable,
+            block_cap=longest_block(self.client),
             slots=self._line_slots,
         )
 

@@ -7,6 +7,7 @@ key to that waiter in the same script, for a claim window only, and pushes the f
 waiter's grant list: the waiter wakes up holding the key, with no attempt of its own and no
 other thread in between. Its heartbeat extends the claim to a full lease a third of the way into
 the window; a waiter that died, stopped or left meanwhile loses the key when the window ends.
+A holder that was handed the key keeps it through its own releases for :data:`BURST`.
 
 Why the waiter may trust the claim from the send of its latest refresh: the release reads the
 entry that refresh wrote, so it ran after the refresh reached Redis, and the refresh left the

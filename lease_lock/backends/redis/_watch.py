@@ -22,7 +22,7 @@ from ._scripts import MARK_WAITING, PUSH_WAKE, Script
 
 __all__ = [
     "HANDOFF_CONTROL_PREFIX", "OUTSTANDING_MS", "TURN_RETRIES", "TURN_RETRY_MS", "WAKE_MS",
-    "RedisHandoffWatcher", "RedisReleaseWatcher", "Turns", "release_channel",
+    "RedisHandoffWatcher", "RedisReleaseWatcher", "Turns", "longest_block", "release_channel",
 ]
 
 _log = logging.getLogger("lease_lock")
@@ -149,6 +149,14 @@ _TURN_NOTES_LIMIT = 10_000
 _BLOCK = 1.0
 
 
+def longest_block(client: Any) -> float:
+    """The longest one ``BLPOP`` on ``client`` may block: :data:`_BLOCK`, or half the client's
+    socket timeout when that is shorter, since a BLPOP must return before the socket timeout
+    would call the connection dead."""
+    timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
+    return _BLOCK if not timeout else max(0.01, min(_BLOCK, timeout / 2))
+
+
 class Turns:
     """The keys whose wake a waiter of this process took, and the turns its lost attempts keep.
 
@@ -249,9 +257,7 @@ class RedisHandoffWatcher(HandoffWatcher):
         self._blocking: frozenset[str] = frozenset()  # the wake lists of the running BLPOP
         self._stop = threading.Event()
         self._active = False
-        timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
-        # A BLPOP must return before the socket timeout would call the connection dead.
-        self._block = _BLOCK if not timeout else max(0.01, min(_BLOCK, timeout / 2))
+        self._block = longest_block(client)
         self._thread = threading.Thread(target=self._run, name="lease-lock-redis-handoff", daemon=True)
         self._thread.start()
 
