@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +19,7 @@ from lease_lock.backends.etcd import EtcdBackend, EtcdError, lease_seconds
 from lease_lock.testing import BackendContract, ServiceStoreContract, wait_until
 from lease_lock.waiting import ReleaseDispatcher
 
-from tests.support.children import check_forked_children_beside_the_parent
+from tests.support.children import check_forked_children_beside_the_parent, exit_codes, fork_children
 from tests.support.etcd_server import EtcdCluster, EtcdFactory
 from tests.support.ports import free_port
 
@@ -128,18 +129,103 @@ def test_a_lease_is_granted_rounded_up(etcd_server: EtcdCluster, backend: EtcdBa
     assert raw(etcd_server, "/v3/lease/timetolive", {"ID": kvs[0]["lease"]})["grantedTTL"] == "3"
 
 
-def test_no_lease_outlives_its_key(etcd_server: EtcdCluster, backend: EtcdBackend, key: str) -> None:
+def key_lease(cluster: EtcdCluster, name: str) -> str:
+    """The lease the key of lock ``name`` is attached to (in the default namespace)."""
+    kvs = raw(cluster, "/v3/kv/range", {"key": b64("lease_lock/" + name)}).get("kvs", [])
+    assert kvs, f"{name} is not held"
+    return str(kvs[0]["lease"])
+
+
+def test_every_lease_holds_a_key_or_is_a_spare_and_close_revokes_the_spares(
+    etcd_server: EtcdCluster, key: str
+) -> None:
+    backend = EtcdBackend.from_url(etcd_server.url)
     before = live_leases(etcd_server)
     mine, other = token(), token()
-    assert backend.acquire(key, mine, 30, OWNER)
-    assert backend.acquire(key, mine, 30, OWNER)  # re-acquire: the key moves to a new lease
-    assert not backend.acquire(key, other, 30, OWNER)  # contention: its new lease is revoked
-    assert backend.extend(key, mine, 20)  # another length: a new lease again
-    assert len(live_leases(etcd_server) - before) == 1
-    assert backend.release(key, mine)
-    assert backend.acquire(key, other, 30, OWNER)
-    assert backend.force_release(key)
+    try:
+        assert backend.acquire(key, mine, 30, OWNER)
+        first = key_lease(etcd_server, key)
+        assert backend.acquire(key, mine, 30, OWNER)  # re-acquire: the key moves to another lease
+        second = key_lease(etcd_server, key)
+        assert second != first
+        assert not backend.acquire(key, other, 30, OWNER)  # contention: the lease it brought is spare
+        assert backend.extend(key, mine, 20)  # another length: a new lease, the old one revoked
+        assert second not in live_leases(etcd_server)
+        held = key_lease(etcd_server, key)
+        # The key's lease, and one spare (the first lease, which the lost race renewed and set
+        # aside again): nothing else.
+        assert live_leases(etcd_server) - before == {held, first}
+        assert backend.release(key, mine)
+        assert live_leases(etcd_server) - before == {held, first}  # both spare now
+        assert backend.acquire(key, other, 20, OWNER)
+        assert key_lease(etcd_server, key) == held  # the spare of its length
+        assert backend.force_release(key)
+        assert live_leases(etcd_server) - before == {first}
+    finally:
+        backend.close()
     assert live_leases(etcd_server) - before == set()
+
+
+def test_a_cycle_renews_a_spare_lease_instead_of_granting_and_revoking(etcd_server: EtcdCluster, key: str) -> None:
+    session = CountingSession()
+    backend = EtcdBackend(etcd_server.endpoints, session=session)
+    try:
+        mine = token()
+        assert backend.acquire(key, mine, 30, OWNER)
+        first = key_lease(etcd_server, key)
+        session.paths.clear()
+        assert backend.release(key, mine)
+        assert session.paths == ["/v3/kv/txn"]  # the guarded delete, no revoke
+        session.paths.clear()
+        again = token()
+        assert backend.acquire_fenced(key, again, 30, OWNER) is not None
+        assert session.paths == ["/v3/lease/keepalive", "/v3/kv/txn"]  # no grant
+        assert key_lease(etcd_server, key) == first
+        # Renewed to its whole length by that keep-alive.
+        assert int(raw(etcd_server, "/v3/lease/timetolive", {"ID": first})["TTL"]) > 25
+        assert backend.release(key, again)
+    finally:
+        backend.close()
+
+
+def test_a_spare_lease_that_ran_out_is_replaced_by_a_new_grant(etcd_server: EtcdCluster, key: str) -> None:
+    session = CountingSession()
+    backend = EtcdBackend(etcd_server.endpoints, session=session)
+    try:
+        mine = token()
+        assert backend.acquire(key, mine, 30, OWNER)
+        spare = key_lease(etcd_server, key)
+        assert backend.release(key, mine)
+        raw(etcd_server, "/v3/lease/revoke", {"ID": spare})  # gone, as if it had run out
+        session.paths.clear()
+        assert backend.acquire(key, mine, 30, OWNER)
+        assert session.paths == ["/v3/lease/keepalive", "/v3/lease/grant", "/v3/kv/txn"]
+        assert key_lease(etcd_server, key) != spare
+        assert backend.release(key, mine)
+    finally:
+        backend.close()
+
+
+def test_a_lease_kept_a_whole_length_is_not_renewed(etcd_server: EtcdCluster, key: str) -> None:
+    session = CountingSession()
+    backend = EtcdBackend(etcd_server.endpoints, session=session)
+    try:
+        mine = token()
+        assert backend.acquire(key, mine, 2, OWNER)
+        spare = key_lease(etcd_server, key)
+        assert backend.release(key, mine)
+        set_aside = time.monotonic()
+        # Past its whole length since it was set aside: it ran out (unless a leader change
+        # restarted it), so no keep-alive is spent on it.
+        assert wait_until(
+            lambda: time.monotonic() - set_aside > 2.5 and spare not in live_leases(etcd_server), timeout=30
+        )
+        session.paths.clear()
+        assert backend.acquire(key, mine, 2, OWNER)
+        assert session.paths == ["/v3/lease/grant", "/v3/kv/txn"]
+        assert backend.release(key, mine)
+    finally:
+        backend.close()
 
 
 def test_extend_many_sends_one_transaction_and_one_keepalive_stream_per_hundred_keys(
@@ -391,6 +477,33 @@ def test_a_release_during_a_dropped_watch_stream_is_still_delivered(etcd_server:
 
 
 # -- fork ----------------------------------------------------------------------------------------
+
+
+def test_a_forked_child_never_attaches_a_key_to_the_parents_spare_lease(etcd_server: EtcdCluster, key: str) -> None:
+    backend = EtcdBackend.from_url(etcd_server.url)
+    try:
+        mine = token()
+        assert backend.acquire(key, mine, 30, OWNER)
+        spare = key_lease(etcd_server, key)
+        assert backend.release(key, mine)
+
+        def child(index: int) -> int:
+            name = f"{key}:child{index}"
+            theirs = token()
+            if not backend.acquire(name, theirs, 30, OWNER):
+                return 2
+            # Both processes attaching keys to one lease would let each one's revoke or
+            # keep-alive decide the other's key.
+            shared = key_lease(etcd_server, name) == spare
+            backend.release(name, theirs)
+            return 1 if shared else 0
+
+        assert exit_codes(fork_children(2, child)) == [0, 0]
+        assert backend.acquire(key, mine, 30, OWNER)
+        assert key_lease(etcd_server, key) == spare  # the parent still has it
+        assert backend.release(key, mine)
+    finally:
+        backend.close()
 
 
 def test_forked_children_use_a_session_of_their_own(etcd_server: EtcdCluster, key: str) -> None:

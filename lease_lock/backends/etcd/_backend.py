@@ -6,10 +6,11 @@ checked inside etcd's transactions as "the value sorts strictly between ``token`
 ``token + "\\x01"``": only values that start with ``token`` and a NUL do, since tokens contain
 no NUL. So a guard needs no read before the write, and the owner rides in the same key.
 
-- **acquire**: grant a lease, then one transaction: "if the key does not exist, put it on the
-  new lease; else if our token holds it, put it on the new lease (same key, so the same
-  ``create_revision``) and say which lease it had". A re-acquire revokes the old lease; a lost
-  race revokes the new one.
+- **acquire**: a lease (a spare one renewed by a keep-alive, else a new grant: see
+  :mod:`._leases`), then one transaction: "if the key does not exist, put it on that lease;
+  else if our token holds it, put it on that lease (same key, so the same ``create_revision``)
+  and say which lease it had". A re-acquire sets the old lease aside; so does a lost race the
+  one it brought.
 - **fence** = the key's ``create_revision``: etcd's revision counts every write of the whole
   cluster, is stored with the data (it survives restarts, leader changes and compaction) and
   only grows; a key created again after a release or an expiry gets the revision of that new
@@ -18,7 +19,8 @@ no NUL. So a guard needs no read before the write, and the owner rides in the sa
 - **extend** with the lease's own length: a read of the key (its token checked, its lease
   noted), then a keep-alive of that lease. With another length, the key moves to a new lease of that length (a guarded
   put that keeps the value) and the old lease is revoked: the new expiry replaces the old one.
-- **release** / **force_release**: a (guarded) delete, then the key's lease is revoked.
+- **release**: a guarded delete; the key's lease is set aside for a later acquisition.
+- **force_release**: a delete, then the key's lease is revoked.
 - **extend_many**: the reads of up to 100 keys in one transaction, then one keep-alive
   request carrying all their leases.
 - **hand-off**: waiting processes queue under ``namespace + NUL + "queue" + NUL + key`` (no
@@ -50,6 +52,7 @@ from ..service import ServiceStore
 from ._client import CODE_NOT_FOUND, EtcdClient, EtcdError, b64, prefix_end, unb64
 from ._counters import count_in_window
 from ._handoff import EtcdHandoffWatcher
+from ._leases import SpareLeases
 from ._watch import EtcdReleaseWatcher, WatchStream, lock_key
 
 __all__ = ["DEFAULT_NAMESPACE", "MIN_TTL", "EtcdBackend", "lease_seconds"]
@@ -165,6 +168,7 @@ class EtcdBackend(ServiceStore):
         self._watchers: list[WatchStream] = []
         # Lease length asked -> length etcd granted, when etcd's minimum raised it.
         self._granted: dict[int, int] = {}
+        self._spares = SpareLeases()
         forksafe.register(self)
 
     @property
@@ -225,6 +229,8 @@ class EtcdBackend(ServiceStore):
         self._own_session = True
         # The parent's watching threads do not exist here.
         self._watchers = []
+        # Both processes would attach keys to the same spare leases.
+        self._spares.after_fork()
 
     # -- encoding ----------------------------------------------------------------------------
 
@@ -267,12 +273,35 @@ class EtcdBackend(ServiceStore):
         granted = int(answer.get("TTL") or seconds)
         if granted != seconds:
             self._granted[seconds] = granted
-        return str(answer["ID"])
+        lease = str(answer["ID"])
+        self._spares.granted(lease, seconds)
+        return lease
+
+    def _lease_for(self, seconds: int) -> str:
+        """A lease of ``seconds`` for one acquisition: a spare one renewed by a keep-alive (the
+        leader's answer alone), else a new grant (a replicated write); see :mod:`._leases`."""
+        spare = self._spares.take(seconds)
+        if spare is not None:
+            try:
+                left = self._keepalive([spare]).get(spare, 0)
+            except BaseException:
+                self._spares.forget(spare)  # not known to be renewed: left to run out
+                raise
+            if left >= seconds:
+                return spare
+            self._spares.forget(spare)
+        return self._grant(seconds)
+
+    def _set_aside(self, lease: Optional[str]) -> None:
+        """``lease`` holds no key any more: keep it for a later acquisition, or revoke it."""
+        if lease and lease != "0" and not self._spares.keep(lease):
+            self._revoke(lease)
 
     def _revoke(self, lease: Optional[str]) -> None:
         # Best effort: a lease left behind holds no key and runs out by itself.
         if not lease or lease == "0":
             return
+        self._spares.forget(lease)
         with contextlib.suppress(BackendUnavailableError, EtcdError):
             self._call("/v3/lease/revoke", {"ID": lease})
 
@@ -296,7 +325,7 @@ class EtcdBackend(ServiceStore):
         seconds = lease_seconds(ttl)
         name = self._name(key)
         watcher, entry = self._queue_entry(key)
-        lease = self._grant(seconds)
+        lease = self._lease_for(seconds)
         put = {"key": b64(name), "value": b64(token.encode() + b"\x00" + owner.encode()), "lease": lease}
         # A waiter of this process queued for the key leaves the queue as it takes the key.
         leave = [{"request_delete_range": {"key": b64(entry)}}] if entry is not None else []
@@ -316,11 +345,11 @@ class EtcdBackend(ServiceStore):
             return int(answer["header"]["revision"])
         mine = answer["responses"][0]["response_txn"]
         if not mine.get("succeeded"):
-            self._revoke(lease)
+            self._set_aside(lease)
             return None
         previous = mine["responses"][0]["response_put"].get("prev_kv", {}).get("lease")
         if previous != lease:
-            self._revoke(previous)
+            self._set_aside(previous)
         return int(mine["responses"][1]["response_range"]["kvs"][0]["create_revision"])
 
     def _queue_entry(self, key: str) -> tuple[Optional[EtcdHandoffWatcher], Optional[bytes]]:
@@ -333,13 +362,13 @@ class EtcdBackend(ServiceStore):
         return None, None
 
     def release(self, key: str, token: str) -> bool:
-        """Delete ``key`` if ``token`` holds it, then revoke its lease."""
+        """Delete ``key`` if ``token`` holds it; its lease is kept for a later acquisition."""
         name = self._name(key)
         answer = self._txn(self._guard(name, token), [{"request_delete_range": {"key": b64(name), "prev_kv": True}}])
         if not answer.get("succeeded"):
             return False
         for kv in answer["responses"][0]["response_delete_range"].get("prev_kvs", []):
-            self._revoke(kv.get("lease"))
+            self._set_aside(kv.get("lease"))
         return True
 
     def _holder_leases(self, items: Sequence[tuple[bytes, str]]) -> list[Optional[str]]:
@@ -466,9 +495,11 @@ class EtcdBackend(ServiceStore):
         return watcher
 
     def close(self) -> None:
-        """Stop the watchers and close the session if the backend opened it."""
+        """Stop the watchers, revoke the spare leases, and close the session if the backend opened it."""
         for watcher in self._watchers:
             watcher.close()
         self._watchers = []
+        for lease in self._spares.drain():
+            self._revoke(lease)
         if self._own_session:
             self._client.session.close()
