@@ -20,7 +20,7 @@ from lease_lock.testing import BackendContract, ServiceStoreContract, wait_until
 from lease_lock.waiting import ReleaseDispatcher
 
 from tests.support.children import check_forked_children_beside_the_parent, exit_codes, fork_children
-from tests.support.etcd_server import EtcdCluster, EtcdFactory
+from tests.support.etcd_server import EtcdCluster, EtcdFactory, queue_entries
 from tests.support.ports import free_port
 
 OWNER = "etcd-test:1"
@@ -136,7 +136,7 @@ def key_lease(cluster: EtcdCluster, name: str) -> str:
     return str(kvs[0]["lease"])
 
 
-def test_every_lease_holds_a_key_or_is_a_spare_and_close_revokes_the_spares(
+def test_only_a_lease_that_never_held_a_key_outlives_it_and_close_revokes_it(
     etcd_server: EtcdCluster, key: str
 ) -> None:
     backend = EtcdBackend.from_url(etcd_server.url)
@@ -145,87 +145,102 @@ def test_every_lease_holds_a_key_or_is_a_spare_and_close_revokes_the_spares(
     try:
         assert backend.acquire(key, mine, 30, OWNER)
         first = key_lease(etcd_server, key)
-        assert backend.acquire(key, mine, 30, OWNER)  # re-acquire: the key moves to another lease
-        second = key_lease(etcd_server, key)
-        assert second != first
-        assert not backend.acquire(key, other, 30, OWNER)  # contention: the lease it brought is spare
-        assert backend.extend(key, mine, 20)  # another length: a new lease, the old one revoked
-        assert second not in live_leases(etcd_server)
+        assert backend.acquire(key, mine, 30, OWNER)  # re-acquire: the key moves to a new lease
+        assert first not in live_leases(etcd_server)  # and the old one is revoked
+        assert not backend.acquire(key, other, 30, OWNER)  # contention: its lease is kept
+        assert backend.extend(key, mine, 20)  # another length: a new lease again
         held = key_lease(etcd_server, key)
-        # The key's lease, and one spare (the first lease, which the lost race renewed and set
-        # aside again): nothing else.
-        assert live_leases(etcd_server) - before == {held, first}
+        assert len(live_leases(etcd_server) - before - {held}) == 1  # the kept one
         assert backend.release(key, mine)
-        assert live_leases(etcd_server) - before == {held, first}  # both spare now
-        assert backend.acquire(key, other, 20, OWNER)
-        assert key_lease(etcd_server, key) == held  # the spare of its length
+        assert held not in live_leases(etcd_server)  # a released key's lease is revoked
+        assert backend.acquire(key, other, 30, OWNER)  # on the kept lease
+        assert live_leases(etcd_server) - before == {key_lease(etcd_server, key)}
+        assert not backend.acquire(key, mine, 30, OWNER)
         assert backend.force_release(key)
-        assert live_leases(etcd_server) - before == {first}
+        assert len(live_leases(etcd_server) - before) == 1  # the lease of the last lost race
     finally:
         backend.close()
     assert live_leases(etcd_server) - before == set()
 
 
-def test_a_cycle_renews_a_spare_lease_instead_of_granting_and_revoking(etcd_server: EtcdCluster, key: str) -> None:
+def test_a_refused_attempt_keeps_its_lease_and_the_next_renews_it_instead_of_a_grant(
+    etcd_server: EtcdCluster, key: str
+) -> None:
     session = CountingSession()
     backend = EtcdBackend(etcd_server.endpoints, session=session)
+    holder = EtcdBackend(etcd_server.endpoints)
     try:
-        mine = token()
-        assert backend.acquire(key, mine, 30, OWNER)
-        first = key_lease(etcd_server, key)
+        held, waiting = token(), token()
+        assert holder.acquire(key, held, 30, OWNER)
         session.paths.clear()
-        assert backend.release(key, mine)
-        assert session.paths == ["/v3/kv/txn"]  # the guarded delete, no revoke
+        assert not backend.acquire(key, waiting, 30, OWNER)
+        assert session.paths == ["/v3/lease/grant", "/v3/kv/txn"]  # no revoke
         session.paths.clear()
-        again = token()
-        assert backend.acquire_fenced(key, again, 30, OWNER) is not None
-        assert session.paths == ["/v3/lease/keepalive", "/v3/kv/txn"]  # no grant
-        assert key_lease(etcd_server, key) == first
-        # Renewed to its whole length by that keep-alive.
-        assert int(raw(etcd_server, "/v3/lease/timetolive", {"ID": first})["TTL"]) > 25
-        assert backend.release(key, again)
+        assert not backend.acquire(key, waiting, 30, OWNER)
+        assert session.paths == ["/v3/lease/keepalive", "/v3/kv/txn"]  # no grant, no revoke
+        assert holder.release(key, held)
+        session.paths.clear()
+        assert backend.acquire_fenced(key, waiting, 30, OWNER) is not None
+        assert session.paths == ["/v3/lease/keepalive", "/v3/kv/txn"]
+        lease = key_lease(etcd_server, key)
+        # Renewed to its whole length by that keep-alive, and held by the key.
+        assert int(raw(etcd_server, "/v3/lease/timetolive", {"ID": lease})["TTL"]) > 25
+        assert backend.release(key, waiting)
+        assert lease not in live_leases(etcd_server)
     finally:
         backend.close()
+        holder.close()
 
 
-def test_a_spare_lease_that_ran_out_is_replaced_by_a_new_grant(etcd_server: EtcdCluster, key: str) -> None:
+def kept_lease(cluster: EtcdCluster, backend: EtcdBackend, holder: EtcdBackend, key: str, ttl: float) -> str:
+    """The lease ``backend`` keeps after an attempt on ``key`` that ``holder`` holds."""
+    before = live_leases(cluster)
+    assert holder.acquire(key, token(), 30, OWNER)
+    held = key_lease(cluster, key)
+    assert not backend.acquire(key, token(), ttl, OWNER)
+    (kept,) = live_leases(cluster) - before - {held}
+    assert holder.force_release(key)
+    return kept
+
+
+def test_a_kept_lease_that_ran_out_is_replaced_by_a_new_grant(etcd_server: EtcdCluster, key: str) -> None:
     session = CountingSession()
     backend = EtcdBackend(etcd_server.endpoints, session=session)
+    holder = EtcdBackend(etcd_server.endpoints)
     try:
-        mine = token()
-        assert backend.acquire(key, mine, 30, OWNER)
-        spare = key_lease(etcd_server, key)
-        assert backend.release(key, mine)
-        raw(etcd_server, "/v3/lease/revoke", {"ID": spare})  # gone, as if it had run out
+        kept = kept_lease(etcd_server, backend, holder, key, 30)
+        raw(etcd_server, "/v3/lease/revoke", {"ID": kept})  # gone, as if it had run out
         session.paths.clear()
+        mine = token()
         assert backend.acquire(key, mine, 30, OWNER)
         assert session.paths == ["/v3/lease/keepalive", "/v3/lease/grant", "/v3/kv/txn"]
-        assert key_lease(etcd_server, key) != spare
+        assert key_lease(etcd_server, key) != kept
         assert backend.release(key, mine)
     finally:
         backend.close()
+        holder.close()
 
 
 def test_a_lease_kept_a_whole_length_is_not_renewed(etcd_server: EtcdCluster, key: str) -> None:
     session = CountingSession()
     backend = EtcdBackend(etcd_server.endpoints, session=session)
+    holder = EtcdBackend(etcd_server.endpoints)
     try:
-        mine = token()
-        assert backend.acquire(key, mine, 2, OWNER)
-        spare = key_lease(etcd_server, key)
-        assert backend.release(key, mine)
+        kept = kept_lease(etcd_server, backend, holder, key, 2)
         set_aside = time.monotonic()
-        # Past its whole length since it was set aside: it ran out (unless a leader change
-        # restarted it), so no keep-alive is spent on it.
+        # Past its whole length since it was kept: it ran out (unless a leader change restarted
+        # it), so no keep-alive is spent on it.
         assert wait_until(
-            lambda: time.monotonic() - set_aside > 2.5 and spare not in live_leases(etcd_server), timeout=30
+            lambda: time.monotonic() - set_aside > 2.5 and kept not in live_leases(etcd_server), timeout=30
         )
         session.paths.clear()
+        mine = token()
         assert backend.acquire(key, mine, 2, OWNER)
         assert session.paths == ["/v3/lease/grant", "/v3/kv/txn"]
         assert backend.release(key, mine)
     finally:
         backend.close()
+        holder.close()
 
 
 def test_extend_many_sends_one_transaction_and_one_keepalive_stream_per_hundred_keys(
@@ -424,8 +439,8 @@ def test_a_waiter_is_woken_through_its_one_watch_stream(
         lock = holder.acquire(key)
         got = threading.Event()
         others = [f"{key}:{index}" for index in range(3)]
-        for other in others:
-            holder.acquire(other)
+        # Kept: a lock dropped while held is given back when it is collected.
+        held_others = [holder.acquire(other) for other in others]
 
         def wait(name: str) -> None:
             with waiter.lock(name, timeout=1200):
@@ -435,13 +450,15 @@ def test_a_waiter_is_woken_through_its_one_watch_stream(
         threads = [threading.Thread(target=wait, args=(name,)) for name in [key, *others]]
         for thread in threads:
             thread.start()
-        assert wait_until(lambda: session.paths.count("/v3/kv/txn") >= 8, 30)
+        # Every waiter is in its key's queue (the wake of a release goes to the first entry),
+        # not between a refused attempt and its entry.
+        assert wait_until(lambda: all(queue_entries(etcd_server, name) for name in [key, *others]), 30)
         lock.release()
         assert got.wait(60)
-        # The release of ``key`` woke its waiter here. (A wake for a key still held can come
-        # first at times, seen once in CI: it costs that waiter one refused attempt.)
-        assert key in woken
-        holder.close()  # releases the others
+        # The release of ``key`` woke its waiter here, and nothing else woke anyone.
+        assert woken == [key]
+        for other_lock in held_others:
+            other_lock.release()
         for thread in threads:
             thread.join(60)
         # Four keys waited for, one watch stream (it never dropped here).
@@ -479,13 +496,11 @@ def test_a_release_during_a_dropped_watch_stream_is_still_delivered(etcd_server:
 # -- fork ----------------------------------------------------------------------------------------
 
 
-def test_a_forked_child_never_attaches_a_key_to_the_parents_spare_lease(etcd_server: EtcdCluster, key: str) -> None:
+def test_a_forked_child_never_attaches_a_key_to_the_parents_kept_lease(etcd_server: EtcdCluster, key: str) -> None:
     backend = EtcdBackend.from_url(etcd_server.url)
+    holder = EtcdBackend(etcd_server.endpoints)
     try:
-        mine = token()
-        assert backend.acquire(key, mine, 30, OWNER)
-        spare = key_lease(etcd_server, key)
-        assert backend.release(key, mine)
+        kept = kept_lease(etcd_server, backend, holder, key, 30)
 
         def child(index: int) -> int:
             name = f"{key}:child{index}"
@@ -494,16 +509,18 @@ def test_a_forked_child_never_attaches_a_key_to_the_parents_spare_lease(etcd_ser
                 return 2
             # Both processes attaching keys to one lease would let each one's revoke or
             # keep-alive decide the other's key.
-            shared = key_lease(etcd_server, name) == spare
+            shared = key_lease(etcd_server, name) == kept
             backend.release(name, theirs)
             return 1 if shared else 0
 
         assert exit_codes(fork_children(2, child)) == [0, 0]
+        mine = token()
         assert backend.acquire(key, mine, 30, OWNER)
-        assert key_lease(etcd_server, key) == spare  # the parent still has it
+        assert key_lease(etcd_server, key) == kept  # the parent still has it
         assert backend.release(key, mine)
     finally:
         backend.close()
+        holder.close()
 
 
 def test_forked_children_use_a_session_of_their_own(etcd_server: EtcdCluster, key: str) -> None:

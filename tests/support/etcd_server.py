@@ -23,6 +23,7 @@ test that used a cluster gets the tail of every member's log in its report.
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import signal
@@ -31,7 +32,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import pytest
 
@@ -345,3 +346,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         factory = item.funcargs.get("etcd_factory") if hasattr(item, "funcargs") else None
         if isinstance(factory, EtcdFactory) and factory.clusters:
             report.sections.append(("etcd logs", factory.logs()))
+
+
+def _queue_b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def queue_entries(cluster: EtcdCluster, key: str, namespace: str = "lease_lock/") -> list[dict[str, Any]]:
+    """The entries of ``key``'s queue in etcd, oldest first, read by hand."""
+    import requests  # the etcd extra's driver: imported only by the tests that talk to etcd
+
+    start = namespace.encode() + b"\x00queue\x00" + key.encode() + b"\x00"
+    body = {"key": _queue_b64(start), "range_end": _queue_b64(start[:-1] + b"\x01")}
+    answer = requests.post(cluster.endpoints[0] + "/v3/kv/range", json=body, timeout=10).json()
+    return sorted(answer.get("kvs", []), key=lambda kv: int(kv["create_revision"]))

@@ -6,11 +6,11 @@ checked inside etcd's transactions as "the value sorts strictly between ``token`
 ``token + "\\x01"``": only values that start with ``token`` and a NUL do, since tokens contain
 no NUL. So a guard needs no read before the write, and the owner rides in the same key.
 
-- **acquire**: a lease (a spare one renewed by a keep-alive, else a new grant: see
-  :mod:`._leases`), then one transaction: "if the key does not exist, put it on that lease;
-  else if our token holds it, put it on that lease (same key, so the same ``create_revision``)
-  and say which lease it had". A re-acquire sets the old lease aside; so does a lost race the
-  one it brought.
+- **acquire**: a lease (one that lost an earlier race, renewed by a keep-alive, else a new
+  grant: see :mod:`._leases`), then one transaction: "if the key does not exist, put it on that
+  lease; else if our token holds it, put it on that lease (same key, so the same
+  ``create_revision``) and say which lease it had". A re-acquire revokes the old lease; a lost
+  race keeps the one it brought for the next attempt.
 - **fence** = the key's ``create_revision``: etcd's revision counts every write of the whole
   cluster, is stored with the data (it survives restarts, leader changes and compaction) and
   only grows; a key created again after a release or an expiry gets the revision of that new
@@ -19,8 +19,7 @@ no NUL. So a guard needs no read before the write, and the owner rides in the sa
 - **extend** with the lease's own length: a read of the key (its token checked, its lease
   noted), then a keep-alive of that lease. With another length, the key moves to a new lease of that length (a guarded
   put that keeps the value) and the old lease is revoked: the new expiry replaces the old one.
-- **release**: a guarded delete; the key's lease is set aside for a later acquisition.
-- **force_release**: a delete, then the key's lease is revoked.
+- **release** / **force_release**: a (guarded) delete, then the key's lease is revoked.
 - **extend_many**: the reads of up to 100 keys in one transaction, then one keep-alive
   request carrying all their leases.
 - **hand-off**: waiting processes queue under ``namespace + NUL + "queue" + NUL + key`` (no
@@ -273,35 +272,21 @@ class EtcdBackend(ServiceStore):
         granted = int(answer.get("TTL") or seconds)
         if granted != seconds:
             self._granted[seconds] = granted
-        lease = str(answer["ID"])
-        self._spares.granted(lease, seconds)
-        return lease
+        return str(answer["ID"])
 
     def _lease_for(self, seconds: int) -> str:
         """A lease of ``seconds`` for one acquisition: a spare one renewed by a keep-alive (the
         leader's answer alone), else a new grant (a replicated write); see :mod:`._leases`."""
         spare = self._spares.take(seconds)
-        if spare is not None:
-            try:
-                left = self._keepalive([spare]).get(spare, 0)
-            except BaseException:
-                self._spares.forget(spare)  # not known to be renewed: left to run out
-                raise
-            if left >= seconds:
-                return spare
-            self._spares.forget(spare)
+        # A failed keep-alive raises (the lease, not known to be renewed, runs out).
+        if spare is not None and self._keepalive([spare]).get(spare, 0) >= seconds:
+            return spare
         return self._grant(seconds)
-
-    def _set_aside(self, lease: Optional[str]) -> None:
-        """``lease`` holds no key any more: keep it for a later acquisition, or revoke it."""
-        if lease and lease != "0" and not self._spares.keep(lease):
-            self._revoke(lease)
 
     def _revoke(self, lease: Optional[str]) -> None:
         # Best effort: a lease left behind holds no key and runs out by itself.
         if not lease or lease == "0":
             return
-        self._spares.forget(lease)
         with contextlib.suppress(BackendUnavailableError, EtcdError):
             self._call("/v3/lease/revoke", {"ID": lease})
 
@@ -345,11 +330,13 @@ class EtcdBackend(ServiceStore):
             return int(answer["header"]["revision"])
         mine = answer["responses"][0]["response_txn"]
         if not mine.get("succeeded"):
-            self._set_aside(lease)
+            # The lease is attached to nothing: kept for this lock's next attempt.
+            if not self._spares.keep(seconds, lease):
+                self._revoke(lease)
             return None
         previous = mine["responses"][0]["response_put"].get("prev_kv", {}).get("lease")
         if previous != lease:
-            self._set_aside(previous)
+            self._revoke(previous)
         return int(mine["responses"][1]["response_range"]["kvs"][0]["create_revision"])
 
     def _queue_entry(self, key: str) -> tuple[Optional[EtcdHandoffWatcher], Optional[bytes]]:
@@ -362,13 +349,13 @@ class EtcdBackend(ServiceStore):
         return None, None
 
     def release(self, key: str, token: str) -> bool:
-        """Delete ``key`` if ``token`` holds it; its lease is kept for a later acquisition."""
+        """Delete ``key`` if ``token`` holds it, then revoke its lease."""
         name = self._name(key)
         answer = self._txn(self._guard(name, token), [{"request_delete_range": {"key": b64(name), "prev_kv": True}}])
         if not answer.get("succeeded"):
             return False
         for kv in answer["responses"][0]["response_delete_range"].get("prev_kvs", []):
-            self._set_aside(kv.get("lease"))
+            self._revoke(kv.get("lease"))
         return True
 
     def _holder_leases(self, items: Sequence[tuple[bytes, str]]) -> list[Optional[str]]:
