@@ -173,6 +173,8 @@ class EtcdBackend(ServiceStore):
         self._watchers: list[WatchStream] = []
         # Lease length asked -> length etcd granted, when etcd's minimum raised it.
         self._granted: dict[int, int] = {}
+        # The lease length of the latest attempt that found its key held (see _expect_wait).
+        self._lost_length: Optional[int] = None
         forksafe.register(self)
 
     @property
@@ -356,7 +358,9 @@ class EtcdBackend(ServiceStore):
 
     def _expect_wait(self, seconds: int) -> None:
         """An attempt found the key held: when this backend hands keys over by wake-one, its
-        waiter is about to queue, so the watcher keeps a lease ready for the woken attempt."""
+        waiter is about to queue, so the watcher keeps a lease ready for the woken attempt (a
+        watcher started after it, for this very wait, is told at its start)."""
+        self._lost_length = seconds
         for watcher in self._watchers:
             if isinstance(watcher, EtcdHandoffWatcher) and not watcher.closed:
                 watcher.expect_lease(seconds)
@@ -496,7 +500,10 @@ class EtcdBackend(ServiceStore):
         """A wake-one watcher: while this process waits for a key it holds an entry in the key's
         queue in etcd, and a release wakes only the process whose entry is first (see
         :class:`~lease_lock.backends.handoff.HandoffWatcher`)."""
-        return self._keep(EtcdHandoffWatcher(self._client, self._prefix, callback))
+        watcher = self._keep(EtcdHandoffWatcher(self._client, self._prefix, callback))
+        if self._lost_length is not None:
+            watcher.expect_lease(self._lost_length)
+        return watcher
 
     def _keep(self, watcher: _Watcher) -> _Watcher:
         """Remember ``watcher`` for :meth:`close`, forgetting the ones closed already."""

@@ -549,7 +549,7 @@ class EtcdHandoffWatcher(WatchStream, HandoffWatcher):
         with self._mutex:
             for seconds, items in self._ready.items():
                 self._ready[seconds] = [
-                    item._replace(fresh=max(item.fresh, sent)) if item.lease in left else item
+                    ReadyLease(item.lease, seconds, max(item.fresh, sent)) if item.lease in left else item
                     for item in items
                     if left.get(item.lease, 1) > 0
                 ]
