@@ -19,7 +19,7 @@ from lease_lock.testing import BackendContract, ServiceStoreContract, wait_until
 from lease_lock.waiting import ReleaseDispatcher
 
 from tests.support.children import check_forked_children_beside_the_parent
-from tests.support.etcd_server import EtcdCluster, EtcdFactory
+from tests.support.etcd_server import EtcdCluster, EtcdFactory, queue_entries
 from tests.support.ports import free_port
 
 OWNER = "etcd-test:1"
@@ -338,24 +338,30 @@ def test_a_waiter_is_woken_through_its_one_watch_stream(
         lock = holder.acquire(key)
         got = threading.Event()
         others = [f"{key}:{index}" for index in range(3)]
-        for other in others:
-            holder.acquire(other)
+        # Kept: a lock dropped while held is given back by the heartbeat thread when it gets
+        # to it, a real release that wakes that key's waiter, before or after ``key``'s.
+        kept = [holder.acquire(other) for other in others]
 
         def wait(name: str) -> None:
             with waiter.lock(name, timeout=1200):
                 if name == key:
                     got.set()
 
-        threads = [threading.Thread(target=wait, args=(name,)) for name in [key, *others]]
+        # ``key``'s waiter last, so that the release comes as soon after its queueing as can be:
+        # a waiter also looks once a second on its own, and that look must not come first.
+        threads = [threading.Thread(target=wait, args=(name,)) for name in [*others, key]]
         for thread in threads:
             thread.start()
-        assert wait_until(lambda: session.paths.count("/v3/kv/txn") >= 8, 30)
+        # Every waiter queued (each queue has its entry). Counting transactions instead is
+        # met too early: the watch stream's own reads count as well, and a release before
+        # ``key``'s waiter queued is one it takes on its own, without a wake.
+        assert wait_until(lambda: all(queue_entries(etcd_server, name) for name in [key, *others]), 30)
         lock.release()
         assert got.wait(60)
-        # The release of ``key`` woke its waiter here. (A wake for a key still held can come
-        # first at times, seen once in CI: it costs that waiter one refused attempt.)
-        assert key in woken
-        holder.close()  # releases the others
+        # The release of ``key`` woke its waiter here, and nothing else woke anyone.
+        assert woken == [key]
+        for other in kept:
+            other.release()
         for thread in threads:
             thread.join(60)
         # Four keys waited for, one watch stream (it never dropped here).

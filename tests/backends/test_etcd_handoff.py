@@ -26,7 +26,7 @@ from lease_lock.backends.handoff import HandoffSource, HandoffWatcher
 from lease_lock.testing import wait_until
 from lease_lock.waiting import ReleaseDispatcher
 
-from tests.support.etcd_server import EtcdCluster, EtcdFactory
+from tests.support.etcd_server import EtcdCluster, EtcdFactory, queue_entries
 from tests.support.handoff import WakeCounter, hand_key_round
 
 TOKEN = "t" * 32
@@ -40,14 +40,6 @@ def key() -> str:
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
-
-
-def queue_entries(cluster: EtcdCluster, key: str, namespace: str = "lease_lock/") -> list[dict[str, Any]]:
-    """The entries of ``key``'s queue in etcd, oldest first, read by hand."""
-    start = namespace.encode() + b"\x00queue\x00" + key.encode() + b"\x00"
-    body = {"key": _b64(start), "range_end": _b64(start[:-1] + b"\x01")}
-    answer = requests.post(cluster.endpoints[0] + "/v3/kv/range", json=body, timeout=10).json()
-    return sorted(answer.get("kvs", []), key=lambda kv: int(kv["create_revision"]))
 
 
 @contextmanager

@@ -23,6 +23,7 @@ test that used a cluster gets the tail of every member's log in its report.
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import signal
@@ -31,9 +32,10 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import pytest
+import requests
 
 from tests.support.ports import free_port
 from tests.support.processes import kill_process, log_tail, stop_process
@@ -47,10 +49,19 @@ __all__ = [
     "etcd_server",
     "find_etcd_binary",
     "private_etcd_cluster",
+    "queue_entries",
     "require_etcd_binary",
 ]
 
 _START_TIMEOUT = 30.0
+
+
+def queue_entries(cluster: EtcdCluster, key: str, namespace: str = "lease_lock/") -> list[dict[str, Any]]:
+    """The entries of ``key``'s hand-off queue in etcd, oldest first, read by hand."""
+    start = namespace.encode() + b"\x00queue\x00" + key.encode() + b"\x00"
+    body = {"key": base64.b64encode(start).decode(), "range_end": base64.b64encode(start[:-1] + b"\x01").decode()}
+    answer = requests.post(cluster.endpoints[0] + "/v3/kv/range", json=body, timeout=10).json()
+    return sorted(answer.get("kvs", []), key=lambda kv: int(kv["create_revision"]))
 
 
 def find_etcd_binary() -> Optional[str]:
