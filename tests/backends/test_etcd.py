@@ -228,6 +228,42 @@ def test_a_callers_session_is_used_and_left_open(etcd_server: EtcdCluster, key: 
     assert backend.force_release(key) is True  # the session still works
 
 
+def test_proxies_from_the_environment_are_honoured_and_read_once_per_member(
+    etcd_server: EtcdCluster, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads: list[str] = []
+    merge = requests.Session.merge_environment_settings
+
+    def counted(self: requests.Session, url: Any, *args: Any) -> Any:
+        reads.append(str(url))
+        return merge(self, url, *args)
+
+    monkeypatch.setattr(requests.Session, "merge_environment_settings", counted)
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("HTTP_PROXY", "http_proxy"):
+        monkeypatch.setenv(name, f"http://127.0.0.1:{free_port()}")  # a proxy nobody runs
+    through_proxy = EtcdBackend(etcd_server.endpoints, timeout=1)
+    try:
+        with pytest.raises(BackendUnavailableError):
+            through_proxy.inspect(key)
+    finally:
+        through_proxy.close()
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.setenv(name, "127.0.0.1")
+    del reads[:]
+    backend = EtcdBackend(etcd_server.endpoints)
+    try:
+        mine = token()
+        assert backend.acquire(key, mine, 30, OWNER)
+        assert backend.inspect(key).held
+        assert backend.release(key, mine)
+        # Six requests, one reading of the environment.
+        assert reads == etcd_server.endpoints
+    finally:
+        backend.close()
+
+
 # -- failover and outages ----------------------------------------------------------------------
 
 
