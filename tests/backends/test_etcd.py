@@ -329,6 +329,42 @@ def test_a_callers_session_is_used_and_left_open(etcd_server: EtcdCluster, key: 
     assert backend.force_release(key) is True  # the session still works
 
 
+def test_proxies_from_the_environment_are_honoured_and_read_once_per_member(
+    etcd_server: EtcdCluster, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads: list[str] = []
+    merge = requests.Session.merge_environment_settings
+
+    def counted(self: requests.Session, url: Any, *args: Any) -> Any:
+        reads.append(str(url))
+        return merge(self, url, *args)
+
+    monkeypatch.setattr(requests.Session, "merge_environment_settings", counted)
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("HTTP_PROXY", "http_proxy"):
+        monkeypatch.setenv(name, f"http://127.0.0.1:{free_port()}")  # a proxy nobody runs
+    through_proxy = EtcdBackend(etcd_server.endpoints, timeout=1)
+    try:
+        with pytest.raises(BackendUnavailableError):
+            through_proxy.inspect(key)
+    finally:
+        through_proxy.close()
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.setenv(name, "127.0.0.1")
+    del reads[:]
+    backend = EtcdBackend(etcd_server.endpoints)
+    try:
+        mine = token()
+        assert backend.acquire(key, mine, 30, OWNER)
+        assert backend.inspect(key).held
+        assert backend.release(key, mine)
+        # Six requests, one reading of the environment.
+        assert reads == etcd_server.endpoints
+    finally:
+        backend.close()
+
+
 # -- failover and outages ----------------------------------------------------------------------
 
 
@@ -439,26 +475,30 @@ def test_a_waiter_is_woken_through_its_one_watch_stream(
         lock = holder.acquire(key)
         got = threading.Event()
         others = [f"{key}:{index}" for index in range(3)]
-        # Kept: a lock dropped while held is given back when it is collected.
-        held_others = [holder.acquire(other) for other in others]
+        # Kept: a lock dropped while held is given back by the heartbeat thread when it gets
+        # to it, a real release that wakes that key's waiter, before or after ``key``'s.
+        kept = [holder.acquire(other) for other in others]
 
         def wait(name: str) -> None:
             with waiter.lock(name, timeout=1200):
                 if name == key:
                     got.set()
 
-        threads = [threading.Thread(target=wait, args=(name,)) for name in [key, *others]]
+        # ``key``'s waiter last, so that the release comes as soon after its queueing as can be:
+        # a waiter also looks once a second on its own, and that look must not come first.
+        threads = [threading.Thread(target=wait, args=(name,)) for name in [*others, key]]
         for thread in threads:
             thread.start()
-        # Every waiter is in its key's queue (the wake of a release goes to the first entry),
-        # not between a refused attempt and its entry.
+        # Every waiter queued (each queue has its entry). Counting transactions instead is
+        # met too early: the watch stream's own reads count as well, and a release before
+        # ``key``'s waiter queued is one it takes on its own, without a wake.
         assert wait_until(lambda: all(queue_entries(etcd_server, name) for name in [key, *others]), 30)
         lock.release()
         assert got.wait(60)
         # The release of ``key`` woke its waiter here, and nothing else woke anyone.
         assert woken == [key]
-        for other_lock in held_others:
-            other_lock.release()
+        for other in kept:
+            other.release()
         for thread in threads:
             thread.join(60)
         # Four keys waited for, one watch stream (it never dropped here).

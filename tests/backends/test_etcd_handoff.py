@@ -10,6 +10,7 @@ import base64
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,7 +21,7 @@ import pytest
 import requests
 from benchmarks.chaos_harness.proxy import TcpProxy
 from lease_lock import Locker, Retry
-from lease_lock.backends.etcd import EtcdBackend
+from lease_lock.backends.etcd import READY_MARGIN, EtcdBackend
 from lease_lock.backends.handoff import HandoffSource, HandoffWatcher
 from lease_lock.testing import wait_until
 from lease_lock.waiting import ReleaseDispatcher
@@ -293,3 +294,141 @@ def test_a_stream_that_cannot_resume_reads_the_queue_again(etcd_factory: EtcdFac
         watching.close()
         writer.close()
         proxy.close()
+
+
+class ThreadSession(requests.Session):
+    """A session that remembers which thread sent each request, and to which path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[tuple[str, str]] = []
+
+    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+        # Noted once answered, so that a grant seen here has its lease ID back already.
+        response = super().send(request, **kwargs)
+        self.sent.append((threading.current_thread().name, str(request.path_url)))
+        return response
+
+    def paths(self, thread: str) -> list[str]:
+        return [path for name, path in self.sent if name == thread]
+
+
+def lease_ids(cluster: EtcdCluster) -> set[str]:
+    """Every lease etcd has now, read by hand."""
+    answer = requests.post(cluster.endpoints[0] + "/v3/lease/leases", json={}, timeout=10).json()
+    return {str(item["ID"]) for item in answer.get("leases", [])}
+
+
+def key_lease_ttl(cluster: EtcdCluster, key: str) -> int:
+    """The seconds etcd has left of the lease ``key`` is on."""
+    kvs = requests.post(
+        cluster.endpoints[0] + "/v3/kv/range", json={"key": _b64(b"lease_lock/" + key.encode())}, timeout=10
+    ).json()["kvs"]
+    answer = requests.post(cluster.endpoints[0] + "/v3/lease/timetolive", json={"ID": kvs[0]["lease"]}, timeout=10)
+    return int(answer.json()["TTL"])
+
+
+def test_a_woken_attempt_takes_a_lease_kept_ready_instead_of_granting_one(
+    etcd_server: EtcdCluster, holder: EtcdBackend, key: str
+) -> None:
+    session = ThreadSession()
+    waiter = Locker(EtcdBackend(etcd_server.endpoints, session=session), ttl=30, retry=Retry(delay=600), fencing=True)
+    assert holder.acquire(key, TOKEN, 30, "holder")
+    first = holder.inspect(key).fence
+    assert first is not None
+    got: list[Any] = []
+
+    def wait() -> None:
+        got.append(waiter.acquire(key, timeout=120))
+
+    thread = threading.Thread(target=wait, name="the-waiter")
+    try:
+        thread.start()
+        # Queued (its queueing ends with reading the holder's lease), and the watcher's helper
+        # granted a lease for the woken attempt.
+        assert wait_until(lambda: "/v3/lease/timetolive" in session.paths("the-waiter"), 30)
+        assert wait_until(lambda: "/v3/lease/grant" in session.paths("lease-lock-etcd-queue"), 30)
+        released = len(session.sent)
+        assert holder.release(key, TOKEN)
+        thread.join(60)
+        assert len(got) == 1 and got[0].fence > first
+        # The woken attempt sent its transaction alone: no lease grant before it.
+        after = [path for name, path in session.sent[released:] if name == "the-waiter"]
+        assert after and set(after) == {"/v3/kv/txn"}
+        # etcd runs the key's lease at least the TTL the waiter judges its own from.
+        assert 30 <= key_lease_ttl(etcd_server, key) <= 32
+        got[0].release()
+    finally:
+        thread.join(60)
+        waiter.close()
+        waiter.backend.close()
+
+
+def test_a_lost_attempt_keeps_its_ready_lease_and_close_revokes_it(
+    etcd_server: EtcdCluster, holder: EtcdBackend, key: str
+) -> None:
+    session = ThreadSession()
+    backend = EtcdBackend(etcd_server.endpoints, session=session)
+    watcher = backend.watch_handoffs(WakeCounter())
+    me = threading.current_thread().name
+    try:
+        assert holder.acquire(key, TOKEN, 30, "holder")
+        before = lease_ids(etcd_server)
+        # Not queued yet: a grant and the transaction; the lease, attached to nothing, is kept
+        # by the backend for a later attempt (no revoke).
+        assert not backend.acquire(key, "w" * 32, 30, "waiter")
+        assert session.paths(me) == ["/v3/lease/grant", "/v3/kv/txn"]
+        watcher.want(key)
+
+        def attempt() -> list[str]:
+            del session.sent[:]
+            assert not backend.acquire(key, "w" * 32, 30, "waiter")
+            return session.paths(me)
+
+        # Queued, and once the helper made a lease ready, each attempt is its transaction
+        # alone, and a lost one revokes nothing: the lease stays ready for the next.
+        assert wait_until(lambda: attempt() == ["/v3/kv/txn"], 30)
+        ready = lease_ids(etcd_server) - before
+        assert len(ready) == 3  # the queue's lease, the one kept ready, the backend's spare
+        assert attempt() == ["/v3/kv/txn"]
+        assert attempt() == ["/v3/kv/txn"]
+        assert lease_ids(etcd_server) >= ready
+        watcher.close()
+        assert len(ready & lease_ids(etcd_server)) == 1  # the spare, until the backend closes
+        backend.close()
+        assert not ready & lease_ids(etcd_server)
+    finally:
+        watcher.close()
+        backend.close()
+        holder.release(key, TOKEN)
+
+
+def test_a_ready_lease_past_its_margin_is_not_handed_out(
+    etcd_server: EtcdCluster, holder: EtcdBackend, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = ThreadSession()
+    backend = EtcdBackend(etcd_server.endpoints, session=session)
+    watcher = backend.watch_handoffs(WakeCounter())
+    me = threading.current_thread()
+    try:
+        assert holder.acquire(key, TOKEN, 30, "holder")
+        watcher.want(key)
+        assert not backend.acquire(key, "w" * 32, 30, "waiter")
+        assert wait_until(lambda: "/v3/lease/grant" in session.paths("lease-lock-etcd-queue"), 30)
+        assert holder.release(key, TOKEN)
+        real = time.monotonic
+        # This thread's clock only runs past the margin: the lease was last found alive longer
+        # ago than etcd's extra seconds cover, so the attempt brings a lease of its own (the
+        # one its refused attempt left unattached, renewed by a keep-alive).
+        late = READY_MARGIN + 0.5
+        monkeypatch.setattr(time, "monotonic", lambda: real() + (late if threading.current_thread() is me else 0))
+        del session.sent[:]
+        assert backend.acquire(key, "w" * 32, 30, "waiter")
+        monkeypatch.undo()
+        assert session.paths(me.name) == ["/v3/lease/keepalive", "/v3/kv/txn"]
+        assert 29 <= key_lease_ttl(etcd_server, key) <= 30
+        assert backend.release(key, "w" * 32)
+    finally:
+        monkeypatch.undo()
+        watcher.close()
+        backend.close()

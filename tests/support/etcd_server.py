@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
+import requests
 
 from tests.support.ports import free_port
 from tests.support.processes import kill_process, log_tail, stop_process
@@ -48,10 +49,19 @@ __all__ = [
     "etcd_server",
     "find_etcd_binary",
     "private_etcd_cluster",
+    "queue_entries",
     "require_etcd_binary",
 ]
 
 _START_TIMEOUT = 30.0
+
+
+def queue_entries(cluster: EtcdCluster, key: str, namespace: str = "lease_lock/") -> list[dict[str, Any]]:
+    """The entries of ``key``'s hand-off queue in etcd, oldest first, read by hand."""
+    start = namespace.encode() + b"\x00queue\x00" + key.encode() + b"\x00"
+    body = {"key": base64.b64encode(start).decode(), "range_end": base64.b64encode(start[:-1] + b"\x01").decode()}
+    answer = requests.post(cluster.endpoints[0] + "/v3/kv/range", json=body, timeout=10).json()
+    return sorted(answer.get("kvs", []), key=lambda kv: int(kv["create_revision"]))
 
 
 def find_etcd_binary() -> Optional[str]:
@@ -346,17 +356,3 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         factory = item.funcargs.get("etcd_factory") if hasattr(item, "funcargs") else None
         if isinstance(factory, EtcdFactory) and factory.clusters:
             report.sections.append(("etcd logs", factory.logs()))
-
-
-def _queue_b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def queue_entries(cluster: EtcdCluster, key: str, namespace: str = "lease_lock/") -> list[dict[str, Any]]:
-    """The entries of ``key``'s queue in etcd, oldest first, read by hand."""
-    import requests  # the etcd extra's driver: imported only by the tests that talk to etcd
-
-    start = namespace.encode() + b"\x00queue\x00" + key.encode() + b"\x00"
-    body = {"key": _queue_b64(start), "range_end": _queue_b64(start[:-1] + b"\x01")}
-    answer = requests.post(cluster.endpoints[0] + "/v3/kv/range", json=body, timeout=10).json()
-    return sorted(answer.get("kvs", []), key=lambda kv: int(kv["create_revision"]))

@@ -12,5 +12,6 @@ from __future__ import annotations
 
 from ._backend import DEFAULT_NAMESPACE, MIN_TTL, EtcdBackend, lease_seconds
 from ._client import EtcdError
+from ._handoff import READY_MARGIN
 
-__all__ = ["DEFAULT_NAMESPACE", "MIN_TTL", "EtcdBackend", "EtcdError", "lease_seconds"]
+__all__ = ["DEFAULT_NAMESPACE", "MIN_TTL", "READY_MARGIN", "EtcdBackend", "EtcdError", "lease_seconds"]

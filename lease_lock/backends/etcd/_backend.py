@@ -24,7 +24,11 @@ no NUL. So a guard needs no read before the write, and the owner rides in the sa
   request carrying all their leases.
 - **hand-off**: waiting processes queue under ``namespace + NUL + "queue" + NUL + key`` (no
   lock key contains a NUL, so ``scan`` skips those names); the grant transaction of a queued
-  waiter deletes its queue entry as well. The queue only decides whom a release wakes.
+  waiter deletes its queue entry as well. The queue only decides whom a release wakes. A queued
+  waiter's attempt skips the lease grant: it puts the key on a lease its watcher kept ready,
+  which etcd runs at least the asked length from the attempt on (see ``_handoff``); such a key's
+  lease runs up to two seconds longer in etcd than asked until its first extend moves it to a
+  lease of its own length.
 
 TTLs: etcd grants whole seconds, at least its minimum (2 s with the default 1 s election
 timeout), so a ttl is rounded up to whole seconds and to that minimum; the core still judges
@@ -107,6 +111,10 @@ def _check_endpoints(endpoints: Sequence[str]) -> list[str]:
     return checked
 
 
+class _LeaseGone(BackendUnavailableError):
+    """etcd refused a write because the lease it names is gone; nothing was written."""
+
+
 def _owner_of(value: bytes) -> str:
     return value.partition(b"\x00")[2].decode("utf-8", "replace")
 
@@ -168,6 +176,8 @@ class EtcdBackend(ServiceStore):
         # Lease length asked -> length etcd granted, when etcd's minimum raised it.
         self._granted: dict[int, int] = {}
         self._spares = SpareLeases()
+        # The lease length of the latest attempt that found its key held (see _expect_wait).
+        self._lost_length: Optional[int] = None
         forksafe.register(self)
 
     @property
@@ -264,8 +274,8 @@ class EtcdBackend(ServiceStore):
             if error.code != CODE_NOT_FOUND:
                 raise
             # The lease granted for this write ran out before the write was applied (an
-            # election longer than the lease): nothing was written.
-            raise BackendUnavailableError(f"etcd lease ran out before the write ({error})", backend="etcd") from error
+            # election longer than the lease), or was revoked: nothing was written.
+            raise _LeaseGone(f"etcd lease ran out before the write ({error})", backend="etcd") from error
 
     def _grant(self, seconds: int) -> str:
         answer = self._call("/v3/lease/grant", {"TTL": seconds})
@@ -310,11 +320,49 @@ class EtcdBackend(ServiceStore):
         seconds = lease_seconds(ttl)
         name = self._name(key)
         watcher, entry = self._queue_entry(key)
-        lease = self._lease_for(seconds)
-        put = {"key": b64(name), "value": b64(token.encode() + b"\x00" + owner.encode()), "lease": lease}
+        # A queued waiter's attempt (the one its wake brings) takes a lease its watcher kept
+        # ready, which runs at least `seconds` from now: one request instead of two.
+        ready = watcher.take_lease(seconds) if watcher is not None else None
+        value = b64(token.encode() + b"\x00" + owner.encode())
         # A waiter of this process queued for the key leaves the queue as it takes the key.
         leave = [{"request_delete_range": {"key": b64(entry)}}] if entry is not None else []
-        answer = self._txn(
+        if ready is None:
+            lease = self._lease_for(seconds)
+            answer = self._take(name, token, value, lease, leave)
+        else:
+            lease = ready.lease
+            try:
+                answer = self._take(name, token, value, lease, leave)
+            except _LeaseGone:
+                # Revoked as its watcher closed: the attempt grants a lease of its own.
+                ready, lease = None, self._grant(seconds)
+                answer = self._take(name, token, value, lease, leave)
+        if answer.get("succeeded"):
+            if watcher is not None and entry is not None:
+                watcher.granted(key, entry)
+            # The key was created by this transaction, so its create_revision is the write's.
+            return int(answer["header"]["revision"])
+        mine = answer["responses"][0]["response_txn"]
+        if not mine.get("succeeded"):
+            if ready is not None and watcher is not None:
+                watcher.keep_lease(ready)  # no key went on it: ready for the next attempt
+            else:
+                # The lease is attached to nothing: kept for this lock's next attempt.
+                if not self._spares.keep(seconds, lease):
+                    self._revoke(lease)
+                self._expect_wait(seconds)
+            return None
+        previous = mine["responses"][0]["response_put"].get("prev_kv", {}).get("lease")
+        if previous != lease:
+            self._revoke(previous)
+        return int(mine["responses"][1]["response_range"]["kvs"][0]["create_revision"])
+
+    def _take(self, name: bytes, token: str, value: str, lease: str, leave: list[dict[str, Any]]) -> dict[str, Any]:
+        """The acquire transaction: put the key on ``lease`` if it is free (and run ``leave``),
+        or if ``token`` holds it already (then read it: its create_revision is the fence).
+        Raises :class:`_LeaseGone` when etcd no longer has ``lease``."""
+        put = {"key": b64(name), "value": value, "lease": lease}
+        return self._txn(
             [{"key": b64(name), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
             [{"request_put": put}, *leave],
             [{"request_txn": {
@@ -323,21 +371,16 @@ class EtcdBackend(ServiceStore):
                 "failure": [],
             }}],
         )
-        if answer.get("succeeded"):
-            if watcher is not None and entry is not None:
-                watcher.granted(key, entry)
-            # The key was created by this transaction, so its create_revision is the write's.
-            return int(answer["header"]["revision"])
-        mine = answer["responses"][0]["response_txn"]
-        if not mine.get("succeeded"):
-            # The lease is attached to nothing: kept for this lock's next attempt.
-            if not self._spares.keep(seconds, lease):
-                self._revoke(lease)
-            return None
-        previous = mine["responses"][0]["response_put"].get("prev_kv", {}).get("lease")
-        if previous != lease:
-            self._revoke(previous)
-        return int(mine["responses"][1]["response_range"]["kvs"][0]["create_revision"])
+
+    def _expect_wait(self, seconds: int) -> None:
+        """An attempt found the key held: when this backend hands keys over by wake-one, its
+        waiter is about to queue, so the watcher keeps a lease ready for the woken attempt (a
+        watcher started after it, for this very wait, is told at its start)."""
+        self._lost_length = seconds
+        for watcher in self._watchers:
+            if isinstance(watcher, EtcdHandoffWatcher) and not watcher.closed:
+                watcher.expect_lease(seconds)
+                return
 
     def _queue_entry(self, key: str) -> tuple[Optional[EtcdHandoffWatcher], Optional[bytes]]:
         """The hand-off watcher of this backend queued for ``key``, and its entry, if any."""
@@ -473,7 +516,10 @@ class EtcdBackend(ServiceStore):
         """A wake-one watcher: while this process waits for a key it holds an entry in the key's
         queue in etcd, and a release wakes only the process whose entry is first (see
         :class:`~lease_lock.backends.handoff.HandoffWatcher`)."""
-        return self._keep(EtcdHandoffWatcher(self._client, self._prefix, callback))
+        watcher = self._keep(EtcdHandoffWatcher(self._client, self._prefix, callback))
+        if self._lost_length is not None:
+            watcher.expect_lease(self._lost_length)
+        return watcher
 
     def _keep(self, watcher: _Watcher) -> _Watcher:
         """Remember ``watcher`` for :meth:`close`, forgetting the ones closed already."""

@@ -20,6 +20,14 @@ key holding the token, taken by whichever attempt's transaction comes first, and
 never queued may take a free key. A wake that is lost (its process died while first) costs the
 others latency, never correctness: their waiters still try again by the retry delay and the
 holder's lease end.
+
+A woken attempt is one request, not two: the watcher keeps an etcd lease ready for each lease
+length its waiters asked for lately (:meth:`EtcdHandoffWatcher.take_lease`), granted and kept
+alive by its helper thread off the hand-off's path, so the attempt needs no lease grant of its
+own before its transaction. Such a lease runs :data:`READY_MARGIN` seconds longer than the length
+asked, and it is handed out only while that margin still covers the time since the request
+that last found it alive was sent; so in etcd it runs at least the length asked from the moment
+the attempt is made, as a lease granted by the attempt itself would.
 """
 
 from __future__ import annotations
@@ -31,14 +39,16 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from ...errors import BackendUnavailableError
 from ..handoff import HandoffWatcher
 from ._client import CODE_NOT_FOUND, EtcdClient, EtcdError, b64, prefix_end, unb64
 from ._watch import RESERVED, WatchStream, lock_key
 
-__all__ = ["QUEUE_KEEPALIVE", "QUEUE_MARK", "QUEUE_TTL", "EtcdHandoffWatcher", "queue_prefix"]
+__all__ = [
+    "QUEUE_KEEPALIVE", "QUEUE_MARK", "QUEUE_TTL", "READY_MARGIN", "EtcdHandoffWatcher", "ReadyLease", "queue_prefix",
+]
 
 _log = logging.getLogger("lease_lock")
 
@@ -53,6 +63,24 @@ QUEUE_KEEPALIVE = 1.0
 _SNAPSHOT_BATCH = 50
 _FIRST_RETRY = 0.05
 _MAX_RETRY = 1.0
+#: Seconds a lease kept ready runs beyond the length asked: the keep-alives come every
+#: QUEUE_KEEPALIVE, so a lease refreshed on time is always within its margin.
+READY_MARGIN = 2
+# A length not asked for in this many seconds has no lease kept ready any more.
+_READY_IDLE = 10.0
+# At most this many lease lengths are kept ready at once (the most recently asked).
+_READY_LENGTHS = 4
+
+
+class ReadyLease(NamedTuple):
+    """A lease kept ready for a waiter's attempt (see :meth:`EtcdHandoffWatcher.take_lease`)."""
+
+    #: etcd's lease ID.
+    lease: str
+    #: The length asked for; etcd runs the lease READY_MARGIN seconds longer from each renewal.
+    seconds: int
+    #: ``time.monotonic()`` before the send of the grant or keep-alive that last found it alive.
+    fresh: float
 
 
 def queue_prefix(prefix: bytes, key: bytes) -> bytes:
@@ -140,6 +168,13 @@ class EtcdHandoffWatcher(WatchStream, HandoffWatcher):
         #: Entries to delete and entries to put, for the helper thread.
         self._deletes: list[bytes] = []
         self._puts: list[bytes] = []
+        #: Leases kept ready, by the length asked; when each length was last asked for; leases
+        #: to revoke (stale, or of a length nobody asks for any more).
+        self._ready: dict[int, list[ReadyLease]] = {}
+        self._asked: dict[int, float] = {}
+        self._retired: list[str] = []
+        #: Lengths to make a lease ready for before the next keep-alive round.
+        self._refill: set[int] = set()
         self._work = threading.Condition(self._mutex)
         self._helper = threading.Thread(target=self._help, name="lease-lock-etcd-queue", daemon=True)
         self._start()
@@ -201,8 +236,46 @@ class EtcdHandoffWatcher(WatchStream, HandoffWatcher):
             if line is not None and line.entry == entry:
                 line.queued = False
 
+    def take_lease(self, seconds: int) -> Optional[ReadyLease]:
+        """A lease kept ready for an attempt of a waiter here that asks for ``seconds``: etcd
+        runs it at least ``seconds`` from now, so the attempt needs no grant of its own. ``None``
+        when none is ready; the length is noted either way, and the helper keeps one ready for
+        it from then on. The lease is the caller's: it goes back with :meth:`keep_lease` when
+        the attempt put no key on it, and is never handed out twice."""
+        now = time.monotonic()
+        with self._mutex:
+            # Not granted at once when none is ready: this attempt is in flight, and the helper's
+            # grant would compete with it. The next keep-alive round makes one ready.
+            self._want_length(seconds, now)
+            ready = self._ready.get(seconds, [])
+            while ready:
+                lease = ready.pop()
+                # The lease ends in etcd no sooner than `seconds + READY_MARGIN` after `fresh`.
+                if now <= lease.fresh + READY_MARGIN:
+                    return lease
+                self._retired.append(lease.lease)
+        return None
+
+    def expect_lease(self, seconds: int) -> None:
+        """A waiter here is about to wait for a key with leases of ``seconds``: keep one ready
+        for its woken attempt."""
+        with self._mutex:
+            self._want_length(seconds, time.monotonic())
+            # The waiter sleeps now: the helper's grant competes with nothing of it.
+            self._refill.add(seconds)
+            self._work.notify()
+
+    def keep_lease(self, lease: ReadyLease) -> None:
+        """Take back a lease from :meth:`take_lease` that holds no key (the attempt lost)."""
+        with self._mutex:
+            if self._stop.is_set():
+                self._retired.append(lease.lease)
+            else:
+                self._ready.setdefault(lease.seconds, []).append(lease)
+
     def close(self) -> None:
-        """Stop both threads and revoke the lease, which takes this watcher's entries with it."""
+        """Stop both threads and revoke the leases, the queue's (which takes this watcher's
+        entries with it) and the ones kept ready."""
         with self._mutex:
             self._stop.set()
             self._work.notify()
@@ -211,7 +284,14 @@ class EtcdHandoffWatcher(WatchStream, HandoffWatcher):
             self._helper.join(5)
         with self._lease_mutex:
             lease, self._lease = self._lease, None
-        if lease is not None:
+        with self._mutex:
+            leases = [lease, *self._retired, *(item.lease for ready in self._ready.values() for item in ready)]
+            self._ready, self._retired = {}, []
+        self._revoke([item for item in leases if item is not None])
+
+    def _revoke(self, leases: list[str]) -> None:
+        # Best effort: a lease left behind runs out by itself.
+        for lease in leases:
             with contextlib.suppress(BackendUnavailableError, EtcdError):
                 self._client.call("/v3/lease/revoke", {"ID": lease})
 
@@ -281,6 +361,25 @@ class EtcdHandoffWatcher(WatchStream, HandoffWatcher):
         entries = {unb64(kv.get("key")): int(kv.get("create_revision") or 0) for kv in queue}
         lease = str(lock[0].get("lease") or "0") if lock else None
         return int(answer["header"]["revision"]), entries, lease
+
+    def _want_length(self, seconds: int, now: float) -> None:
+        """Note that a waiter here asked for leases of ``seconds`` (under the mutex); the
+        lengths asked longest ago beyond the bound are dropped."""
+        self._asked.pop(seconds, None)
+        self._asked[seconds] = now
+        while len(self._asked) > _READY_LENGTHS:
+            self._drop_length(next(iter(self._asked)))
+
+    def _drop_length(self, seconds: int) -> None:
+        """Keep no lease ready for ``seconds`` any more (under the mutex)."""
+        del self._asked[seconds]
+        self._refill.discard(seconds)
+        self._retired += [item.lease for item in self._ready.pop(seconds, [])]
+        self._work.notify()
+
+    def _short(self) -> list[int]:
+        """The lengths asked for lately that have no lease ready (under the mutex)."""
+        return [seconds for seconds in self._asked if not self._ready.get(seconds)]
 
     def _lease_left(self, lease: str) -> float:
         if lease == "0":
@@ -365,15 +464,19 @@ class EtcdHandoffWatcher(WatchStream, HandoffWatcher):
         beat = time.monotonic() + QUEUE_KEEPALIVE
         while True:
             with self._mutex:
-                while not (self._deletes or self._puts or self._stop.is_set()) and time.monotonic() < beat:
+                while not self._helper_due() and time.monotonic() < beat:
                     self._work.wait(beat - time.monotonic())
                 if self._stop.is_set():
                     return
-                deletes, puts = self._deletes, self._puts
-                self._deletes, self._puts = [], []
+                deletes, puts, retired = self._deletes, self._puts, self._retired
+                self._deletes, self._puts, self._retired = [], [], []
+                beating = time.monotonic() >= beat
+                short = self._short() if beating else [item for item in self._short() if item in self._refill]
+                self._refill.clear()
             try:
                 self._write(deletes, puts)
-                if time.monotonic() >= beat:
+                self._make_ready(short)
+                if beating:
                     self._keep_alive()
                     self._queue_again()
                     beat = time.monotonic() + QUEUE_KEEPALIVE
@@ -386,6 +489,25 @@ class EtcdHandoffWatcher(WatchStream, HandoffWatcher):
                     self._puts[:0] = [entry for entry in puts if self._wanted(entry)]
                 self._stop.wait(delay)
                 delay = min(delay * 2, _MAX_RETRY)
+            # Best effort, once: a lease left behind runs out by itself.
+            self._revoke(retired)
+
+    def _helper_due(self) -> bool:
+        """Whether the helper has work before its next keep-alive (under the mutex)."""
+        return bool(self._deletes or self._puts or self._retired or self._refill or self._stop.is_set())
+
+    def _make_ready(self, lengths: list[int]) -> None:
+        """Grant a lease for each of ``lengths``, READY_MARGIN seconds longer, kept ready."""
+        for seconds in lengths:
+            sent = time.monotonic()
+            answer = self._client.call("/v3/lease/grant", {"TTL": seconds + READY_MARGIN})
+            lease = ReadyLease(str(answer["ID"]), seconds, sent)
+            with self._mutex:
+                closed = self._stop.is_set()
+                if not closed:
+                    self._ready.setdefault(seconds, []).append(lease)
+            if closed:
+                self._revoke([lease.lease])
 
     def _wanted(self, entry: bytes) -> bool:
         return any(line.entry == entry for line in self._lines.values())
@@ -397,17 +519,40 @@ class EtcdHandoffWatcher(WatchStream, HandoffWatcher):
             self._put_then(puts, [{"request_delete_range": {"key": b64(entry)}} for entry in gone])
 
     def _keep_alive(self) -> None:
-        """Renew the lease; when etcd no longer has it, its entries are gone: put every line's
-        entry again, at the back of its queue, on a new lease."""
+        """Renew the queue's lease and the leases kept ready, in one request (a length nobody
+        asked for lately loses its lease first). When etcd no longer has the queue's lease, its
+        entries are gone: put every line's entry again, at the back of its queue, on a new lease."""
         with self._lease_mutex:
             lease = self._lease
-        if lease is None or self._client.keepalive([lease]).get(lease, 0) > 0:
+        now = time.monotonic()
+        with self._mutex:
+            for seconds in [item for item, asked in self._asked.items() if now - asked > _READY_IDLE]:
+                self._drop_length(seconds)
+            ready = [item.lease for items in self._ready.values() for item in items]
+        leases = ([lease] if lease is not None else []) + ready
+        if not leases:
+            return
+        left = self._client.keepalive(leases)
+        self._refresh_ready(left, now)
+        if lease is None or left.get(lease, 0) > 0:
             return
         self._lost_lease(lease)
         _log.debug("etcd hand-off lease %s ran out; queueing again", lease)
         with self._mutex:
             for line in self._lines.values():
                 line.queued = False
+
+    def _refresh_ready(self, left: dict[str, int], sent: float) -> None:
+        """After a keep-alive sent at ``sent``: the ready leases it found alive are fresh from
+        then; the ones etcd no longer has are forgotten. A lease taken meanwhile keeps the
+        time it was handed out with (an earlier one, which is on the safe side)."""
+        with self._mutex:
+            for seconds, items in self._ready.items():
+                self._ready[seconds] = [
+                    ReadyLease(item.lease, seconds, max(item.fresh, sent)) if item.lease in left else item
+                    for item in items
+                    if left.get(item.lease, 1) > 0
+                ]
 
     def _queue_again(self) -> None:
         """Queue again, at the back, every key still waited for whose entry is gone (taken by a
