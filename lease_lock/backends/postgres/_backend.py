@@ -641,14 +641,14 @@ def _table_problems(
     cursor.execute(
         _TABLE_CHECK, {"table": table, "unique": list(unique), "privileges": list(privileges)}
     )
-    exists, present, unique, missing_privileges = cursor.fetchone()
+    exists, present, indexed, missing_privileges = cursor.fetchone()
     if not exists:
         return [f"table {table} does not exist"]
     problems = []
     missing = [name for name in columns if name not in present]
     if missing:
         problems.append(f"table {table} lacks the column(s) {', '.join(missing)}")
-    elif not unique:
+    elif not indexed:
         on = unique[0] + " alone" if len(unique) == 1 else "(" + ", ".join(unique) + ") together"
         problems.append(
             f"table {table} has no primary key or unique index on {on} "
