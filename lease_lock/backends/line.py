@@ -25,8 +25,8 @@ from typing import Callable, NamedTuple, Optional, TypeVar
 from .handoff import LineGrant, WaitingLine
 
 __all__ = [
-    "CLAIM_MAX", "FRESH_SHARE", "LINE_WAITERS", "REFRESH_SHARE", "Handed", "Joined", "LineSlots", "RefreshedLine",
-    "claim_for",
+    "BURST", "CLAIM_MAX", "FRESH_SHARE", "LINE_WAITERS", "REFRESH_SHARE", "Handed", "Joined", "LineSlots",
+    "RefreshedLine", "claim_for",
 ]
 
 _log = logging.getLogger("lease_lock")
@@ -39,6 +39,12 @@ CLAIM_MAX = 6.0
 #: skips a stale one), and the waiter refreshes it twice as often (REFRESH_SHARE).
 FRESH_SHARE = 0.5
 REFRESH_SHARE = 0.25
+#: A waiter handed the key keeps it through its own releases this long (seconds): a release
+#: within its burst hands nothing over and leaves the key free, so that a holder that releases
+#: and takes the key straight back is not interrupted by a hand-over (each of which costs a
+#: waiter's wake-up) at every release; the waiter at the head of the line, told when the burst
+#: ends, asks for the key itself then.
+BURST = 0.002
 #: How many threads of one backend may wait in line at once, each blocked on a connection of
 #: its own; further waiters wait through the backend's shared hand-off watcher instead.
 LINE_WAITERS = 8

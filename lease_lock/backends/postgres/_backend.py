@@ -25,7 +25,7 @@ from ..base import (
     parse_url_options,
 )
 from ..handoff import HandoffWatcher, WaitingLine
-from ..line import FRESH_SHARE, LineSlots, claim_for
+from ..line import BURST, FRESH_SHARE, Joined, LineSlots, claim_for
 from ..service import ServiceStore, check_amount
 from ._connections import ConnectionSource, LazyPool, check_dsn
 from ._errors import is_connect_failure, is_connection_failure, unavailable
@@ -481,7 +481,7 @@ class PostgresBackend(ServiceStore):
         key to the next waiter in line when the line can be used, else the plain one. Returns
         its rows and whether its outcome was unknown at a first try (see :meth:`_run`)."""
         if self._lines_ok:
-            handing = dict(parameters, gate=self.names.gate, slot=_key_slot(parameters["key"]))
+            handing = dict(parameters, gate=self.names.gate, slot=_key_slot(parameters["key"]), burst=BURST)
             try:
                 _, rows, retried = self._run(self._sql[kind + "_handing"], handing)
             except psycopg2.errors.UndefinedTable:
@@ -573,15 +573,17 @@ class PostgresBackend(ServiceStore):
             "claim_window": claim, "fenced": fenced, "fresh_for": claim * FRESH_SHARE, "listen": "", "ticket": "",
         }
         statement = self._sql["join_fenced" if fenced else "join"]
-        leaving = {"key": key, "token": token, "channel": self.names.channel, "gate": gate, "slot": slot}
+        leaving = {
+            "key": key, "token": token, "channel": self.names.channel, "gate": gate, "slot": slot, "burst": BURST,
+        }
 
-        def join(listen: str, ticket: str) -> Optional[int]:
+        def join(listen: str, ticket: str) -> Joined:
             joining["listen"], joining["ticket"] = listen, ticket
             _, rows, _ = self._run(statement, joining)
-            granted, fence = rows[0]
+            granted, fence, burst_left = rows[0]
             if not granted:
-                return None
-            return 0 if fence is None else int(fence)
+                return Joined(None, None if burst_left is None else float(burst_left))
+            return Joined(0 if fence is None else int(fence))
 
         def leave() -> None:
             self._run(self._sql["leave_line"], leaving)
@@ -708,7 +710,7 @@ _PREPARED = frozenset(
 _PARAMETER_TYPES = {
     "key": "text", "token": "text", "ttl": "float8", "owner": "text", "channel": "text",
     "gate": "int4", "slot": "int4", "claim_window": "float8", "fenced": "bool", "listen": "text", "ticket": "text",
-    "fresh_for": "float8",
+    "fresh_for": "float8", "burst": "float8",
 }
 
 _PARAMETER = re.compile(r"%\((\w+)\)s")
@@ -773,7 +775,17 @@ def _line_statements(
         " fresh_until = EXCLUDED.fresh_until),"
         f" gone AS (DELETE FROM {q} WHERE key = %(key)s AND token = %(token)s"
         " AND EXISTS (SELECT 1 FROM granted))"
-        " SELECT EXISTS (SELECT 1 FROM granted), (SELECT fence FROM granted)"
+        # A waiter at the head of the line learns how long the holder's burst still runs (see
+        # hand_on): it asks for the key itself when the burst ends, as no release hands it over
+        # before then.
+        " SELECT EXISTS (SELECT 1 FROM granted), (SELECT fence FROM granted),"
+        " (SELECT extract(epoch FROM burst.fresh_until - clock_timestamp())::float8"
+        f" FROM {q} AS burst WHERE burst.key = %(key)s AND burst.token = ''"
+        " AND burst.fresh_until > clock_timestamp() AND NOT EXISTS (SELECT 1 FROM granted)"
+        f" AND NOT EXISTS (SELECT 1 FROM {q} AS ahead WHERE ahead.key = %(key)s"
+        " AND ahead.token <> '' AND ahead.token <> %(token)s AND ahead.fresh_until > clock_timestamp()"
+        f" AND ahead.joined < COALESCE((SELECT me.joined FROM {q} AS me WHERE me.key = %(key)s"
+        " AND me.token = %(token)s AND me.fresh_until > clock_timestamp()), clock_timestamp())))"
     )
     def hand_on(lease_rows: str, line_rows: str, extra: str = "") -> str:
         """A release that hands the key to the oldest fresh waiter in line, else deletes it.
@@ -784,13 +796,22 @@ def _line_statements(
         its place is taken out, and its listening connection is told on its own channel with
         the ticket of the refresh whose place this read and the fence. Stale places of the
         key are dropped on the way. Without a fresh waiter, the row is deleted and the
-        release is announced on the table's channel, as before lines existed."""
+        release is announced on the table's channel, as before lines existed.
+
+        The waiter handed the key keeps it through its own releases for a burst (``burst``
+        seconds, kept in the key's row of the line with the empty token, which no waiter has):
+        until it ends, a release hands nothing over and leaves the key free, so that a holder
+        that releases and takes the key straight back is not interrupted by a hand-over, each of
+        which costs a waiter's wake-up, at every release."""
         return (
             "WITH lease AS MATERIALIZED (SELECT expires_at > clock_timestamp() AS live"
             f" FROM {t} WHERE key = %(key)s{lease_rows}),"
+            f" burst AS MATERIALIZED (SELECT 1 FROM {q} WHERE key = %(key)s AND token = ''"
+            " AND fresh_until > clock_timestamp()),"
             " waiter AS MATERIALIZED (SELECT line.token, line.owner, line.claim, line.fenced, line.channel,"
-            f" line.ticket FROM {q} AS line WHERE line.key = %(key)s{line_rows}"
+            f" line.ticket FROM {q} AS line WHERE line.key = %(key)s{line_rows} AND line.token <> ''"
             " AND line.fresh_until > clock_timestamp() AND EXISTS (SELECT 1 FROM lease)"
+            " AND NOT EXISTS (SELECT 1 FROM burst)"
             " ORDER BY line.joined, line.token LIMIT 1),"
             + draw("drawn", "waiter WHERE waiter.fenced")
             + f", handed AS (UPDATE {t} AS held SET token = waiter.token, owner = waiter.owner,"
@@ -800,7 +821,12 @@ def _line_statements(
             " RETURNING held.fence, waiter.token AS taker, waiter.channel, waiter.ticket),"
             f" taken AS (DELETE FROM {q} AS line USING handed WHERE line.key = %(key)s"
             " AND line.token = handed.taker),"
+            f" bursting AS (INSERT INTO {q} (key, token, owner, claim, fenced, channel, ticket, joined,"
+            " fresh_until) SELECT %(key)s, '', '', 0, false, '', '', clock_timestamp(),"
+            " clock_timestamp() + %(burst)s * interval '1 second' FROM handed"
+            " ON CONFLICT (key, token) DO UPDATE SET fresh_until = EXCLUDED.fresh_until),"
             f" stale AS (DELETE FROM {q} AS line WHERE line.key = %(key)s{line_rows}"
+            " AND (line.token <> '' OR NOT EXISTS (SELECT 1 FROM handed))"
             " AND line.fresh_until <= clock_timestamp()"
             " AND NOT EXISTS (SELECT 1 FROM waiter WHERE waiter.token = line.token)),"
             + extra

@@ -131,8 +131,8 @@ class ListeningConnections:
 class PostgresWaitingLine(RefreshedLine):
     """A waiting thread's place in one key's line (see the module docstring).
 
-    ``join(channel, ticket)`` runs one attempt in line (the fence, ``0`` when unfenced, of a
-    full grant, or ``None``: in line); ``leave()`` takes the place out and releases a key handed
+    ``join(channel, ticket)`` runs one attempt in line (see
+    :class:`~lease_lock.backends.line.Joined`); ``leave()`` takes the place out and releases a key handed
     over meanwhile; ``connections`` lends the listening connection, taken at the first attempt
     and given back on leaving; the rest is :class:`~lease_lock.backends.line.RefreshedLine`'s.
     """
@@ -140,7 +140,7 @@ class PostgresWaitingLine(RefreshedLine):
     def __init__(
         self,
         *,
-        join: Callable[[str, str], Optional[int]],
+        join: Callable[[str, str], Joined],
         leave: Callable[[], None],
         connections: ListeningConnections,
         dsn: Optional[str],
@@ -179,12 +179,9 @@ class PostgresWaitingLine(RefreshedLine):
         self._count += 1
         ticket = f"{self._id}.{self._count}"
         self._tickets[ticket] = sent
-        fence = self._join_call(self._listening.channel, ticket)
-        if fence is not None:
-            self._tickets = {}
-            return Joined(fence)
-        self._tickets = {ticket: sent}
-        return Joined(None)
+        joined = self._join_call(self._listening.channel, ticket)
+        self._tickets = {} if joined.fence is not None else {ticket: sent}
+        return joined
 
     def _block(self, seconds: float) -> Optional[Handed]:
         listening = self._listening

@@ -23,15 +23,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
-from ..line import CLAIM_MAX, FRESH_SHARE, LINE_WAITERS, Handed, Joined, LineSlots, RefreshedLine, claim_for
+from ..line import BURST, CLAIM_MAX, FRESH_SHARE, LINE_WAITERS, Handed, Joined, LineSlots, RefreshedLine, claim_for
 from ._scripts import JOIN_LINE, LEAVE_LINE
 
 __all__ = ["BURST", "CLAIM_MAX", "FRESH_SHARE", "LINE_WAITERS", "LineSlots", "RedisWaitingLine", "claim_for"]
-
-#: A waiter handed the key keeps it through its own releases this long (seconds): a release
-#: within its burst leaves the key free (see _HAND_ON in _scripts), and the waiter at the head
-#: of the line asks for the key itself when the burst ends.
-BURST = 0.002
 
 
 def _fence(reply: Any) -> int:
