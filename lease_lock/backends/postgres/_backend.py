@@ -585,8 +585,15 @@ class PostgresBackend(ServiceStore):
                 return Joined(None, None if burst_left is None else float(burst_left))
             return Joined(0 if fence is None else int(fence))
 
-        def leave() -> None:
-            self._run(self._sql["leave_line"], leaving)
+        def leave(conn: Optional[Any]) -> None:
+            # On the waiter's own listening connection when it has one: leaving must work when
+            # the pool cannot lend one (closed with its Locker while the thread was in line, or
+            # every connection busy), or the place would linger, fresh, and be handed the key.
+            if conn is None:
+                self._run(self._sql["leave_line"], leaving)
+                return
+            with conn.cursor() as cursor:
+                cursor.execute(self._sql["leave_line"].sql, leaving)
 
         return PostgresWaitingLine(
             join=join, leave=leave, connections=self._listening, dsn=self._listen_dsn, label=self.names.label,

@@ -132,8 +132,9 @@ class PostgresWaitingLine(RefreshedLine):
     """A waiting thread's place in one key's line (see the module docstring).
 
     ``join(channel, ticket)`` runs one attempt in line (see
-    :class:`~lease_lock.backends.line.Joined`); ``leave()`` takes the place out and releases a key handed
-    over meanwhile; ``connections`` lends the listening connection, taken at the first attempt
+    :class:`~lease_lock.backends.line.Joined`); ``leave(conn)`` takes the place out and releases
+    a key handed over meanwhile, on ``conn`` (the listening connection, ``None`` when there is
+    no usable one); ``connections`` lends the listening connection, taken at the first attempt
     and given back on leaving; the rest is :class:`~lease_lock.backends.line.RefreshedLine`'s.
     """
 
@@ -141,7 +142,7 @@ class PostgresWaitingLine(RefreshedLine):
         self,
         *,
         join: Callable[[str, str], Joined],
-        leave: Callable[[], None],
+        leave: Callable[[Optional[Any]], None],
         connections: ListeningConnections,
         dsn: Optional[str],
         label: str,
@@ -208,7 +209,8 @@ class PostgresWaitingLine(RefreshedLine):
         return None
 
     def _quit(self) -> None:
-        self._leave_call()
+        listening = self._listening
+        self._leave_call(None if listening is None or self._broken else listening.conn)
 
     def _done(self) -> None:
         listening, self._listening = self._listening, None
