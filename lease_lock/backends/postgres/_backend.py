@@ -561,10 +561,11 @@ class PostgresBackend(ServiceStore):
         and :mod:`._line`): a release hands the key straight to the oldest fresh waiter in
         ``<table>_queue``, which is blocked on a listening connection of its own. At most
         :data:`~lease_lock.backends.line.LINE_WAITERS` threads of one backend wait this way at
-        once (``None`` beyond that), and none before the first write checked the tables, or
-        when the line's table cannot be used (see :meth:`_line_usable`).
+        once (``None`` beyond that), and none before the first write checked the tables, when
+        the line's table cannot be used (see :meth:`_line_usable`), or once the backend is
+        closed.
         """
-        if not self._lines_ok or not self._line_slots.take():
+        if not self._lines_ok or self._listening.closed or not self._line_slots.take():
             return None
         claim = claim_for(ttl)
         gate, slot = self.names.gate, _key_slot(key)

@@ -73,6 +73,11 @@ class ListeningConnections:
         self._pid = os.getpid()
         self._closed = False
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran (the backend is closed: no new waiter takes a place)."""
+        return self._closed
+
     def take(self) -> Listening:
         """An idle listening connection, or a new one. Raises ``BackendUnavailableError`` when
         the server cannot be reached; a refused login passes through as the driver's error."""
