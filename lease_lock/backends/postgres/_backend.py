@@ -412,7 +412,8 @@ class PostgresBackend(ServiceStore):
         return int(rows[0][0]) if rows else None
 
     def release(self, key: str, token: str) -> bool:
-        """Delete ``key`` if ``token`` holds it and announce the release to listeners.
+        """Give ``key`` up if ``token`` holds it: hand it to the oldest fresh waiter in the key's
+        line (see :meth:`join_line`), or else delete it and announce the release to listeners.
 
         When a first try broke with its outcome unknown and the retry no longer finds the
         token on the key, the answer is ``True`` (released): the first try may well have
@@ -470,7 +471,8 @@ class PostgresBackend(ServiceStore):
         return fence if fence is not None else self.inspect(key)
 
     def force_release(self, key: str) -> bool:
-        """Delete ``key`` whoever holds it; ``True`` when a live lease was dropped."""
+        """Take ``key`` from whoever holds it (handing it to the oldest fresh waiter in line, as
+        :meth:`release` does); ``True`` when the lease taken was live."""
         if not self._tables_ready:
             self._check_ready()
         rows, _ = self._hand_on("force_release", {"key": key, "channel": self.names.channel})
