@@ -374,13 +374,25 @@ def test_stale_places_are_skipped_and_swept(postgres_server: PostgresServer, adm
         # The waiter died without a word: its place goes stale.
         _rows(admin, f'UPDATE "{table}_queue" SET fresh_until = clock_timestamp() - interval \'1 second\'')
         assert backend.release(key, HOLDER)
-        # Not handed to the stale place: the key is free, and the place is gone.
+        # Not handed to the stale place: the key is free; the sweep deletes the place.
         assert not backend.inspect(key).held
-        assert _in_line(admin, table, key) == 0
-        assert backend.acquire(key, HOLDER, 30, "holder") and line.ask() is None
-        _rows(admin, f'UPDATE "{table}_queue" SET fresh_until = clock_timestamp() - interval \'1 second\'')
+        assert _in_line(admin, table, key) == 1
         backend.sweep_expired()
         assert _in_line(admin, table, key) == 0
+        # A release that hands the key on drops the stale places it meets on the way.
+        second = backend.join_line(key, "v" * 32, 30, "v", False, time.monotonic)
+        assert second is not None
+        assert backend.acquire(key, HOLDER, 30, "holder") and line.ask() is None and second.ask() is None
+        _rows(
+            admin,
+            f'UPDATE "{table}_queue" SET fresh_until = clock_timestamp() - interval \'1 second\' WHERE token = %s',
+            "w" * 32,
+        )
+        assert backend.release(key, HOLDER)
+        assert backend.inspect(key).owner == "v"
+        assert _in_line(admin, table, key) == 0
+        second.leave(False)
+        assert not backend.inspect(key).held
         line.leave(False)
     finally:
         backend.force_release(key)

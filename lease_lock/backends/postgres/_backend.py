@@ -45,6 +45,8 @@ _COUNTER_PRIVILEGES = ("SELECT", "INSERT", "UPDATE")
 _QUEUE_COLUMNS = ("key", "token", "owner", "claim", "fenced", "channel", "ticket", "joined", "fresh_until")
 
 _log = logging.getLogger("lease_lock")
+#: How many keys a backend remembers as having had somebody in line (see _hand_on_in_line).
+_QUEUED_KEYS = 4096
 
 # Inputs: the table's regclass text, the columns that must be unique together, the
 # privileges needed. Result: one row (exists, column names, has a usable unique index on the
@@ -182,6 +184,8 @@ class PostgresBackend(ServiceStore):
         #: Whether the line of waiters can be used (``None``: not checked yet; see
         #: _line_usable), the threads waiting in it and their listening connections.
         self._lines_ok: Optional[bool] = None
+        #: Keys whose latest release here found somebody in line (see _hand_on_in_line).
+        self._queued: set[str] = set()
         self._line_slots = LineSlots()
         self._listening = ListeningConnections(self._listen_parameters, lambda: self._listen_dsn, self.names.label)
         self._sql = _statements(self.names, "" if synchronous_commit else _ASYNC_COMMIT)
@@ -483,18 +487,38 @@ class PostgresBackend(ServiceStore):
         key to the next waiter in line when the line can be used, else the plain one. Returns
         its rows and whether its outcome was unknown at a first try (see :meth:`_run`)."""
         if self._lines_ok:
-            handing = dict(parameters, gate=self.names.gate, slot=_key_slot(parameters["key"]), burst=BURST)
+            key = parameters["key"]
+            handing = dict(parameters, gate=self.names.gate, slot=_key_slot(key), burst=BURST)
             try:
-                _, rows, retried = self._run(self._sql[kind + "_handing"], handing)
+                return self._hand_on_in_line(kind, key, handing)
             except psycopg2.errors.UndefinedTable:
                 # The line was dropped under a backend that may not create it again: the
                 # recheck turned the line off, and the plain release still works.
                 if self._lines_ok:
                     raise
-            else:
-                return rows, retried
         _, rows, retried = self._run(self._sql[kind], parameters)
         return rows, retried
+
+    def _hand_on_in_line(self, kind: str, key: str, parameters: dict[str, Any]) -> tuple[list[Any], bool]:
+        """:meth:`_hand_on` with the line. A release of a key nobody waited in line for at its
+        previous release here first sends the lean ``release_unqueued``, which costs little
+        more than the plain release and does nothing when it finds a place in line; only then
+        is the statement that hands the key on sent (one round trip more, once per busy spell
+        of the key). Keys found with a waiter go straight to that statement until a release
+        finds their line empty again."""
+        queued = self._queued
+        retried = False
+        if kind == "release" and key not in queued:
+            _, rows, retried = self._run(self._sql["release_unqueued"], parameters)
+            if not rows or not rows[0][2]:
+                return rows, retried
+            if len(queued) >= _QUEUED_KEYS:
+                queued.clear()  # a bound, not a cache policy: forgetting costs one round trip
+            queued.add(key)
+        _, rows, again = self._run(self._sql[kind + "_handing"], parameters)
+        if kind == "release" and rows and not rows[0][2]:
+            queued.discard(key)  # nobody was in line: the lean statement serves the next release
+        return rows, retried or again
 
     def scan(self, prefix: str) -> Iterator[LockState]:
         """Live leases whose key starts with ``prefix``, in key order."""
@@ -713,7 +737,10 @@ class _Statement(NamedTuple):
 #: them: the server then skips parsing and planning them on every call, which saves more time
 #: per cycle (hundreds of microseconds for a fenced grant) than the client spends on it.
 _PREPARED = frozenset(
-    {"acquire", "acquire_fenced", "release", "extend", "is_held", "inspect", "join", "join_fenced", "release_handing"}
+    {
+        "acquire", "acquire_fenced", "release", "extend", "is_held", "inspect", "join", "join_fenced",
+        "release_handing", "release_unqueued",
+    }
 )
 
 #: The SQL type of each parameter of a prepared statement.
@@ -846,8 +873,9 @@ def _line_statements(
             + extra
             + f" dropped AS (DELETE FROM {t} WHERE key = %(key)s{lease_rows}"
             " AND NOT EXISTS (SELECT 1 FROM waiter) RETURNING key, expires_at > clock_timestamp() AS live)"
-            " SELECT live, pg_notify(%(channel)s, key) FROM dropped"
-            " UNION ALL SELECT live, pg_notify(channel, ticket || '|' || COALESCE(fence::text, '')) FROM handed"
+            " SELECT live, pg_notify(%(channel)s, key), false FROM dropped"
+            " UNION ALL SELECT live, pg_notify(channel, ticket || '|' || COALESCE(fence::text, '')), true"
+            " FROM handed"
         )
 
     mine, not_mine = " AND token = %(token)s", " AND line.token <> %(token)s"
@@ -859,8 +887,20 @@ def _line_statements(
         # The same with fenced true, and gate, slot. Result: (granted?, the grant's fence).
         "join_fenced": "WITH granted AS (" + acquire_fenced + ")," + place,
         # Inputs: key, token, channel (the table's), burst. Result: one row (was the lease
-        # live?, the notification's void result) if the token held the row.
+        # live?, the notification's void result, was it handed on?) if the token held the row.
         "release_handing": hand_on(mine, not_mine),
+        # Inputs: key, token, channel. Result: (was the lease live?, void, false) when the token
+        # held the key and nobody had a fresh place in its line: the row is deleted and the
+        # release announced, as by the plain release; (NULL, NULL, true) when somebody has one,
+        # and nothing was done (release_handing follows); no row when the token held nothing.
+        "release_unqueued": (
+            f"WITH placed AS MATERIALIZED (SELECT 1 FROM {q} WHERE key = %(key)s AND token <> %(token)s"
+            " AND token <> '' AND fresh_until > clock_timestamp() LIMIT 1),"
+            f" dropped AS (DELETE FROM {t} WHERE key = %(key)s AND token = %(token)s"
+            " AND NOT EXISTS (SELECT 1 FROM placed) RETURNING key, expires_at > clock_timestamp() AS live)"
+            " SELECT live, pg_notify(%(channel)s, key), false FROM dropped"
+            " UNION ALL SELECT NULL, NULL, true FROM placed"
+        ),
         # Inputs: key, channel. Result: as release_handing, for whoever held the key.
         "force_release_handing": hand_on("", ""),
         # Inputs: key, token, channel. A waiter that leaves without the key: its place goes,
