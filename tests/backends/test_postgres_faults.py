@@ -147,22 +147,26 @@ def test_listener_reconnects_after_its_session_is_killed(
     assert not watcher.active and watcher.backend_pid is None
 
 
-def test_waiter_gets_the_key_when_its_listener_was_killed(
-    postgres_server: PostgresServer, app_name: str
+# A wait with a cancel event waits through the locker's listener; one without waits in the
+# key's line, on a listening connection of its own ("line").
+@pytest.mark.parametrize("connection", ["listener", "line"])
+def test_waiter_gets_the_key_when_its_waiting_connection_was_killed(
+    postgres_server: PostgresServer, app_name: str, connection: str
 ) -> None:
     url = f"{postgres_server.url}?application_name={app_name}"
     holder_locker = lease_lock.connect(url, ttl=30)
     waiter_locker = lease_lock.connect(url, ttl=30)
     key = f"handoff:{uuid.uuid4().hex}"
+    cancel = threading.Event() if connection == "listener" else None
     try:
         lock = holder_locker.acquire(key)
         outcome: list[Any] = []
         waiter = threading.Thread(
-            target=lambda: outcome.append(waiter_locker.acquire(key, timeout=60)), daemon=True
+            target=lambda: outcome.append(waiter_locker.acquire(key, timeout=60, cancel=cancel)), daemon=True
         )
         waiter.start()
-        # The waiter subscribes before its first wait; kill that session mid-wait.
-        assert wait_until(lambda: _terminate(postgres_server, f"{app_name} listener") >= 1, 30)
+        # The waiter connects before its first wait; kill that session mid-wait.
+        assert wait_until(lambda: _terminate(postgres_server, f"{app_name} {connection}") >= 1, 30)
         lock.release()
         waiter.join(60)
         assert len(outcome) == 1 and outcome[0].state == "held"

@@ -106,6 +106,9 @@ def contend(url: str, table: str, key: str, rounds: int, hold: float, rest: floa
         return taken
 
     ReleaseDispatcher._on_handoff = noted  # type: ignore[method-assign]
+    # A wait with a cancel event waits through the locker's wake-one listener (the subject
+    # here), never in the key's line.
+    never = threading.Event()
     # A waiter here looks at the key again one second after a failed attempt: the retry delay
     # bounds every wait, so only a wake can hand the key over sooner than that.
     locker = Locker(PostgresBackend.from_url(url, table=table), ttl=30, retry=Retry(delay=1.0))
@@ -114,7 +117,7 @@ def contend(url: str, table: str, key: str, rounds: int, hold: float, rest: floa
     releases: list[float] = []
     try:
         for _ in range(rounds):
-            lock = locker.acquire(key, timeout=120)
+            lock = locker.acquire(key, timeout=120, cancel=never)
             grants.append(time.time())
             time.sleep(hold)
             releases.append(time.time())
@@ -126,11 +129,12 @@ def contend(url: str, table: str, key: str, rounds: int, hold: float, rest: floa
 
 
 def wait_forever(url: str, table: str, key: str) -> None:
-    """A process waiting for ``key`` (until it is stopped or killed)."""
+    """A process waiting for ``key`` (until it is stopped or killed), through its locker's
+    wake-one listener (a wait with a cancel event never waits in the key's line)."""
     from lease_lock.backends.postgres import PostgresBackend
 
     locker = Locker(PostgresBackend.from_url(url, table=table), ttl=30)
-    locker.acquire(key, timeout=600)
+    locker.acquire(key, timeout=600, cancel=threading.Event())
 
 
 if __name__ == "__main__":  # pragma: no cover - run as a child process by the tests

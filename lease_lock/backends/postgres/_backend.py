@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import re
 import secrets
 import urllib.parse
@@ -23,10 +24,12 @@ from ..base import (
     ReleaseWatcher,
     parse_url_options,
 )
-from ..handoff import HandoffWatcher
+from ..handoff import HandoffWatcher, WaitingLine
+from ..line import BURST, FRESH_SHARE, Joined, LineSlots, claim_for
 from ..service import ServiceStore, check_amount
 from ._connections import ConnectionSource, LazyPool, check_dsn
 from ._errors import is_connect_failure, is_connection_failure, unavailable
+from ._line import ListeningConnections, PostgresWaitingLine
 from ._sql import Names, ddl, resolve_names
 from ._watch import PostgresHandoffWatcher, PostgresReleaseWatcher
 
@@ -39,11 +42,16 @@ _LOCK_COLUMNS = ("key", "token", "expires_at", "fence", "owner")
 _LOCK_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
 _COUNTER_COLUMNS = ("name", "window_index", "count")
 _COUNTER_PRIVILEGES = ("SELECT", "INSERT", "UPDATE")
+_QUEUE_COLUMNS = ("key", "token", "owner", "claim", "fenced", "channel", "ticket", "joined", "fresh_until")
 
-# Inputs: the table's regclass text, the column that must be unique on its own, the
+_log = logging.getLogger("lease_lock")
+#: How many keys a backend remembers as having had somebody in line (see _hand_on_in_line).
+_QUEUED_KEYS = 4096
+
+# Inputs: the table's regclass text, the columns that must be unique together, the
 # privileges needed. Result: one row (exists, column names, has a usable unique index on the
-# column, the privileges the current role lacks). The index must be usable by ON CONFLICT:
-# unique, valid, not deferrable, not partial, on that one column.
+# columns, the privileges the current role lacks). The index must be usable by ON CONFLICT:
+# unique, valid, not deferrable, not partial, on those columns and no others.
 _TABLE_CHECK = """
 WITH target AS (SELECT to_regclass(%(table)s) AS oid)
 SELECT
@@ -51,10 +59,13 @@ SELECT
   ARRAY(SELECT attname::text FROM pg_attribute
         WHERE attrelid = target.oid AND attnum > 0 AND NOT attisdropped),
   EXISTS (SELECT 1 FROM pg_index AS i
-          JOIN pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
           WHERE i.indrelid = target.oid AND i.indisunique AND i.indisvalid AND i.indimmediate
-            AND i.indnkeyatts = 1 AND i.indpred IS NULL AND i.indexprs IS NULL
-            AND a.attname = %(column)s),
+            AND i.indnkeyatts = cardinality(%(unique)s::text[]) AND i.indpred IS NULL
+            AND i.indexprs IS NULL
+            AND ARRAY(SELECT a.attname::text FROM generate_series(0, i.indnkeyatts - 1) AS k(n)
+                      JOIN pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[k.n]
+                      ORDER BY 1)
+                = ARRAY(SELECT unnest(%(unique)s::text[]) ORDER BY 1)),
   ARRAY(SELECT privilege FROM unnest(%(privileges)s::text[]) AS privilege
         WHERE target.oid IS NOT NULL AND NOT has_table_privilege(target.oid, privilege))
 FROM target
@@ -170,6 +181,13 @@ class PostgresBackend(ServiceStore):
         self._table_seen = False
         self._counters_ready = False
         self._watchers: list[PostgresReleaseWatcher] = []
+        #: Whether the line of waiters can be used (``None``: not checked yet; see
+        #: _line_usable), the threads waiting in it and their listening connections.
+        self._lines_ok: Optional[bool] = None
+        #: Keys whose latest release here found somebody in line (see _hand_on_in_line).
+        self._queued: set[str] = set()
+        self._line_slots = LineSlots()
+        self._listening = ListeningConnections(self._listen_parameters, lambda: self._listen_dsn, self.names.label)
         self._sql = _statements(self.names, "" if synchronous_commit else _ASYNC_COMMIT)
 
     @classmethod
@@ -317,7 +335,7 @@ class PostgresBackend(ServiceStore):
                 return
             with self._source.ready_lock, conn.cursor(cursor_factory=_PLAIN_CURSOR) as cursor:
                 problems = _table_problems(
-                    cursor, self.names.table, "key", _LOCK_COLUMNS, ("SELECT",)
+                    cursor, self.names.table, ("key",), _LOCK_COLUMNS, ("SELECT",)
                 )
             if problems == [f"table {self.names.table} does not exist"]:
                 raise ValidationError(
@@ -336,16 +354,36 @@ class PostgresBackend(ServiceStore):
                 cursor.execute(";\n".join(statements + _ddl_for(self.names)))
             if not self._tables_ready:
                 problems = _table_problems(
-                    cursor, self.names.table, "key", _LOCK_COLUMNS, _LOCK_PRIVILEGES
+                    cursor, self.names.table, ("key",), _LOCK_COLUMNS, _LOCK_PRIVILEGES
                 ) + _sequence_problems(cursor, self.names)
                 _raise_problems(self.names, problems)
+                self._lines_ok = self._line_usable(cursor)
                 self._tables_ready = True
             if counters and not self._counters_ready:
                 problems = _table_problems(
-                    cursor, self.names.counters, "name", _COUNTER_COLUMNS, _COUNTER_PRIVILEGES
+                    cursor, self.names.counters, ("name",), _COUNTER_COLUMNS, _COUNTER_PRIVILEGES
                 )
                 _raise_problems(self.names, problems)
                 self._counters_ready = True
+
+    def _line_usable(self, cursor: Any) -> bool:
+        """Whether the line of waiters can be used: a lock table made by an older release's
+        DDL, without ``<table>_queue``, keeps working with the hand-off through the watcher, and
+        says once (at info level) what the direct hand-off lacks."""
+        problems = _table_problems(cursor, self.names.queue, ("key", "token"), _QUEUE_COLUMNS, _LOCK_PRIVILEGES)
+        if problems and self._lines_ok is not False:
+            _log.info(
+                "PostgreSQL lock table %r: no direct hand-off to waiters in line (%s); waiters are "
+                "woken through LISTEN/NOTIFY instead. Run lease_lock.backends.postgres.ddl() again "
+                "and grant the role SELECT, INSERT, UPDATE, DELETE on %s to turn it on",
+                self.names.label, "; ".join(problems), self.names.queue,
+            )
+        return not problems
+
+    def _check_ready(self) -> None:
+        """Run the first-write checks (and creation) now, so that the statement chosen next
+        knows whether the line can be used."""
+        self._run(_statement("", "", "SELECT 1"), {})
 
     # -- primitives ----------------------------------------------------------------------------
 
@@ -378,7 +416,8 @@ class PostgresBackend(ServiceStore):
         return int(rows[0][0]) if rows else None
 
     def release(self, key: str, token: str) -> bool:
-        """Delete ``key`` if ``token`` holds it and announce the release to listeners.
+        """Give ``key`` up if ``token`` holds it: hand it to the oldest fresh waiter in the key's
+        line (see :meth:`join_line`), or else delete it and announce the release to listeners.
 
         When a first try broke with its outcome unknown and the retry no longer finds the
         token on the key, the answer is ``True`` (released): the first try may well have
@@ -388,9 +427,9 @@ class PostgresBackend(ServiceStore):
         The answer can hide a loss only when the lease ran out or was force-released during
         that one failing call.
         """
-        _, rows, retried = self._run(
-            self._sql["release"], {"key": key, "token": token, "channel": self.names.channel}
-        )
+        if not self._tables_ready:
+            self._check_ready()
+        rows, retried = self._hand_on("release", {"key": key, "token": token, "channel": self.names.channel})
         if not rows:
             return retried
         return bool(rows[0][0])
@@ -436,11 +475,50 @@ class PostgresBackend(ServiceStore):
         return fence if fence is not None else self.inspect(key)
 
     def force_release(self, key: str) -> bool:
-        """Delete ``key`` whoever holds it; ``True`` when a live lease was dropped."""
-        _, rows, _ = self._run(
-            self._sql["force_release"], {"key": key, "channel": self.names.channel}
-        )
+        """Take ``key`` from whoever holds it (handing it to the oldest fresh waiter in line, as
+        :meth:`release` does); ``True`` when the lease taken was live."""
+        if not self._tables_ready:
+            self._check_ready()
+        rows, _ = self._hand_on("force_release", {"key": key, "channel": self.names.channel})
         return bool(rows) and bool(rows[0][0])
+
+    def _hand_on(self, kind: str, parameters: dict[str, Any]) -> tuple[list[Any], bool]:
+        """Run the release ``kind`` (``release`` or ``force_release``): the one that hands the
+        key to the next waiter in line when the line can be used, else the plain one. Returns
+        its rows and whether its outcome was unknown at a first try (see :meth:`_run`)."""
+        if self._lines_ok:
+            key = parameters["key"]
+            handing = dict(parameters, gate=self.names.gate, slot=_key_slot(key), burst=BURST)
+            try:
+                return self._hand_on_in_line(kind, key, handing)
+            except psycopg2.errors.UndefinedTable:
+                # The line was dropped under a backend that may not create it again: the
+                # recheck turned the line off, and the plain release still works.
+                if self._lines_ok:
+                    raise
+        _, rows, retried = self._run(self._sql[kind], parameters)
+        return rows, retried
+
+    def _hand_on_in_line(self, kind: str, key: str, parameters: dict[str, Any]) -> tuple[list[Any], bool]:
+        """:meth:`_hand_on` with the line. A release of a key nobody waited in line for at its
+        previous release here first sends the lean ``release_unqueued``, which costs little
+        more than the plain release and does nothing when it finds a place in line; only then
+        is the statement that hands the key on sent (one round trip more, once per busy spell
+        of the key). Keys found with a waiter go straight to that statement until a release
+        finds their line empty again."""
+        queued = self._queued
+        retried = False
+        if kind == "release" and key not in queued:
+            _, rows, retried = self._run(self._sql["release_unqueued"], parameters)
+            if not rows or not rows[0][2]:
+                return rows, retried
+            if len(queued) >= _QUEUED_KEYS:
+                queued.clear()  # a bound, not a cache policy: forgetting costs one round trip
+            queued.add(key)
+        _, rows, again = self._run(self._sql[kind + "_handing"], parameters)
+        if kind == "release" and rows and not rows[0][2]:
+            queued.discard(key)  # nobody was in line: the lean statement serves the next release
+        return rows, retried or again
 
     def scan(self, prefix: str) -> Iterator[LockState]:
         """Live leases whose key starts with ``prefix``, in key order."""
@@ -450,9 +528,11 @@ class PostgresBackend(ServiceStore):
     def sweep_expired(self) -> int:
         """Delete the rows of leases that ran out and return how many there were.
 
-        Expired rows never block a grant; sweeping only keeps the table small.
+        Expired rows never block a grant; sweeping only keeps the table small. Places in
+        line gone stale (their waiter died or left without saying so) are deleted too, and not
+        counted.
         """
-        count, _, _ = self._run(self._sql["sweep"], {})
+        count, _, _ = self._run(self._sql["sweep_line" if self._lines_ok else "sweep"], {})
         return int(count)
 
     def count_in_window(self, name: str, window: float, amount: int = 1) -> tuple[int, float]:
@@ -500,8 +580,57 @@ class PostgresBackend(ServiceStore):
         self._watchers.append(watcher)
         return watcher
 
+    def join_line(
+        self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float]
+    ) -> Optional[WaitingLine]:
+        """A place in ``key``'s line for a waiting thread (see :mod:`lease_lock.backends.handoff`
+        and :mod:`._line`): a release hands the key straight to the oldest fresh waiter in
+        ``<table>_queue``, which is blocked on a listening connection of its own. At most
+        :data:`~lease_lock.backends.line.LINE_WAITERS` threads of one backend wait this way at
+        once (``None`` beyond that), and none before the first write checked the tables, when
+        the line's table cannot be used (see :meth:`_line_usable`), or once the backend is
+        closed.
+        """
+        if not self._lines_ok or self._listening.closed or not self._line_slots.take():
+            return None
+        claim = claim_for(ttl)
+        gate, slot = self.names.gate, _key_slot(key)
+        joining = {
+            "key": key, "token": token, "ttl": float(ttl), "owner": owner, "gate": gate, "slot": slot,
+            "claim_window": claim, "fenced": fenced, "fresh_for": claim * FRESH_SHARE, "listen": "", "ticket": "",
+        }
+        statement = self._sql["join_fenced" if fenced else "join"]
+        leaving = {
+            "key": key, "token": token, "channel": self.names.channel, "gate": gate, "slot": slot, "burst": BURST,
+        }
+
+        def join(listen: str, ticket: str) -> Joined:
+            joining["listen"], joining["ticket"] = listen, ticket
+            _, rows, _ = self._run(statement, joining)
+            granted, fence, burst_left = rows[0]
+            if not granted:
+                return Joined(None, None if burst_left is None else float(burst_left))
+            return Joined(0 if fence is None else int(fence))
+
+        def leave(conn: Optional[Any]) -> None:
+            # On the waiter's own listening connection when it has one: leaving must work when
+            # the pool cannot lend one (closed with its Locker while the thread was in line, or
+            # every connection busy), or the place would linger, fresh, and be handed the key.
+            if conn is None:
+                self._run(self._sql["leave_line"], leaving)
+                return
+            with conn.cursor() as cursor:
+                cursor.execute(self._sql["leave_line"].sql, leaving)
+
+        return PostgresWaitingLine(
+            join=join, leave=leave, connections=self._listening, dsn=self._listen_dsn, label=self.names.label,
+            ttl=ttl, claim=claim, clock=clock, slots=self._line_slots,
+        )
+
     def close(self) -> None:
-        """Stop the watchers this backend started and close the pool it opened itself."""
+        """Stop the watchers this backend started, close the listening connections of its
+        line, and close the pool it opened itself."""
+        self._listening.close()
         watchers, self._watchers = self._watchers, []
         for watcher in watchers:
             watcher.close()
@@ -543,21 +672,22 @@ def _state(row: Sequence[Any]) -> LockState:
 
 
 def _table_problems(
-    cursor: Any, table: str, column: str, columns: Sequence[str], privileges: Sequence[str]
+    cursor: Any, table: str, unique: Sequence[str], columns: Sequence[str], privileges: Sequence[str]
 ) -> list[str]:
     cursor.execute(
-        _TABLE_CHECK, {"table": table, "column": column, "privileges": list(privileges)}
+        _TABLE_CHECK, {"table": table, "unique": list(unique), "privileges": list(privileges)}
     )
-    exists, present, unique, missing_privileges = cursor.fetchone()
+    exists, present, indexed, missing_privileges = cursor.fetchone()
     if not exists:
         return [f"table {table} does not exist"]
     problems = []
     missing = [name for name in columns if name not in present]
     if missing:
         problems.append(f"table {table} lacks the column(s) {', '.join(missing)}")
-    elif not unique:
+    elif not indexed:
+        on = unique[0] + " alone" if len(unique) == 1 else "(" + ", ".join(unique) + ") together"
         problems.append(
-            f"table {table} has no primary key or unique index on {column} alone "
+            f"table {table} has no primary key or unique index on {on} "
             "(INSERT ... ON CONFLICT needs one)"
         )
     if missing_privileges:
@@ -606,12 +736,18 @@ class _Statement(NamedTuple):
 #: The statements of every lock cycle, heartbeat and read, prepared on each session that runs
 #: them: the server then skips parsing and planning them on every call, which saves more time
 #: per cycle (hundreds of microseconds for a fenced grant) than the client spends on it.
-_PREPARED = frozenset({"acquire", "acquire_fenced", "release", "extend", "is_held", "inspect"})
+_PREPARED = frozenset(
+    {
+        "acquire", "acquire_fenced", "release", "extend", "is_held", "inspect", "join", "join_fenced",
+        "release_handing", "release_unqueued",
+    }
+)
 
 #: The SQL type of each parameter of a prepared statement.
 _PARAMETER_TYPES = {
     "key": "text", "token": "text", "ttl": "float8", "owner": "text", "channel": "text",
-    "gate": "int4", "slot": "int4",
+    "gate": "int4", "slot": "int4", "claim_window": "float8", "fenced": "bool", "listen": "text", "ticket": "text",
+    "fresh_for": "float8", "burst": "float8",
 }
 
 _PARAMETER = re.compile(r"%\((\w+)\)s")
@@ -647,6 +783,134 @@ def _statement(kind: str, prefix: str, text: str) -> _Statement:
     return _Statement(name, prefix + text, sql, block + sql)
 
 
+#: Before every statement of the line: the key's gate, the transaction-scoped advisory lock of
+#: the fenced grants. A statement's snapshot is taken when it starts, so the gate is taken by a
+#: statement of its own: the statement after it reads what the gate's previous holder did.
+_GATE = "SELECT pg_advisory_xact_lock(%(gate)s, %(slot)s);\n"
+
+
+def _line_statements(
+    names: Names, acquire: str, acquire_fenced: str, draw: Callable[[str, str], str]
+) -> dict[str, str]:
+    """The statements of the line of waiters (see :meth:`PostgresBackend.join_line`), each run
+    after :data:`_GATE`; ``acquire`` and ``acquire_fenced`` are the grants (up to and with
+    their ``RETURNING fence``), ``draw`` makes the CTE that draws a fence. Each statement is
+    headed by its inputs and result."""
+    t, q = names.table, names.queue
+    # A waiter's attempt: grant as acquire(_fenced) does, and only when that grants nothing,
+    # take a place at the end of the line or refresh the one held (a place gone stale is
+    # taken afresh, at the end); a grant takes the place out.
+    place = (
+        f" placed AS (INSERT INTO {q} AS line"
+        " (key, token, owner, claim, fenced, channel, ticket, joined, fresh_until)"
+        " SELECT %(key)s, %(token)s, %(owner)s, %(claim_window)s, %(fenced)s, %(listen)s, %(ticket)s,"
+        " clock_timestamp(), clock_timestamp() + %(fresh_for)s * interval '1 second'"
+        " WHERE NOT EXISTS (SELECT 1 FROM granted)"
+        " ON CONFLICT (key, token) DO UPDATE SET owner = EXCLUDED.owner, claim = EXCLUDED.claim,"
+        " fenced = EXCLUDED.fenced, channel = EXCLUDED.channel, ticket = EXCLUDED.ticket,"
+        " joined = CASE WHEN line.fresh_until > clock_timestamp() THEN line.joined ELSE EXCLUDED.joined END,"
+        " fresh_until = EXCLUDED.fresh_until),"
+        f" gone AS (DELETE FROM {q} WHERE key = %(key)s AND token = %(token)s"
+        " AND EXISTS (SELECT 1 FROM granted))"
+        # A waiter at the head of the line learns how long the holder's burst still runs (see
+        # hand_on): it asks for the key itself when the burst ends, as no release hands it over
+        # before then.
+        " SELECT EXISTS (SELECT 1 FROM granted), (SELECT fence FROM granted),"
+        " (SELECT extract(epoch FROM burst.fresh_until - clock_timestamp())::float8"
+        f" FROM {q} AS burst WHERE burst.key = %(key)s AND burst.token = ''"
+        " AND burst.fresh_until > clock_timestamp() AND NOT EXISTS (SELECT 1 FROM granted)"
+        f" AND NOT EXISTS (SELECT 1 FROM {q} AS ahead WHERE ahead.key = %(key)s"
+        " AND ahead.token <> '' AND ahead.token <> %(token)s AND ahead.fresh_until > clock_timestamp()"
+        f" AND ahead.joined < COALESCE((SELECT me.joined FROM {q} AS me WHERE me.key = %(key)s"
+        " AND me.token = %(token)s AND me.fresh_until > clock_timestamp()), clock_timestamp())))"
+    )
+    def hand_on(lease_rows: str, line_rows: str, extra: str = "") -> str:
+        """A release that hands the key to the oldest fresh waiter in line, else deletes it.
+
+        ``lease_rows`` picks the lease row released, ``line_rows`` the places it may hand the
+        key to; ``extra`` is one more CTE. The key goes to the waiter's token for its claim
+        window, with a new fence (larger than the released one) when the waiter is fenced,
+        its place is taken out, and its listening connection is told on its own channel with
+        the ticket of the refresh whose place this read and the fence. Stale places of the
+        key are dropped on the way. Without a fresh waiter, the row is deleted and the
+        release is announced on the table's channel, as before lines existed.
+
+        The waiter handed the key keeps it through its own releases for a burst (``burst``
+        seconds, kept in the key's row of the line with the empty token, which no waiter has):
+        until it ends, a release hands nothing over and leaves the key free, so that a holder
+        that releases and takes the key straight back is not interrupted by a hand-over, each of
+        which costs a waiter's wake-up, at every release."""
+        # One read of the key's places (the rest reads that); each write below is skipped by
+        # a one-time filter unless its case arose, so a release with nobody in line costs one
+        # index probe of the line more than the plain release.
+        return (
+            "WITH places AS MATERIALIZED (SELECT line.token, line.owner, line.claim, line.fenced, line.channel,"
+            " line.ticket, line.joined, line.fresh_until > clock_timestamp() AS fresh"
+            f" FROM {q} AS line WHERE line.key = %(key)s{line_rows}),"
+            " waiter AS MATERIALIZED (SELECT token, owner, claim, fenced, channel, ticket FROM places"
+            " WHERE token <> '' AND fresh AND NOT EXISTS (SELECT 1 FROM places WHERE token = '' AND fresh)"
+            " ORDER BY joined, token LIMIT 1),"
+            + draw("drawn", "waiter WHERE waiter.fenced")
+            + f", handed AS (UPDATE {t} AS held SET token = waiter.token, owner = waiter.owner,"
+            " expires_at = clock_timestamp() + waiter.claim * interval '1 second',"
+            " fence = CASE WHEN waiter.fenced THEN GREATEST((SELECT value FROM drawn), held.fence + 1) END"
+            f" FROM waiter, (SELECT expires_at > clock_timestamp() AS live FROM {t}"
+            f" WHERE key = %(key)s{lease_rows}) AS old"
+            f" WHERE held.key = %(key)s{lease_rows.replace(' AND ', ' AND held.')}"
+            " AND EXISTS (SELECT 1 FROM waiter)"
+            " RETURNING old.live, held.fence, waiter.token AS taker, waiter.channel, waiter.ticket),"
+            f" taken AS (DELETE FROM {q} AS line USING handed WHERE line.key = %(key)s"
+            " AND line.token = handed.taker),"
+            f" bursting AS (INSERT INTO {q} (key, token, owner, claim, fenced, channel, ticket, joined,"
+            " fresh_until) SELECT %(key)s, '', '', 0, false, '', '', clock_timestamp(),"
+            " clock_timestamp() + %(burst)s * interval '1 second' FROM handed"
+            " ON CONFLICT (key, token) DO UPDATE SET fresh_until = EXCLUDED.fresh_until),"
+            f" stale AS (DELETE FROM {q} AS line WHERE line.key = %(key)s{line_rows}"
+            " AND EXISTS (SELECT 1 FROM places WHERE NOT fresh)"
+            " AND (line.token <> '' OR NOT EXISTS (SELECT 1 FROM handed))"
+            " AND line.fresh_until <= clock_timestamp()"
+            " AND NOT EXISTS (SELECT 1 FROM waiter WHERE waiter.token = line.token)),"
+            + extra
+            + f" dropped AS (DELETE FROM {t} WHERE key = %(key)s{lease_rows}"
+            " AND NOT EXISTS (SELECT 1 FROM waiter) RETURNING key, expires_at > clock_timestamp() AS live)"
+            " SELECT live, pg_notify(%(channel)s, key), false FROM dropped"
+            " UNION ALL SELECT live, pg_notify(channel, ticket || '|' || COALESCE(fence::text, '')), true"
+            " FROM handed"
+        )
+
+    mine, not_mine = " AND token = %(token)s", " AND line.token <> %(token)s"
+    return {
+        # Inputs: key, token, ttl, owner, claim_window, fenced (false), listen (the waiting
+        # connection's channel), ticket, fresh_for (seconds the place stays fresh).
+        # Result: one row (granted?, the fence: NULL here).
+        "join": "WITH granted AS (" + acquire + ")," + place,
+        # The same with fenced true, and gate, slot. Result: (granted?, the grant's fence).
+        "join_fenced": "WITH granted AS (" + acquire_fenced + ")," + place,
+        # Inputs: key, token, channel (the table's), burst. Result: one row (was the lease
+        # live?, the notification's void result, was it handed on?) if the token held the row.
+        "release_handing": hand_on(mine, not_mine),
+        # Inputs: key, token, channel. Result: (was the lease live?, void, false) when the token
+        # held the key and nobody had a fresh place in its line: the row is deleted and the
+        # release announced, as by the plain release; (NULL, NULL, true) when somebody has one,
+        # and nothing was done (release_handing follows); no row when the token held nothing.
+        "release_unqueued": (
+            f"WITH placed AS MATERIALIZED (SELECT 1 FROM {q} WHERE key = %(key)s AND token <> %(token)s"
+            " AND token <> '' AND fresh_until > clock_timestamp() LIMIT 1),"
+            f" dropped AS (DELETE FROM {t} WHERE key = %(key)s AND token = %(token)s"
+            " AND NOT EXISTS (SELECT 1 FROM placed) RETURNING key, expires_at > clock_timestamp() AS live)"
+            " SELECT live, pg_notify(%(channel)s, key), false FROM dropped"
+            " UNION ALL SELECT NULL, NULL, true FROM placed"
+        ),
+        # Inputs: key, channel. Result: as release_handing, for whoever held the key.
+        "force_release_handing": hand_on("", ""),
+        # Inputs: key, token, channel. A waiter that leaves without the key: its place goes,
+        # and a key handed to it meanwhile goes on to the next waiter (or is released).
+        "leave_line": hand_on(
+            mine, not_mine, f" mine AS (DELETE FROM {q} WHERE key = %(key)s AND token = %(token)s),"
+        ),
+    }
+
+
 #: Prefixed to every write when ``synchronous_commit=False``: the statement and the SET run in
 #: one implicit transaction, so the setting covers exactly that statement.
 _ASYNC_COMMIT = "SET LOCAL synchronous_commit TO off;\n"
@@ -665,14 +929,18 @@ def _statements(names: Names, write_prefix: str) -> dict[str, _Statement]:
     # smaller of their two fences, microseconds apart; only a step back of the clock in that
     # window could then matter.) setval needs UPDATE on the sequence; a role granted only
     # USAGE gets the same fences without the move.
-    fence_drawn = (
-        " fence AS MATERIALIZED (SELECT CASE WHEN drawn.clock <= drawn.next THEN drawn.next"
-        f" WHEN has_sequence_privilege({seq}::regclass, 'UPDATE')"
-        f" THEN setval({seq}::regclass, drawn.clock) ELSE drawn.clock END AS value"
-        f" FROM (SELECT nextval({seq}::regclass) AS next,"
-        " floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS clock"
-        f" FROM gate WHERE {{free}}) AS drawn)"
-    )
+    def draw(name: str, source: str) -> str:
+        """The CTE ``name``: one fence drawn for each row of ``source`` (a FROM ... WHERE)."""
+        return (
+            f" {name} AS MATERIALIZED (SELECT CASE WHEN drawn.clock <= drawn.next THEN drawn.next"
+            f" WHEN has_sequence_privilege({seq}::regclass, 'UPDATE')"
+            f" THEN setval({seq}::regclass, drawn.clock) ELSE drawn.clock END AS value"
+            f" FROM (SELECT nextval({seq}::regclass) AS next,"
+            " floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS clock"
+            f" FROM {source}) AS drawn)"
+        )
+
+    fence_drawn = draw("fence", "gate WHERE {free}")
     # A same-token re-acquire keeps its fence only while its lease is live: once it lapsed the
     # key was free, so the grant is a new one and must carry a new, larger fence.
     still_ours = "held.token = EXCLUDED.token AND held.expires_at > clock_timestamp()"
@@ -762,6 +1030,11 @@ def _statements(names: Names, write_prefix: str) -> dict[str, _Statement]:
         ),
         # Inputs: none. Result: the number of rows deleted.
         "sweep": f"DELETE FROM {t} WHERE expires_at <= clock_timestamp()",
+        # Inputs: none. Result: the number of lease rows deleted (stale places in line go too).
+        "sweep_line": (
+            f"WITH places AS (DELETE FROM {names.queue} WHERE fresh_until <= clock_timestamp())"
+            f" DELETE FROM {t} WHERE expires_at <= clock_timestamp()"
+        ),
         # Inputs: name, window (seconds), amount. Result: (count, seconds left in the window). A
         # statement that read the clock just before another moved the counter to the next
         # window counts in that newer window instead of resetting it.
@@ -793,6 +1066,11 @@ def _statements(names: Names, write_prefix: str) -> dict[str, _Statement]:
             " WHERE starts_with(key, %(prefix)s) AND expires_at > now.at ORDER BY key"
         ),
     }
+    lines = _line_statements(names, statements["acquire"] + " RETURNING fence", statements["acquire_fenced"], draw)
     built = {name: _statement(name, write_prefix, sql) for name, sql in statements.items()}
+    # Every statement of the line runs under the key's gate, taken by a statement of its own
+    # before it in the same transaction: so each one reads (in its own, later snapshot) what
+    # the previous holder of the gate committed. See _line_statements.
+    built.update((name, _statement(name, write_prefix + _GATE, sql)) for name, sql in lines.items())
     built.update((name, _statement(name, "", sql)) for name, sql in reads.items())
     return built

@@ -18,7 +18,7 @@ from ...errors import ValidationError
 from ...validation import redact_url
 from ._errors import scrub
 
-__all__ = ["ConnectionSource", "KeptCursor", "LazyPool", "check_dsn", "connect_parameters"]
+__all__ = ["ConnectionSource", "KeptCursor", "LazyPool", "check_dsn", "close_inherited", "connect_parameters"]
 
 _IDLE = psycopg2.extensions.TRANSACTION_STATUS_IDLE
 
@@ -121,7 +121,7 @@ class LazyPool:
         idle, self._idle = self._idle, []
         self._lock = threading.Lock()
         for conn in idle:
-            _close_inherited(conn)
+            close_inherited(conn)
 
     def closeall(self) -> None:
         """Close every idle connection; connections still lent out close when returned."""
@@ -133,11 +133,11 @@ class LazyPool:
 
 
 #: Inherited connections whose socket could not be swapped out: kept referenced for the
-#: child's life, because freeing one would end the parent's session (see ``_close_inherited``).
+#: child's life, because freeing one would end the parent's session (see ``close_inherited``).
 _KEPT_INHERITED: list[Any] = []
 
 
-def _close_inherited(conn: Any) -> None:
+def close_inherited(conn: Any) -> None:
     """Close a connection a forked child inherited, without touching the parent's session."""
     if conn.closed:
         return
@@ -239,7 +239,7 @@ class ConnectionSource:
         self._pool_lock = threading.Lock()
         self.ready_lock = threading.Lock()
         # The kept cursors hold the parent's connections; freeing one that is still open would
-        # end the parent's session (see _close_inherited), so they are kept, never used again.
+        # end the parent's session (see close_inherited), so they are kept, never used again.
         _KEPT_INHERITED.extend(self.cursors.values())
         self.cursors = {}
 

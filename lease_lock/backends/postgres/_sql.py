@@ -20,7 +20,7 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: PostgreSQL truncates identifiers longer than NAMEDATALEN - 1 bytes.
 _MAX_IDENTIFIER = 63
 #: Every derived object appends one of these; all are six characters long.
-_SUFFIXES = ("_fence", "_count", "_freed", "_turns", "_woken")
+_SUFFIXES = ("_fence", "_count", "_queue", "_freed", "_turns", "_woken")
 _MAX_TABLE = _MAX_IDENTIFIER - max(len(suffix) for suffix in _SUFFIXES)
 
 
@@ -32,7 +32,8 @@ def _quote(name: str) -> str:
 class Names:
     """The validated, quoted names of one lock table and the objects derived from it.
 
-    ``table``/``sequence``/``counters`` are ready to paste into SQL; ``label`` is the
+    ``table``/``sequence``/``counters``/``queue`` (the line of waiters, see ``join_line``) are
+    ready to paste into SQL; ``label`` is the
     human-readable qualified table name; ``channel`` is the NOTIFY channel of releases (tables
     of the same name in different schemas share it, which can only cause an extra wake-up) and
     ``turns_channel`` the one on which a waiting process announces a hand-off turn it gave up;
@@ -46,6 +47,7 @@ class Names:
     sequence: str
     sequence_literal: str
     counters: str
+    queue: str
     channel: str
     turns_channel: str
     woken_channel: str
@@ -92,6 +94,7 @@ def resolve_names(table: object, schema: object = None) -> Names:
         # The identifier pattern admits no quote, so the name is a safe string literal as is.
         sequence_literal=f"'{sequence}'",
         counters=f"{prefix}{_quote(table + '_count')}",
+        queue=f"{prefix}{_quote(table + '_queue')}",
         channel=f"{table}_freed",
         turns_channel=f"{table}_turns",
         woken_channel=f"{table}_woken",
@@ -100,7 +103,8 @@ def resolve_names(table: object, schema: object = None) -> Names:
 
 
 def ddl(table: str = "lease_lock", *, schema: Optional[str] = None, unlogged: bool = False) -> list[str]:
-    """The statements that create the lock table, its fence sequence and its counters table.
+    """The statements that create the lock table, its fence sequence, its counters table and
+    its line of waiters (``<table>_queue``, always ``UNLOGGED``: see below).
 
     A plain list of SQL strings, each idempotent (``IF NOT EXISTS``), to run in order, for
     example from a Django migration: ``migrations.RunSQL(ddl("lease_lock"))``. The schema, if
@@ -108,6 +112,14 @@ def ddl(table: str = "lease_lock", *, schema: Optional[str] = None, unlogged: bo
     writes; every lease is lost when the server crashes, see the docs). The fence sequence
     starts at the server's clock in microseconds, so a sequence that is ever dropped and
     recreated still hands out larger fences than before.
+
+    The line holds one row per thread waiting in line for a key: its token, owner, claim
+    window, whether it is fenced, the channel its waiting connection listens on, the ticket of
+    its latest refresh, when it joined and until when its place is fresh (both on the server's
+    clock). A release hands the key to the oldest fresh row. The rows need no durability (a
+    waiter whose row is lost takes a new place at its next refresh), so the table is
+    ``UNLOGGED``: a waiter's refresh then waits for no WAL flush. Running the list again on a
+    database made by an older release adds just this table.
     """
     names = resolve_names(table, schema)
     check_bool(unlogged, "unlogged")
@@ -130,4 +142,15 @@ def ddl(table: str = "lease_lock", *, schema: Optional[str] = None, unlogged: bo
         ' name text COLLATE "C" PRIMARY KEY,'
         " window_index bigint NOT NULL,"
         " count bigint NOT NULL)",
+        f"CREATE UNLOGGED TABLE IF NOT EXISTS {names.queue} ("
+        ' key text COLLATE "C" NOT NULL,'
+        " token text NOT NULL,"
+        " owner text NOT NULL DEFAULT '',"
+        " claim float8 NOT NULL,"
+        " fenced boolean NOT NULL,"
+        " channel text NOT NULL,"
+        " ticket text NOT NULL,"
+        " joined timestamptz NOT NULL,"
+        " fresh_until timestamptz NOT NULL,"
+        " PRIMARY KEY (key, token))",
     ]

@@ -18,7 +18,7 @@ import psycopg2.extensions
 from ..base import ReleaseWatcher
 from ..handoff import HandoffWatcher
 
-__all__ = ["TURN_RETRY", "UNANSWERED_WAKE", "PostgresHandoffWatcher", "PostgresReleaseWatcher"]
+__all__ = ["TURN_RETRY", "UNANSWERED_WAKE", "PostgresHandoffWatcher", "PostgresReleaseWatcher", "connection_name"]
 
 logger = logging.getLogger("lease_lock")
 
@@ -29,12 +29,13 @@ _FIRST_BACKOFF = 0.05
 _MAX_BACKOFF = 2.0
 
 
-def _listener_name(parameters: dict[str, str]) -> str:
-    """``application_name`` of the listening connection, so operators can tell it apart."""
+def connection_name(parameters: dict[str, str], role: str = "listener") -> str:
+    """``application_name`` of a dedicated connection (``role``: ``listener``, or ``line`` for
+    a waiter's, see :mod:`._line`), so operators can tell it apart."""
     given = parameters.get("application_name")
     if given is None and "dsn" in parameters:
         given = psycopg2.extensions.parse_dsn(parameters["dsn"]).get("application_name")
-    return f"{given or 'lease_lock'} listener"
+    return f"{given or 'lease_lock'} {role}"
 
 
 class PostgresReleaseWatcher(ReleaseWatcher):
@@ -51,7 +52,7 @@ class PostgresReleaseWatcher(ReleaseWatcher):
     def __init__(
         self, parameters: dict[str, str], channel: str, callback: Callable[[str], Any]
     ) -> None:
-        self._parameters = dict(parameters, application_name=_listener_name(parameters))
+        self._parameters = dict(parameters, application_name=connection_name(parameters))
         self._channel = channel
         self._callback = callback
         self._stop = threading.Event()

@@ -31,10 +31,11 @@ from ..base import (
     parse_url_options,
 )
 from ..handoff import HandoffWatcher, WaitingLine
+from ..line import FRESH_SHARE, LineSlots, claim_for
 from ..service import ServiceStore, check_amount
 from . import _scripts
 from ._connections import DirectCommands
-from ._line import BURST, FRESH_SHARE, LineSlots, RedisWaitingLine, claim_for
+from ._line import BURST, RedisWaitingLine
 from ._scripts import GRANTED_PREFIX, Script
 from ._url import (
     URL_OPTIONS,
@@ -723,7 +724,7 @@ class RedisBackend(ServiceStore):
         """A place in ``key``'s line for a waiting thread (see :mod:`lease_lock.backends.handoff`):
         a release hands the key straight to the first live waiter in line, who is blocked in
         ``BLPOP`` on a connection of the client's pool. At most
-        :data:`~lease_lock.backends.redis._line.LINE_WAITERS` threads of one backend wait this
+        :data:`~lease_lock.backends.line.LINE_WAITERS` threads of one backend wait this
         way at once (``None`` beyond that), and none on a Cluster (one grant list per waiter
         cannot share every key's hash slot) or on a server older than Redis 6 (``BLPOP`` takes
         whole seconds there).
