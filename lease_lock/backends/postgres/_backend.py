@@ -517,7 +517,9 @@ class PostgresBackend(ServiceStore):
             queued.add(key)
         _, rows, again = self._run(self._sql[kind + "_handing"], parameters)
         if kind == "release" and rows and not rows[0][2]:
-            queued.discard(key)  # nobody was in line: the lean statement serves the next release
+            # Nobody is in line (not merely kept out by a burst): the lean statement serves the
+            # next release.
+            queued.discard(key)
         return rows, retried or again
 
     def scan(self, prefix: str) -> Iterator[LockState]:
@@ -873,7 +875,8 @@ def _line_statements(
             + extra
             + f" dropped AS (DELETE FROM {t} WHERE key = %(key)s{lease_rows}"
             " AND NOT EXISTS (SELECT 1 FROM waiter) RETURNING key, expires_at > clock_timestamp() AS live)"
-            " SELECT live, pg_notify(%(channel)s, key), false FROM dropped"
+            " SELECT live, pg_notify(%(channel)s, key),"
+            " EXISTS (SELECT 1 FROM places WHERE token <> '' AND fresh) FROM dropped"
             " UNION ALL SELECT live, pg_notify(channel, ticket || '|' || COALESCE(fence::text, '')), true"
             " FROM handed"
         )
@@ -887,7 +890,8 @@ def _line_statements(
         # The same with fenced true, and gate, slot. Result: (granted?, the grant's fence).
         "join_fenced": "WITH granted AS (" + acquire_fenced + ")," + place,
         # Inputs: key, token, channel (the table's), burst. Result: one row (was the lease
-        # live?, the notification's void result, was it handed on?) if the token held the row.
+        # live?, the notification's void result, is somebody in line?) if the token held the
+        # row (somebody is, when the key was handed on or a burst kept it from the line).
         "release_handing": hand_on(mine, not_mine),
         # Inputs: key, token, channel. Result: (was the lease live?, void, false) when the token
         # held the key and nobody had a fresh place in its line: the row is deleted and the
