@@ -22,8 +22,8 @@ cycle time (see ``measure.py``):
 Contended: ``--workers`` processes (and then one alone) loop ``locker.acquire(key).release()``
 on one key for ``--seconds``; the grants per second of all together against one process alone,
 the fewest grants of one worker as a fraction of a fair share, and the attempts that found the
-key held per grant (each one a transaction, and a keep-alive of the lease the worker's last
-refused attempt kept, or a lease grant).
+key held per grant (each one a transaction, after a lease grant or a keep-alive of the lease
+the worker's last refused attempt kept; a queued waiter's, its transaction alone).
 
 Hand-off: a waiter blocks in its library's own blocking acquire (``Locker.acquire``; tooz's
 ``lock.acquire(blocking=60)``) while another client holds the key; the time from the start of
