@@ -334,7 +334,9 @@ class EtcdBackend(ServiceStore):
             try:
                 answer = self._take(name, token, value, lease, leave)
             except _LeaseGone:
-                # Revoked as its watcher closed: the attempt grants a lease of its own.
+                # Revoked as its watcher closed (or run out while this process was paused):
+                # nothing was written, and the attempt grants a lease of its own. Any other
+                # failure leaves the lease to run out: the key may be on it now.
                 ready, lease = None, self._grant(seconds)
                 answer = self._take(name, token, value, lease, leave)
         if answer.get("succeeded"):
