@@ -36,8 +36,9 @@ than its hot-loop cost suggests.
 
 Hand-off: a waiter blocks in ``Locker.acquire`` while another connection holds the key; the
 time from the start of the holder's release to the waiter holding the lock (p50/p99), with
-LISTEN/NOTIFY (the default) and with notifications turned off (polling every 50 ms), next to a
-bare LISTEN/NOTIFY wake-up between two connections.
+LISTEN/NOTIFY (the default), with the release handing the key to the waiter in line
+(``direct_handoff=True`` on both sides) and with notifications turned off (polling every
+50 ms), next to a bare LISTEN/NOTIFY wake-up between two connections.
 """
 
 from __future__ import annotations
@@ -181,8 +182,8 @@ class _PollingBackend(PostgresBackend):
     capabilities: ClassVar[Capabilities] = dataclasses.replace(PostgresBackend.capabilities, release_notify=False)
 
 
-def _handoffs(url: str, table: str, waiter: Locker, samples: int) -> list[float]:
-    holder = PostgresBackend(_connect(url), table=table)
+def _handoffs(url: str, table: str, waiter: Locker, samples: int, *, direct: bool = False) -> list[float]:
+    holder = PostgresBackend(_connect(url), table=table, direct_handoff=direct)
     key = f"bench:handoff:{uuid.uuid4().hex[:8]}"
     latencies: list[float] = []
     for index in range(samples + 1):
@@ -340,12 +341,14 @@ def main(argv: Optional[list[str]] = None) -> None:
         output["core_cpu"].append({"name": name, "core_us": outside, "backend_us": inside})
 
     notified = Locker(backend(logged), ttl=TTL)
+    direct = Locker(backend(logged, direct_handoff=True), ttl=TTL)
     polling_conn = _connect(args.url)
     opened.append(polling_conn)
     polling = Locker(_PollingBackend(polling_conn, table=logged), ttl=TTL, retry=Retry(delay=0.05))
     results = {
         "bare LISTEN/NOTIFY wake-up": _bare_wakeups(args.url, args.handoffs),
         "Locker hand-off, LISTEN/NOTIFY": _handoffs(args.url, logged, notified, args.handoffs),
+        "Locker hand-off, direct_handoff=True": _handoffs(args.url, logged, direct, args.handoffs, direct=True),
         "Locker hand-off, polling every 50 ms": _handoffs(args.url, logged, polling, args.handoffs),
     }
     print(f"\nHand-off latency, release -> waiter holds ({args.handoffs} samples)")
@@ -357,11 +360,14 @@ def main(argv: Optional[list[str]] = None) -> None:
     write_json(args.json, "postgres_cycle", argv, output)
 
     notified.close()
+    direct.close()
     polling.close()
     for conn in opened:
         conn.close()
     for table in tables.values():
-        admin.cursor().execute(f'DROP TABLE "{table}", "{table}_count"; DROP SEQUENCE "{table}_fence"')
+        admin.cursor().execute(
+            f'DROP TABLE "{table}", "{table}_count", "{table}_queue"; DROP SEQUENCE "{table}_fence"'
+        )
     admin.close()
 
 

@@ -153,7 +153,7 @@ def test_listener_reconnects_after_its_session_is_killed(
 def test_waiter_gets_the_key_when_its_waiting_connection_was_killed(
     postgres_server: PostgresServer, app_name: str, connection: str
 ) -> None:
-    url = f"{postgres_server.url}?application_name={app_name}"
+    url = f"{postgres_server.url}?application_name={app_name}&direct_handoff=true"
     holder_locker = lease_lock.connect(url, ttl=30)
     waiter_locker = lease_lock.connect(url, ttl=30)
     key = f"handoff:{uuid.uuid4().hex}"

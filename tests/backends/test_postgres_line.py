@@ -26,7 +26,7 @@ from lease_lock import Locker, Retry
 from lease_lock.backends.handoff import LineSource
 from lease_lock.backends.line import CLAIM_MAX, LINE_WAITERS
 from lease_lock.backends.postgres import PostgresBackend, ddl
-from lease_lock.errors import LockHeldError, LockStateError
+from lease_lock.errors import LockHeldError, LockStateError, ValidationError
 from lease_lock.testing import wait_until
 
 from tests.support.events import Recorder
@@ -78,7 +78,7 @@ def _holder(admin: Any, table: str, key: str) -> tuple[str, float, Any]:
 
 
 def _locker(url: str, table: str, **options: Any) -> Locker:
-    locker = Locker(PostgresBackend.from_url(url, table=table), **options)
+    locker = Locker(PostgresBackend.from_url(url, table=table, direct_handoff=True), **options)
     locker.owns_backend = True
     return locker
 
@@ -95,7 +95,7 @@ def _waiting_thread(locker: Locker, key: str, out: list[Any], **options: Any) ->
 def test_the_postgres_backend_offers_a_line_once_its_tables_are_checked(
     postgres_server: PostgresServer, table: str, key: str
 ) -> None:
-    backend = PostgresBackend.from_url(postgres_server.url, table=table)
+    backend = PostgresBackend.from_url(postgres_server.url, table=table, direct_handoff=True)
     try:
         assert isinstance(backend, LineSource)
         # Nothing has checked the tables yet: no place, and nothing asked.
@@ -106,6 +106,42 @@ def test_the_postgres_backend_offers_a_line_once_its_tables_are_checked(
         line.leave(False)
     finally:
         backend.close()
+
+
+def test_without_direct_handoff_no_thread_waits_in_line_and_a_release_hands_nothing_over(
+    postgres_server: PostgresServer, admin: Any, table: str, key: str
+) -> None:
+    backend = PostgresBackend.from_url(postgres_server.url, table=table)
+    try:
+        assert backend.direct_handoff is False
+        assert backend.acquire(key, HOLDER, 30, "holder")
+        assert backend.join_line(key, "w" * 32, 30, "w", False, time.monotonic) is None
+        # A place written by a process that has it on is not handed the key by this one.
+        on = PostgresBackend.from_url(f"{postgres_server.url}?direct_handoff=true", table=table)
+        try:
+            assert on.direct_handoff is True
+            assert on.acquire(f"{key}:other", HOLDER, 30, "holder")  # checks the tables
+            line = on.join_line(key, "w" * 32, 30, "w", False, time.monotonic)
+            assert line is not None
+            assert line.ask() is None  # in line behind the holder
+            assert backend.release(key, HOLDER)
+            assert _rows(admin, f'SELECT token FROM "{table}" WHERE key = %s', key) == []
+            line.leave(False)
+        finally:
+            on.close()
+    finally:
+        backend.close()
+
+
+def test_direct_handoff_must_be_a_bool(postgres_server: PostgresServer) -> None:
+    with pytest.raises(ValidationError, match="direct_handoff"):
+        PostgresBackend.from_url(f"{postgres_server.url}?direct_handoff=maybe")
+    conn = psycopg2.connect(postgres_server.url)
+    try:
+        with pytest.raises(ValidationError, match="direct_handoff"):
+            PostgresBackend(conn, direct_handoff="yes")  # type: ignore[arg-type]
+    finally:
+        conn.close()
 
 
 def test_a_release_hands_the_key_to_the_waiter_without_another_attempt(
@@ -174,7 +210,7 @@ _WAITER = textwrap.dedent(
     from lease_lock.errors import LockHeldError
 
     url, table, key, timeout = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
-    locker = Locker(PostgresBackend.from_url(url, table=table), ttl=2)
+    locker = Locker(PostgresBackend.from_url(url, table=table, direct_handoff=True), ttl=2)
     print("waiting", flush=True)
     try:
         lock = locker.acquire(key, timeout=timeout)
@@ -311,7 +347,7 @@ def test_a_release_racing_a_waiters_timeout_never_leaves_the_key_held_by_nobody(
 def test_leaving_with_a_handed_key_hands_it_to_the_next_waiter(
     postgres_server: PostgresServer, admin: Any, table: str, key: str
 ) -> None:
-    backend = PostgresBackend.from_url(postgres_server.url, table=table)
+    backend = PostgresBackend.from_url(postgres_server.url, table=table, direct_handoff=True)
     first, second = "a" * 32, "b" * 32
     try:
         assert backend.acquire_fenced(key, HOLDER, 30, "holder") is not None
@@ -366,7 +402,7 @@ def test_fences_grow_across_direct_grants_and_ordinary_ones(
 
 
 def test_stale_places_are_skipped_and_swept(postgres_server: PostgresServer, admin: Any, table: str, key: str) -> None:
-    backend = PostgresBackend.from_url(postgres_server.url, table=table)
+    backend = PostgresBackend.from_url(postgres_server.url, table=table, direct_handoff=True)
     try:
         assert backend.acquire(key, HOLDER, 30, "holder")
         line = backend.join_line(key, "w" * 32, 30, "w", False, time.monotonic)
@@ -402,7 +438,7 @@ def test_stale_places_are_skipped_and_swept(postgres_server: PostgresServer, adm
 def test_releases_during_a_holders_burst_leave_the_key_free_and_the_head_of_the_line_asks_when_it_ends(
     postgres_server: PostgresServer, admin: Any, table: str, key: str
 ) -> None:
-    backend = PostgresBackend.from_url(postgres_server.url, table=table)
+    backend = PostgresBackend.from_url(postgres_server.url, table=table, direct_handoff=True)
     waiter = "w" * 32
     try:
         assert backend.acquire(key, HOLDER, 30, "holder")
@@ -517,7 +553,9 @@ def test_a_database_made_by_an_older_release_keeps_working_without_the_line(
         dsn = f"{postgres_server.dsn} user={role} password=secret-pw"
         with caplog.at_level("INFO", logger="lease_lock"):
             lockers = [
-                Locker(PostgresBackend(psycopg2.connect(dsn), table=table, create_table=False), ttl=30)
+                Locker(
+                    PostgresBackend(psycopg2.connect(dsn), table=table, create_table=False, direct_handoff=True), ttl=30
+                )
                 for _ in range(2)
             ]
             for locker in lockers:
