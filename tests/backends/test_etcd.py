@@ -7,7 +7,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import lease_lock
 import pytest
@@ -163,33 +163,45 @@ def test_only_a_lease_that_never_held_a_key_outlives_it_and_close_revokes_it(
     assert live_leases(etcd_server) - before == set()
 
 
-def test_a_refused_attempt_keeps_its_lease_and_the_next_renews_it_instead_of_a_grant(
-    etcd_server: EtcdCluster, key: str
-) -> None:
+class Counted(NamedTuple):
+    """A backend whose requests are counted, and another backend to hold keys against it."""
+
+    session: CountingSession
+    backend: EtcdBackend
+    holder: EtcdBackend
+
+
+@pytest.fixture
+def counted(etcd_server: EtcdCluster) -> Iterator[Counted]:
     session = CountingSession()
     backend = EtcdBackend(etcd_server.endpoints, session=session)
     holder = EtcdBackend(etcd_server.endpoints)
-    try:
-        held, waiting = token(), token()
-        assert holder.acquire(key, held, 30, OWNER)
-        session.paths.clear()
-        assert not backend.acquire(key, waiting, 30, OWNER)
-        assert session.paths == ["/v3/lease/grant", "/v3/kv/txn"]  # no revoke
-        session.paths.clear()
-        assert not backend.acquire(key, waiting, 30, OWNER)
-        assert session.paths == ["/v3/lease/keepalive", "/v3/kv/txn"]  # no grant, no revoke
-        assert holder.release(key, held)
-        session.paths.clear()
-        assert backend.acquire_fenced(key, waiting, 30, OWNER) is not None
-        assert session.paths == ["/v3/lease/keepalive", "/v3/kv/txn"]
-        lease = key_lease(etcd_server, key)
-        # Renewed to its whole length by that keep-alive, and held by the key.
-        assert int(raw(etcd_server, "/v3/lease/timetolive", {"ID": lease})["TTL"]) > 25
-        assert backend.release(key, waiting)
-        assert lease not in live_leases(etcd_server)
-    finally:
-        backend.close()
-        holder.close()
+    yield Counted(session, backend, holder)
+    backend.close()
+    holder.close()
+
+
+def test_a_refused_attempt_keeps_its_lease_and_the_next_renews_it_instead_of_a_grant(
+    etcd_server: EtcdCluster, counted: Counted, key: str
+) -> None:
+    session, backend, holder = counted
+    held, waiting = token(), token()
+    assert holder.acquire(key, held, 30, OWNER)
+    session.paths.clear()
+    assert not backend.acquire(key, waiting, 30, OWNER)
+    assert session.paths == ["/v3/lease/grant", "/v3/kv/txn"]  # no revoke
+    session.paths.clear()
+    assert not backend.acquire(key, waiting, 30, OWNER)
+    assert session.paths == ["/v3/lease/keepalive", "/v3/kv/txn"]  # no grant, no revoke
+    assert holder.release(key, held)
+    session.paths.clear()
+    assert backend.acquire_fenced(key, waiting, 30, OWNER) is not None
+    assert session.paths == ["/v3/lease/keepalive", "/v3/kv/txn"]
+    lease = key_lease(etcd_server, key)
+    # Renewed to its whole length by that keep-alive, and held by the key.
+    assert int(raw(etcd_server, "/v3/lease/timetolive", {"ID": lease})["TTL"]) > 25
+    assert backend.release(key, waiting)
+    assert lease not in live_leases(etcd_server)
 
 
 def kept_lease(cluster: EtcdCluster, backend: EtcdBackend, holder: EtcdBackend, key: str, ttl: float) -> str:
@@ -203,44 +215,34 @@ def kept_lease(cluster: EtcdCluster, backend: EtcdBackend, holder: EtcdBackend, 
     return kept
 
 
-def test_a_kept_lease_that_ran_out_is_replaced_by_a_new_grant(etcd_server: EtcdCluster, key: str) -> None:
-    session = CountingSession()
-    backend = EtcdBackend(etcd_server.endpoints, session=session)
-    holder = EtcdBackend(etcd_server.endpoints)
-    try:
-        kept = kept_lease(etcd_server, backend, holder, key, 30)
-        raw(etcd_server, "/v3/lease/revoke", {"ID": kept})  # gone, as if it had run out
-        session.paths.clear()
-        mine = token()
-        assert backend.acquire(key, mine, 30, OWNER)
-        assert session.paths == ["/v3/lease/keepalive", "/v3/lease/grant", "/v3/kv/txn"]
-        assert key_lease(etcd_server, key) != kept
-        assert backend.release(key, mine)
-    finally:
-        backend.close()
-        holder.close()
+def test_a_kept_lease_that_ran_out_is_replaced_by_a_new_grant(
+    etcd_server: EtcdCluster, counted: Counted, key: str
+) -> None:
+    session, backend, holder = counted
+    kept = kept_lease(etcd_server, backend, holder, key, 30)
+    raw(etcd_server, "/v3/lease/revoke", {"ID": kept})  # gone, as if it had run out
+    session.paths.clear()
+    mine = token()
+    assert backend.acquire(key, mine, 30, OWNER)
+    assert session.paths == ["/v3/lease/keepalive", "/v3/lease/grant", "/v3/kv/txn"]
+    assert key_lease(etcd_server, key) != kept
+    assert backend.release(key, mine)
 
 
-def test_a_lease_kept_a_whole_length_is_not_renewed(etcd_server: EtcdCluster, key: str) -> None:
-    session = CountingSession()
-    backend = EtcdBackend(etcd_server.endpoints, session=session)
-    holder = EtcdBackend(etcd_server.endpoints)
-    try:
-        kept = kept_lease(etcd_server, backend, holder, key, 2)
-        set_aside = time.monotonic()
-        # Past its whole length since it was kept: it ran out (unless a leader change restarted
-        # it), so no keep-alive is spent on it.
-        assert wait_until(
-            lambda: time.monotonic() - set_aside > 2.5 and kept not in live_leases(etcd_server), timeout=30
-        )
-        session.paths.clear()
-        mine = token()
-        assert backend.acquire(key, mine, 2, OWNER)
-        assert session.paths == ["/v3/lease/grant", "/v3/kv/txn"]
-        assert backend.release(key, mine)
-    finally:
-        backend.close()
-        holder.close()
+def test_a_lease_kept_a_whole_length_is_not_renewed(etcd_server: EtcdCluster, counted: Counted, key: str) -> None:
+    session, backend, holder = counted
+    kept = kept_lease(etcd_server, backend, holder, key, 2)
+    set_aside = time.monotonic()
+    # Past its whole length since it was kept: it ran out (unless a leader change restarted
+    # it), so no keep-alive is spent on it.
+    assert wait_until(
+        lambda: time.monotonic() - set_aside > 2.5 and kept not in live_leases(etcd_server), timeout=30
+    )
+    session.paths.clear()
+    mine = token()
+    assert backend.acquire(key, mine, 2, OWNER)
+    assert session.paths == ["/v3/lease/grant", "/v3/kv/txn"]
+    assert backend.release(key, mine)
 
 
 def test_extend_many_sends_one_transaction_and_one_keepalive_stream_per_hundred_keys(

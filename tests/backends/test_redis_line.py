@@ -23,11 +23,15 @@ from lease_lock import Locker, Retry
 from lease_lock.backends.handoff import LineSource
 from lease_lock.backends.redis import RedisBackend, line_keys
 from lease_lock.backends.redis._line import CLAIM_MAX, LINE_WAITERS
-from lease_lock.errors import LockHeldError, LockStateError, ValidationError
+from lease_lock.errors import ValidationError
 from lease_lock.testing import wait_until
 
 from tests.support.events import Recorder
-from tests.support.handoff import hand_key_round
+from tests.support.handoff import (
+    check_a_waiter_that_times_out_leaves_the_line,
+    check_closing_the_locker_ends_a_wait_in_line,
+    hand_key_round,
+)
 from tests.support.processes import kill_process
 from tests.support.redis_server import RedisServer
 
@@ -201,24 +205,7 @@ def test_a_waiter_that_times_out_in_line_leaves_it(redis_server: RedisServer, ke
     holder.owns_backend = waiter.owns_backend = True
     client = holder.backend.client
     try:
-        held = holder.acquire(key)
-        outcome: list[BaseException] = []
-
-        def wait() -> None:
-            try:
-                waiter.acquire(key, timeout=2)
-            except LockHeldError as error:
-                outcome.append(error)
-
-        thread = threading.Thread(target=wait, daemon=True)
-        thread.start()
-        assert wait_until(lambda: _in_line(client, key) == 1, 30)
-        thread.join(60)
-        assert len(outcome) == 1 and outcome[0].reason == "timeout"
-        assert _in_line(client, key) == 0
-        held.release()
-        # Nobody was handed the key on the way out: it is free.
-        assert not holder.backend.inspect(key).held
+        check_a_waiter_that_times_out_leaves_the_line(holder, waiter, key, lambda: _in_line(client, key))
     finally:
         holder.close()
         waiter.close()
@@ -377,25 +364,8 @@ def test_closing_the_locker_ends_a_wait_in_line(redis_server: RedisServer, key: 
     waiter = Locker(RedisBackend.from_url(redis_server.url), ttl=30, retry=Retry(delay=600, timeout=1200))
     holder.owns_backend = True
     client = holder.backend.client
-    outcome: list[BaseException] = []
-
-    def wait() -> None:
-        try:
-            waiter.acquire(key)
-        except LockStateError as error:
-            outcome.append(error)
-
     try:
-        held = holder.acquire(key)
-        thread = threading.Thread(target=wait, daemon=True)
-        thread.start()
-        assert wait_until(lambda: _in_line(client, key) == 1, 30)
-        waiter.close()
-        # The retry delay is ten minutes: only the look at the closed Locker ends the wait.
-        thread.join(30)
-        assert not thread.is_alive() and len(outcome) == 1
-        held.release()
-        assert not holder.backend.inspect(key).held
+        check_closing_the_locker_ends_a_wait_in_line(holder, waiter, key, lambda: _in_line(client, key))
     finally:
         holder.close()
         waiter.close()

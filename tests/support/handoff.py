@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from lease_lock import Locker, Retry
+from lease_lock.errors import LockHeldError, LockStateError
+from lease_lock.testing import wait_until
 
-__all__ = ["WakeCounter", "hand_key_round", "hand_over"]
+__all__ = [
+    "WakeCounter", "check_a_waiter_that_times_out_leaves_the_line", "check_closing_the_locker_ends_a_wait_in_line",
+    "hand_key_round", "hand_over",
+]
 
 
 class WakeCounter:
@@ -144,3 +149,56 @@ if __name__ == "__main__":  # pragma: no cover - run as a child process by the t
         contend(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), float(sys.argv[6]), float(sys.argv[7]))
     else:
         wait_forever(sys.argv[2], sys.argv[3], sys.argv[4])
+
+
+
+def check_a_waiter_that_times_out_leaves_the_line(
+    holder: Locker, waiter: Locker, key: str, in_line: Callable[[], int]
+) -> None:
+    """``waiter`` times out in ``key``'s line behind ``holder`` (``in_line()`` counts the
+    key's places in the store): its place goes with it, and the release that follows hands the
+    key to nobody."""
+    held = holder.acquire(key)
+    outcome: list[LockHeldError] = []
+
+    def wait() -> None:
+        try:
+            waiter.acquire(key, timeout=2)
+        except LockHeldError as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    assert wait_until(lambda: in_line() == 1, 30)
+    thread.join(60)
+    assert len(outcome) == 1 and outcome[0].reason == "timeout"
+    assert in_line() == 0
+    held.release()
+    # Nobody was handed the key on the way out: it is free.
+    assert not holder.backend.inspect(key).held
+
+
+def check_closing_the_locker_ends_a_wait_in_line(
+    holder: Locker, waiter: Locker, key: str, in_line: Callable[[], int]
+) -> None:
+    """``waiter`` (whose retry delay is far longer than the test) waits in ``key``'s line
+    behind ``holder``; closing ``waiter`` ends that wait with ``LockStateError``, and the
+    release that follows hands the key to nobody."""
+    outcome: list[LockStateError] = []
+
+    def wait() -> None:
+        try:
+            waiter.acquire(key)
+        except LockStateError as error:
+            outcome.append(error)
+
+    held = holder.acquire(key)
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    assert wait_until(lambda: in_line() == 1, 30)
+    waiter.close()
+    # The retry delay is ten minutes: only the look at the closed Locker ends the wait.
+    thread.join(30)
+    assert not thread.is_alive() and len(outcome) == 1
+    held.release()
+    assert not holder.backend.inspect(key).held
