@@ -13,6 +13,9 @@ store, all in one run:
 - ``Locker, 1 process``: the same loop alone, the uncontended cycle rate the contended rows are
   compared with (``vs 1 proc``).
 - ``Locker, N processes``: the contended loop.
+- PostgreSQL: ``Locker direct_handoff, N processes``: the same loop with the opt-in direct
+  hand-off (``direct_handoff=True`` on every worker's backend), where a release grants the key
+  to the waiter first in line.
 - Redis: ``python-redis-lock, N processes`` (its blocking ``acquire()``, which waits on a
   ``BLPOP`` signal list); PostgreSQL: ``pg_advisory_lock, N processes`` (a session advisory
   lock, the server's own wait queue): peers that wait in the server.
@@ -76,7 +79,7 @@ def _timed_holds(take: Callable[[], Callable[[], None]]) -> Loop:
 
 
 @contextmanager
-def _locker_loop(store: str, url: str, key: str, seconds: float) -> Iterator[Loop]:
+def _locker_loop(store: str, url: str, key: str, seconds: float, *, direct_handoff: bool = False) -> Iterator[Loop]:
     from lease_lock import Locker, Retry
 
     if store == "redis":
@@ -86,7 +89,7 @@ def _locker_loop(store: str, url: str, key: str, seconds: float) -> Iterator[Loo
     else:
         from lease_lock.backends.postgres import PostgresBackend
 
-        backend = PostgresBackend.from_url(url, table=_TABLE)
+        backend = PostgresBackend.from_url(url, table=_TABLE, direct_handoff=direct_handoff)
     # A waiter must outlast the run: a timeout would be a failure of the benchmark, not a result.
     locker = Locker(backend, ttl=TTL, retry=Retry(timeout=seconds + 60.0))
     locker.acquire(key).release()  # connect and warm up before the start
@@ -142,11 +145,13 @@ def _advisory_loop(url: str, key: str) -> Iterator[Loop]:
 
 
 _TABLE = "bench_contended"
+#: The PostgreSQL row with the opt-in direct hand-off.
+_DIRECT = "Locker direct_handoff"
 
 
 def _worker(contestant: str, store: str, url: str, key: str, seconds: float, ready: Any, go: Any, out: Any) -> None:
-    if contestant == "Locker":
-        loops = _locker_loop(store, url, key, seconds)
+    if contestant in ("Locker", _DIRECT):
+        loops = _locker_loop(store, url, key, seconds, direct_handoff=contestant == _DIRECT)
     elif contestant == "python-redis-lock":
         loops = _redis_lock_loop(url, key)
     else:
@@ -282,6 +287,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         # The rows take turns, round after round, so that a change in the machine's load during
         # the run weighs on every row alike instead of on whichever ran at that moment.
         contestants = [("Locker", 1), ("Locker", args.workers), (peer, args.workers)]
+        if store == "postgres":
+            contestants.append((_DIRECT, args.workers))
         rows: list[Run] = []
         for round_index in range(args.rounds):
             results = [run(name, store, url, workers, args.seconds / args.rounds) for name, workers in contestants]

@@ -164,7 +164,8 @@ def test_contended_in_miniature(tmp_path: Path, redis_server: RedisServer, postg
     redis_part, postgres_part = output.split("\npostgres:", 1)
     redis_rows = table_rows(redis_part, "Locker, 1 process", "Locker, 3 processes", "python-redis-lock, 3 processes")
     postgres_rows = table_rows(
-        postgres_part, "Locker, 1 process", "Locker, 3 processes", "pg_advisory_lock, 3 processes"
+        postgres_part, "Locker, 1 process", "Locker, 3 processes", "pg_advisory_lock, 3 processes",
+        "Locker direct_handoff, 3 processes",
     )
     for cells in [*redis_rows.values(), *postgres_rows.values()]:
         # grants/s, vs 1 proc, handoffs/s, min, max, min/share, p50, p99, overlaps: never two
@@ -172,10 +173,10 @@ def test_contended_in_miniature(tmp_path: Path, redis_server: RedisServer, postg
         assert len(cells) == 9 and cells[1].endswith("x") and cells[-1] == "0"
     document = json.loads((tmp_path / "contended.json").read_text())
     assert document["benchmark"] == "contended"
-    for store in ("redis", "postgres"):
+    for store, rows_of_store in (("redis", 3), ("postgres", 4)):
         rows = document["results"][store]
-        assert [row["workers"] for row in rows] == [1, 3, 3]
-        assert [row["seconds"] for row in rows] == [0.5, 0.5, 0.5]  # two turns of 0.25 s each
+        assert [row["workers"] for row in rows] == [1] + [3] * (rows_of_store - 1)
+        assert [row["seconds"] for row in rows] == [0.5] * rows_of_store  # two turns of 0.25 s each
         assert all(row["rate"] > 0 and row["overlaps"] == 0 for row in rows)
         assert rows[0]["p50_ms"] is None  # one process hands nothing to another
 
