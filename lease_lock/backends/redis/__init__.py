@@ -658,6 +658,11 @@ class RedisBackend(ServiceStore):
             pool = getattr(self.client, "connection_pool", None)
             if pool is not None:
                 pool.disconnect()
+            # A sentinel:// URL also built the clients that ask the sentinels where the primary
+            # is; recent redis-py no longer closes them when they are collected.
+            for sentinel_client in getattr(getattr(pool, "sentinel_manager", None), "sentinels", ()):
+                sentinel_client.close()
+                sentinel_client.connection_pool.disconnect()
 
     # -- optional capabilities -----------------------------------------------------------------
 

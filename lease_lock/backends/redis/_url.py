@@ -168,8 +168,11 @@ def _sentinel_hosts(netloc: str) -> list[tuple[str, int]]:
 
 
 def _sentinel_client(url: str, options: dict[str, Any]) -> Any:
-    from redis.sentinel import Sentinel
+    from redis import sentinel as sentinel_module
 
+    # redis-py typed Sentinel only in recent releases; through Any the call checks the same on
+    # every release the extra admits, with no ignore that one of them would call unused.
+    sentinel_class: Any = sentinel_module.Sentinel
     parts = urllib.parse.urlsplit(url)
     path = [segment for segment in parts.path.split("/") if segment]
     if not path or len(path) > 2:
@@ -194,10 +197,8 @@ def _sentinel_client(url: str, options: dict[str, Any]) -> Any:
     }
     if "sentinel_password" in options:
         sentinel_kwargs["password"] = options.pop("sentinel_password")
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
-        _sentinel_hosts(parts.netloc), sentinel_kwargs=sentinel_kwargs
-    )
-    return sentinel.master_for(  # type: ignore[no-untyped-call]
+    sentinel = sentinel_class(_sentinel_hosts(parts.netloc), sentinel_kwargs=sentinel_kwargs)
+    return sentinel.master_for(
         urllib.parse.unquote(path[0]), db=db, **options
     )
 
