@@ -18,7 +18,9 @@ EXTRAS = ("redis", "postgres", "http", "server", "django", "celery", "flask", "r
 #: (kombu 5.7's Redis transport refuses the redis-py releases Celery 5.3 ran on).
 COMPANIONS = {"celery": "kombu"}
 
-_LOWER_BOUND = re.compile(r"^\s*([A-Za-z0-9_.\[\]-]+?)\s*>=\s*([0-9][^,;\s]*)\s*(;.*)?$")
+#: ``name>=minimum``, then any further specifiers (``,!=8.2.0``: a release excluded above the
+#: minimum), then an optional environment marker.
+_LOWER_BOUND = re.compile(r"^\s*([A-Za-z0-9_.\[\]-]+?)\s*>=\s*([0-9][^,;\s]*)\s*(?:,[^;]*)?(;.*)?$")
 
 
 def pins(setup_cfg: Path) -> list[str]:
