@@ -245,6 +245,143 @@ def test_a_lease_kept_a_whole_length_is_not_renewed(etcd_server: EtcdCluster, co
     assert backend.release(key, mine)
 
 
+# -- release by revoke ---------------------------------------------------------------------------
+
+
+def test_a_release_is_one_revoke_that_deletes_the_key_with_its_lease(
+    etcd_server: EtcdCluster, counted: Counted, key: str
+) -> None:
+    session, backend, _holder = counted
+    mine = token()
+    assert backend.acquire(key, mine, 30, OWNER)
+    lease = key_lease(etcd_server, key)
+    session.paths.clear()
+    assert backend.release(key, mine)
+    assert session.paths == ["/v3/lease/revoke"]
+    assert not raw(etcd_server, "/v3/kv/range", {"key": b64("lease_lock/" + key)}).get("kvs")
+    assert lease not in live_leases(etcd_server)
+    assert not backend.release(key, mine)  # a second release finds nothing to end
+
+
+def test_a_release_after_a_move_to_another_length_revokes_the_new_lease(
+    etcd_server: EtcdCluster, counted: Counted, key: str
+) -> None:
+    session, backend, _holder = counted
+    mine = token()
+    assert backend.acquire(key, mine, 30, OWNER)
+    first = key_lease(etcd_server, key)
+    assert backend.extend(key, mine, 20)
+    moved = key_lease(etcd_server, key)
+    assert moved != first
+    session.paths.clear()
+    assert backend.release(key, mine)
+    assert session.paths == ["/v3/lease/revoke"]
+    assert not {first, moved} & live_leases(etcd_server)
+    assert backend.inspect(key).held is False
+
+
+@pytest.mark.parametrize("ended_by", ["force release", "lease ran out"])
+def test_a_release_after_the_holding_ended_reports_it_and_leaves_the_next_holder_alone(
+    etcd_server: EtcdCluster, counted: Counted, key: str, ended_by: str
+) -> None:
+    _session, backend, holder = counted
+    mine, theirs = token(), token()
+    assert backend.acquire(key, mine, 30, OWNER)
+    if ended_by == "force release":
+        assert holder.force_release(key)
+    else:
+        raw(etcd_server, "/v3/lease/revoke", {"ID": key_lease(etcd_server, key)})
+    assert holder.acquire(key, theirs, 30, OWNER)
+    assert not backend.release(key, mine)
+    assert holder.is_held(key, theirs)
+    assert holder.release(key, theirs)
+
+
+def test_a_token_taken_by_another_backend_is_released_by_a_guarded_delete(
+    etcd_server: EtcdCluster, counted: Counted, key: str
+) -> None:
+    session, backend, holder = counted
+    theirs = token()
+    assert holder.acquire(key, theirs, 30, OWNER)
+    lease = key_lease(etcd_server, key)
+    session.paths.clear()
+    assert not backend.release(key, token())  # another token: nothing is deleted
+    assert holder.is_held(key, theirs)
+    assert backend.release(key, theirs)
+    assert session.paths == ["/v3/kv/txn", "/v3/kv/txn", "/v3/lease/revoke"]
+    assert lease not in live_leases(etcd_server)
+    assert not holder.release(key, theirs)
+
+
+def test_the_oldest_noted_holding_is_forgotten_beyond_the_bound(
+    etcd_server: EtcdCluster, counted: Counted, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A lock taken and never released (a service's abandoned lease) must not grow the notes for
+    # ever; a forgotten one is still released, by the guarded path.
+    monkeypatch.setattr("lease_lock.backends.etcd._backend._HOLDINGS", 2)
+    session, backend, _holder = counted
+    mine = token()
+    names = [f"{key}:{index}" for index in range(3)]
+    for name in names:
+        assert backend.acquire(name, mine, 30, OWNER)
+    leases = {key_lease(etcd_server, name) for name in names}
+    session.paths.clear()
+    assert backend.release(names[2], mine)
+    assert session.paths == ["/v3/lease/revoke"]
+    session.paths.clear()
+    assert backend.release(names[0], mine)
+    assert session.paths == ["/v3/kv/txn", "/v3/lease/revoke"]
+    session.paths.clear()
+    assert backend.release(names[1], mine)
+    assert session.paths == ["/v3/lease/revoke"]
+    assert not leases & live_leases(etcd_server)
+    assert not any(backend.inspect(name).held for name in names)
+
+
+class HookedSession(requests.Session):
+    """A session that runs ``after_revoke`` once, right after its first lease revoke."""
+
+    def __init__(self, after_revoke: Any) -> None:
+        super().__init__()
+        self.after_revoke = after_revoke
+
+    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+        response = super().send(request, **kwargs)
+        if str(request.path_url) == "/v3/lease/revoke" and self.after_revoke is not None:
+            hook, self.after_revoke = self.after_revoke, None
+            hook()
+        return response
+
+
+def test_a_force_release_never_deletes_a_holder_that_came_after_it(etcd_server: EtcdCluster, key: str) -> None:
+    holder = EtcdBackend(etcd_server.endpoints)
+    theirs = token()
+    # Between the force release's revoke and its delete of what is left, another holder takes
+    # the key: that newer holding stays.
+    forcing = EtcdBackend(
+        etcd_server.endpoints, session=HookedSession(lambda: holder.acquire(key, theirs, 30, OWNER))
+    )
+    try:
+        mine = token()
+        assert holder.acquire(key, mine, 30, OWNER)
+        assert forcing.force_release(key)
+        assert holder.is_held(key, theirs)
+        assert not holder.release(key, mine)
+        assert holder.release(key, theirs)
+    finally:
+        forcing.close()
+        holder.close()
+
+
+def test_a_force_release_deletes_a_key_on_no_lease(etcd_server: EtcdCluster, backend: EtcdBackend, key: str) -> None:
+    # Written by hand, without a lease: the revoke has nothing to end, the delete does it.
+    raw(etcd_server, "/v3/kv/put", {"key": b64("lease_lock/" + key), "value": b64(f"{token()}\x00{OWNER}")})
+    assert backend.inspect(key).held
+    assert backend.force_release(key)
+    assert not backend.inspect(key).held
+    assert not backend.force_release(key)
+
+
 def test_extend_many_sends_one_transaction_and_one_keepalive_stream_per_hundred_keys(
     etcd_server: EtcdCluster, key: str
 ) -> None:

@@ -19,7 +19,18 @@ no NUL. So a guard needs no read before the write, and the owner rides in the sa
 - **extend** with the lease's own length: a read of the key (its token checked, its lease
   noted), then a keep-alive of that lease. With another length, the key moves to a new lease of that length (a guarded
   put that keeps the value) and the old lease is revoked: the new expiry replaces the old one.
-- **release** / **force_release**: a (guarded) delete, then the key's lease is revoked.
+- **release**: the revoke of the key's lease, which deletes the key in the same replicated
+  write: one request, where a guarded delete and then a revoke would be two. Only a lease this
+  backend put the key on is revoked this way (the backend notes it at the grant, and at a move
+  to another length), and etcd's lease IDs are never reused, so the revoke can delete no key
+  but this holder's. When etcd no longer has that lease (it ran out, or a force release or a
+  re-acquire elsewhere revoked it), or the backend never noted it (the token was taken by
+  another process), the release is a guarded delete and then a revoke of the key's lease, as
+  before. A force release revokes first too, so a holder that releases after it learns that
+  it had lost the key. What no release can notice: the key deleted behind the library's back
+  (``etcdctl del``) while the lease lives; the heartbeat's next read sees it.
+- **force_release**: the revoke of the key's lease (which deletes it), then a delete of the
+  key if it is still there (it had no lease, or moved to another one meanwhile).
 - **extend_many**: the reads of up to 100 keys in one transaction, then one keep-alive
   request carrying all their leases.
 - **hand-off**: waiting processes queue under ``namespace + NUL + "queue" + NUL + key`` (no
@@ -41,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import urllib.parse
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional, Sequence, TypeVar
@@ -69,6 +81,10 @@ _MAX_TTL = 9_000_000_000
 # Keys per batched transaction: below etcd's default limit of 128 operations per transaction.
 _BATCH = 100
 _DEFAULT_PORT = 2379
+# Holdings noted for a release by revoke; beyond it the oldest is forgotten (a lock taken and
+# never released, as a service's abandoned leases are, must not grow the map for ever). A
+# forgotten one's release takes the guarded path: slower, never wrong.
+_HOLDINGS = 16_384
 _Watcher = TypeVar("_Watcher", bound=WatchStream)
 
 
@@ -176,6 +192,9 @@ class EtcdBackend(ServiceStore):
         # Lease length asked -> length etcd granted, when etcd's minimum raised it.
         self._granted: dict[int, int] = {}
         self._spares = SpareLeases()
+        # (name, token) -> the lease this backend put the key on, for a release by revoke.
+        self._holdings: dict[tuple[bytes, str], str] = {}
+        self._holdings_mutex = threading.Lock()
         # The lease length of the latest attempt that found its key held (see _expect_wait).
         self._lost_length: Optional[int] = None
         forksafe.register(self)
@@ -240,6 +259,10 @@ class EtcdBackend(ServiceStore):
         self._watchers = []
         # Both processes would attach keys to the same spare leases.
         self._spares.after_fork()
+        # A parent thread may have held the mutex at the fork; the child's releases of the
+        # parent's keys take the guarded path.
+        self._holdings_mutex = threading.Lock()
+        self._holdings = {}
 
     # -- encoding ----------------------------------------------------------------------------
 
@@ -300,6 +323,24 @@ class EtcdBackend(ServiceStore):
         with contextlib.suppress(BackendUnavailableError, EtcdError):
             self._call("/v3/lease/revoke", {"ID": lease})
 
+    def _revoke_holding(self, lease: str) -> bool:
+        """Revoke ``lease`` and the key on it; ``False`` when etcd no longer has the lease.
+        Any other failure raises: the key may still be held."""
+        try:
+            self._call("/v3/lease/revoke", {"ID": lease})
+        except EtcdError as error:
+            if error.code != CODE_NOT_FOUND:
+                raise
+            return False
+        return True
+
+    def _note_holding(self, name: bytes, token: str, lease: str) -> None:
+        with self._holdings_mutex:
+            self._holdings.pop((name, token), None)  # a re-acquire: the newest goes last
+            self._holdings[(name, token)] = lease
+            if len(self._holdings) > _HOLDINGS:
+                del self._holdings[next(iter(self._holdings))]
+
     def _keepalive(self, leases: Sequence[str]) -> dict[str, int]:
         return self._client.keepalive(leases)
 
@@ -340,6 +381,7 @@ class EtcdBackend(ServiceStore):
                 ready, lease = None, self._grant(seconds)
                 answer = self._take(name, token, value, lease, leave)
         if answer.get("succeeded"):
+            self._note_holding(name, token, lease)
             if watcher is not None and entry is not None:
                 watcher.granted(key, entry)
             # The key was created by this transaction, so its create_revision is the write's.
@@ -354,6 +396,7 @@ class EtcdBackend(ServiceStore):
                     self._revoke(lease)
                 self._expect_wait(seconds)
             return None
+        self._note_holding(name, token, lease)
         previous = mine["responses"][0]["response_put"].get("prev_kv", {}).get("lease")
         if previous != lease:
             self._revoke(previous)
@@ -394,8 +437,13 @@ class EtcdBackend(ServiceStore):
         return None, None
 
     def release(self, key: str, token: str) -> bool:
-        """Delete ``key`` if ``token`` holds it, then revoke its lease."""
+        """End ``key``'s lease if ``token`` holds it: one revoke of the lease this backend put
+        the key on, else a guarded delete and a revoke (see the module's notes)."""
         name = self._name(key)
+        with self._holdings_mutex:
+            lease = self._holdings.pop((name, token), None)
+        if lease is not None and self._revoke_holding(lease):
+            return True
         answer = self._txn(self._guard(name, token), [{"request_delete_range": {"key": b64(name), "prev_kv": True}}])
         if not answer.get("succeeded"):
             return False
@@ -455,6 +503,11 @@ class EtcdBackend(ServiceStore):
             [{"request_put": {"key": b64(name), "lease": new, "ignore_value": True}}],
         )
         if answer.get("succeeded"):
+            with self._holdings_mutex:
+                # Only a holding not being released meanwhile (which then finds `old` gone
+                # and deletes the key by its token).
+                if self._holdings.get((name, token)) == old:
+                    self._holdings[(name, token)] = new
             self._revoke(old)
             return True
         self._revoke(new)
@@ -482,11 +535,23 @@ class EtcdBackend(ServiceStore):
         return self._state(kvs[0]) if kvs else LockState.free(key)
 
     def force_release(self, key: str) -> bool:
-        """Delete ``key`` whoever holds it, then revoke its lease."""
-        answer = self._call("/v3/kv/deleterange", {"key": b64(self._name(key)), "prev_kv": True})
-        for kv in answer.get("prev_kvs", []):
-            self._revoke(kv.get("lease"))
-        return int(answer.get("deleted") or 0) > 0
+        """End ``key``'s lease whoever holds it: revoke the lease (the holder's own release
+        then finds it gone), then delete the key if that holding is still there (on no
+        lease, or moved to another one meanwhile), never a newer holder's."""
+        name = self._name(key)
+        kvs = self._call("/v3/kv/range", {"key": b64(name)}).get("kvs", [])
+        if not kvs:
+            return False
+        lease = str(kvs[0].get("lease") or "0")
+        if lease != "0":
+            self._revoke_holding(lease)
+        same_holding = [{"key": b64(name), "target": "CREATE", "result": "EQUAL",
+                         "create_revision": kvs[0]["create_revision"]}]
+        answer = self._txn(same_holding, [{"request_delete_range": {"key": b64(name), "prev_kv": True}}])
+        if answer.get("succeeded"):
+            for kv in answer["responses"][0]["response_delete_range"].get("prev_kvs", []):
+                self._revoke(kv.get("lease"))
+        return True
 
     def scan(self, prefix: str) -> Iterator[LockState]:
         """Held keys starting with ``prefix``, in key order (one range, then each lease's time)."""
