@@ -248,36 +248,29 @@ def test_a_lease_kept_a_whole_length_is_not_renewed(etcd_server: EtcdCluster, co
 # -- release by revoke ---------------------------------------------------------------------------
 
 
+def release_requests(session: CountingSession, backend: EtcdBackend, key: str, mine: str) -> list[str]:
+    """The requests a successful release of ``key`` by ``mine`` sent."""
+    session.paths.clear()
+    assert backend.release(key, mine)
+    return list(session.paths)
+
+
+@pytest.mark.parametrize("moved", [False, True], ids=["its first lease", "moved to another length"])
 def test_a_release_is_one_revoke_that_deletes_the_key_with_its_lease(
-    etcd_server: EtcdCluster, counted: Counted, key: str
+    etcd_server: EtcdCluster, counted: Counted, key: str, moved: bool
 ) -> None:
     session, backend, _holder = counted
     mine = token()
     assert backend.acquire(key, mine, 30, OWNER)
-    lease = key_lease(etcd_server, key)
-    session.paths.clear()
-    assert backend.release(key, mine)
-    assert session.paths == ["/v3/lease/revoke"]
+    leases = {key_lease(etcd_server, key)}
+    if moved:
+        assert backend.extend(key, mine, 20)  # the key goes on a new lease, the old is revoked
+        leases.add(key_lease(etcd_server, key))
+        assert len(leases) == 2
+    assert release_requests(session, backend, key, mine) == ["/v3/lease/revoke"]
     assert not raw(etcd_server, "/v3/kv/range", {"key": b64("lease_lock/" + key)}).get("kvs")
-    assert lease not in live_leases(etcd_server)
+    assert not leases & live_leases(etcd_server)
     assert not backend.release(key, mine)  # a second release finds nothing to end
-
-
-def test_a_release_after_a_move_to_another_length_revokes_the_new_lease(
-    etcd_server: EtcdCluster, counted: Counted, key: str
-) -> None:
-    session, backend, _holder = counted
-    mine = token()
-    assert backend.acquire(key, mine, 30, OWNER)
-    first = key_lease(etcd_server, key)
-    assert backend.extend(key, mine, 20)
-    moved = key_lease(etcd_server, key)
-    assert moved != first
-    session.paths.clear()
-    assert backend.release(key, mine)
-    assert session.paths == ["/v3/lease/revoke"]
-    assert not {first, moved} & live_leases(etcd_server)
-    assert backend.inspect(key).held is False
 
 
 @pytest.mark.parametrize("ended_by", ["force release", "lease ran out"])
@@ -325,15 +318,9 @@ def test_the_oldest_noted_holding_is_forgotten_beyond_the_bound(
     for name in names:
         assert backend.acquire(name, mine, 30, OWNER)
     leases = {key_lease(etcd_server, name) for name in names}
-    session.paths.clear()
-    assert backend.release(names[2], mine)
-    assert session.paths == ["/v3/lease/revoke"]
-    session.paths.clear()
-    assert backend.release(names[0], mine)
-    assert session.paths == ["/v3/kv/txn", "/v3/lease/revoke"]
-    session.paths.clear()
-    assert backend.release(names[1], mine)
-    assert session.paths == ["/v3/lease/revoke"]
+    assert release_requests(session, backend, names[2], mine) == ["/v3/lease/revoke"]
+    assert release_requests(session, backend, names[0], mine) == ["/v3/kv/txn", "/v3/lease/revoke"]
+    assert release_requests(session, backend, names[1], mine) == ["/v3/lease/revoke"]
     assert not leases & live_leases(etcd_server)
     assert not any(backend.inspect(name).held for name in names)
 
