@@ -30,9 +30,12 @@ Hand-off: a waiter blocks in its library's own blocking acquire (``Locker.acquir
 ``lock.acquire(blocking=60)``) while another client holds the key; the time from the start of
 the holder's release to the waiter holding the lock (p50/p99), next to a bare watch delivery:
 the time from the start of a delete sent by hand to a watch stream (opened by hand) reading its
-event. Each release comes at a random moment 0.05 to 1.05 s after the waiter started, so a
-waiter that polls (tooz tries again once a second) is caught at every point of its period, not
-always just after a failed try.
+event; and that delivery followed by the transaction that takes the freed key, sent by hand on
+the event. Any hand-off that takes the key after its release costs at least the latter: two
+commits of the cluster, one after the other. All of them talk to the same member. Each release
+comes at a random moment 0.05 to 1.05 s after the waiter started, so a waiter that polls (tooz
+tries again once a second) is caught at every point of its period, not always just after a
+failed try.
 """
 
 from __future__ import annotations
@@ -162,10 +165,10 @@ def _handoffs(hold: Hold, wait: Hold, count: int) -> list[float]:
     return delays
 
 
-def _locker_handoffs(url: str, count: int) -> list[float]:
-    """Hand-offs between two lockers, each on a backend of its own."""
-    holder = Locker(EtcdBackend.from_url(url), ttl=TTL)
-    waiter = Locker(EtcdBackend.from_url(url), ttl=TTL)
+def _locker_handoffs(endpoint: str, count: int) -> list[float]:
+    """Hand-offs between two lockers, each on a backend of its own, both on ``endpoint``."""
+    holder = Locker(EtcdBackend([endpoint]), ttl=TTL)
+    waiter = Locker(EtcdBackend([endpoint]), ttl=TTL)
     key = f"bench:handoff:{uuid.uuid4().hex[:8]}"
     try:
         return _handoffs(
@@ -190,8 +193,10 @@ def _tooz_handoffs(holder: Any, waiter: Any, count: int) -> list[float]:
     return _handoffs(lambda: take(holder, True), lambda: take(waiter, 60), count)
 
 
-def _watch_deliveries(endpoint: str, count: int) -> list[float]:
-    """Seconds from the start of a delete sent by hand to a bare watch stream reading it."""
+def _watch_deliveries(endpoint: str, count: int, *, take: bool = False) -> list[float]:
+    """Seconds from the start of a delete sent by hand to a bare watch stream reading it; with
+    ``take``, to the answer of the transaction that takes the freed key, sent by hand on that
+    event (the least any hand-off that takes the key after its release can cost)."""
     session = requests.Session()
     name = f"bench:watch:{uuid.uuid4().hex[:8]}".encode()
     stream = requests.post(
@@ -202,15 +207,24 @@ def _watch_deliveries(endpoint: str, count: int) -> list[float]:
     )
     lines = stream.iter_lines(chunk_size=None)
     next(lines)  # the "created" answer
+    put = json.dumps({"key": _b64(name), "value": _b64(b"x")})
+    take_if_free = json.dumps({
+        "compare": [{"key": _b64(name), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
+        "success": [{"request_put": {"key": _b64(name), "value": _b64(b"y")}}],
+    })
     delays: list[float] = []
     try:
         for _ in range(count):
-            session.post(endpoint + "/v3/kv/put", data=json.dumps({"key": _b64(name), "value": _b64(b"x")}), timeout=10)
+            session.post(endpoint + "/v3/kv/put", data=put, timeout=10)
             started = time.perf_counter()
             session.post(endpoint + "/v3/kv/deleterange", data=json.dumps({"key": _b64(name)}), timeout=10)
             for line in lines:
                 if line and b"DELETE" in line:
                     break
+            if take:
+                answer = session.post(endpoint + "/v3/kv/txn", data=take_if_free, timeout=10).json()
+                if not answer.get("succeeded"):
+                    raise RuntimeError(f"the freed key was not taken: {answer}")
             delays.append(time.perf_counter() - started)
     finally:
         stream.close()
@@ -320,11 +334,12 @@ def _run(url: str, args: argparse.Namespace) -> dict[str, Any]:
             ahead = cycles["Locker"]["ratio"] / cycles[TOOZ]["ratio"]
             print(f"{'Locker vs tooz (ratio of their ratios)':40} {'':9} {'':9} {ahead:6.2f}x")
         handoffs = {
-            "Locker hand-off (watch)": _locker_handoffs(url, args.handoffs),
+            "Locker hand-off (watch)": _locker_handoffs(first, args.handoffs),
             f"{TOOZ} hand-off (polls)": (
                 missing or _tooz_handoffs(coordinators[1], coordinators[2], args.handoffs)
             ),
             "bare watch delivery": _watch_deliveries(first, args.handoffs),
+            "bare watch delivery, then take": _watch_deliveries(first, args.handoffs, take=True),
         }
     finally:
         for item in (locker, fenced):
@@ -344,6 +359,11 @@ def _run(url: str, args: argparse.Namespace) -> dict[str, Any]:
             continue
         latencies[name] = {"p50": percentile(delays, 0.5), "p99": percentile(delays, 0.99)}
         print(f"{name:40} {percentile(delays, 0.5) * 1000:9.2f} {percentile(delays, 0.99) * 1000:9.2f}")
+    if "p50" in latencies["Locker hand-off (watch)"]:
+        locker_p50 = latencies["Locker hand-off (watch)"]["p50"]
+        for bare, label in (("bare watch delivery", "watch"), ("bare watch delivery, then take", "watch, then take")):
+            gap = (locker_p50 - latencies[bare]["p50"]) * 1000
+            print(f"{'Locker p50 minus ' + label:40} {gap:9.2f}")
     alone = _contended(url, 1, args.seconds)[0][0] / args.seconds
     results = _contended(url, args.workers, args.seconds)
     counts = [grants for grants, _refused in results]
@@ -365,6 +385,7 @@ def _run(url: str, args: argparse.Namespace) -> dict[str, Any]:
         "handoffs": latencies,
         "handoff_p50": latencies["Locker hand-off (watch)"]["p50"],
         "watch_p50": latencies["bare watch delivery"]["p50"],
+        "watch_then_take_p50": latencies["bare watch delivery, then take"]["p50"],
     }
 
 

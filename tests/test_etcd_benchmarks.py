@@ -18,11 +18,17 @@ def test_etcd_cycle_prints_every_row(etcd_server: EtcdCluster) -> None:
     )
     names = (
         "backend acquire/release", "Locker fenced", "Locker hand-off (watch)", "bare watch delivery",
+        "bare watch delivery, then take", "Locker p50 minus watch", "Locker p50 minus watch, then take",
         "Locker, 1 process", "Locker, 2 processes",
     )
     rows = table_rows(output, *names)
     assert rows["Locker fenced"][-1].endswith("x") and float(rows["Locker fenced"][0]) > 0
-    assert float(rows["Locker hand-off (watch)"][0]) > 0 and float(rows["bare watch delivery"][0]) > 0
+    bare = ("Locker hand-off (watch)", "bare watch delivery", "bare watch delivery, then take")
+    handoff, watch, take = (float(rows[name][0]) for name in bare)
+    assert handoff > 0 and watch > 0 and take > 0
+    # The gaps are the differences of the p50s printed above them (each rounded to 0.01 ms).
+    assert abs(float(rows["Locker p50 minus watch"][0]) - (handoff - watch)) < 0.03
+    assert abs(float(rows["Locker p50 minus watch, then take"][0]) - (handoff - take)) < 0.03
     grants, _ratio, fewest, refused = rows["Locker, 2 processes"]
     assert float(grants) > 0 and 0 <= float(fewest) <= 1 and float(refused) >= 0
     tooz = table_rows(output, "tooz (etcd3gw driver)", "tooz (etcd3gw driver) hand-off (polls)")
