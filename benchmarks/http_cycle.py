@@ -22,10 +22,13 @@ the release call to the waiter's grant, with the ``Prefer: wait`` extension and 
 
     python -m benchmarks.http_cycle [--seconds 3] [--clients 1,8,32] [--processes 1,2]
         [--stores memory,redis] [--redis-url redis://127.0.0.1:6379/0] [--handoffs 30]
-        [--baseline CHECKOUT]
+        [--baseline CHECKOUT] [--variant ARGS]
 
 With ``--baseline`` the service of another checkout (an earlier commit's work tree) runs as one
-more side, in the same turns: "vs before" is this code's rate over that code's.
+more side, in the same turns: "vs before" is this code's rate over that code's. With
+``--variant ARGS`` this code's service runs once more with those extra ``serve`` arguments
+(``--variant "--log-level warning"``), in the same turns: "variant c/s", its CPU per cycle and,
+on Redis rows, its rate over the store-only app's.
 
 ``memory://`` lives in one process, so it is measured with one server process only.
 """
@@ -37,6 +40,7 @@ import functools
 import math
 import multiprocessing
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -362,6 +366,12 @@ def main(argv: Optional[list[str]] = None) -> None:
         help="also serve the lease_lock of another checkout (e.g. `git worktree add /tmp/before COMMIT`) in the"
         " same turns, as a before/after comparison in one run",
     )
+    parser.add_argument(
+        "--variant",
+        default=None,
+        metavar="ARGS",
+        help="also serve this code with these extra `serve` arguments in the same turns (e.g. '--log-level warning')",
+    )
     parser.add_argument("--serve-bare", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--serve-store", default=None, help=argparse.SUPPRESS)
@@ -385,6 +395,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         header += f"{'bare us':>8}{'svc us':>8}{'store us':>9}"
         if args.baseline:
             header += f"{'before c/s':>11}{'before us':>10}{'vs before':>10}"
+        if args.variant:
+            header += f"{'variant c/s':>12}{'variant us':>11}{'variant/store-only':>19}"
         print(header + f"{'store-only c/s':>15}{'vs store-only':>14}")
         rows: list[dict[str, Any]] = []
         handoffs: list[dict[str, Any]] = []
@@ -400,13 +412,17 @@ def main(argv: Optional[list[str]] = None) -> None:
                         if args.baseline:
                             service = _service(stores[store], keys_file, workers, tmp, cwd=args.baseline)
                             started.append(servers.enter_context(service))
+                        if args.variant:
+                            variant = _service(stores[store], keys_file, workers, tmp, *shlex.split(args.variant))
+                            started.append(servers.enter_context(variant))
                         started.append(servers.enter_context(_service(stores[store], keys_file, workers, tmp)))
                         urls = tuple(url for url, _pid in started)
                         pids = [_server_pids(pid) for _url, pid in started]
                         figures = _alternating(urls, key, count, args.seconds, pids)
                     bare, served = figures[0], figures[-1]
                     store_only = figures[1] if store == "redis" else None
-                    before = figures[-2] if args.baseline else None
+                    variant_figures = figures[-2] if args.variant else None
+                    before = figures[-3 if args.variant else -2] if args.baseline else None
                     row = {
                         "store": store, "processes": workers, "clients": count, "bare_rate": bare[0],
                         "service_rate": served[0], "ratio": served[0] / bare[0], "p50_ms": served[1],
@@ -418,6 +434,13 @@ def main(argv: Optional[list[str]] = None) -> None:
                         row.update(baseline_rate=before[0], ratio_to_baseline=served[0] / before[0])
                         row.update(baseline_cpu_us=before[3])
                         before_cells = f"{before[0]:>11.0f}{before[3]:>10.0f}{served[0] / before[0]:>10.2f}"
+                    if variant_figures is not None:
+                        row.update(variant_rate=variant_figures[0], variant_cpu_us=variant_figures[3])
+                        versus = "-"
+                        if store_only is not None:
+                            row.update(variant_to_store_only=variant_figures[0] / store_only[0])
+                            versus = f"{variant_figures[0] / store_only[0]:.2f}"
+                        before_cells += f"{variant_figures[0]:>12.0f}{variant_figures[3]:>11.0f}{versus:>19}"
                     store_cells = f"{'-':>9}{'-':>15}{'-':>14}"
                     if store_only is not None:
                         row.update(

@@ -131,11 +131,15 @@ def test_json_results_become_figures(tmp_path: Path, redis_server: RedisServer) 
     run_benchmark(
         "http_cycle", "--seconds", "0.2", "--clients", "1", "--processes", "1", "--stores", "memory,redis",
         "--redis-url", redis_server.url, "--handoffs", "3", "--json", str(data / "http_cycle.json"),
+        "--variant=--log-level warning",
     )
     http_rows = json.loads((data / "http_cycle.json").read_text())["results"]["rows"]
     # The store-only floor is measured on the Redis row only, and the service's ratio to it kept.
     assert ["store_only_rate" in row for row in http_rows] == [False, True]
     assert http_rows[1]["ratio_to_store_only"] > 0
+    # The variant (the service with extra serve arguments) runs in every row, beside the floor.
+    assert all(row["variant_rate"] > 0 and row["variant_cpu_us"] > 0 for row in http_rows)
+    assert ["variant_to_store_only" in row for row in http_rows] == [False, True]
     run_benchmark(
         "redis_cycle", "--url", redis_server.url, "--seconds", "0.2", "--handoffs", "3",
         "--json", str(data / "redis_cycle.json"),

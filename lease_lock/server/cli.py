@@ -144,15 +144,19 @@ class _DirectWriteHandler(logging.StreamHandler):  # type: ignore[type-arg] # ge
             self.handleError(record)
 
 
-def _configure_logging(log_format: str = "text") -> None:
-    """Send the service's log (access lines, store errors, keys file errors) to stderr.
+def _configure_logging(log_format: str = "text", level: Optional[str] = None) -> None:
+    """Send the service's log (access lines, store errors, keys file errors) to stderr, from
+    ``level`` up (``info`` unless given; access lines are ``info``).
 
-    Only when nobody configured logging already: an embedding program keeps its own setup.
+    Only when nobody configured logging already: an embedding program keeps its own setup, and
+    only a ``level`` given on purpose is applied to it.
     """
     logger = logging.getLogger("lease_lock")
     configured = [*logger.handlers, *logging.getLogger().handlers]
     # The library's own NullHandler does not count: it only keeps Python's last-resort output away.
     if any(not isinstance(handler, logging.NullHandler) for handler in configured):
+        if level is not None:
+            logger.setLevel(level.upper())
         return
     handler = _DirectWriteHandler(sys.stderr)
     if log_format == "json":
@@ -161,7 +165,7 @@ def _configure_logging(log_format: str = "text") -> None:
         # The process id tells the lines of --workers processes apart.
         handler.setFormatter(_SecondCachedFormatter(_TEXT_FORMAT))
     logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.INFO if level is None else level.upper())
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -175,7 +179,7 @@ def _serve(args: argparse.Namespace) -> int:
             raise ValidationError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     if args.workers > 1 and urllib.parse.urlsplit(args.url).scheme == "memory":
         raise ValidationError("--workers above 1 needs a shared store: memory:// lives in one process")
-    _configure_logging(args.log_format)
+    _configure_logging(args.log_format, args.log_level)
     # Check the keys file and the URL before anything listens (each worker builds its own app).
     first = _app(args)
     if args.workers > 1:
@@ -281,6 +285,13 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("text", "json"),
         default="text",
         help="log lines as text or as one JSON object each (default %(default)s)",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default=None,
+        help="least severe log lines written (default info); warning leaves out the access line of "
+        "every request, and its cost, where a proxy in front logs requests already",
     )
     parser.add_argument(
         "--max-waits",

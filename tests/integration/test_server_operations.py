@@ -112,6 +112,24 @@ def test_one_access_line_per_request_with_a_request_id(tmp_path: Path, log_forma
         assert f"GET /locks/{{key}} -> 401 project=- request_id={assigned}" in access[1]
 
 
+def test_log_level_warning_leaves_out_access_lines_but_not_errors(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.toml"
+    keys = make_keys(keys_file)
+    process, url, log = start_serve(tmp_path, "memory://", keys_file, "--log-level", "warning", module="lease_lock")
+    try:
+        headers = {**_bearer(keys["alpha"]), "X-Volcano-Lock-Token": str(uuid.uuid4())}
+        granted = requests.post(f"{url}/locks/job/lease", json={"ttl_seconds": 10}, headers=headers, timeout=10)
+        assert granted.status_code == 201
+        assert requests.get(f"{url}/locks/job", timeout=10).status_code == 401
+        # An error still reaches the log: a keys file the operator broke by hand.
+        keys_file.write_text(keys_file.read_text() + "\nproject = = typo\n")
+        assert requests.get(f"{url}/locks/job", headers=_bearer(keys["alpha"]), timeout=10).status_code == 200
+        assert wait_until(lambda: "is invalid and was not reloaded" in log.read_text(), 10)
+    finally:
+        stop_serve(process)
+    assert "/locks/{key}" not in log.read_text()
+
+
 def test_oversized_bodies_and_headers_get_json_errors(lock_service: ServiceInfo) -> None:
     headers = {**_bearer(lock_service.keys["alpha"]), "X-Volcano-Lock-Token": str(uuid.uuid4())}
     for size, status in ((20 * 1024, 413), (2 * 1024 * 1024, 413)):
