@@ -29,13 +29,14 @@ the worker's last refused attempt kept; a queued waiter's, its transaction alone
 Hand-off: a waiter blocks in its library's own blocking acquire (``Locker.acquire``; tooz's
 ``lock.acquire(blocking=60)``) while another client holds the key; the time from the start of
 the holder's release to the waiter holding the lock (p50/p99), next to a bare watch delivery:
-the time from the start of a delete sent by hand to a watch stream (opened by hand) reading its
-event; and that delivery followed by the transaction that takes the freed key, sent by hand on
-the event. Any hand-off that takes the key after its release costs at least the latter: two
-commits of the cluster, one after the other. All of them talk to the same member. Each release
-comes at a random moment 0.05 to 1.05 s after the waiter started, so a waiter that polls (tooz
-tries again once a second) is caught at every point of its period, not always just after a
-failed try.
+the time from the start of a release sent by hand (the revoke of the key's lease, as the
+``Locker`` releases) to a watch stream (opened by hand) reading its event; and that delivery
+followed by the transaction that takes the freed key, sent by hand on the event. Any hand-off
+that takes the key after its release costs at least the latter: two commits of the cluster, one
+after the other. All of them talk to the same member. Each release comes at a random moment
+0.05 to 1.05 s after the waiter started (the bare rows wait the same pauses), so a waiter that
+polls (tooz tries again once a second) is caught at every point of its period, not always just
+after a failed try, and every row starts its release from the same idle.
 """
 
 from __future__ import annotations
@@ -194,9 +195,13 @@ def _tooz_handoffs(holder: Any, waiter: Any, count: int) -> list[float]:
 
 
 def _watch_deliveries(endpoint: str, count: int, *, take: bool = False) -> list[float]:
-    """Seconds from the start of a delete sent by hand to a bare watch stream reading it; with
+    """Seconds from the start of a release sent by hand to a bare watch stream reading it; with
     ``take``, to the answer of the transaction that takes the freed key, sent by hand on that
-    event (the least any hand-off that takes the key after its release can cost)."""
+    event (the least any hand-off that takes the key after its release can cost).
+
+    Each release is made as the ``Locker``'s is, at the same moments: the revoke of the lease
+    the key is on, at the same random pauses as the hand-offs of :func:`_handoffs`, so that the
+    rows differ only in what the library does."""
     session = requests.Session()
     name = f"bench:watch:{uuid.uuid4().hex[:8]}".encode()
     stream = requests.post(
@@ -207,17 +212,20 @@ def _watch_deliveries(endpoint: str, count: int, *, take: bool = False) -> list[
     )
     lines = stream.iter_lines(chunk_size=None)
     next(lines)  # the "created" answer
-    put = json.dumps({"key": _b64(name), "value": _b64(b"x")})
     take_if_free = json.dumps({
         "compare": [{"key": _b64(name), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
         "success": [{"request_put": {"key": _b64(name), "value": _b64(b"y")}}],
     })
+    pauses = random.Random(25)
     delays: list[float] = []
     try:
         for _ in range(count):
+            lease = session.post(endpoint + "/v3/lease/grant", data=json.dumps({"TTL": int(TTL)}), timeout=10).json()
+            put = json.dumps({"key": _b64(name), "value": _b64(b"x"), "lease": lease["ID"]})
             session.post(endpoint + "/v3/kv/put", data=put, timeout=10)
+            time.sleep(_FIRST_RELEASE + pauses.random() * _RELEASE_SPREAD)
             started = time.perf_counter()
-            session.post(endpoint + "/v3/kv/deleterange", data=json.dumps({"key": _b64(name)}), timeout=10)
+            session.post(endpoint + "/v3/lease/revoke", data=json.dumps({"ID": lease["ID"]}), timeout=10)
             for line in lines:
                 if line and b"DELETE" in line:
                     break
