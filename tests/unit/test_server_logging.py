@@ -1,15 +1,18 @@
 """The log handler of ``lease-lock serve``: each line written whole by its own thread, with no
-lock, before the call returns; lines of many threads never mix."""
+lock, before the call returns; lines of many threads never mix. And the level ``--log-level``
+sets, on the service's own setup and on a program's own."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
-from lease_lock.server.cli import JsonLogFormatter, _DirectWriteHandler, _SecondCachedFormatter
+from lease_lock.server.cli import JsonLogFormatter, _configure_logging, _DirectWriteHandler, _SecondCachedFormatter
 
 
 def _logger(name: str, handler: logging.Handler) -> logging.Logger:
@@ -91,3 +94,55 @@ def test_text_lines_escape_control_characters_and_json_lines_keep_them(tmp_path:
             assert lines[1] == "ERROR failed on two\\nlines\\r\\x1b[31mred\\ttab"
             # The traceback below it keeps its lines.
             assert lines[2] == "Traceback (most recent call last):" and lines[-1] == "RuntimeError: boom"
+
+
+@contextlib.contextmanager
+def _library_logger(*, bare: bool) -> Iterator[logging.Logger]:
+    """The ``lease_lock`` logger, its handlers and level, and the root logger's handlers, all
+    put back afterwards; with ``bare``, no handler of a program's own anywhere meanwhile
+    (pytest's capture handlers, which it puts on the root logger for each test, are taken off)."""
+    logger, root = logging.getLogger("lease_lock"), logging.getLogger()
+    handlers, level, root_handlers = list(logger.handlers), logger.level, list(root.handlers)
+    if bare:
+        for handler in root_handlers:
+            root.removeHandler(handler)
+        for handler in [h for h in handlers if not isinstance(h, logging.NullHandler)]:
+            logger.removeHandler(handler)
+    try:
+        yield logger
+    finally:
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        for handler in handlers:
+            logger.addHandler(handler)
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in root_handlers:
+            root.addHandler(handler)
+        logger.setLevel(level)
+
+
+def test_the_service_logs_from_the_level_asked_for() -> None:
+    with _library_logger(bare=True) as logger:
+        _configure_logging("text", "warning")
+        assert [type(h) for h in logger.handlers if not isinstance(h, logging.NullHandler)] == [_DirectWriteHandler]
+        assert logger.level == logging.WARNING
+        assert not logging.getLogger("lease_lock.server").isEnabledFor(logging.INFO)  # no access lines
+
+
+def test_the_service_logs_access_lines_unless_told_otherwise() -> None:
+    with _library_logger(bare=True) as logger:
+        _configure_logging("json")
+        assert logger.level == logging.INFO
+        assert logging.getLogger("lease_lock.server").isEnabledFor(logging.INFO)
+
+
+def test_a_programs_own_logging_keeps_its_handlers_and_takes_only_a_level_given() -> None:
+    with _library_logger(bare=False) as logger:
+        own = logging.StreamHandler()
+        logger.addHandler(own)
+        logger.setLevel(logging.DEBUG)
+        _configure_logging("json")
+        assert logger.level == logging.DEBUG and logger.handlers[-1] is own
+        _configure_logging("json", "error")
+        assert logger.level == logging.ERROR and logger.handlers[-1] is own
