@@ -21,12 +21,14 @@ __all__ = [
     "HEADER_TOKEN",
     "HEADER_WAIT",
     "HEADER_WAITED",
+    "HEADER_WAIT_STEP",
     "KEY_PATTERN",
     "MAX_LIFETIME",
     "MAX_TTL",
     "MIN_TTL",
     "RENEW_MARGIN",
     "TAKEOVER_GRACE",
+    "wait_text",
 ]
 
 #: The ownership token of acquire, renew and release (a UUID in any form ``uuid.UUID`` reads).
@@ -51,6 +53,10 @@ HEADER_PREFER = "Prefer"
 HEADER_PREFERENCE_APPLIED = "Preference-Applied"
 #: Extension: on every answer of a server offering the wait extension, its longest wait (seconds).
 HEADER_WAIT = "X-Lease-Lock-Wait"
+#: Extension: beside ``HEADER_WAIT``, the finest wait the server honours (seconds): ``0.001``
+#: from a server that takes ``wait=N.NNN``, fractions of a second (RFC 7240's own values are
+#: whole seconds, and a server without this header ignores a fraction).
+HEADER_WAIT_STEP = "X-Lease-Lock-Wait-Step"
 #: Extension: on a grant that answers a waiting acquisition, the seconds the server held the
 #: request before it tried the grant, rounded down to the millisecond (so the lease started no
 #: earlier than the request's sending plus this).
@@ -67,3 +73,9 @@ MAX_LIFETIME = 7_776_000
 TAKEOVER_GRACE = 1.0
 #: A renewal must arrive more than this many seconds before the lease's expiry.
 RENEW_MARGIN = 1.0
+
+
+def wait_text(seconds: float) -> str:
+    """``seconds`` as a ``wait=`` value, to the millisecond and without a needless fraction
+    (``30``, ``0.25``)."""
+    return f"{seconds:.3f}".rstrip("0").rstrip(".")

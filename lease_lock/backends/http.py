@@ -31,7 +31,7 @@ import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, ClassVar, ContextManager, Optional
+from typing import Any, Callable, ClassVar, ContextManager, NamedTuple, Optional
 
 import requests
 
@@ -39,6 +39,8 @@ from .. import wire
 from ..errors import AccessDeniedError, BackendUnavailableError, RateLimitedError, ValidationError
 from ..validation import redact_url
 from .base import Backend, Capabilities, LockState, ReleaseWatcher, parse_url_options
+from .handoff import LineGrant, WaitingLine
+from .line import LineSlots
 from .service import RequestIdCarrier
 
 __all__ = ["HttpBackend"]
@@ -90,6 +92,39 @@ _CLAIM_WINDOW = 2.0
 # after the lease's expiry; a claim may use a tenth of that grace, no more (later, the caller's
 # attempt is sent as a request of its own, which renews the lease from its sending).
 _CLAIM_SLACK = wire.TAKEOVER_GRACE / 10
+#: At most this many threads of one backend wait with an acquisition of their own held by the
+#: server (see HttpBackend.join_line), each on one pooled connection; further waiters are woken
+#: through the shared watcher.
+LINE_WAITERS = 2
+
+
+class _Answer(NamedTuple):
+    """What one acquisition request came to: the grant's ``fence`` (``None`` when refused),
+    whether the server ``applied`` a wait preference, and ``held_back``, how long it held the
+    request before it tried the grant (the lease began no earlier than the sending plus this)."""
+
+    fence: Optional[int]
+    applied: bool = False
+    held_back: float = 0.0
+
+
+def _held_back(response: requests.Response, sent: float) -> float:
+    """The seconds the server says it held a waiting request before its grant, never more than
+    the request's whole round trip since ``sent`` (``time.monotonic()``), nor negative."""
+    try:
+        held_back = float(response.headers.get(wire.HEADER_WAITED, ""))
+    except ValueError:
+        return 0.0  # then the request's sending is the earliest start there is
+    return min(max(held_back, 0.0), time.monotonic() - sent) if math.isfinite(held_back) else 0.0
+
+
+def _wait_step(text: Optional[str]) -> float:
+    """The finest wait a server announced (``X-Lease-Lock-Wait-Step``), or ``0.0`` for none."""
+    try:
+        step = float(text) if text is not None else 0.0
+    except ValueError:
+        return 0.0
+    return step if 0.0 < step <= 1.0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -159,6 +194,78 @@ class _WaitWatcher(ReleaseWatcher):
         self._closed.set()
 
 
+class _HeldAcquisition(WaitingLine):
+    """One waiting thread's line (see :meth:`HttpBackend.join_line`): every wait is the
+    thread's acquisition, held by the server for that long while the key is held."""
+
+    def __init__(
+        self,
+        backend: HttpBackend,
+        key: str,
+        token: str,
+        ttl: float,
+        owner: str,
+        fenced: bool,
+        clock: Callable[[], float],
+    ) -> None:
+        self._backend = backend
+        self._key = key
+        self._token = token
+        self._ttl = ttl
+        self._owner = owner
+        self._fenced = fenced
+        self._clock = clock
+        # Whether a request of this line may have been granted without the thread knowing (its
+        # answer was lost): then leaving gives the key back.
+        self._unsure = False
+        self._left = False
+
+    def _acquire(self, wait: Optional[float]) -> _Answer:
+        self._unsure = True
+        answer = self._backend._acquire(self._key, self._token, self._ttl, self._owner, watch=False, wait=wait)
+        self._unsure = False
+        return answer
+
+    def _fence(self, fence: int) -> int:
+        return fence if self._fenced else 0
+
+    def ask(self) -> Optional[int]:
+        """See :meth:`WaitingLine.ask`: a plain acquisition."""
+        fence = self._acquire(None).fence
+        return None if fence is None else self._fence(fence)
+
+    def wait(self, seconds: float) -> Optional[LineGrant]:
+        """See :meth:`WaitingLine.wait`: the acquisition, held by the server for ``seconds``
+        (to the millisecond, and at most the server's longest wait) while the key is held.
+        When the server had no waiting slot free (it answered at once), or the wait is shorter
+        than a millisecond, the rest of ``seconds`` is slept instead."""
+        backend = self._backend
+        started = time.monotonic()
+        wait = min(math.floor(seconds * 1000) / 1000, float(backend._wait_offered))
+        if wait >= max(backend._wait_step, 0.001):
+            sent = self._clock()
+            answer = self._acquire(wait)
+            if answer.fence is not None:
+                return LineGrant(self._fence(answer.fence), sent + answer.held_back, self._ttl, False)
+            if answer.applied:
+                return None
+        left = seconds - (time.monotonic() - started)
+        if left > 0:
+            time.sleep(left)
+        return None
+
+    def leave(self, granted: bool) -> None:
+        """See :meth:`WaitingLine.leave`: a key that a request whose answer was lost may have
+        won is released (best effort: it runs out with its lease otherwise)."""
+        if self._left:
+            return
+        self._left = True
+        self._backend._line_slots.give()
+        if not granted and self._unsure:
+            with contextlib.suppress(Exception):
+                self._backend.release(self._key, self._token)
+
+
 def _forget_after(now: float, ttl: float) -> float:
     # The grace second plus a wide margin for a slow reply: only then is the grant surely over.
     return now + ttl + wire.TAKEOVER_GRACE + 60.0
@@ -226,8 +333,11 @@ class HttpBackend(Backend, RequestIdCarrier):
         # A parent's sessions, kept referenced in a forked child: closing them there could
         # disturb the parent's connections (a TLS close_notify on a shared socket).
         self._inherited: list[requests.Session] = []
-        # The longest wait the server offers (0 until it announced the extension).
+        # The longest wait the server offers (0 until it announced the extension), and the
+        # finest (0.0 unless it announced waits to a fraction of a second).
         self._wait_offered = 0
+        self._wait_step = 0.0
+        self._line_slots = LineSlots(LINE_WAITERS)
         self._watchers: list[_WaitWatcher] = []
         self._interest: dict[str, _Refused] = {}
         self._watching: set[str] = set()
@@ -322,6 +432,7 @@ class HttpBackend(Backend, RequestIdCarrier):
         offered = response.headers.get(wire.HEADER_WAIT)
         if offered is not None:
             self._wait_offered = int(offered) if offered.isdigit() else 0
+            self._wait_step = _wait_step(response.headers.get(wire.HEADER_WAIT_STEP))
         return response
 
     def _send_prepared(
@@ -435,6 +546,14 @@ class HttpBackend(Backend, RequestIdCarrier):
         """
         self.check_key(key)
         self.check_token(token)
+        return self._acquire(key, token, ttl, owner, watch=True).fence
+
+    def _acquire(
+        self, key: str, token: str, ttl: float, owner: str, *, watch: bool, wait: Optional[float] = None
+    ) -> _Answer:
+        """:meth:`acquire_fenced`'s work. ``watch``: a refusal starts the watching request of
+        the key (see :meth:`watch_releases`); ``wait``: seconds the server may hold the request
+        while the key is held (``Prefer: wait``), for a waiting line (see :meth:`join_line`)."""
         wire_ttl = self.wire_ttl(ttl)
         owner_header = urllib.parse.quote(owner, safe=_OWNER_SAFE) if owner else None
         attempt = (key, token)
@@ -446,26 +565,35 @@ class HttpBackend(Backend, RequestIdCarrier):
                 and time.monotonic() + ttl <= won.earliest + won.wire_ttl + _CLAIM_SLACK
             ):
                 self._remember(key, token, won.fence, won.wire_ttl)
-                return won.fence
-            return self._post_acquisition(key, token, wire_ttl, owner_header)
+                return _Answer(won.fence)
+            return self._post_acquisition(key, token, wire_ttl, owner_header, watch, wait)
         finally:
             self._end_attempt(attempt)
 
-    def _post_acquisition(self, key: str, token: str, wire_ttl: int, owner_header: Optional[str]) -> Optional[int]:
+    def _post_acquisition(
+        self, key: str, token: str, wire_ttl: int, owner_header: Optional[str], watch: bool, wait: Optional[float]
+    ) -> _Answer:
         request_id = getattr(self._scope, "request_id", None) or str(uuid.uuid4())
         headers = {wire.HEADER_TOKEN: token, wire.HEADER_REQUEST_ID: request_id}
         if owner_header is not None:
             headers[wire.HEADER_OWNER] = owner_header
         url = self._url(key, lease=True)
         body = {"ttl_seconds": wire_ttl}
-        response = self._post_twice(url, headers, body)
+        timeout: Any = self.timeout
+        if wait is not None:
+            headers[wire.HEADER_PREFER] = f"wait={wire.wait_text(wait)}"
+            timeout = (self.timeout, self.timeout + wait)
+        sent = time.monotonic()
+        response = self._post_twice(url, headers, body, timeout)
+        applied = wire.HEADER_PREFERENCE_APPLIED in response.headers
         if response.status_code == 409:
-            self._watch(key, _Refused(time.monotonic(), token, wire_ttl, headers))
-            return None
+            if watch:
+                self._watch(key, _Refused(time.monotonic(), token, wire_ttl, headers))
+            return _Answer(None, applied)
         self._raise_for(response, 201)
         fence = self._fence_of(response)
         self._remember(key, token, fence, wire_ttl)
-        return fence
+        return _Answer(fence, applied, _held_back(response, sent) if applied else 0.0)
 
     def adopt(self, key: str, claim_token: str, token: str, ttl: float, owner: str) -> Optional[int]:
         """Replace the claim ``claim_token`` on ``key`` (or a free key) with a new grant to
@@ -492,15 +620,18 @@ class HttpBackend(Backend, RequestIdCarrier):
         self._remember(key, token, fence, wire_ttl)
         return fence
 
-    def _post_twice(self, url: str, headers: dict[str, str], body: dict[str, Any]) -> requests.Response:
+    def _post_twice(
+        self, url: str, headers: dict[str, str], body: dict[str, Any], timeout: Any = None
+    ) -> requests.Response:
         """A POST, sent once more (same headers: same token and request id) after a transport
         failure or a 503; the second failure raises ``BackendUnavailableError``."""
+        options = {"headers": dict(headers), "json": body, "timeout": self.timeout if timeout is None else timeout}
         try:
-            response = self._send("POST", url, headers=dict(headers), json=body)
+            response = self._send("POST", url, **options)
         except (requests.ConnectionError, requests.Timeout):
-            return self._call("POST", url, headers=dict(headers), json=body)
+            return self._call("POST", url, **{**options, "headers": dict(headers)})
         if response.status_code == 503:
-            return self._call("POST", url, headers=dict(headers), json=body)
+            return self._call("POST", url, **{**options, "headers": dict(headers)})
         return response
 
     @staticmethod
@@ -654,6 +785,25 @@ class HttpBackend(Backend, RequestIdCarrier):
         states = [self._state(item["key"], item, str(item.get("expires_in", 0.0))) for item in response.json()["locks"]]
         return iter(states)
 
+    # -- a waiting thread's own held acquisition --------------------------------------------------
+
+    def join_line(
+        self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float]
+    ) -> Optional[WaitingLine]:
+        """A waiting thread's own acquisition held by the server, instead of a sleep and a wake
+        from the watcher's thread: between attempts it sends its acquisition with ``Prefer:
+        wait`` for the pause it would sleep, so the server turns the release into its grant and
+        the thread holds the key when that request's answer arrives, with no thread between.
+
+        Offered while the server announces waits to the millisecond (``X-Lease-Lock-Wait-Step``,
+        a lease_lock server; a key's pause is mostly a fraction of a second), to at most
+        :data:`LINE_WAITERS` threads of this backend at once; ``None`` otherwise (the thread
+        is woken through :meth:`watch_releases`). Asks the server nothing.
+        """
+        if self._wait_offered <= 0 or not self._wait_step or not self._line_slots.take():
+            return None
+        return _HeldAcquisition(self, key, token, ttl, owner, fenced, clock)
+
     # -- release notifications through the wait extension -------------------------------------
 
     def watch_releases(self, callback: Callable[[str], None]) -> ReleaseWatcher:
@@ -775,14 +925,7 @@ class HttpBackend(Backend, RequestIdCarrier):
     ) -> Optional[tuple[_Refused, _Won]]:
         """Keep a watching request's grant for the acquisition it repeats."""
         fence = self._fence_of(response)
-        waited = response.headers.get(wire.HEADER_WAITED, "")
-        try:
-            held_back = float(waited)
-        except ValueError:
-            held_back = 0.0  # then the request's sending is the earliest start there is
-        # No server held the request longer than its whole round trip (nor a negative time).
-        held_back = min(max(held_back, 0.0), time.monotonic() - sent) if math.isfinite(held_back) else 0.0
-        grant = _Won(fence, sent + held_back, refused.wire_ttl, refused.headers.get(wire.HEADER_OWNER))
+        grant = _Won(fence, sent + _held_back(response, sent), refused.wire_ttl, refused.headers.get(wire.HEADER_OWNER))
         attempt = (key, refused.token)
         with self._mutex:
             if attempt in self._fences:

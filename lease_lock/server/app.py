@@ -49,16 +49,18 @@ from ..wire import (
     HEADER_REQUEST_ID,
     HEADER_TOKEN,
     HEADER_WAIT,
+    HEADER_WAIT_STEP,
     HEADER_WAITED,
     KEY_PATTERN,
     MAX_TTL,
     MIN_TTL,
+    wait_text,
 )
 from .keys import KeyFile, KeyRecord, PathLike
 from .metrics import Metrics
 from .ratelimit import RateLimiter
 from .service import Conflict, Grant, Holder, LockService, ReservedKeyError
-from .waits import WaitRoom, parse_wait_preference
+from .waits import WAIT_STEP, WaitRoom, parse_wait_preference
 
 __all__ = ["BUDGETS", "LockServiceApp", "budget_of", "create_app", "format_time"]
 
@@ -328,7 +330,11 @@ class LockServiceApp:
         self.max_body = max_body
         self.waits = waits
         self.metrics = Metrics(lambda: waits.waiting if waits is not None else 0) if metrics else None
-        self._announce = [(HEADER_WAIT, str(int(waits.max_wait)))] if waits is not None and waits.max_waits else []
+        self._announce = (
+            [(HEADER_WAIT, str(int(waits.max_wait))), (HEADER_WAIT_STEP, wait_text(WAIT_STEP))]
+            if waits is not None and waits.max_waits
+            else []
+        )
 
     def close(self) -> None:
         """Stop the release notifications of the wait extension (the store stays open)."""
@@ -598,7 +604,7 @@ class LockServiceApp:
         self,
         project: str,
         key: str,
-        wait: Optional[int],
+        wait: Optional[float],
         held_for: Callable[[], Optional[float]],
         *,
         takes: bool,
@@ -616,7 +622,7 @@ class LockServiceApp:
         waits = self.waits
         store_key = self.service.store_key(project, key)
         waited = self._store(lambda: waits.wait_until_free(store_key, held_for, wait, takes=takes, gone=gone))
-        return [] if waited is None else [(HEADER_PREFERENCE_APPLIED, f"wait={wait}")]
+        return [] if waited is None else [(HEADER_PREFERENCE_APPLIED, f"wait={wait_text(wait)}")]
 
     def _acquire(
         self,
@@ -625,7 +631,7 @@ class LockServiceApp:
         token: str,
         ttl: int,
         owner: str,
-        wait: Optional[int],
+        wait: Optional[float],
         gone: Optional[Callable[[], bool]] = None,
     ) -> _Response:
         received = time.monotonic()
@@ -662,7 +668,7 @@ class LockServiceApp:
         return _lease_response(201, grant)
 
     def _read(
-        self, project: str, key: str, wait: Optional[int] = None, gone: Optional[Callable[[], bool]] = None
+        self, project: str, key: str, wait: Optional[float] = None, gone: Optional[Callable[[], bool]] = None
     ) -> _Response:
         holder: Holder = self._store(lambda: self.service.read(project, key))
         headers = []

@@ -1,7 +1,8 @@
 """The wait extension: a request may ask the server to hold it until a key is free.
 
-A client sends ``Prefer: wait=N`` (RFC 7240) on ``GET /locks/{key}`` or on an acquisition. When
-the key is held, the server keeps the request for up to ``N`` seconds (at most its own
+A client sends ``Prefer: wait=N`` (RFC 7240; ``N`` in whole seconds, or to the millisecond as
+this server announces with ``X-Lease-Lock-Wait-Step``) on ``GET /locks/{key}`` or on an
+acquisition. When the key is held, the server keeps the request for up to ``N`` seconds (at most its own
 ``max_wait``), until the store reports the key released or the holder's lease and grace run out,
 whichever comes first, and answers as usual, with ``Preference-Applied: wait=N``. A read reads the
 key again at each wake-up; an acquisition tries the grant itself, so that a release becomes its
@@ -20,6 +21,7 @@ know it (the official SDKs) never send the preference and see no difference.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from typing import Callable, Optional
@@ -27,18 +29,25 @@ from typing import Callable, Optional
 from ..backends.base import Backend
 from ..waiting import ReleaseDispatcher
 
-__all__ = ["WaitRoom", "parse_wait_preference"]
+__all__ = ["WAIT_STEP", "WaitRoom", "parse_wait_preference"]
 
+#: The finest wait a ``Prefer: wait=N`` may ask for, in seconds (announced to clients).
+WAIT_STEP = 0.001
+# Whole seconds (at most nine digits), or seconds with up to three decimals.
+_WAIT_SECONDS = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,3})?")
 # Without a flowing notification stream the store is read again this often while waiting.
 _UNNOTIFIED_SLICE = 0.25
 # A waiting request whose client can be watched looks this often whether the client left.
 _GONE_SLICE = 0.25
 
 
-def parse_wait_preference(header: Optional[str]) -> Optional[int]:
+def parse_wait_preference(header: Optional[str]) -> Optional[float]:
     """The seconds of a ``wait=N`` preference in a ``Prefer`` header, or ``None``.
 
-    Preferences are hints (RFC 7240): a malformed one is ignored rather than refused.
+    ``N`` is whole seconds (RFC 7240) or, as an extension this server announces with
+    ``X-Lease-Lock-Wait-Step: 0.001``, seconds with up to three decimals (``wait=0.25``), so
+    that a client can keep one acquisition waiting for exactly the pause it would otherwise
+    sleep. Preferences are hints (RFC 7240): a malformed one is ignored rather than refused.
     """
     if not header:
         return None
@@ -46,9 +55,7 @@ def parse_wait_preference(header: Optional[str]) -> Optional[int]:
         name, _, value = preference.split(";", 1)[0].strip().partition("=")
         if name.strip().lower() == "wait":
             value = value.strip().strip('"')
-            if value.isdigit() and len(value) <= 9:
-                return int(value)
-            return None
+            return float(value) if _WAIT_SECONDS.fullmatch(value) else None
     return None
 
 

@@ -1,11 +1,13 @@
 """The HTTP client's hand-off through a real ``serve`` child: a refused acquisition is repeated
 with ``Prefer: wait``, the server grants it in that request when the holder releases, and the
 waiting acquisition takes the grant without another request. A grant nobody takes is given
-back; a grant taken too late is renewed by a request of its own."""
+back; a grant taken too late is renewed by a request of its own. And a waiting thread's own
+line: its acquisition held by the server for its pause, to the millisecond."""
 
 from __future__ import annotations
 
 import threading
+import time
 import urllib.parse
 import uuid
 from collections.abc import Iterator
@@ -14,7 +16,8 @@ from typing import Any, Union
 
 import pytest
 import requests
-from lease_lock.backends.http import HttpBackend
+from lease_lock.backends.http import LINE_WAITERS, HttpBackend
+from lease_lock.errors import BackendUnavailableError
 from lease_lock.testing import wait_until
 
 from tests.support.http_server import ServiceInfo
@@ -133,3 +136,102 @@ def test_closing_gives_back_a_grant_nobody_took(rig: Rig) -> None:
     assert wait_until(lambda: key in rig.notified, 20)
     rig.waiter.close()
     assert not rig.holder.inspect(key).held
+
+
+def _prefers(rig: Rig, key: str) -> list[tuple[str, int]]:
+    """``Prefer`` and status of the waiter's answered ``POST``s of ``key``."""
+    lease = f"/locks/{key}/lease"
+    sent = rig.session.snapshot()
+    return [(prefer, status) for method, path, prefer, status in sent if (method, path) == ("POST", lease)]
+
+
+def _held(rig: Rig) -> tuple[str, str, str, int]:
+    """A fresh key held by the holder, which the waiter only read (so no watching request of
+    the waiter's repeats an acquisition of it, and the waiter knows what waits the server
+    offers); the holder's token, a token for the waiter and the holder's fence."""
+    key, held_by, token = f"line:{uuid.uuid4().hex}", rig.holder.new_token(), rig.waiter.new_token()
+    fence = rig.holder.acquire_fenced(key, held_by, 30, "holder")
+    assert fence is not None
+    assert rig.waiter.inspect(key).held
+    return key, held_by, token, fence
+
+
+def test_a_held_acquisition_is_granted_by_the_release(rig: Rig) -> None:
+    key, held_by, token, fence = _held(rig)
+    line = rig.waiter.join_line(key, token, 5, "waiter", True, time.monotonic)
+    assert line is not None
+    granted: list[Any] = []
+    started = time.monotonic()
+    thread = threading.Thread(target=lambda: granted.append(line.wait(10)))
+    thread.start()
+    time.sleep(0.3)  # most likely held by the server by now; granted at once otherwise
+    assert rig.holder.release(key, held_by)
+    thread.join(30)
+    [grant] = granted
+    assert grant is not None and grant.fence > fence and grant.lease == 5 and not grant.claimed
+    # The lease is judged from no earlier than the request's sending.
+    assert started <= grant.sent <= time.monotonic()
+    prefer, status = _prefers(rig, key)[-1]
+    # Ten seconds, or the server's longest wait when that is shorter.
+    assert status == 201 and prefer.startswith("wait=")
+    assert rig.waiter.is_held(key, token)
+    line.leave(True)
+    assert rig.waiter.release(key, token)
+
+
+def test_a_held_acquisition_ends_after_its_pause_without_a_grant(rig: Rig) -> None:
+    key, held_by, token, _fence = _held(rig)
+    line = rig.waiter.join_line(key, token, 5, "waiter", False, time.monotonic)
+    assert line is not None
+    started = time.monotonic()
+    assert line.wait(0.3) is None
+    assert time.monotonic() - started >= 0.3
+    assert _prefers(rig, key)[-1] == ("wait=0.3", 409)
+    assert line.ask() is None
+    line.leave(False)
+    assert rig.holder.inspect(key).held and rig.holder.release(key, held_by)
+
+
+def test_at_most_a_few_threads_of_a_backend_hold_acquisitions_of_their_own(rig: Rig) -> None:
+    key, held_by, _token, _fence = _held(rig)
+
+    def join() -> Any:
+        return rig.waiter.join_line(key, rig.waiter.new_token(), 5, "w", False, time.monotonic)
+
+    lines = [line for line in (join() for _ in range(LINE_WAITERS)) if line is not None]
+    assert len(lines) == LINE_WAITERS
+    assert join() is None
+    lines[0].leave(False)
+    again = join()
+    assert again is not None
+    for line in [again, *lines[1:]]:
+        line.leave(False)
+    assert rig.holder.release(key, held_by)
+
+
+def test_leaving_after_a_lost_answer_gives_back_what_it_may_have_won(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The key is free, so the server grants the held acquisition at once, but its answer never
+    # arrives (twice: an acquisition is sent once more after a transport failure).
+    key, held_by, token, _fence = _held(rig)
+    assert rig.holder.release(key, held_by)
+    line = rig.waiter.join_line(key, token, 5, "waiter", False, time.monotonic)
+    assert line is not None
+    send = rig.waiter._send
+
+    def answer_lost(method: str, url: str, **options: Any) -> requests.Response:
+        waiting = "Prefer" in (options.get("headers") or {})
+        response = send(method, url, **options)
+        if waiting:
+            raise requests.ConnectionError("the answer was lost")
+        return response
+
+    monkeypatch.setattr(rig.waiter, "_send", answer_lost)
+    with pytest.raises(BackendUnavailableError):
+        line.wait(1)
+    assert rig.holder.inspect(key).held  # by the waiter's token, which never heard of it
+    line.leave(False)
+    # The grant the thread never heard of is given back: the key is free for anyone.
+    assert not rig.holder.inspect(key).held
+    assert rig.holder.acquire_fenced(key, rig.holder.new_token(), 5, "holder") is not None

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import pytest
 import requests
 from lease_lock import Locker, LockHeldError, Retry
-from lease_lock.backends.http import HttpBackend
+from lease_lock.backends.http import LINE_WAITERS, HttpBackend
 from lease_lock.backends.memory import MemoryBackend
 from lease_lock.server import LockServiceApp, create_app
 from lease_lock.testing import wait_until
@@ -186,27 +186,113 @@ def _locker(url: str, key: str, **options: Any) -> Locker:
     return Locker(HttpBackend(url, key), ttl=5, **options)
 
 
-def test_a_waiting_locker_is_granted_by_its_waiting_acquisition(rig: Any) -> None:
+def _watching_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == "lease-lock-http-watch"]
+
+
+def _held_acquisitions(recorder: Recorder, path: str) -> list[str]:
+    """The waits of acquisitions a waiting thread sent itself: its pause, under a second."""
+    sent = [(method, seen, prefer) for method, seen, prefer in recorder.seen if method == "POST" and seen == path]
+    return [prefer for _method, _path, prefer in sent if prefer.startswith("wait=0.")]
+
+
+def test_a_waiting_locker_is_granted_by_its_own_waiting_acquisition(rig: Any) -> None:
+    # Alone, the waiting thread sends its acquisition with Prefer: wait for the pause it would
+    # sleep (to the millisecond), and the release is that request's grant: no watching thread
+    # and no wake-up from another thread in between.
     _app, recorder, url, keys = rig
-    holder, waiter = _locker(url, keys["alpha"]), _locker(url, keys["alpha"], retry=Retry(delay=0.02, timeout=60))
+    holder, waiter = _locker(url, keys["alpha"]), _locker(url, keys["alpha"], retry=Retry(delay=0.5, timeout=60))
     lease = "/locks/handoff/lease"
     try:
         held = holder.acquire("handoff", ttl=30)
         got: list[Any] = []
         thread = threading.Thread(target=lambda: got.append(waiter.acquire("handoff")))
         thread.start()
-        # The waiter's refused acquisition is repeated as a waiting one (never as a waiting read).
-        assert wait_until(lambda: any(m == "POST" and p == lease and prefer for m, p, prefer in recorder.seen), 20)
+        assert wait_until(lambda: _held_acquisitions(recorder, lease), 20)
+        assert not _watching_threads()
         posts_before = sum(1 for method, path, _p in recorder.seen if method == "POST" and path == lease)
         held.release()
         thread.join(30)
         assert len(got) == 1 and got[0].state == "held"
-        # The server granted the key in the waiting request itself.
-        assert ("POST", lease, "wait=5", "201 Created") in recorder.answered
+        # The server granted the key in the waiting acquisition itself.
+        [(_m, _p, prefer, _s)] = [answer for answer in recorder.answered if answer[3] == "201 Created"][1:]
+        assert prefer.startswith("wait=0.")
         assert not any(prefer for _m, path, prefer in recorder.seen if path == "/locks/handoff")
+        assert not _watching_threads()
         got[0].release()
-        # Polling every 20 ms for the whole wait would have sent hundreds of attempts.
         assert posts_before < 20
+    finally:
+        holder.close()
+        waiter.close()
+
+
+class OlderServer(Recorder):
+    """A :class:`Recorder` in front of a server that announces waits in whole seconds only (no
+    ``X-Lease-Lock-Wait-Step``): one from before fractional waits."""
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        def whole_seconds(status: str, headers: Any, *args: Any) -> Any:
+            kept = [(name, value) for name, value in headers if name.lower() != "x-lease-lock-wait-step"]
+            return start_response(status, kept, *args)
+
+        return super().__call__(environ, whole_seconds)
+
+
+def test_with_an_older_server_a_watching_request_grants_the_waiting_locker(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.toml"
+    keys = make_keys(keys_file)
+    app = create_app(MemoryBackend(), keys_file, rate_limit=1000, max_waits=4)
+    recorder = OlderServer(app)
+    lease = "/locks/handoff/lease"
+    with ThreadedServer(recorder) as server:
+        holder = _locker(server.url, keys["alpha"])
+        waiter = _locker(server.url, keys["alpha"], retry=Retry(delay=0.02, timeout=60))
+        try:
+            held = holder.acquire("handoff", ttl=30)
+            got: list[Any] = []
+            thread = threading.Thread(target=lambda: got.append(waiter.acquire("handoff")))
+            thread.start()
+            # The waiter's refused acquisition is repeated as a waiting one (never as a waiting read).
+            assert wait_until(lambda: ("POST", lease, "wait=5") in recorder.seen, 20)
+            posts_before = sum(1 for method, path, _p in recorder.seen if method == "POST" and path == lease)
+            held.release()
+            thread.join(30)
+            assert len(got) == 1 and got[0].state == "held"
+            # The server granted the key in the watching request, and the waiter took that grant.
+            assert ("POST", lease, "wait=5", "201 Created") in recorder.answered
+            assert all(prefer in ("", "wait=5") for _m, _p, prefer in recorder.seen)
+            got[0].release()
+            # Polling every 20 ms for the whole wait would have sent hundreds of attempts.
+            assert posts_before < 20
+        finally:
+            holder.close()
+            waiter.close()
+    app.close()
+
+
+def test_waiters_beyond_the_bound_of_held_acquisitions_are_woken_by_the_watcher(rig: Any) -> None:
+    _app, recorder, url, keys = rig
+    holder = _locker(url, keys["alpha"])
+    waiter = _locker(url, keys["alpha"], retry=Retry(delay=0.5, timeout=60))
+    lease = "/locks/crowd/lease"
+    done: list[int] = []
+    try:
+        held = holder.acquire("crowd", ttl=30)
+
+        def take_turn(index: int) -> None:
+            with waiter.lock("crowd"):
+                done.append(index)
+
+        threads = [threading.Thread(target=take_turn, args=(index,)) for index in range(LINE_WAITERS + 1)]
+        for thread in threads:
+            thread.start()
+        # Two threads hold acquisitions of their own at the server; the third one's refusal is
+        # watched by the backend's watching thread.
+        assert wait_until(lambda: _watching_threads() and _held_acquisitions(recorder, lease), 20)
+        held.release()
+        for thread in threads:
+            thread.join(60)
+        assert sorted(done) == list(range(LINE_WAITERS + 1))
     finally:
         holder.close()
         waiter.close()

@@ -1,5 +1,6 @@
-"""The wait extension's waiting room: a release through the same process wakes its waiter at
-once, and a store that cannot be watched gives the waiting slot back."""
+"""The wait extension: ``Prefer: wait=N`` in whole seconds or to the millisecond; the waiting
+room, where a release through the same process wakes its waiter at once, and a store that
+cannot be watched gives the waiting slot back."""
 
 from __future__ import annotations
 
@@ -10,8 +11,37 @@ import pytest
 from lease_lock.backends.base import ReleaseWatcher
 from lease_lock.backends.memory import MemoryBackend
 from lease_lock.errors import BackendUnavailableError
-from lease_lock.server.waits import WaitRoom
+from lease_lock.server.waits import WaitRoom, parse_wait_preference
 from lease_lock.testing import wait_until
+from lease_lock.wire import wait_text
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [
+        ("wait=20", 20.0),
+        ("wait=0.25", 0.25),
+        ("respond-async, wait=1.5", 1.5),
+        ('wait="0.125"; x=1', 0.125),
+        ("wait=0.0005", None),  # finer than a millisecond
+        ("wait=.5", None),
+        ("wait=1.", None),
+        ("wait=-1", None),
+        ("wait=1e3", None),
+        ("wait=nan", None),
+        ("wait=1234567890", None),
+        ("respond-async", None),
+        (None, None),
+    ],
+)
+def test_wait_preferences_in_whole_seconds_or_to_the_millisecond(
+    header: Optional[str], seconds: Optional[float]
+) -> None:
+    assert parse_wait_preference(header) == seconds
+
+
+def test_waits_are_written_without_a_needless_fraction() -> None:
+    assert [wait_text(s) for s in (30.0, 10.0, 0.25, 0.001, 1.5)] == ["30", "10", "0.25", "0.001", "1.5"]
 
 
 class Held:
