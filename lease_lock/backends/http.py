@@ -236,13 +236,15 @@ class _HeldAcquisition(WaitingLine):
 
     def wait(self, seconds: float) -> Optional[LineGrant]:
         """See :meth:`WaitingLine.wait`: the acquisition, held by the server for ``seconds``
-        (to the millisecond, and at most the server's longest wait) while the key is held.
-        When the server had no waiting slot free (it answered at once), or the wait is shorter
-        than a millisecond, the rest of ``seconds`` is slept instead."""
+        (rounded down to the server's step, and at most its longest wait) while the key is
+        held. When the server had no waiting slot free (it answered at once), or the wait is
+        shorter than one step, the rest of ``seconds`` is slept instead."""
         backend = self._backend
         started = time.monotonic()
-        wait = min(math.floor(seconds * 1000) / 1000, float(backend._wait_offered))
-        if wait >= max(backend._wait_step, 0.001):
+        # Never finer than a millisecond: the wait travels with three decimals at most.
+        step = max(backend._wait_step, 0.001)
+        wait = min(math.floor(seconds / step + 1e-9) * step, float(backend._wait_offered))
+        if wait >= step:
             sent = self._clock()
             answer = self._acquire(wait)
             if answer.fence is not None:
