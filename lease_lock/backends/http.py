@@ -219,6 +219,9 @@ class _HeldAcquisition(WaitingLine):
         # answer was lost): then leaving gives the key back.
         self._unsure = False
         self._left = False
+        # Whether the latest wait was held to its end and refused: the server tried the grant
+        # at that end, so that refusal answers the attempt that follows it (see ask).
+        self._refused = False
 
     def _acquire(self, wait: Optional[float]) -> _Answer:
         self._unsure = True
@@ -230,7 +233,12 @@ class _HeldAcquisition(WaitingLine):
         return fence if self._fenced else 0
 
     def ask(self) -> Optional[int]:
-        """See :meth:`WaitingLine.ask`: a plain acquisition."""
+        """See :meth:`WaitingLine.ask`: a plain acquisition, or, right after a wait the server
+        held to its end, that wait's refusal (the server tried the grant as the wait ended),
+        so that a waiting thread sends one request per pause, as it would without the line."""
+        if self._refused:
+            self._refused = False
+            return None
         fence = self._acquire(None).fence
         return None if fence is None else self._fence(fence)
 
@@ -241,6 +249,7 @@ class _HeldAcquisition(WaitingLine):
         shorter than one step, the rest of ``seconds`` is slept instead."""
         backend = self._backend
         started = time.monotonic()
+        self._refused = False
         # Never finer than a millisecond: the wait travels with three decimals at most.
         step = max(backend._wait_step, 0.001)
         wait = min(math.floor(seconds / step + 1e-9) * step, float(backend._wait_offered))
@@ -250,6 +259,7 @@ class _HeldAcquisition(WaitingLine):
             if answer.fence is not None:
                 return LineGrant(self._fence(answer.fence), sent + answer.held_back, self._ttl, False)
             if answer.applied:
+                self._refused = True
                 return None
         left = seconds - (time.monotonic() - started)
         if left > 0:

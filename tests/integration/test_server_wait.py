@@ -226,6 +226,29 @@ def test_a_waiting_locker_is_granted_by_its_own_waiting_acquisition(rig: Any) ->
         waiter.close()
 
 
+def test_a_thread_waiting_on_its_own_acquisition_sends_one_request_per_pause(rig: Any) -> None:
+    # Each held acquisition is an attempt (the server tries the grant as the wait ends), so no
+    # plain attempt follows it: one request per retry delay, as when the thread slept instead.
+    _app, recorder, url, keys = rig
+    holder, waiter = _locker(url, keys["alpha"]), _locker(url, keys["alpha"], retry=Retry(delay=0.25))
+    lease = "/locks/paced/lease"
+    try:
+        held = holder.acquire("paced", ttl=30)
+        with pytest.raises(LockHeldError) as refused:
+            waiter.acquire("paced", timeout=1.0)
+        sent = [prefer for method, path, prefer in recorder.seen if (method, path) == ("POST", lease)]
+        # The holder's grant, the waiter's first attempt, then one held acquisition per pause.
+        assert sent[:2] == ["", ""] and all(prefer.startswith("wait=0.") for prefer in sent[2:])
+        # Every held acquisition answers the attempt after it, but the last: the timeout ends the
+        # wait with no attempt after it (and the wait cut by the timeout may be too short to send).
+        attempts = refused.value.attempts
+        assert attempts <= len(sent) - 1 <= attempts + 1 and attempts <= 5
+        held.release()
+    finally:
+        holder.close()
+        waiter.close()
+
+
 class OlderServer(Recorder):
     """A :class:`Recorder` in front of a server that announces waits in whole seconds only (no
     ``X-Lease-Lock-Wait-Step``): one from before fractional waits."""
