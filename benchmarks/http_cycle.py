@@ -125,7 +125,7 @@ def _answer(
     headers.append(("X-Volcano-Request-Id", request_id))
     if body:
         headers += [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
-    headers += [("Cache-Control", "no-store"), ("X-Lease-Lock-Wait", "30")]
+    headers += [("Cache-Control", "no-store"), ("X-Lease-Lock-Wait", "30"), ("X-Lease-Lock-Wait-Step", "0.001")]
     start_response(status, headers)
     return [body]
 
