@@ -591,7 +591,7 @@ class HttpBackend(Backend, RequestIdCarrier):
             headers[wire.HEADER_OWNER] = owner_header
         url = self._url(key, lease=True)
         body = {"ttl_seconds": wire_ttl}
-        timeout: Any = self.timeout
+        timeout: Any = None
         if wait is not None:
             headers[wire.HEADER_PREFER] = f"wait={wire.wait_text(wait)}"
             timeout = (self.timeout, self.timeout + wait)
@@ -637,13 +637,18 @@ class HttpBackend(Backend, RequestIdCarrier):
     ) -> requests.Response:
         """A POST, sent once more (same headers: same token and request id) after a transport
         failure or a 503; the second failure raises ``BackendUnavailableError``."""
-        options = {"headers": dict(headers), "json": body, "timeout": self.timeout if timeout is None else timeout}
+        timeout = self.timeout if timeout is None else timeout
+
+        def post(send: Callable[..., requests.Response]) -> requests.Response:
+            # A copy each time: sending adds the credential to the headers it is given.
+            return send("POST", url, headers=dict(headers), json=body, timeout=timeout)
+
         try:
-            response = self._send("POST", url, **options)
+            response = post(self._send)
         except (requests.ConnectionError, requests.Timeout):
-            return self._call("POST", url, **{**options, "headers": dict(headers)})
+            return post(self._call)
         if response.status_code == 503:
-            return self._call("POST", url, **{**options, "headers": dict(headers)})
+            return post(self._call)
         return response
 
     @staticmethod
