@@ -11,7 +11,8 @@ produce a 5xx.
 ``GET /healthz``, ``GET /readyz`` and (with ``metrics=True``) ``GET /metrics`` need no
 credential and spend no budget. Every answer carries the request id (the client's valid one,
 on every answer including 401 and 429, or a new one), and each request makes one access-log
-line with its route template and that id, never its path.
+line with its route template and that id, never its path, written when the server closes the
+answer (once it has the answer to send).
 
 Order of checks: credential (401, counts for no project) -> budget (429; every authenticated
 request counts against one of its project's budgets, rejected ones included, see
@@ -305,6 +306,42 @@ class _AccessRecords:
         )
 
 
+class _Answer(list[bytes]):
+    """The body of one answer, which writes the request's access line when the server closes it.
+
+    A WSGI server closes the body once it has handed the body to the connection, so the line
+    is written after the answer is on its way: its system call no longer stands between the
+    request and its answer, and the client's next request can overlap it.
+    """
+
+    __slots__ = ("_line",)
+
+    def __init__(self, body: list[bytes], line: tuple[str, str, int, str, str, float]) -> None:
+        super().__init__(body)
+        self._line: Optional[tuple[str, str, int, str, str, float]] = line
+
+    def close(self) -> None:
+        """Write the access line (once; a second close writes nothing)."""
+        line, self._line = self._line, None
+        if line is not None:
+            _access_log(*line)
+
+
+def _access_log(method: str, route: str, status: int, project: str, request_id: str, seconds: float) -> None:
+    # The route template, never the path: lock names stay out of the log.
+    if not _log.isEnabledFor(logging.INFO):
+        return
+    fields = {
+        "method": method,
+        "route": route,
+        "status": status,
+        "project": project,
+        "request_id": request_id,
+        "duration_ms": round(seconds * 1000, 1),
+    }
+    _log.handle(_access_records.make((method, route, status, project, request_id, seconds * 1000), fields))
+
+
 _MAKE_RECORD = logging.Logger.makeRecord
 _access_records = _AccessRecords()
 if hasattr(os, "register_at_fork"):
@@ -341,7 +378,7 @@ class LockServiceApp:
         if self.waits is not None:
             self.waits.close()
 
-    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> _Answer:
         """Serve one request."""
         started = time.monotonic()
         context: dict[str, str] = {"project": "-", "route": "-"}
@@ -365,7 +402,6 @@ class LockServiceApp:
         # Every answer names its request: the client's id, or one made here for the log.
         request_id = context.get("request_id") or str(uuid.uuid4())
         duration = time.monotonic() - started
-        self._access_log(method, context, response.status, request_id, duration)
         if self.metrics is not None:
             self.metrics.observe(context["route"], method, response.status, context["project"], duration)
         headers = list(response.headers)
@@ -385,27 +421,11 @@ class LockServiceApp:
         headers.append(("Cache-Control", "no-store"))
         headers.extend(self._announce)
         start_response(_STATUS_LINES[response.status], headers)
-        if environ.get("REQUEST_METHOD") == "HEAD":
-            # RFC 9110: an answer to HEAD has headers only; a body would be read as the start
-            # of the next response on a kept-alive connection.
-            return []
-        return [payload]
+        line = (method, context["route"], response.status, context["project"], request_id, duration)
+        # RFC 9110: an answer to HEAD has headers only; a body would be read as the start of
+        # the next response on a kept-alive connection.
+        return _Answer([] if method == "HEAD" else [payload], line)
 
-    @staticmethod
-    def _access_log(method: str, context: dict[str, str], status: int, request_id: str, seconds: float) -> None:
-        # The route template, never the path: lock names stay out of the log.
-        if not _log.isEnabledFor(logging.INFO):
-            return
-        fields = {
-            "method": method,
-            "route": context["route"],
-            "status": status,
-            "project": context["project"],
-            "request_id": request_id,
-            "duration_ms": round(seconds * 1000, 1),
-        }
-        args = (method, context["route"], status, context["project"], request_id, seconds * 1000)
-        _log.handle(_access_records.make(args, fields))
 
     # -- the steps of one request --------------------------------------------------------------
 

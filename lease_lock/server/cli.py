@@ -117,8 +117,7 @@ class _DirectWriteHandler(logging.StreamHandler):  # type: ignore[type-arg] # ge
     the line is formatted by its own thread without a lock and reaches the file descriptor in
     one ``os.write``. The kernel writes a line of up to 4 KiB (``PIPE_BUF``; every access line)
     whole even to a pipe, so lines of several threads never mix; a longer one (a traceback) to
-    a pipe or socket might have another thread's line land inside it. Each line is still
-    written before the answer is sent, as before.
+    a pipe or socket might have another thread's line land inside it.
     """
 
     def __init__(self, stream: Any) -> None:

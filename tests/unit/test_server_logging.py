@@ -1,10 +1,12 @@
 """The log handler of ``lease-lock serve``: each line written whole by its own thread, with no
 lock, before the call returns; lines of many threads never mix. And the level ``--log-level``
-sets, on the service's own setup and on a program's own."""
+sets, on the service's own setup and on a program's own. The access line of a request is
+written once the server has handed its answer over."""
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import os
@@ -12,6 +14,9 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+from lease_lock.backends.memory import MemoryBackend
+from lease_lock.server import create_app, create_key
 from lease_lock.server.cli import JsonLogFormatter, _configure_logging, _DirectWriteHandler, _SecondCachedFormatter
 
 
@@ -146,3 +151,25 @@ def test_a_programs_own_logging_keeps_its_handlers_and_takes_only_a_level_given(
         assert logger.level == logging.DEBUG and logger.handlers[-1] is own
         _configure_logging("json", "error")
         assert logger.level == logging.ERROR and logger.handlers[-1] is own
+
+
+def test_the_access_line_is_written_when_the_server_closes_the_answer(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # After the answer is handed to the connection, so that its write never delays the answer.
+    keys_file = tmp_path / "keys.toml"
+    _, key = create_key(keys_file, "alpha", "full")
+    app = create_app(MemoryBackend(), keys_file)
+    environ = {
+        "REQUEST_METHOD": "GET", "PATH_INFO": "/locks/job", "QUERY_STRING": "", "HTTP_AUTHORIZATION": f"Bearer {key}",
+        "wsgi.input": io.BytesIO(b""), "CONTENT_LENGTH": "0",
+    }
+    statuses: list[str] = []
+    caplog.set_level(logging.INFO, logger="lease_lock.server")
+    answer = app(environ, lambda status, headers, *args: statuses.append(status))
+    assert statuses == ["200 OK"] and json.loads(b"".join(answer)) == {"held": False}
+    assert not [r for r in caplog.records if "/locks/{key}" in r.getMessage()]
+    answer.close()  # type: ignore[attr-defined] # what every WSGI server does with the body
+    answer.close()  # type: ignore[attr-defined] # a second close writes nothing more
+    [line] = [r.getMessage() for r in caplog.records if "/locks/{key}" in r.getMessage()]
+    assert line.startswith("GET /locks/{key} -> 200 project=alpha request_id=")
