@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 
 from ..backends import backend_from_url
 from ..backends.base import Backend
+from ..backends.handoff import LineGrant
 from ..backends.service import ServiceStore
 from ..errors import BackendUnavailableError
 from ..validation import check_owner
@@ -340,6 +341,12 @@ def _access_log(method: str, route: str, status: int, project: str, request_id: 
         "duration_ms": round(seconds * 1000, 1),
     }
     _log.handle(_access_records.make((method, route, status, project, request_id, seconds * 1000), fields))
+
+
+def _waited(seconds: float) -> str:
+    """How long a request was held before the store request that granted it was sent, rounded
+    down: the client then knows the lease started no earlier than its sending plus this."""
+    return f"{math.floor(seconds * 1000) / 1000:.3f}"
 
 
 _MAKE_RECORD = logging.Logger.makeRecord
@@ -655,11 +662,28 @@ class LockServiceApp:
         gone: Optional[Callable[[], bool]] = None,
     ) -> _Response:
         received = time.monotonic()
+        held: list[Conflict] = []
+
+        def first_attempt() -> Grant:
+            try:
+                return self.service.acquire(project, key, token, ttl, owner)
+            except Conflict as conflict:
+                held.append(conflict)
+                raise
+
         try:
-            grant = self._store(lambda: self.service.acquire(project, key, token, ttl, owner))
+            grant = self._store(first_attempt)
         except _Reject as reject:
             if not wait or reject.response.body is None or reject.response.body.get("code") != "lock_held":
                 raise
+            in_line = self._wait_in_line(project, key, token, ttl, owner, wait, gone, held[-1].takeover_in)
+            if in_line is not None:
+                applied, claimed = in_line
+                if claimed is None:
+                    reject.response.headers.extend(applied)
+                    raise
+                line_grant, sent = claimed
+                return _lease_response(201, line_grant, [*applied, (HEADER_WAITED, _waited(sent - received))])
             # Each wake-up tries the grant itself: a release is turned into this request's grant
             # in one store round trip, with no read before it.
             granted: list[tuple[Grant, float]] = []
@@ -681,11 +705,45 @@ class LockServiceApp:
                 reject.response.headers.extend(applied)
                 raise
             grant, tried = granted[-1]
-            # How long the request was held before the grant was tried, rounded down: the
-            # client then knows the lease started no earlier than its sending plus this.
-            waited = f"{math.floor((tried - received) * 1000) / 1000:.3f}"
-            return _lease_response(201, grant, [*applied, (HEADER_WAITED, waited)])
+            return _lease_response(201, grant, [*applied, (HEADER_WAITED, _waited(tried - received))])
         return _lease_response(201, grant)
+
+    def _wait_in_line(
+        self,
+        project: str,
+        key: str,
+        token: str,
+        ttl: int,
+        owner: str,
+        wait: float,
+        gone: Optional[Callable[[], bool]],
+        expires_in: Optional[float],
+    ) -> Optional[tuple[list[tuple[str, str]], Optional[tuple[Grant, float]]]]:
+        """Honour ``Prefer: wait=N`` in the store's line of the key, where the store keeps one:
+        the ``Preference-Applied`` header and the grant with the send of the store request it
+        followed, or no grant; ``None`` when the request waits as before (no line, or no
+        waiting slot free)."""
+        waits, service = self.waits, self.service
+        if waits is None:
+            return None
+
+        def claim(grant: LineGrant) -> Optional[tuple[Grant, float]]:
+            claimed = service.claim(project, key, token, ttl, grant)
+            return None if claimed is None else (claimed, grant.sent)
+
+        in_line = self._store(
+            lambda: waits.wait_in_line(
+                lambda: service.join_line(project, key, token, ttl, owner),
+                claim,
+                wait,
+                service.store_lease(ttl),
+                gone=gone,
+                expires_in=expires_in,
+            )
+        )
+        if in_line is None:
+            return None
+        return [(HEADER_PREFERENCE_APPLIED, f"wait={wait_text(wait)}")], in_line.claimed
 
     def _read(
         self, project: str, key: str, wait: Optional[float] = None, gone: Optional[Callable[[], bool]] = None

@@ -37,6 +37,7 @@ from datetime import datetime, timezone
 from typing import Callable, Iterator, Optional
 
 from ..backends.base import LockState
+from ..backends.handoff import LineGrant, LineSource, WaitingLine
 from ..backends.service import ServiceStore
 from ..errors import ValidationError
 from ..wire import MAX_LIFETIME, RENEW_MARGIN, TAKEOVER_GRACE
@@ -203,6 +204,45 @@ class LockService:
         if fence is None:
             raise _held_conflict()
         return Grant(now + granted, fence)
+
+    def join_line(self, project: str, key: str, token: str, ttl: int, owner: str) -> Optional[WaitingLine]:
+        """A place in the store's line of ``key`` for an acquisition that waits for it, or
+        ``None`` when the store keeps no line (or has no place free now).
+
+        A release then hands the key to the first acquisition in line in the same atomic step
+        as it drops its own lease (see :meth:`claim`). The place carries the label a grant
+        writes, with a deadline counted from now: the deadline of a handed grant is at most
+        a wait earlier than a grant made after the wait would have, the safe direction.
+        """
+        if not isinstance(self.backend, LineSource):
+            return None
+        label = _Label(self._clock() + MAX_LIFETIME, _digest(token), owner).encode()
+        return self.backend.join_line(
+            self.store_key(project, key), token, self.store_lease(ttl), label, True, time.monotonic
+        )
+
+    @staticmethod
+    def store_lease(ttl: int) -> float:
+        """Seconds of the store's lease behind a service lease of ``ttl``: the grace second on top."""
+        return min(float(ttl), MAX_LIFETIME) + TAKEOVER_GRACE
+
+    def claim(self, project: str, key: str, token: str, ttl: int, grant: LineGrant) -> Optional[Grant]:
+        """The lease of ``ttl`` seconds that a place in line brought ``token``, or ``None``
+        when the key was lost before it could be claimed.
+
+        A key its own attempt took in line holds a full lease from that attempt. A key that a
+        release handed over holds only a short claim window, which is extended to the full
+        lease here, token-checked, before the grant is reported.
+        """
+        fresh = min(float(ttl), MAX_LIFETIME)
+        if not grant.claimed:
+            # Dated from the attempt's send, as :meth:`acquire` dates a grant from before its call.
+            return Grant(self._clock() - (time.monotonic() - grant.sent) + fresh, grant.fence)
+        now = self._clock()
+        lease = self.store_lease(ttl)
+        if grant.lease < lease and not self.backend.extend(self.store_key(project, key), token, lease):
+            return None
+        return Grant(now + fresh, grant.fence)
 
     def adopt(self, project: str, key: str, claim_token: str, token: str, ttl: int, owner: str) -> Grant:
         """Grant ``key`` to ``token`` when it is free or held by ``claim_token``, replacing that

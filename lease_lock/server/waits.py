@@ -12,6 +12,11 @@ it has them (memory, Redis, PostgreSQL); otherwise the request looks again every
 until the holder's lease would end. A release made through the same process wakes its waiter at
 once, without waiting for the store's notification.
 
+On a store that keeps a line of waiters (:class:`~lease_lock.backends.handoff.LineSource`), a
+waiting acquisition takes a place in the key's line instead (:meth:`WaitRoom.wait_in_line`):
+the release hands it the key in the same atomic step as it drops its own lease, so the request
+wakes up holding the key, with no store round trip between the release and its grant.
+
 A waiting request is one request for the budgets, however long it waits. Each process lets at
 most ``max_waits`` requests wait at once (``serve`` defaults to half its threads), so waiters
 cannot take every thread; beyond that a request is answered at once, without the preference.
@@ -24,12 +29,16 @@ from __future__ import annotations
 import re
 import threading
 import time
-from typing import Callable, Optional
+from dataclasses import dataclass
+from typing import Callable, Generic, Optional, TypeVar
 
 from ..backends.base import Backend
+from ..backends.handoff import LineGrant, WaitingLine
 from ..waiting import ReleaseDispatcher
 
-__all__ = ["WAIT_STEP", "WaitRoom", "parse_wait_preference"]
+__all__ = ["WAIT_STEP", "InLine", "WaitRoom", "parse_wait_preference"]
+
+_Claimed = TypeVar("_Claimed")
 
 #: The finest wait a ``Prefer: wait=N`` may ask for, in seconds (announced to clients).
 WAIT_STEP = 0.001
@@ -74,6 +83,14 @@ class _Waiter:
         self.asleep = False
         self.poked = False
         self.woken_here = False
+
+
+@dataclass(frozen=True)
+class InLine(Generic[_Claimed]):
+    """What a wait in the store's line came to: the grant claimed, or ``None`` when the wait
+    ended (or its client left) without one."""
+
+    claimed: Optional[_Claimed]
 
 
 class WaitRoom:
@@ -168,6 +185,82 @@ class WaitRoom:
                     del self._local[store_key]
                 self._waiting -= 1
             self._slots.release()
+
+    def wait_in_line(
+        self,
+        join: Callable[[], Optional[WaitingLine]],
+        claim: Callable[[LineGrant], Optional[_Claimed]],
+        seconds: float,
+        lease: float,
+        *,
+        gone: Optional[Callable[[], bool]] = None,
+        expires_in: Optional[float] = None,
+    ) -> Optional[InLine[_Claimed]]:
+        """Wait up to ``seconds`` in the store's line of a key for a grant, and ``claim`` it.
+
+        ``join`` takes a place in the line for a lease of ``lease`` seconds (``None`` when the
+        store has none to give); ``claim`` turns a grant into the answer's (``None`` when it
+        was lost before). A
+        release hands the key to the first place in line in the same atomic step, so the
+        waiting request wakes up holding it, without another request to the store. The
+        place is asked for the key once more when ``expires_in`` (the holder's lease) has
+        passed and when the wait ends, so that a lease that ran out, which hands nothing
+        over, is noticed as the notified wait notices it.
+
+        Returns ``None`` when no waiting slot was free or the store gave no place (the
+        caller waits as :meth:`wait_until_free` does, or answers at once). A request whose
+        client left stops within a quarter second, and a key handed to it is released to the
+        next in line.
+        """
+        if self._slots is None or not self._slots.acquire(blocking=False):
+            return None
+        try:
+            line = join()
+            if line is None:
+                return None
+            with self._mutex:
+                self._waiting += 1
+            try:
+                return InLine(self._in_line(line, claim, seconds, lease, gone, expires_in))
+            finally:
+                with self._mutex:
+                    self._waiting -= 1
+        finally:
+            self._slots.release()
+
+    def _in_line(
+        self,
+        line: WaitingLine,
+        claim: Callable[[LineGrant], Optional[_Claimed]],
+        seconds: float,
+        lease: float,
+        gone: Optional[Callable[[], bool]],
+        expires_in: Optional[float],
+    ) -> Optional[_Claimed]:
+        claimed: Optional[_Claimed] = None
+        try:
+            now = time.monotonic()
+            deadline = now + min(seconds, self.max_wait)
+            # When the place asks for the key by itself: at the holder's expiry, then at the end.
+            ask_at = deadline if expires_in is None else min(deadline, now + expires_in + 0.001)
+            while claimed is None:
+                if gone is not None and gone():
+                    return None
+                left = ask_at - time.monotonic()
+                if left > 0:
+                    grant = line.wait(left if gone is None else min(left, _GONE_SLICE))
+                else:
+                    sent = time.monotonic()
+                    fence = line.ask()
+                    grant = None if fence is None else LineGrant(fence, sent, lease, False)
+                    if grant is None and ask_at >= deadline:
+                        return None
+                    ask_at = deadline
+                if grant is not None and not (gone is not None and gone()):
+                    claimed = claim(grant)
+            return claimed
+        finally:
+            line.leave(claimed is not None)
 
     @staticmethod
     def _sleep(wake: threading.Event, seconds: float, gone: Optional[Callable[[], bool]]) -> bool:

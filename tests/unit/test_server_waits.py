@@ -1,17 +1,19 @@
 """The wait extension: ``Prefer: wait=N`` in whole seconds or to the millisecond; the waiting
 room, where a release through the same process wakes its waiter at once, and a store that
-cannot be watched gives the waiting slot back."""
+cannot be watched gives the waiting slot back; and a wait in the store's line of waiters."""
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Callable, Optional
 
 import pytest
 from lease_lock.backends.base import ReleaseWatcher
+from lease_lock.backends.handoff import LineGrant, WaitingLine
 from lease_lock.backends.memory import MemoryBackend
 from lease_lock.errors import BackendUnavailableError
-from lease_lock.server.waits import WaitRoom, parse_wait_preference
+from lease_lock.server.waits import InLine, WaitRoom, parse_wait_preference
 from lease_lock.testing import wait_until
 from lease_lock.wire import wait_text
 
@@ -160,3 +162,124 @@ def test_a_release_while_the_waiter_reads_makes_it_read_again_at_once() -> None:
         assert len(calls) == 2
     finally:
         room.close()
+
+
+class ScriptedLine(WaitingLine):
+    """A place in line whose waits and asks answer from scripts; notes how it was left."""
+
+    def __init__(self, waits: list[Optional[LineGrant]], asks: Optional[list[Optional[int]]] = None) -> None:
+        self.waits = waits
+        self.asks = asks if asks is not None else []
+        self.waited: list[float] = []
+        self.asked = 0
+        self.left: list[bool] = []
+
+    def ask(self) -> Optional[int]:
+        self.asked += 1
+        return self.asks.pop(0) if self.asks else None
+
+    def wait(self, seconds: float) -> Optional[LineGrant]:
+        self.waited.append(seconds)
+        if self.waits:
+            return self.waits.pop(0)
+        time.sleep(min(seconds, 0.01))  # nothing more is scripted: the time runs out
+        return None
+
+    def leave(self, granted: bool) -> None:
+        self.left.append(granted)
+
+
+def _room() -> WaitRoom:
+    return WaitRoom(MemoryBackend(), max_waits=1, max_wait=30)
+
+
+def _keeping(into: list[LineGrant], answer: str) -> Callable[[LineGrant], str]:
+    """A claim that notes each grant and answers ``answer``."""
+
+    def claim(grant: LineGrant) -> str:
+        into.append(grant)
+        return answer
+
+    return claim
+
+
+def test_a_grant_handed_to_the_place_is_claimed_and_the_line_left_with_it() -> None:
+    room, line = _room(), ScriptedLine([None, LineGrant(7, 1.0, 2.0, True)])
+    claimed: list[LineGrant] = []
+    result = room.wait_in_line(lambda: line, _keeping(claimed, "mine"), 5, 31.0)
+    assert result is not None and result.claimed == "mine"
+    assert claimed == [LineGrant(7, 1.0, 2.0, True)] and line.left == [True]
+    assert room.waiting == 0 and line.asked == 0
+
+
+def test_a_grant_lost_before_its_claim_keeps_the_request_in_line() -> None:
+    room = _room()
+    line = ScriptedLine([LineGrant(7, 1.0, 2.0, True), LineGrant(9, 2.0, 2.0, True)])
+    answers: list[Optional[str]] = [None, "second"]
+    result = room.wait_in_line(lambda: line, lambda grant: answers.pop(0), 5, 31.0)
+    assert result is not None and result.claimed == "second" and line.left == [True]
+
+
+def test_a_grant_that_reaches_a_request_whose_client_left_is_passed_on_unclaimed() -> None:
+    room, line = _room(), ScriptedLine([LineGrant(7, 1.0, 2.0, True)])
+    left = iter([False, True, True])
+    result: Optional[InLine[str]] = room.wait_in_line(
+        lambda: line, lambda grant: pytest.fail("claimed for a client that left"), 5, 31.0, gone=lambda: next(left)
+    )
+    assert result is not None and result.claimed is None
+    assert line.left == [False]  # the store releases the handed key to the next in line
+    assert all(seconds <= 0.25 for seconds in line.waited)
+
+
+def test_the_place_asks_for_the_key_when_the_holders_lease_ends_and_when_the_wait_ends() -> None:
+    room, line = _room(), ScriptedLine([], asks=[None, None])
+    began = time.monotonic()
+    result = room.wait_in_line(lambda: line, lambda grant: "never", 0.3, 31.0, expires_in=0.1)
+    assert result is not None and result.claimed is None
+    assert line.asked == 2 and line.left == [False] and time.monotonic() - began >= 0.3
+
+
+def test_a_key_the_place_took_itself_is_dated_from_that_attempt() -> None:
+    room, line = _room(), ScriptedLine([], asks=[5])
+    claimed: list[LineGrant] = []
+    before = time.monotonic()
+    room.wait_in_line(lambda: line, _keeping(claimed, "taken"), 5, 31.0, expires_in=0.05)
+    [grant] = claimed
+    assert grant.fence == 5 and not grant.claimed and grant.lease == 31.0 and before <= grant.sent
+    assert line.left == [True]
+
+
+def test_no_waiting_slot_or_no_place_in_line_leaves_the_request_to_the_usual_wait() -> None:
+    room = _room()
+    assert room.wait_in_line(lambda: None, lambda grant: "x", 5, 31.0) is None
+    held = ScriptedLine([])
+    release = threading.Event()
+    started = threading.Event()
+
+    def occupy() -> None:
+        def join() -> ScriptedLine:
+            started.set()
+            release.wait(10)
+            return held
+
+        room.wait_in_line(join, lambda grant: "x", 0.01, 31.0)
+
+    thread = threading.Thread(target=occupy)
+    thread.start()
+    assert started.wait(10)
+    assert room.wait_in_line(lambda: pytest.fail("joined without a slot"), lambda grant: "x", 5, 31.0) is None
+    release.set()
+    thread.join(10)
+    assert room.waiting == 0
+
+
+def test_a_claim_that_fails_leaves_the_line_and_frees_the_slot() -> None:
+    room, line = _room(), ScriptedLine([LineGrant(7, 1.0, 2.0, True)])
+
+    def claim(grant: LineGrant) -> str:
+        raise BackendUnavailableError("store gone", backend="test")
+
+    with pytest.raises(BackendUnavailableError):
+        room.wait_in_line(lambda: line, claim, 5, 31.0)
+    assert line.left == [False] and room.waiting == 0
+    assert room.wait_in_line(lambda: None, claim, 5, 31.0) is None  # the slot is free again

@@ -1,0 +1,243 @@
+"""Waiting acquisitions in the store's line: with ``Prefer: wait=N`` on a store that keeps a line
+of waiters (Redis, PostgreSQL with ``direct_handoff``), a waiting request takes a place in the
+key's line and a release hands it the key in the same atomic step. Real servers throughout: a
+private redis-server and PostgreSQL, the service on waitress, clients over loopback HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable
+
+import psycopg2
+import pytest
+import requests
+from lease_lock.backends.base import Backend
+from lease_lock.backends.postgres import PostgresBackend
+from lease_lock.backends.redis import RedisBackend, line_keys
+from lease_lock.server import LockServiceApp, create_app
+from lease_lock.testing import wait_until
+
+from tests.support.http_server import ThreadedServer, make_keys
+from tests.support.postgres_server import PostgresServer
+from tests.support.redis_server import RedisServer
+
+
+class Store:
+    """The service's store, and how many places its line of ``key`` holds right now."""
+
+    def __init__(self, backend: Backend, in_line: Callable[[str], int]) -> None:
+        self.backend = backend
+        self.in_line = in_line
+
+
+@pytest.fixture(params=["redis", "postgres"])
+def store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    if request.param == "redis":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        backend: Backend = RedisBackend.from_url(server.url)
+        client = backend.client  # type: ignore[attr-defined]
+        yield Store(backend, lambda key: int(client.llen(line_keys(key)[0])))
+    else:
+        postgres: PostgresServer = request.getfixturevalue("postgres_server")
+        table = f"sl_{uuid.uuid4().hex[:12]}"
+        backend = PostgresBackend.from_url(postgres.url, table=table, direct_handoff=True)
+        admin = psycopg2.connect(postgres.url)
+        admin.autocommit = True
+
+        def in_line(key: str) -> int:
+            with admin.cursor() as cursor:
+                cursor.execute(f"SELECT count(*) FROM \"{table}_queue\" WHERE key = %s AND token <> ''", (key,))
+                return int(cursor.fetchone()[0])
+
+        yield Store(backend, in_line)
+        admin.close()
+    backend.close()
+
+
+@pytest.fixture
+def served(store: Store, tmp_path: Path) -> Iterator[tuple[LockServiceApp, str, dict[str, str]]]:
+    keys_file = tmp_path / "keys.toml"
+    keys = make_keys(keys_file)
+    app = create_app(store.backend, keys_file, rate_limit=100_000, max_waits=12)
+    with ThreadedServer(app, threads=16) as server:
+        yield app, server.url, keys
+    app.close()
+
+
+def _session(api_key: str) -> requests.Session:
+    session = requests.Session()
+    session.headers["Authorization"] = f"Bearer {api_key}"
+    return session
+
+
+def _acquire(session: requests.Session, url: str, key: str, token: str, ttl: int = 30, **headers: str) -> Any:
+    return session.post(
+        f"{url}/locks/{key}/lease", json={"ttl_seconds": ttl}, headers={"X-Volcano-Lock-Token": token, **headers},
+        timeout=60,
+    )
+
+
+def _release(session: requests.Session, url: str, key: str, token: str) -> None:
+    answer = session.delete(f"{url}/locks/{key}/lease", headers={"X-Volcano-Lock-Token": token}, timeout=10)
+    assert answer.status_code == 204, answer.text
+
+
+def _read(session: requests.Session, url: str, key: str) -> Any:
+    answer = session.get(f"{url}/locks/{key}", timeout=10)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def _store_key(key: str) -> str:
+    return f"locks/alpha/{key}"
+
+
+def _waiting(session: requests.Session, url: str, key: str, token: str, out: list[Any], wait: str) -> threading.Thread:
+    thread = threading.Thread(
+        target=lambda: out.append(_acquire(session, url, key, token, Prefer=f"wait={wait}")), daemon=True
+    )
+    thread.start()
+    return thread
+
+
+def test_a_release_hands_the_key_to_the_request_waiting_in_line(
+    served: tuple[LockServiceApp, str, dict[str, str]], store: Store
+) -> None:
+    app, url, keys = served
+    key = f"line.{uuid.uuid4().hex[:12]}"
+    with _session(keys["alpha"]) as holder, _session(keys["alpha"]) as waiter:
+        first = str(uuid.uuid4())
+        held = _acquire(holder, url, key, first)
+        assert held.status_code == 201
+        answers: list[Any] = []
+        thread = _waiting(waiter, url, key, str(uuid.uuid4()), answers, "20")
+        # The request waits in the store's own line, not on a wake-up of this process.
+        assert wait_until(lambda: store.in_line(_store_key(key)) == 1, 20)
+        assert app.waits is not None and app.waits.waiting == 1
+        _release(holder, url, key, first)
+        thread.join(30)
+        [answer] = answers
+        assert answer.status_code == 201, answer.text
+        assert answer.headers["Preference-Applied"] == "wait=20"
+        assert float(answer.headers["X-Lease-Lock-Waited"]) >= 0
+        assert answer.json()["fencing_token"] > held.json()["fencing_token"]
+        # The handed key carries a full lease of the TTL asked for, not the short claim window.
+        state = store.backend.inspect(_store_key(key))
+        assert state.held and state.expires_in is not None and state.expires_in > 20
+        assert _read(holder, url, key)["held"] is True
+        assert store.in_line(_store_key(key)) == 0 and app.waits.waiting == 0
+
+
+def test_a_wait_in_line_that_ends_unserved_is_a_409_and_leaves_the_line(
+    served: tuple[LockServiceApp, str, dict[str, str]], store: Store
+) -> None:
+    app, url, keys = served
+    key = f"line.{uuid.uuid4().hex[:12]}"
+    with _session(keys["alpha"]) as holder, _session(keys["alpha"]) as waiter:
+        first = str(uuid.uuid4())
+        assert _acquire(holder, url, key, first).status_code == 201
+        answer = _acquire(waiter, url, key, str(uuid.uuid4()), Prefer="wait=0.5")
+        assert answer.status_code == 409 and answer.json()["code"] == "lock_held"
+        assert answer.headers["Preference-Applied"] == "wait=0.5"
+        assert store.in_line(_store_key(key)) == 0 and app.waits is not None and app.waits.waiting == 0
+        # The release that follows hands nothing to the request that left: the key is free.
+        _release(holder, url, key, first)
+        assert _read(holder, url, key) == {"held": False}
+
+
+def test_a_holder_whose_lease_runs_out_is_followed_by_the_request_in_line(
+    served: tuple[LockServiceApp, str, dict[str, str]], store: Store
+) -> None:
+    # A lease that runs out hands nothing over: the waiting request asks for the key itself
+    # when the holder's lease (and its grace second) ends.
+    _app, url, keys = served
+    key = f"line.{uuid.uuid4().hex[:12]}"
+    with _session(keys["alpha"]) as holder, _session(keys["alpha"]) as waiter:
+        assert _acquire(holder, url, key, str(uuid.uuid4()), ttl=5).status_code == 201
+        began = time.monotonic()
+        answer = _acquire(waiter, url, key, str(uuid.uuid4()), Prefer="wait=20")
+        took = time.monotonic() - began
+        assert answer.status_code == 201, answer.text
+        assert 5.0 <= took < 15.0
+
+
+def test_a_request_whose_client_left_leaves_the_line_and_the_next_one_is_served(
+    served: tuple[LockServiceApp, str, dict[str, str]], store: Store
+) -> None:
+    app, url, keys = served
+    key = f"line.{uuid.uuid4().hex[:12]}"
+    with _session(keys["alpha"]) as holder, _session(keys["alpha"]) as waiter:
+        first = str(uuid.uuid4())
+        assert _acquire(holder, url, key, first).status_code == 201
+        host, port = urllib.parse.urlsplit(url).netloc.split(":")
+        body = json.dumps({"ttl_seconds": 30}).encode()
+        request = (
+            f"POST /locks/{key}/lease HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {keys['alpha']}\r\n"
+            f"X-Volcano-Lock-Token: {uuid.uuid4()}\r\nPrefer: wait=30\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        answers: list[Any] = []
+        with socket.create_connection((host, int(port)), timeout=10) as leaving:
+            leaving.sendall(request)
+            assert wait_until(lambda: store.in_line(_store_key(key)) == 1, 20)
+            thread = _waiting(waiter, url, key, str(uuid.uuid4()), answers, "30")
+            assert wait_until(lambda: store.in_line(_store_key(key)) == 2, 20)
+        # The client that left loses its place (and its waiting slot) within a quarter second.
+        assert wait_until(lambda: store.in_line(_store_key(key)) == 1, 20)
+        _release(holder, url, key, first)
+        thread.join(30)
+        [answer] = answers
+        assert answer.status_code == 201, answer.text
+        assert wait_until(lambda: app.waits is not None and app.waits.waiting == 0, 20)
+        assert store.in_line(_store_key(key)) == 0
+
+
+def test_many_requests_waiting_in_line_and_beyond_it_each_get_the_key_once_with_rising_fences(
+    served: tuple[LockServiceApp, str, dict[str, str]], store: Store
+) -> None:
+    # Twelve waiting requests: the store's line takes eight of them (its bound per backend),
+    # the others wait on the release notifications as before. Each holder releases at once.
+    app, url, keys = served
+    key = f"line.{uuid.uuid4().hex[:12]}"
+    fences: list[int] = []
+    failures: list[str] = []
+    mutex = threading.Lock()
+    holders: list[str] = []  # the token holding the key, by the answers: never two at once
+
+    def take_turn() -> None:
+        with _session(keys["alpha"]) as session:
+            token = str(uuid.uuid4())
+            answer = _acquire(session, url, key, token, Prefer="wait=30")
+            if answer.status_code != 201:
+                failures.append(answer.text)
+                return
+            with mutex:
+                if holders:
+                    failures.append(f"granted while {holders} held the key")
+                holders.append(token)
+                fences.append(answer.json()["fencing_token"])
+            with mutex:
+                holders.remove(token)  # before the release: the next grant can only follow it
+            _release(session, url, key, token)
+
+    with _session(keys["alpha"]) as holder:
+        first = str(uuid.uuid4())
+        assert _acquire(holder, url, key, first).status_code == 201
+        threads = [threading.Thread(target=take_turn, daemon=True) for _ in range(12)]
+        for thread in threads:
+            thread.start()
+        assert wait_until(lambda: app.waits is not None and app.waits.waiting == 12, 20)
+        assert store.in_line(_store_key(key)) == 8
+        _release(holder, url, key, first)
+        for thread in threads:
+            thread.join(60)
+    assert not failures
+    assert len(fences) == 12 and fences == sorted(fences) and len(set(fences)) == 12
