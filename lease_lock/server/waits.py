@@ -200,12 +200,11 @@ class WaitRoom:
 
         ``join`` takes a place in the line for a lease of ``lease`` seconds (``None`` when the
         store has none to give); ``claim`` turns a grant into the answer's (``None`` when it
-        was lost before). A
-        release hands the key to the first place in line in the same atomic step, so the
-        waiting request wakes up holding it, without another request to the store. The
-        place is asked for the key once more when ``expires_in`` (the holder's lease) has
-        passed and when the wait ends, so that a lease that ran out, which hands nothing
-        over, is noticed as the notified wait notices it.
+        was lost before). A release hands the key to the first place in line in the same
+        atomic step, so the waiting request wakes up holding it, without another request to
+        the store. The place is asked for the key once more when ``expires_in`` (the holder's
+        lease) has passed and when the wait ends, so that a lease that ran out, which hands
+        nothing over, is noticed as the notified wait notices it.
 
         Returns ``None`` when no waiting slot was free or the store gave no place (the
         caller waits as :meth:`wait_until_free` does, or answers at once). A request whose
