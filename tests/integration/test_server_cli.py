@@ -10,6 +10,7 @@ from pathlib import Path
 
 import requests
 from lease_lock.server.keys import list_keys
+from lease_lock.testing import wait_until
 from lease_lock.validation import install_hint
 
 from tests.support.http_server import start_serve, stop_serve
@@ -81,6 +82,8 @@ def test_serve_logs_requests_but_never_keys_or_tokens(tmp_path: Path) -> None:
         )
         assert response.status_code == 201
         requests.get(f"{url}/locks/job", headers={"Authorization": "Bearer wrong-" + key}, timeout=10)
+        # A request's access line is written as its answer is closed, moments after it was sent.
+        assert wait_until(lambda: "GET /locks/{key} -> 401" in log.read_text(), 10)
     finally:
         stop_serve(process)
     text = log.read_text()

@@ -55,6 +55,8 @@ def test_the_budget_is_one_across_workers(tmp_path: Path, redis_factory: RedisFa
     )
     try:
         statuses = [_get(url, keys["alpha"]) for _ in range(40)]
+        # Access lines reach the log moments after their answers (the handler writes batches).
+        assert wait_until(lambda: len(_ACCESS.findall(log.read_text())) >= 40, 10)
         seen = _ACCESS.findall(log.read_text())
     finally:
         stop_serve(process)
