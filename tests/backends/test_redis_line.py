@@ -19,7 +19,7 @@ import uuid
 from typing import Any
 
 import pytest
-from lease_lock import Locker, Retry
+from lease_lock import Locker, LockHeldError, Retry
 from lease_lock.backends.handoff import LineSource
 from lease_lock.backends.redis import RedisBackend, line_keys
 from lease_lock.backends.redis._line import CLAIM_MAX, LINE_WAITERS
@@ -92,6 +92,64 @@ def test_a_release_hands_the_key_to_the_waiter_without_another_attempt(redis_ser
         assert _in_line(holder.backend.client, key) == 0
         lock.release()
         assert not holder.backend.inspect(key).held
+    finally:
+        holder.close()
+        waiter.close()
+
+
+def _blocked_waiters(client: Any) -> list[str]:
+    """The ids of the connections blocked in a BLPOP (flag ``b``)."""
+    entries = client.client_list()
+    return [str(entry["id"]) for entry in entries if entry.get("cmd") == "blpop" and "b" in entry.get("flags", "")]
+
+
+def test_a_waiter_whose_blocked_connection_is_killed_still_gets_the_key(redis_server: RedisServer, key: str) -> None:
+    # An operator's CLIENT KILL (or a proxy's idle cut) drops the connection a waiter blocks
+    # on: the connection's retry policy blocks again on a new one, and the release finds the
+    # waiter's place as before.
+    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
+    waiter = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
+    holder.owns_backend = waiter.owns_backend = True
+    client = holder.backend.client
+    try:
+        held = holder.acquire(key)
+        got: list[Any] = []
+        thread = _waiting_thread(waiter, key, got)
+        assert wait_until(lambda: _in_line(client, key) == 1 and len(_blocked_waiters(client)) == 1, 30)
+        [killed] = _blocked_waiters(client)
+        client.client_kill_filter(_id=killed)
+        assert wait_until(lambda: _blocked_waiters(client) not in ([], [killed]), 30)
+        held.release()
+        thread.join(60)
+        [lock] = got
+        assert _holder_token(client, key) == lock.token
+        lock.release()
+    finally:
+        holder.close()
+        waiter.close()
+
+
+def test_a_waiter_gives_its_connection_back_to_the_pool_when_it_leaves(redis_server: RedisServer, key: str) -> None:
+    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
+    waiter = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
+    holder.owns_backend = waiter.owns_backend = True
+    pool = waiter.backend.client.connection_pool
+    try:
+        held = holder.acquire(key)
+        waiter.backend.inspect(key)  # the pool's first connection, for the commands
+        before = len(pool._in_use_connections)
+        for _ in range(3):
+            with pytest.raises(LockHeldError):
+                waiter.acquire(key, timeout=0.3, retry=Retry(delay=0.05))
+            assert len(pool._in_use_connections) == before
+        got: list[Any] = []
+        thread = _waiting_thread(waiter, key, got)
+        assert wait_until(lambda: _in_line(holder.backend.client, key) == 1, 30)
+        held.release()
+        thread.join(60)
+        [lock] = got
+        lock.release()
+        assert len(pool._in_use_connections) == before
     finally:
         holder.close()
         waiter.close()

@@ -2,7 +2,7 @@
 _HAND_ON in :mod:`._scripts`).
 
 A waiting thread refreshes its entry in the key's line and blocks in ``BLPOP`` on a grant list
-of its own, on a connection of the client's pool. A release that finds a live entry hands the
+of its own, on a connection it keeps from the client's pool until it leaves the line. A release that finds a live entry hands the
 key to that waiter in the same script, for a claim window only, and pushes the fence onto the
 waiter's grant list: the waiter wakes up holding the key, with no attempt of its own and no
 other thread in between. Its heartbeat extends the claim to a full lease a third of the way into
@@ -32,6 +32,14 @@ __all__ = ["BURST", "CLAIM_MAX", "FRESH_SHARE", "LINE_WAITERS", "LineSlots", "Re
 def _fence(reply: Any) -> int:
     # Fences travel as text; an unfenced grant's is empty.
     return int(reply) if reply else 0
+
+
+def _pool_connection(pool: Any) -> Any:
+    """A connection of ``pool``, checked as the client checks one before a command."""
+    try:
+        return pool.get_connection()
+    except TypeError:  # redis-py before 5.3 wants the command's name (later ones warn about it)
+        return pool.get_connection("BLPOP")
 
 
 class RedisWaitingLine(RefreshedLine):
@@ -65,6 +73,8 @@ class RedisWaitingLine(RefreshedLine):
         self._leave_call = leave
         self._granted = granted
         self._block_cap = block_cap
+        # The connection the waits block on, from the first wait until the thread leaves.
+        self._connection: Any = None
 
     def _join(self, sent: float) -> Joined:
         keys, argv = self._join_call
@@ -78,11 +88,39 @@ class RedisWaitingLine(RefreshedLine):
         return Joined(_fence(reply))
 
     def _block(self, seconds: float) -> Optional[Handed]:
-        reply = self._client.blpop([self._granted], timeout=min(seconds, self._block_cap))
+        # On a connection this place keeps while it waits, sent and read directly: the client's
+        # way round every command (a connection from the pool and back, the reply's callback,
+        # its bookkeeping) came between the grant's arrival and the waiter holding the key.
+        # A connection error is retried as the client's own commands are, by the connection's
+        # retry policy, on a new connection.
+        connection = self._connection
+        if connection is None:
+            connection = self._connection = _pool_connection(self._client.connection_pool)
+        timeout = min(seconds, self._block_cap)
+
+        def blpop() -> Any:
+            connection.send_command("BLPOP", self._granted, timeout)
+            return connection.read_response()
+
+        try:
+            reply = connection.retry.call_with_retry(blpop, lambda _error: connection.disconnect())
+        except BaseException:
+            # The reply may still be on its way: this connection serves no other command.
+            connection.disconnect()
+            self._give_back_connection()
+            raise
         if reply is None:
             return None
         # The release read the entry of the latest refresh (see the module docstring).
         return Handed(_fence(reply[1]), self._sent)
+
+    def _done(self) -> None:
+        self._give_back_connection()
+
+    def _give_back_connection(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            self._client.connection_pool.release(connection)
 
     def _quit(self) -> None:
         keys, argv = self._leave_call
