@@ -6,15 +6,13 @@ private redis-server and PostgreSQL, the service on waitress, clients over loopb
 
 from __future__ import annotations
 
-import json
-import socket
+import contextlib
 import threading
 import time
-import urllib.parse
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import psycopg2
 import pytest
@@ -25,7 +23,7 @@ from lease_lock.backends.redis import RedisBackend, line_keys
 from lease_lock.server import LockServiceApp, create_app
 from lease_lock.testing import wait_until
 
-from tests.support.http_server import ThreadedServer, make_keys
+from tests.support.http_server import ThreadedServer, make_keys, waiting_acquisition_then_leave
 from tests.support.postgres_server import PostgresServer
 from tests.support.redis_server import RedisServer
 
@@ -108,15 +106,31 @@ def _waiting(session: requests.Session, url: str, key: str, token: str, out: lis
     return thread
 
 
+class Held(NamedTuple):
+    """A fresh key of project alpha held through the service: the holder's session, token and
+    grant, and a second session of the project's to wait with."""
+
+    key: str
+    holder: requests.Session
+    token: str
+    grant: Any
+    waiter: requests.Session
+
+
+@contextlib.contextmanager
+def _held(url: str, keys: dict[str, str], ttl: int = 30) -> Iterator[Held]:
+    key, token = f"line.{uuid.uuid4().hex[:12]}", str(uuid.uuid4())
+    with _session(keys["alpha"]) as holder, _session(keys["alpha"]) as waiter:
+        grant = _acquire(holder, url, key, token, ttl=ttl)
+        assert grant.status_code == 201, grant.text
+        yield Held(key, holder, token, grant, waiter)
+
+
 def test_a_release_hands_the_key_to_the_request_waiting_in_line(
     served: tuple[LockServiceApp, str, dict[str, str]], store: Store
 ) -> None:
     app, url, keys = served
-    key = f"line.{uuid.uuid4().hex[:12]}"
-    with _session(keys["alpha"]) as holder, _session(keys["alpha"]) as waiter:
-        first = str(uuid.uuid4())
-        held = _acquire(holder, url, key, first)
-        assert held.status_code == 201
+    with _held(url, keys) as (key, holder, first, held, waiter):
         answers: list[Any] = []
         thread = _waiting(waiter, url, key, str(uuid.uuid4()), answers, "20")
         # The request waits in the store's own line, not on a wake-up of this process.
@@ -140,10 +154,7 @@ def test_a_wait_in_line_that_ends_unserved_is_a_409_and_leaves_the_line(
     served: tuple[LockServiceApp, str, dict[str, str]], store: Store
 ) -> None:
     app, url, keys = served
-    key = f"line.{uuid.uuid4().hex[:12]}"
-    with _session(keys["alpha"]) as holder, _session(keys["alpha"]) as waiter:
-        first = str(uuid.uuid4())
-        assert _acquire(holder, url, key, first).status_code == 201
+    with _held(url, keys) as (key, holder, first, _grant, waiter):
         answer = _acquire(waiter, url, key, str(uuid.uuid4()), Prefer="wait=0.5")
         assert answer.status_code == 409 and answer.json()["code"] == "lock_held"
         assert answer.headers["Preference-Applied"] == "wait=0.5"
@@ -159,9 +170,7 @@ def test_a_holder_whose_lease_runs_out_is_followed_by_the_request_in_line(
     # A lease that runs out hands nothing over: the waiting request asks for the key itself
     # when the holder's lease (and its grace second) ends.
     _app, url, keys = served
-    key = f"line.{uuid.uuid4().hex[:12]}"
-    with _session(keys["alpha"]) as holder, _session(keys["alpha"]) as waiter:
-        assert _acquire(holder, url, key, str(uuid.uuid4()), ttl=5).status_code == 201
+    with _held(url, keys, ttl=5) as (key, _holder, _token, _grant, waiter):
         began = time.monotonic()
         answer = _acquire(waiter, url, key, str(uuid.uuid4()), Prefer="wait=20")
         took = time.monotonic() - began
@@ -173,20 +182,9 @@ def test_a_request_whose_client_left_leaves_the_line_and_the_next_one_is_served(
     served: tuple[LockServiceApp, str, dict[str, str]], store: Store
 ) -> None:
     app, url, keys = served
-    key = f"line.{uuid.uuid4().hex[:12]}"
-    with _session(keys["alpha"]) as holder, _session(keys["alpha"]) as waiter:
-        first = str(uuid.uuid4())
-        assert _acquire(holder, url, key, first).status_code == 201
-        host, port = urllib.parse.urlsplit(url).netloc.split(":")
-        body = json.dumps({"ttl_seconds": 30}).encode()
-        request = (
-            f"POST /locks/{key}/lease HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {keys['alpha']}\r\n"
-            f"X-Volcano-Lock-Token: {uuid.uuid4()}\r\nPrefer: wait=30\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        ).encode() + body
+    with _held(url, keys) as (key, holder, first, _grant, waiter):
         answers: list[Any] = []
-        with socket.create_connection((host, int(port)), timeout=10) as leaving:
-            leaving.sendall(request)
+        with waiting_acquisition_then_leave(url, keys["alpha"], key):
             assert wait_until(lambda: store.in_line(_store_key(key)) == 1, 20)
             thread = _waiting(waiter, url, key, str(uuid.uuid4()), answers, "30")
             assert wait_until(lambda: store.in_line(_store_key(key)) == 2, 20)

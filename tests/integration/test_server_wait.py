@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import json
-import socket
 import threading
 import time
-import urllib.parse
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +18,13 @@ from lease_lock.backends.memory import MemoryBackend
 from lease_lock.server import LockServiceApp, create_app
 from lease_lock.testing import wait_until
 
-from tests.support.http_server import ThreadedServer, make_keys, start_serve, stop_serve
+from tests.support.http_server import (
+    ThreadedServer,
+    make_keys,
+    start_serve,
+    stop_serve,
+    waiting_acquisition_then_leave,
+)
 
 
 class Recorder:
@@ -411,15 +414,7 @@ def test_a_waiting_request_whose_client_left_is_not_granted(rig: Any) -> None:
     with _session(keys["alpha"]) as holder:
         token = str(uuid.uuid4())
         assert _acquire(holder, url, "left", token).status_code == 201
-        host, port = urllib.parse.urlsplit(url).netloc.split(":")
-        body = json.dumps({"ttl_seconds": 30}).encode()
-        request = (
-            f"POST /locks/left/lease HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {keys['alpha']}\r\n"
-            f"X-Volcano-Lock-Token: {uuid.uuid4()}\r\nPrefer: wait=30\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        ).encode() + body
-        with socket.create_connection((host, int(port)), timeout=10) as gone:
-            gone.sendall(request)
+        with waiting_acquisition_then_leave(url, keys["alpha"], "left"):
             assert wait_until(lambda: app.waits is not None and app.waits.waiting == 1, 20)
         assert wait_until(lambda: app.waits.waiting == 0, 20)  # its slot is free again
 

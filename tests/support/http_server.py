@@ -8,12 +8,17 @@ when a test using them fails, since pytest shows captured output then.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -21,7 +26,7 @@ from typing import Any, Iterator, Optional
 import pytest
 from lease_lock.server import create_key
 
-__all__ = ["ServiceInfo", "ThreadedServer", "lock_service", "make_keys"]
+__all__ = ["ServiceInfo", "ThreadedServer", "lock_service", "make_keys", "waiting_acquisition_then_leave"]
 
 _READY = re.compile(r"serving on (http://\S+)")
 
@@ -45,6 +50,22 @@ def make_keys(keys_file: Path) -> dict[str, str]:
         "beta": ("beta", "locks.manage"),
     }
     return {name: create_key(keys_file, *spec)[1] for name, spec in wanted.items()}
+
+
+@contextlib.contextmanager
+def waiting_acquisition_then_leave(url: str, api_key: str, key: str) -> Iterator[None]:
+    """Send an acquisition of ``key`` with ``Prefer: wait=30`` on a raw connection, and close
+    that connection (the client leaves without reading an answer) when the block ends."""
+    host, port = urllib.parse.urlsplit(url).netloc.split(":")
+    body = json.dumps({"ttl_seconds": 30}).encode()
+    request = (
+        f"POST /locks/{key}/lease HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {api_key}\r\n"
+        f"X-Volcano-Lock-Token: {uuid.uuid4()}\r\nPrefer: wait=30\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    with socket.create_connection((host, int(port)), timeout=10) as leaving:
+        leaving.sendall(request)
+        yield
 
 
 class ThreadedServer:
