@@ -2,12 +2,13 @@
 _HAND_ON in :mod:`._scripts`).
 
 A waiting thread refreshes its entry in the key's line and blocks in ``BLPOP`` on a grant list
-of its own, on a connection it keeps from the client's pool until it leaves the line. A release that finds a live entry hands the
-key to that waiter in the same script, for a claim window only, and pushes the fence onto the
-waiter's grant list: the waiter wakes up holding the key, with no attempt of its own and no
-other thread in between. Its heartbeat extends the claim to a full lease a third of the way into
-the window; a waiter that died, stopped or left meanwhile loses the key when the window ends.
-A holder that was handed the key keeps it through its own releases for :data:`BURST`.
+of its own, on a connection it keeps from the client's pool until it leaves the line. A release
+that finds a live entry hands the key to that waiter in the same script, for a claim window
+only, and pushes the fence onto the waiter's grant list: the waiter wakes up holding the key,
+with no attempt of its own and no other thread in between. Its heartbeat extends the claim to a
+full lease a third of the way into the window; a waiter that died, stopped or left meanwhile
+loses the key when the window ends. A holder that was handed the key keeps it through its own
+releases for :data:`BURST`.
 
 Why the waiter may trust the claim from the send of its latest refresh: the release reads the
 entry that refresh wrote, so it ran after the refresh reached Redis, and the refresh left the
