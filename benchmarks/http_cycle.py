@@ -16,9 +16,9 @@ own GIL does not cap the figure. Each side's server CPU per cycle (all its proce
 from ``/proc``) is counted over the same slices: unlike the rates it hardly depends on what else
 the machine runs, so it shows what the service's own work costs when the rates are noisy.
 
-Hand-off: a waiter blocked in ``Locker.acquire`` while another client releases; latency from
-the release call to the waiter's grant, with the ``Prefer: wait`` extension and without it
-(``--max-waits 0``: the waiter sleeps until the holder's expiry or one second).
+Hand-off, on each store: a waiter blocked in ``Locker.acquire`` while another client releases;
+latency from the release call to the waiter's grant, with the ``Prefer: wait`` extension and
+without it (``--max-waits 0``: the waiter sleeps until the holder's expiry or one second).
 
     python -m benchmarks.http_cycle [--seconds 3] [--clients 1,8,32] [--processes 1,2]
         [--stores memory,redis] [--redis-url redis://127.0.0.1:6379/0] [--handoffs 30]
@@ -460,13 +460,13 @@ def main(argv: Optional[list[str]] = None) -> None:
         if args.handoffs:
             print(f"\nHand-off latency (ms), {args.handoffs} hand-offs, one server process")
             print(f"{'row':<40}{'p50':>8}{'p99':>8}")
-            first_store = stores[args.stores.split(",")[0]]
-            for label, extra in (("with Prefer: wait", ()), ("without (--max-waits 0)", ("--max-waits", "0"))):
-                with _service(first_store, keys_file, 1, tmp, *extra) as (url, _pid):
-                    latencies = _handoffs(url, key, args.handoffs)
-                p50, p99 = statistics.median(latencies) * 1000, percentile(latencies, 0.99) * 1000
-                print(f"{label:<40}{p50:>8.2f}{p99:>8.2f}")
-                handoffs.append({"mode": label, "p50_ms": p50, "p99_ms": p99})
+            for store in args.stores.split(","):
+                for label, extra in (("with Prefer: wait", ()), ("without (--max-waits 0)", ("--max-waits", "0"))):
+                    with _service(stores[store], keys_file, 1, tmp, *extra) as (url, _pid):
+                        latencies = _handoffs(url, key, args.handoffs)
+                    p50, p99 = statistics.median(latencies) * 1000, percentile(latencies, 0.99) * 1000
+                    print(f"{f'{store}, {label}':<40}{p50:>8.2f}{p99:>8.2f}")
+                    handoffs.append({"store": store, "mode": label, "p50_ms": p50, "p99_ms": p99})
     write_json(args.json, "http_cycle", argv, {"rows": rows, "handoffs": handoffs})
 
 

@@ -112,7 +112,10 @@ def test_http_cycle_against_the_bare_floor_and_handoffs(redis_server: RedisServe
     # The store-only app (the bare app plus the raw Redis calls) runs on Redis rows only.
     assert cycles[0][-2:] == ["-", "-"]
     assert all(float(row[-2]) > 0 and float(row[-1]) > 0 for row in cycles[1:])
-    handoff = table_rows(output.split("Hand-off latency", 1)[1], "with Prefer: wait", "without (--max-waits 0)")
+    # A hand-off row of each store, with the wait extension and without it.
+    modes = ("with Prefer: wait", "without (--max-waits 0)")
+    names = [f"{store}, {mode}" for store in ("memory", "redis") for mode in modes]
+    handoff = table_rows(output.split("Hand-off latency", 1)[1], *names)
     assert all(len(cells) == 2 for cells in handoff.values())
 
 
