@@ -343,6 +343,11 @@ def _access_log(method: str, route: str, status: int, project: str, request_id: 
     _log.handle(_access_records.make((method, route, status, project, request_id, seconds * 1000), fields))
 
 
+def _applied(wait: float) -> list[tuple[str, str]]:
+    """The header saying the server honoured ``Prefer: wait`` for ``wait`` seconds."""
+    return [(HEADER_PREFERENCE_APPLIED, f"wait={wait_text(wait)}")]
+
+
 def _waited(seconds: float) -> str:
     """How long a request was held before the store request that granted it was sent, rounded
     down: the client then knows the lease started no earlier than its sending plus this."""
@@ -649,7 +654,7 @@ class LockServiceApp:
         waits = self.waits
         store_key = self.service.store_key(project, key)
         waited = self._store(lambda: waits.wait_until_free(store_key, held_for, wait, takes=takes, gone=gone))
-        return [] if waited is None else [(HEADER_PREFERENCE_APPLIED, f"wait={wait_text(wait)}")]
+        return [] if waited is None else _applied(wait)
 
     def _acquire(
         self,
@@ -743,7 +748,7 @@ class LockServiceApp:
         )
         if in_line is None:
             return None
-        return [(HEADER_PREFERENCE_APPLIED, f"wait={wait_text(wait)}")], in_line.claimed
+        return _applied(wait), in_line.claimed
 
     def _read(
         self, project: str, key: str, wait: Optional[float] = None, gone: Optional[Callable[[], bool]] = None

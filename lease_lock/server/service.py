@@ -178,7 +178,7 @@ class LockService:
         now = self._clock()
         fresh = min(float(ttl), MAX_LIFETIME)
         answer = self.backend.grant_if_free(
-            store_key, token, fresh + TAKEOVER_GRACE, _Label(now + MAX_LIFETIME, digest, owner).encode()
+            store_key, token, self.store_lease(ttl), _Label(now + MAX_LIFETIME, digest, owner).encode()
         )
         if isinstance(answer, int):
             return Grant(now + fresh, answer)
@@ -260,7 +260,7 @@ class LockService:
         now = self._clock()
         fresh = min(float(ttl), MAX_LIFETIME)
         fence = self.backend.adopt(
-            store_key, claim_token, token, fresh + TAKEOVER_GRACE, _Label(now + MAX_LIFETIME, digest, owner).encode()
+            store_key, claim_token, token, self.store_lease(ttl), _Label(now + MAX_LIFETIME, digest, owner).encode()
         )
         if fence is None:
             raise _held_conflict(max(0.0, self._takeover_in(self.backend.inspect(store_key))))
