@@ -33,6 +33,7 @@ __all__ = [
     "ExtendRequest",
     "LockState",
     "ReleaseWatcher",
+    "parse_bool",
     "parse_url_options",
 ]
 
@@ -249,6 +250,17 @@ class Backend(abc.ABC):
     def new_token(self) -> str:
         """A fresh random token in the form this backend prefers (16 random bytes as hex)."""
         return os.urandom(16).hex()
+
+
+def parse_bool(text: str) -> bool:
+    """A URL option's yes or no: ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``
+    (any case); anything else raises ``ValueError``, which :func:`parse_url_options` reports."""
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
 
 
 def parse_url_options(

@@ -22,6 +22,7 @@ from ..base import (
     ExtendRequest,
     LockState,
     ReleaseWatcher,
+    parse_bool,
     parse_url_options,
 )
 from ..handoff import HandoffWatcher, WaitingLine
@@ -79,15 +80,6 @@ SELECT
   target.oid IS NOT NULL AND has_sequence_privilege(target.oid, 'USAGE')
 FROM target
 """
-
-
-def _parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("expected true or false")
 
 
 def _parse_positive_int(text: str) -> int:
@@ -158,9 +150,9 @@ class PostgresBackend(ServiceStore):
     url_options: ClassVar[dict[str, Callable[[str], Any]]] = {
         "table": str,
         "schema": str,
-        "create_table": _parse_bool,
-        "synchronous_commit": _parse_bool,
-        "direct_handoff": _parse_bool,
+        "create_table": parse_bool,
+        "synchronous_commit": parse_bool,
+        "direct_handoff": parse_bool,
         "max_connections": _parse_positive_int,
     }
 

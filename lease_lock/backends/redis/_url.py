@@ -17,20 +17,9 @@ from typing import Any, Callable
 
 from ...errors import ValidationError
 from ...validation import check_bool, check_duration, parse_duration, redact_url
+from ..base import parse_bool
 
 __all__ = ["URL_OPTIONS", "build_client", "parse_replicas", "retries_seen", "start_counting_retries"]
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
-def _parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise ValueError("expected true or false")
 
 
 def parse_replicas(text: str) -> tuple[int, float]:
@@ -73,10 +62,10 @@ REDIS_PY_OPTIONS: Mapping[str, Callable[[str], Any]] = {
     "db": _parse_count,
     "max_connections": _parse_positive,
     "protocol": _parse_protocol,
-    "retry_on_timeout": _parse_bool,
-    "socket_keepalive": _parse_bool,
+    "retry_on_timeout": parse_bool,
+    "socket_keepalive": parse_bool,
     "socket_read_size": _parse_positive,
-    "ssl_check_hostname": _parse_bool,
+    "ssl_check_hostname": parse_bool,
     "ssl_min_version": _parse_count,
     "timeout": _seconds("timeout"),
 }
@@ -88,7 +77,7 @@ _TLS_ONLY = ("ssl_check_hostname", "ssl_min_version")
 #: Every option a Redis URL's query string may carry, with its text parser.
 URL_OPTIONS: Mapping[str, Callable[[str], Any]] = {
     "wait_for_replicas": parse_replicas,
-    "cluster": _parse_bool,
+    "cluster": parse_bool,
     "socket_timeout": _seconds("socket_timeout"),
     "socket_connect_timeout": _seconds("socket_connect_timeout"),
     "health_check_interval": lambda text: int(parse_duration(text, "health_check_interval")),
