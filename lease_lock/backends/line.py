@@ -20,13 +20,13 @@ import math
 import os
 import threading
 import time
-from typing import Callable, NamedTuple, Optional, TypeVar
+from typing import Callable, NamedTuple, Optional, TypeVar, Union
 
 from .handoff import LineGrant, WaitingLine
 
 __all__ = [
-    "BURST", "CLAIM_MAX", "FRESH_SHARE", "LINE_WAITERS", "REFRESH_SHARE", "Handed", "Joined", "LineSlots",
-    "RefreshedLine", "claim_for",
+    "BURST", "CLAIM_MAX", "FREED", "FRESH_SHARE", "LINE_WAITERS", "REFRESH_SHARE", "Freed", "Handed", "Joined",
+    "LineSlots", "RefreshedLine", "claim_for",
 ]
 
 _log = logging.getLogger("lease_lock")
@@ -102,6 +102,15 @@ class Handed(NamedTuple):
     sent: float
 
 
+class Freed(NamedTuple):
+    """What a block answers when the key went free without being handed over (it ran out, was
+    force-released, or a release found no place in line to hand it to): the waiter asks at once."""
+
+
+#: The one :class:`Freed` answer.
+FREED = Freed()
+
+
 class RefreshedLine(WaitingLine):
     """A waiting thread's place in one key's line, refreshed while it waits (see the module
     docstring). ``ttl`` is the lease asked for, ``claim`` the claim window a release hands
@@ -135,8 +144,9 @@ class RefreshedLine(WaitingLine):
         or refreshes the place; ``sent`` is when it left (on the line's clock)."""
 
     @abc.abstractmethod
-    def _block(self, seconds: float) -> Optional[Handed]:
-        """Block up to ``seconds`` for a grant a release hands over; ``None`` when none came."""
+    def _block(self, seconds: float) -> Union[Handed, Freed, None]:
+        """Block up to ``seconds`` for a grant a release hands over; ``None`` when none came.
+        A store that sees the key go free may answer :data:`FREED` (the waiter then asks)."""
 
     @abc.abstractmethod
     def _quit(self) -> None:
@@ -185,6 +195,9 @@ class RefreshedLine(WaitingLine):
             if block < _SHORTEST_BLOCK:
                 continue  # the refresh is due
             handed = self._block(block)
+            if isinstance(handed, Freed):
+                self._refresh_due = -math.inf
+                continue
             if handed is not None:
                 # The release took the place; a grant the waiter cannot use (it came too late)
                 # is released, and the next wait takes a new place.
