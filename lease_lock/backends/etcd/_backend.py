@@ -61,13 +61,16 @@ import requests
 
 from ... import forksafe
 from ...errors import BackendUnavailableError, ValidationError
-from ...validation import check_duration
-from ..base import Capabilities, ExtendRequest, LockState, ReleaseWatcher, parse_url_options
+from ...validation import check_bool, check_duration
+from ..base import Capabilities, ExtendRequest, LockState, ReleaseWatcher, parse_bool, parse_url_options
+from ..handoff import WaitingLine
+from ..line import LineSlots, claim_for
 from ..service import ServiceStore
 from ._client import CODE_NOT_FOUND, EtcdClient, EtcdError, b64, prefix_end, unb64
 from ._counters import count_in_window
 from ._handoff import EtcdHandoffWatcher
 from ._leases import SpareLeases
+from ._line import EtcdLineWatcher, EtcdWaitingLine, LineCalls, fence_of, holds, line_prefix, owner_of, token_guard
 from ._watch import EtcdReleaseWatcher, WatchStream, lock_key
 
 __all__ = ["DEFAULT_NAMESPACE", "MIN_TTL", "EtcdBackend", "lease_seconds"]
@@ -131,10 +134,6 @@ class _LeaseGone(BackendUnavailableError):
     """etcd refused a write because the lease it names is gone; nothing was written."""
 
 
-def _owner_of(value: bytes) -> str:
-    return value.partition(b"\x00")[2].decode("utf-8", "replace")
-
-
 class EtcdBackend(ServiceStore):
     """Leases kept by an etcd cluster (v3), over its JSON gateway with ``requests``.
 
@@ -161,6 +160,7 @@ class EtcdBackend(ServiceStore):
         "ca": str,
         "cert": str,
         "key": str,
+        "direct_handoff": parse_bool,
     }
 
     def __init__(
@@ -172,6 +172,7 @@ class EtcdBackend(ServiceStore):
         timeout: float = 2.0,
         user: Optional[str] = None,
         password: Optional[str] = None,
+        direct_handoff: bool = False,
     ) -> None:
         checked = _check_endpoints(endpoints)
         if not isinstance(namespace, str) or "\x00" in namespace:
@@ -182,6 +183,9 @@ class EtcdBackend(ServiceStore):
         if (user is None) != (password is None):
             raise ValidationError("user and password go together: give both or neither")
         self.namespace = namespace
+        #: Whether a release hands the key straight to the oldest waiter in line (see
+        #: join_line); off, waiters are woken through the watch and take the key themselves.
+        self.direct_handoff = check_bool(direct_handoff, "direct_handoff")
         self._prefix = namespace.encode()
         self._own_session = session is None
         self._client = EtcdClient(
@@ -197,6 +201,10 @@ class EtcdBackend(ServiceStore):
         self._holdings_mutex = threading.Lock()
         # The lease length of the latest attempt that found its key held (see _expect_wait).
         self._lost_length: Optional[int] = None
+        self._line_slots = LineSlots()
+        self._line_watcher: Optional[EtcdLineWatcher] = None
+        self._line_mutex = threading.Lock()
+        self._closed = False
         forksafe.register(self)
 
     @property
@@ -257,6 +265,8 @@ class EtcdBackend(ServiceStore):
         self._own_session = True
         # The parent's watching threads do not exist here.
         self._watchers = []
+        self._line_watcher = None
+        self._line_mutex = threading.Lock()
         # Both processes would attach keys to the same spare leases.
         self._spares.after_fork()
         # A parent thread may have held the mutex at the fork; the child's releases of the
@@ -271,14 +281,6 @@ class EtcdBackend(ServiceStore):
 
     def _key_of(self, name: bytes) -> str:
         return name[len(self._prefix):].decode("utf-8", "replace")
-
-    @staticmethod
-    def _guard(name: bytes, token: str) -> list[dict[str, Any]]:
-        held = token.encode()
-        return [
-            {"key": b64(name), "target": "VALUE", "result": "GREATER", "value": b64(held)},
-            {"key": b64(name), "target": "VALUE", "result": "LESS", "value": b64(held + b"\x01")},
-        ]
 
     # -- calls ---------------------------------------------------------------------------------
 
@@ -400,19 +402,22 @@ class EtcdBackend(ServiceStore):
         previous = mine["responses"][0]["response_put"].get("prev_kv", {}).get("lease")
         if previous != lease:
             self._revoke(previous)
-        return int(mine["responses"][1]["response_range"]["kvs"][0]["create_revision"])
+        return fence_of(mine["responses"][1]["response_range"]["kvs"][0])
 
     def _take(self, name: bytes, token: str, value: str, lease: str, leave: list[dict[str, Any]]) -> dict[str, Any]:
         """The acquire transaction: put the key on ``lease`` if it is free (and run ``leave``),
         or if ``token`` holds it already (then read it: its create_revision is the fence).
         Raises :class:`_LeaseGone` when etcd no longer has ``lease``."""
-        put = {"key": b64(name), "value": value, "lease": lease}
         return self._txn(
             [{"key": b64(name), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
-            [{"request_put": put}, *leave],
+            [{"request_put": {"key": b64(name), "value": value, "lease": lease}}, *leave],
             [{"request_txn": {
-                "compare": self._guard(name, token),
-                "success": [{"request_put": {**put, "prev_kv": True}}, {"request_range": {"key": b64(name)}}],
+                "compare": token_guard(name, token),
+                # The value stays: a key handed over carries its fence there.
+                "success": [
+                    {"request_put": {"key": b64(name), "lease": lease, "ignore_value": True, "prev_kv": True}},
+                    {"request_range": {"key": b64(name)}},
+                ],
                 "failure": [],
             }}],
         )
@@ -440,15 +445,55 @@ class EtcdBackend(ServiceStore):
         """End ``key``'s lease if ``token`` holds it: one revoke of the lease this backend put
         the key on, else a guarded delete and a revoke (see the module's notes)."""
         name = self._name(key)
+        if self.direct_handoff and self._hand_on(name, token):
+            return True
         with self._holdings_mutex:
             lease = self._holdings.pop((name, token), None)
         if lease is not None and self._revoke_holding(lease):
             return True
-        answer = self._txn(self._guard(name, token), [{"request_delete_range": {"key": b64(name), "prev_kv": True}}])
+        answer = self._txn(token_guard(name, token), [{"request_delete_range": {"key": b64(name), "prev_kv": True}}])
         if not answer.get("succeeded"):
             return False
         for kv in answer["responses"][0]["response_delete_range"].get("prev_kvs", []):
             self._revoke(kv.get("lease"))
+        return True
+
+    def _hand_on(self, name: bytes, token: str) -> bool:
+        """Hand ``name`` to the oldest place in its line, if ``token`` holds it and the line has
+        one (see :mod:`._line`): a serializable read of the line and the key, then one guarded
+        transaction. ``False`` when nothing was handed over (the caller releases as usual)."""
+        start = line_prefix(self._prefix, name[len(self._prefix):])
+        oldest = {"key": b64(start), "range_end": b64(prefix_end(start)), "sort_order": "ASCEND",
+                  "sort_target": "CREATE", "limit": 1, "serializable": True}
+        read = self._txn([], [{"request_range": oldest}, {"request_range": {"key": b64(name), "serializable": True}}])
+        places = read["responses"][0]["response_range"].get("kvs", [])
+        held = read["responses"][1]["response_range"].get("kvs", [])
+        if not places or not held or not holds(held[0], token):
+            return False
+        place, kv = places[0], held[0]
+        entry, lease = place["key"], place.get("lease", "0")
+        value = unb64(place.get("value")) + b"\x00%d" % (fence_of(kv) + 1)
+        try:
+            answer = self._txn(
+                [
+                    *token_guard(name, token),
+                    {"key": b64(name), "target": "MOD", "result": "EQUAL", "mod_revision": kv["mod_revision"]},
+                    {"key": entry, "target": "CREATE", "result": "EQUAL", "create_revision": place["create_revision"]},
+                    {"key": entry, "target": "LEASE", "result": "EQUAL", "lease": lease},
+                ],
+                [
+                    {"request_put": {"key": b64(name), "value": b64(value), "lease": lease}},
+                    {"request_delete_range": {"key": entry}},
+                ],
+            )
+        except _LeaseGone:
+            return False  # the place's claim lease ran out: the place went with it
+        if not answer.get("succeeded"):
+            return False
+        with self._holdings_mutex:
+            self._holdings.pop((name, token), None)
+        # The key left the old lease, which holds nothing now.
+        self._revoke(kv.get("lease"))
         return True
 
     def _holder_leases(self, items: Sequence[tuple[bytes, str]]) -> list[Optional[str]]:
@@ -499,7 +544,7 @@ class EtcdBackend(ServiceStore):
         """Put the key on a new lease of ``seconds`` (the value stays) and revoke the old one."""
         new = self._grant(seconds)
         answer = self._txn(
-            [*self._guard(name, token), {"key": b64(name), "target": "LEASE", "result": "EQUAL", "lease": old}],
+            [*token_guard(name, token), {"key": b64(name), "target": "LEASE", "result": "EQUAL", "lease": old}],
             [{"request_put": {"key": b64(name), "lease": new, "ignore_value": True}}],
         )
         if answer.get("succeeded"):
@@ -515,7 +560,7 @@ class EtcdBackend(ServiceStore):
 
     def is_held(self, key: str, token: str) -> bool:
         """``True`` if ``token`` holds ``key`` (one guarded, empty transaction)."""
-        return bool(self._txn(self._guard(self._name(key), token), []).get("succeeded"))
+        return bool(self._txn(token_guard(self._name(key), token), []).get("succeeded"))
 
     def _state(self, kv: dict[str, Any]) -> LockState:
         key = self._key_of(unb64(kv.get("key")))
@@ -524,8 +569,8 @@ class EtcdBackend(ServiceStore):
             key=key,
             held=True,
             expires_at=None if remaining is None else datetime.now(timezone.utc) + timedelta(seconds=remaining),
-            fence=int(kv["create_revision"]),
-            owner=_owner_of(unb64(kv.get("value"))),
+            fence=fence_of(kv),
+            owner=owner_of(unb64(kv.get("value"))),
             expires_in=remaining,
         )
 
@@ -545,8 +590,11 @@ class EtcdBackend(ServiceStore):
         lease = str(kvs[0].get("lease") or "0")
         if lease != "0":
             self._revoke_holding(lease)
-        same_holding = [{"key": b64(name), "target": "CREATE", "result": "EQUAL",
-                         "create_revision": kvs[0]["create_revision"]}]
+        # The same holding: a key handed over keeps its create_revision but not its value.
+        same_holding = [
+            {"key": b64(name), "target": "CREATE", "result": "EQUAL", "create_revision": kvs[0]["create_revision"]},
+            {"key": b64(name), "target": "VALUE", "result": "EQUAL", "value": kvs[0].get("value", "")},
+        ]
         answer = self._txn(same_holding, [{"request_delete_range": {"key": b64(name), "prev_kv": True}}])
         if answer.get("succeeded"):
             for kv in answer["responses"][0]["response_delete_range"].get("prev_kvs", []):
@@ -588,6 +636,46 @@ class EtcdBackend(ServiceStore):
             watcher.expect_lease(self._lost_length)
         return watcher
 
+    def join_line(
+        self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float]
+    ) -> Optional[WaitingLine]:
+        """A place in ``key``'s line for a waiting thread, with ``direct_handoff`` (see
+        :mod:`lease_lock.backends.handoff`): a release hands the key straight to the oldest place
+        in line, on that place's claim lease, and the waiter hears it on the backend's line
+        watcher (one watch stream for all its waiters). At most
+        :data:`~lease_lock.backends.line.LINE_WAITERS` threads of one backend wait this way at
+        once (``None`` beyond that, without ``direct_handoff``, or once the backend is closed).
+        """
+        if not self.direct_handoff or self._closed or not self._line_slots.take():
+            return None
+        name = self._name(key)
+        claim = claim_for(ttl)
+
+        def note_holding(lease: str) -> None:
+            self._note_holding(name, token, lease)
+
+        def keep_spare(seconds: int, lease: str) -> None:
+            if not self._spares.keep(seconds, lease):
+                self._revoke(lease)
+
+        calls = LineCalls(
+            call=self._call, keepalive=self._keepalive, grant=self._grant, note_holding=note_holding,
+            release=lambda: self.release(key, token), keep_spare=keep_spare, revoke=self._revoke,
+            timeout=self._client.timeout,
+        )
+        return EtcdWaitingLine(
+            name=name, prefix=self._prefix, token=token, owner=owner, fenced=fenced, seconds=lease_seconds(ttl),
+            claim_seconds=lease_seconds(claim), calls=calls, watcher=self._lines(), ttl=ttl, claim=claim,
+            clock=clock, slots=self._line_slots,
+        )
+
+    def _lines(self) -> EtcdLineWatcher:
+        """The watcher of the waiting lines, started on first need."""
+        with self._line_mutex:
+            if self._line_watcher is None or self._line_watcher.closed:
+                self._line_watcher = self._keep(EtcdLineWatcher(self._client, self._prefix))
+            return self._line_watcher
+
     def _keep(self, watcher: _Watcher) -> _Watcher:
         """Remember ``watcher`` for :meth:`close`, forgetting the ones closed already."""
         self._watchers = [item for item in self._watchers if not item.closed]
@@ -596,6 +684,7 @@ class EtcdBackend(ServiceStore):
 
     def close(self) -> None:
         """Stop the watchers, revoke the spare leases, and close the session if the backend opened it."""
+        self._closed = True
         for watcher in self._watchers:
             watcher.close()
         self._watchers = []

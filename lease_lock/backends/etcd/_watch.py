@@ -76,6 +76,10 @@ class WatchStream(abc.ABC):
         """``True`` while the stream is open and etcd confirmed the watch."""
         return self._created.is_set() and not self._stop.is_set()
 
+    def wait_active(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for etcd to confirm the watch; whether it did."""
+        return self._created.wait(timeout) and not self._stop.is_set()
+
     @property
     def closed(self) -> bool:
         """``True`` once :meth:`close` was called."""

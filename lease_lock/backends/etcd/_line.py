@@ -1,0 +1,336 @@
+"""Direct hand-off on etcd (``direct_handoff``): a waiting thread's place in its key's line.
+
+A waiting thread keeps a *place*: the name ``namespace + NUL + "line" + NUL + key + NUL + id``,
+whose value is its token, a NUL byte and its owner label, on a *claim lease* of its own (its
+claim window, rounded up to etcd's whole seconds), which it keeps alive at each refresh. A
+release that finds places in the key's line (see ``EtcdBackend.release``) reads the oldest one
+and, in one transaction guarded by its own token, the key's revision and the place's, puts the
+key on that place's claim lease with the waiter's token and owner and a fence one above the
+key's, and deletes the place. The waiter hears that put on the backend's line watcher (one
+watch stream per backend) and holds the key without a request of its own; its heartbeat turns
+the claim into a full lease a third of the way into the window. A waiter that died or stopped
+stops renewing its claim lease, and etcd deletes its place, and any key handed to it, when the
+lease runs out.
+
+Why the waiter may judge a handed key from the send of its latest refresh: the key is on the
+claim lease, and etcd ends a lease no sooner than its length after the latest keep-alive (or
+grant) reached the leader, which was after that request left the waiter; a leader change only
+restarts a lease at its full length. That holds whenever the release came, before or after the
+refresh.
+
+Why the fence still grows: a key handed over keeps its ``create_revision``, so its fence rides
+in its value (``token NUL owner NUL fence``), one above the fence of the holding it replaces,
+which the transaction checks by the key's ``mod_revision``. That fence is at most the revision
+of the handing write, and any later grant that creates the key gets a larger revision still; a
+fence read from the value wins over ``create_revision`` (see :func:`fence_of`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+import uuid
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
+
+from ...errors import BackendUnavailableError
+from ..line import FREED, Freed, Handed, Joined, LineSlots, RefreshedLine
+from ._client import CODE_NOT_FOUND, EtcdClient, EtcdError, b64, unb64
+from ._watch import RESERVED, WatchStream
+
+__all__ = ["LINE_MARK", "EtcdLineWatcher", "EtcdWaitingLine", "LineCalls", "fence_of", "holds", "line_prefix",
+           "owner_of", "token_guard"]
+
+#: What follows the namespace in the name of every place in line.
+LINE_MARK = RESERVED + b"line" + RESERVED
+
+
+def line_prefix(prefix: bytes, key: bytes) -> bytes:
+    """The first bytes of every place in the line of lock key ``key`` under ``prefix``."""
+    return prefix + LINE_MARK + key + RESERVED
+
+
+def token_guard(name: bytes, token: str) -> list[dict[str, Any]]:
+    """The compares of "``token`` holds ``name``": the value sorts strictly between ``token``
+    and ``token + "\\x01"``, which only a value starting with ``token`` and a NUL does (tokens
+    contain no NUL)."""
+    held = token.encode()
+    return [
+        {"key": b64(name), "target": "VALUE", "result": "GREATER", "value": b64(held)},
+        {"key": b64(name), "target": "VALUE", "result": "LESS", "value": b64(held + b"\x01")},
+    ]
+
+
+def holds(kv: dict[str, Any], token: str) -> bool:
+    """Whether the key-value ``kv`` (as etcd answers it) is held by ``token``."""
+    return unb64(kv.get("value")).startswith(token.encode() + b"\x00")
+
+
+def owner_of(value: bytes) -> str:
+    """The owner label in a lock key's value."""
+    parts = value.split(b"\x00")
+    return parts[1].decode("utf-8", "replace") if len(parts) > 1 else ""
+
+
+def fence_of(kv: dict[str, Any]) -> int:
+    """A lock key's fence: the one its value carries (a key handed over), else its
+    ``create_revision``."""
+    parts = unb64(kv.get("value")).split(b"\x00")
+    if len(parts) > 2 and parts[2].isdigit():
+        return int(parts[2])
+    return int(kv.get("create_revision") or 0)
+
+
+class EtcdLineWatcher(WatchStream):
+    """One watch stream over the namespace that tells each waiting line of the puts and deletes
+    of its key. A stream that cannot resume (its revision was compacted away) tells every line
+    that the key may have gone free meanwhile."""
+
+    _thread_name = "lease-lock-etcd-line"
+
+    def __init__(self, client: EtcdClient, prefix: bytes) -> None:
+        super().__init__(client, prefix)
+        self._lines_mutex = threading.Lock()
+        self._lines: dict[bytes, set[EtcdWaitingLine]] = {}
+        self._start()
+
+    def add(self, name: bytes, line: EtcdWaitingLine) -> None:
+        """Tell ``line`` of the events of lock key ``name`` (its full name in etcd) from now on."""
+        with self._lines_mutex:
+            self._lines.setdefault(name, set()).add(line)
+
+    def remove(self, name: bytes, line: EtcdWaitingLine) -> None:
+        """Stop telling ``line`` of ``name``'s events."""
+        with self._lines_mutex:
+            lines = self._lines.get(name)
+            if lines is not None:
+                lines.discard(line)
+                if not lines:
+                    del self._lines[name]
+
+    def _listeners(self, name: bytes) -> list[EtcdWaitingLine]:
+        with self._lines_mutex:
+            return list(self._lines.get(name, ()))
+
+    def _prepare(self) -> None:
+        if self._next_revision:
+            return
+        with self._lines_mutex:
+            lines = [line for lines in self._lines.values() for line in lines]
+        for line in lines:
+            line.note_freed(math.inf)
+
+    def _handle(self, events: list[dict[str, Any]]) -> None:
+        for event in events:
+            kv = event.get("kv", {})
+            lines = self._listeners(unb64(kv.get("key")))
+            revision = int(kv.get("mod_revision") or 0)
+            for line in lines:
+                if event.get("type") == "DELETE":
+                    line.note_freed(revision)
+                else:
+                    line.note_put(revision, kv)
+
+
+class LineCalls(NamedTuple):
+    """What the backend lends a waiting line."""
+
+    #: POST a request to the cluster (``EtcdClient.call``).
+    call: Callable[[str, dict[str, Any]], dict[str, Any]]
+    #: Renew leases: each one's new TTL (``EtcdClient.keepalive``).
+    keepalive: Callable[[Sequence[str]], dict[str, int]]
+    #: Grant a lease of so many seconds; its ID.
+    grant: Callable[[int], str]
+    #: The lease the waiter's key is on now, for a release by revoke.
+    note_holding: Callable[[str], None]
+    #: Release the key the waiter's token holds (to the next place in line).
+    release: Callable[[], bool]
+    #: Take back a lease of so many seconds that never held a key.
+    keep_spare: Callable[[int, str], None]
+    #: Revoke a lease, best effort.
+    revoke: Callable[[str], None]
+    #: Seconds to wait for the line watcher to be confirmed.
+    timeout: float
+
+
+class EtcdWaitingLine(RefreshedLine):
+    """A waiting thread's place in one key's line (see the module docstring).
+
+    ``name`` is the lock key's full name in etcd, ``prefix`` the namespace's; ``seconds`` and
+    ``claim_seconds`` the etcd lengths of the lease asked for and of the claim window; the rest
+    is :class:`~lease_lock.backends.line.RefreshedLine`'s.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: bytes,
+        prefix: bytes,
+        token: str,
+        owner: str,
+        fenced: bool,
+        seconds: int,
+        claim_seconds: int,
+        calls: LineCalls,
+        watcher: EtcdLineWatcher,
+        ttl: float,
+        claim: float,
+        clock: Callable[[], float],
+        slots: LineSlots,
+    ) -> None:
+        super().__init__(ttl=ttl, claim=claim, clock=clock, translate=lambda _error: None, slots=slots)
+        self._name = name
+        self._place = line_prefix(prefix, name[len(prefix):]) + uuid.uuid4().hex.encode()
+        self._token = token
+        self._value = b64(token.encode() + b"\x00" + owner.encode())
+        self._fenced = fenced
+        self._seconds = seconds
+        self._claim_seconds = claim_seconds
+        self._calls = calls
+        self._watcher = watcher
+        self._watching = False
+        #: The lease a release puts the key on, and the send of the request that last renewed it.
+        self._claim_lease: Optional[str] = None
+        self._claim_sent = 0.0
+        #: A lease of the full length, for a join that finds the key free.
+        self._full_lease: Optional[str] = None
+        #: Whether a key handed over is on the claim lease (then it is not revoked on leaving).
+        self._claim_holds_key = False
+        #: What the watcher told: the revision of the latest join, of a put handing the key to
+        #: this waiter (and its fence), of the key going free.
+        self._events = threading.Condition()
+        self._joined_at = 0
+        self._handed: Optional[tuple[int, int]] = None
+        self._freed_at = -math.inf
+
+    # -- the watcher's thread --------------------------------------------------------------------
+
+    def note_put(self, revision: int, kv: dict[str, Any]) -> None:
+        """The key was put at ``revision``: a grant to this waiter when its token holds it."""
+        if holds(kv, self._token):
+            with self._events:
+                self._handed = (revision, fence_of(kv))
+                self._events.notify()
+
+    def note_freed(self, revision: float) -> None:
+        """The key went free at ``revision`` (``inf``: at an unknown revision)."""
+        with self._events:
+            self._freed_at = max(self._freed_at, revision)
+            self._events.notify()
+
+    # -- RefreshedLine ---------------------------------------------------------------------------
+
+    def _join(self, sent: float) -> Joined:
+        if not self._watching:
+            # Before the first request: every event after the join's revision reaches the line.
+            self._watcher.add(self._name, self)
+            self._watching = True
+            if not self._watcher.wait_active(self._calls.timeout):
+                raise BackendUnavailableError("the etcd line watch was not confirmed in time", backend="etcd")
+        self._claim_holds_key = False
+        self._renew(sent)
+        try:
+            answer = self._attempt()
+        except EtcdError as error:
+            if error.code != CODE_NOT_FOUND:
+                raise
+            # A lease ran out between its renewal and the write (this process was paused):
+            # nothing was written; both are granted again.
+            self._claim_lease = self._full_lease = None
+            self._renew(sent)
+            answer = self._attempt()
+        if answer.get("succeeded"):
+            # The key was free, and this transaction created it: the fence is its revision.
+            return self._took(int(answer["header"]["revision"]))
+        mine = answer["responses"][0]["response_txn"]
+        if mine.get("succeeded"):
+            # A release handed the key over before this refresh: now on the full lease.
+            return self._took(fence_of(mine["responses"][1]["response_range"]["kvs"][0]))
+        with self._events:
+            self._joined_at = int(answer["header"]["revision"])
+        return Joined(None)
+
+    def _renew(self, sent: float) -> None:
+        """Renew the claim lease and the full one in one keep-alive request; grant what is gone."""
+        leases = [lease for lease in (self._claim_lease, self._full_lease) if lease is not None]
+        left = self._calls.keepalive(leases) if leases else {}
+        if self._claim_lease is None or left.get(self._claim_lease, 0) <= 0:
+            self._claim_lease = self._calls.grant(self._claim_seconds)
+        if self._full_lease is None or left.get(self._full_lease, 0) < self._seconds:
+            self._full_lease = self._calls.grant(self._seconds)
+        self._claim_sent = sent
+
+    def _attempt(self) -> dict[str, Any]:
+        """Take the key on the full lease if it is free (leaving the line), or move it there if
+        a release handed it over already (then read it), or else put the place in line."""
+        assert self._claim_lease is not None and self._full_lease is not None
+        name = b64(self._name)
+        place = b64(self._place)
+        return self._calls.call("/v3/kv/txn", {
+            "compare": [{"key": name, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
+            "success": [
+                {"request_put": {"key": name, "value": self._value, "lease": self._full_lease}},
+                {"request_delete_range": {"key": place}},
+            ],
+            "failure": [{"request_txn": {
+                "compare": token_guard(self._name, self._token),
+                "success": [
+                    {"request_put": {"key": name, "lease": self._full_lease, "ignore_value": True}},
+                    {"request_range": {"key": name}},
+                ],
+                "failure": [{"request_put": {"key": place, "value": self._value, "lease": self._claim_lease}}],
+            }}],
+        })
+
+    def _took(self, fence: int) -> Joined:
+        assert self._full_lease is not None
+        self._calls.note_holding(self._full_lease)
+        self._full_lease = None
+        return Joined(fence if self._fenced else 0)
+
+    def _block(self, seconds: float) -> Union[Handed, Freed, None]:
+        deadline = time.monotonic() + seconds
+        with self._events:
+            while True:
+                handed = self._handed
+                if handed is not None and handed[0] > self._joined_at:
+                    self._handed = None
+                    self._claim_holds_key = True
+                    assert self._claim_lease is not None
+                    self._calls.note_holding(self._claim_lease)
+                    return Handed(handed[1] if self._fenced else 0, self._claim_sent)
+                if self._freed_at > self._joined_at:
+                    self._freed_at = -math.inf
+                    return FREED
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._events.wait(left)
+
+    def _quit(self) -> None:
+        answer = self._calls.call("/v3/kv/txn", {
+            "compare": [],
+            "success": [
+                {"request_delete_range": {"key": b64(self._place)}},
+                {"request_range": {"key": b64(self._name)}},
+            ],
+            "failure": [],
+        })
+        kvs = answer["responses"][1]["response_range"].get("kvs", [])
+        if kvs and holds(kvs[0], self._token):
+            # Handed over while the waiter was leaving: on to the next place in line.
+            self._calls.release()
+            self._claim_holds_key = False
+
+    def _done(self) -> None:
+        if self._watching:
+            self._watcher.remove(self._name, self)
+            self._watching = False
+        claim, self._claim_lease = self._claim_lease, None
+        if claim is not None and not self._claim_holds_key:
+            with contextlib.suppress(Exception):
+                self._calls.revoke(claim)
+        full, self._full_lease = self._full_lease, None
+        if full is not None:
+            self._calls.keep_spare(self._seconds, full)

@@ -1,0 +1,336 @@
+"""Direct hand-off on etcd (``direct_handoff``): a release puts the key on the oldest waiter's
+claim lease in the same transaction, and the waiter holds it without a request of its own.
+
+Each Locker or backend here stands for one process (its own session, watch stream and leases);
+the SIGKILL and SIGSTOP tests run real child processes.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+import requests
+from lease_lock import Lock, Locker, ValidationError
+from lease_lock.backends import backend_from_url
+from lease_lock.backends.etcd import EtcdBackend
+from lease_lock.backends.handoff import LineGrant, WaitingLine
+from lease_lock.testing import BackendContract, wait_until
+
+from tests.support.etcd_server import EtcdCluster
+
+ROOT = Path(__file__).resolve().parents[2]
+HOLDER = "h" * 32
+
+
+@pytest.fixture
+def key() -> str:
+    return f"etcd-line:{uuid.uuid4().hex}"
+
+
+def direct(cluster: EtcdCluster) -> EtcdBackend:
+    return EtcdBackend.from_url(cluster.url + "?direct_handoff=true")
+
+
+@pytest.fixture
+def holder(etcd_server: EtcdCluster) -> Iterator[EtcdBackend]:
+    backend = direct(etcd_server)
+    yield backend
+    backend.close()
+
+
+def _range(cluster: EtcdCluster, start: bytes, end: Optional[bytes] = None) -> list[dict[str, Any]]:
+    body = {"key": base64.b64encode(start).decode()}
+    if end is not None:
+        body["range_end"] = base64.b64encode(end).decode()
+    answer = requests.post(cluster.endpoints[0] + "/v3/kv/range", json=body, timeout=10).json()
+    return sorted(answer.get("kvs", []), key=lambda kv: int(kv["create_revision"]))
+
+
+def places(cluster: EtcdCluster, key: str) -> list[dict[str, Any]]:
+    """The places in ``key``'s line, oldest first, read by hand."""
+    start = b"lease_lock/\x00line\x00" + key.encode() + b"\x00"
+    return _range(cluster, start, start[:-1] + b"\x01")
+
+
+def stored_value(cluster: EtcdCluster, key: str) -> Optional[bytes]:
+    kvs = _range(cluster, b"lease_lock/" + key.encode())
+    return base64.b64decode(kvs[0]["value"]) if kvs else None
+
+
+def _take_in_thread(locker: Locker, key: str, timeout: float) -> tuple[threading.Thread, list[Any]]:
+    """Acquire ``key`` on a thread; the list gets the Lock (or the error) when it returns."""
+    outcome: list[Any] = []
+
+    def take() -> None:
+        try:
+            outcome.append(locker.acquire(key, timeout=timeout))
+        except BaseException as error:  # noqa: BLE001 - handed to the test thread
+            outcome.append(error)
+
+    thread = threading.Thread(target=take, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_direct_handoff_is_off_unless_asked_for_and_checked(etcd_server: EtcdCluster) -> None:
+    plain = EtcdBackend.from_url(etcd_server.url)
+    try:
+        assert plain.direct_handoff is False
+        assert plain.join_line("k", "t" * 32, 5.0, "o", True, time.monotonic) is None
+    finally:
+        plain.close()
+    with pytest.raises(ValidationError, match="direct_handoff"):
+        backend_from_url(etcd_server.url + "?direct_handoff=maybe")
+    with pytest.raises(ValidationError, match="direct_handoff"):
+        EtcdBackend(etcd_server.endpoints, direct_handoff="yes")  # type: ignore[arg-type]
+
+
+def test_a_release_hands_the_key_to_the_waiter_in_line_with_the_next_fence(
+    etcd_server: EtcdCluster, holder: EtcdBackend, key: str
+) -> None:
+    fence = holder.acquire_fenced(key, HOLDER, 30, "holder")
+    assert fence is not None
+    with Locker(direct(etcd_server), ttl=5, fencing=True, owner="waiter") as waiter:
+        waiter.owns_backend = True
+        thread, outcome = _take_in_thread(waiter, key, 60)
+        assert wait_until(lambda: len(places(etcd_server, key)) == 1, 30)
+        assert holder.release(key, HOLDER)
+        thread.join(60)
+        lock = outcome[0]
+        assert isinstance(lock, Lock), outcome
+        # Handed over, not taken: a key created again would have a far larger revision.
+        assert lock.fence == fence + 1
+        assert places(etcd_server, key) == []
+        state = holder.inspect(key)
+        assert state.held and state.owner == "waiter" and state.fence == fence + 1
+        value = stored_value(etcd_server, key)
+        assert value is not None and value.endswith(b"\x00waiter\x00%d" % (fence + 1))
+        # The heartbeat turns the claim into a full lease; the key stays the waiter's.
+        assert wait_until(lambda: (holder.inspect(key).expires_in or 0) >= 4, 30)
+        assert lock.is_held() and lock.fence == holder.inspect(key).fence
+        lock.release()
+    # A grant that creates the key again gets a larger fence still.
+    later = holder.acquire_fenced(key, "n" * 32, 30, "later")
+    assert later is not None and later > fence + 1
+    assert holder.release(key, "n" * 32)
+
+
+def test_a_re_acquire_of_a_handed_key_keeps_its_fence(etcd_server: EtcdCluster, holder: EtcdBackend, key: str) -> None:
+    fence = holder.acquire_fenced(key, HOLDER, 30, "holder")
+    assert fence is not None
+    backend = direct(etcd_server)
+    try:
+        line = backend.join_line(key, "w" * 32, 5.0, "waiter", True, time.monotonic)
+        assert line is not None
+        assert line.ask() is None
+        assert holder.release(key, HOLDER)
+        grant = line.wait(30)
+        assert grant is not None and grant.claimed and grant.fence == fence + 1
+        line.leave(True)
+        assert backend.acquire_fenced(key, "w" * 32, 5, "waiter") == fence + 1
+        assert backend.extend(key, "w" * 32, 8)
+        assert backend.inspect(key).fence == fence + 1
+        assert backend.release(key, "w" * 32)
+    finally:
+        backend.close()
+
+
+def _lines(cluster: EtcdCluster, key: str, count: int) -> tuple[list[EtcdBackend], list[WaitingLine]]:
+    """``count`` waiters (a backend each) with a place in ``key``'s line, in that order."""
+    backends = [direct(cluster) for _ in range(count)]
+    lines = []
+    for index, backend in enumerate(backends):
+        line = backend.join_line(key, f"{index}" * 32, 5.0, f"waiter-{index}", True, time.monotonic)
+        assert line is not None and line.ask() is None
+        lines.append(line)
+    assert len(places(cluster, key)) == count
+    return backends, lines
+
+
+def test_a_waiter_that_leaves_after_the_grant_passes_the_key_to_the_next_place(
+    etcd_server: EtcdCluster, holder: EtcdBackend, key: str
+) -> None:
+    fence = holder.acquire_fenced(key, HOLDER, 30, "holder")
+    assert fence is not None
+    backends, lines = _lines(etcd_server, key, 2)
+    try:
+        assert holder.release(key, HOLDER)
+        assert holder.inspect(key).owner == "waiter-0"
+        # The first waiter gave up (timed out, cancelled) before it saw the grant.
+        lines[0].leave(False)
+        grant = lines[1].wait(30)
+        assert isinstance(grant, LineGrant) and grant.claimed and grant.fence == fence + 2
+        lines[1].leave(True)
+        assert holder.inspect(key).owner == "waiter-1"
+        assert places(etcd_server, key) == []
+        assert backends[1].release(key, "1" * 32)
+        assert not holder.inspect(key).held
+    finally:
+        for backend in backends:
+            backend.close()
+
+
+def test_a_waiter_asks_at_once_when_the_key_goes_free_without_a_hand_off(
+    etcd_server: EtcdCluster, key: str
+) -> None:
+    # A holder without direct_handoff (an older process) deletes the key: the waiter in line
+    # hears the delete and takes the key itself, long before its next refresh.
+    plain = EtcdBackend.from_url(etcd_server.url)
+    assert plain.acquire(key, HOLDER, 30, "old")
+    backends, lines = _lines(etcd_server, key, 1)
+    try:
+        assert plain.release(key, HOLDER)
+        grant = lines[0].wait(30)
+        assert grant is not None and not grant.claimed
+        lines[0].leave(True)
+        assert plain.inspect(key).owner == "waiter-0"
+    finally:
+        plain.close()
+        for backend in backends:
+            backend.close()
+
+
+def test_a_release_racing_a_waiters_timeout_never_leaves_the_key_held_by_nobody(
+    etcd_server: EtcdCluster, holder: EtcdBackend, key: str
+) -> None:
+    with Locker(direct(etcd_server), ttl=5) as waiter:
+        waiter.owns_backend = True
+        for round_ in range(12):
+            token = f"{round_:02d}" * 16
+            assert holder.acquire(key, token, 30, "holder")
+            thread, outcome = _take_in_thread(waiter, key, 0.4)
+            # Release at about the moment the waiter gives up.
+            time.sleep(0.3 + 0.02 * round_)
+            assert holder.release(key, token)
+            thread.join(30)
+            if isinstance(outcome[0], Lock):
+                outcome[0].release()
+            # Either way nobody keeps the key: free at once, or as soon as the waiter lets go.
+            assert wait_until(lambda: not holder.inspect(key).held, 10)
+
+
+_CHILD = """
+import sys
+from lease_lock import Locker
+from lease_lock.backends.etcd import EtcdBackend
+locker = Locker(EtcdBackend.from_url(sys.argv[1] + "?direct_handoff=true"), ttl=2, owner="child")
+print("waiting", flush=True)
+with locker.lock(sys.argv[2], timeout=120):
+    print("held", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def _child(cluster: EtcdCluster, key: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", _CHILD, cluster.url, key],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=str(ROOT),
+    )
+
+
+def _stop(child: subprocess.Popen[str]) -> None:
+    if child.poll() is None:
+        child.kill()
+    child.wait(30)
+    for stream in (child.stdin, child.stdout):
+        if stream is not None:
+            stream.close()
+
+
+def test_a_key_handed_to_a_killed_waiter_frees_when_its_claim_lease_ends(
+    etcd_server: EtcdCluster, holder: EtcdBackend, key: str
+) -> None:
+    assert holder.acquire(key, HOLDER, 30, "holder")
+    child = _child(etcd_server, key)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "waiting"
+        assert wait_until(lambda: len(places(etcd_server, key)) == 1, 30)
+        child.kill()
+        child.wait(30)
+        # Its place is still fresh: the release hands the key to the dead waiter.
+        assert holder.release(key, HOLDER)
+        assert holder.inspect(key).owner == "child"
+        # Nobody renews the claim lease (2 s): etcd frees the key, and another process takes it.
+        assert wait_until(lambda: holder.acquire(key, "n" * 32, 30, "next"), 15)
+        assert holder.release(key, "n" * 32)
+    finally:
+        _stop(child)
+
+
+def test_a_waiter_stopped_past_its_claim_window_does_not_keep_the_key(
+    etcd_server: EtcdCluster, holder: EtcdBackend, key: str
+) -> None:
+    assert holder.acquire(key, HOLDER, 30, "holder")
+    child = _child(etcd_server, key)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "waiting"
+        assert wait_until(lambda: len(places(etcd_server, key)) == 1, 30)
+        os.kill(child.pid, signal.SIGSTOP)
+        try:
+            assert holder.release(key, HOLDER)
+            # Handed to the stopped waiter; its claim lease ends, and the key goes to another.
+            assert wait_until(lambda: holder.acquire(key, "n" * 32, 4, "next"), 15)
+        finally:
+            os.kill(child.pid, signal.SIGCONT)
+        # The resumed waiter finds its grant came too late: it neither takes the key from the
+        # new holder nor holds it until the key is released again, and then it does.
+        time.sleep(1.0)
+        assert holder.inspect(key).owner == "next"
+        assert holder.release(key, "n" * 32)
+        assert child.stdout.readline().strip() == "held"
+        assert holder.inspect(key).owner == "child"
+        assert child.stdin is not None
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.wait(30) == 0
+        assert wait_until(lambda: not holder.inspect(key).held, 10)
+    finally:
+        _stop(child)
+
+
+def test_lockers_hand_a_key_round_by_direct_grants(etcd_server: EtcdCluster, key: str) -> None:
+    lockers = [Locker(direct(etcd_server), ttl=5, fencing=True) for _ in range(4)]
+    fences: list[int] = []
+    fences_mutex = threading.Lock()
+    errors: list[BaseException] = []
+
+    def work(locker: Locker) -> None:
+        try:
+            for _ in range(8):
+                with locker.lock(key, timeout=60) as lock, fences_mutex:
+                    assert lock.fence is not None
+                    fences.append(lock.fence)
+        except BaseException as error:  # noqa: BLE001 - handed to the test thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(locker,)) for locker in lockers]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert errors == []
+        assert len(fences) == 32 and fences == sorted(fences) and len(set(fences)) == 32
+    finally:
+        for locker in lockers:
+            locker.close()
+            locker.backend.close()
+
+
+class TestEtcdDirectHandoff(BackendContract):
+    @pytest.fixture
+    def backend(self, etcd_server: EtcdCluster) -> Iterator[EtcdBackend]:
+        backend = direct(etcd_server)
+        yield backend
+        backend.close()
