@@ -40,7 +40,8 @@ def chaos_postgres(postgres_private_server: PostgresServer) -> PostgresServer:
 
 @pytest.fixture
 def chaos_target(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str], Target]:
-    """Builds the :class:`Target` for a backend name; servers are started on first use."""
+    """Builds the :class:`Target` for a backend name; servers are started on first use.
+    ``etcd-direct`` is etcd with ``direct_handoff`` (a release hands the key to a waiter)."""
 
     def build(backend: str) -> Target:
         if backend == "sqlite":
@@ -48,11 +49,12 @@ def chaos_target(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[st
         if backend == "redis":
             server = request.getfixturevalue("chaos_redis")
             return Target("redis", server.url, f"sqlite:///{tmp_path}/resource.db", server)
-        if backend == "etcd":
+        if backend in ("etcd", "etcd-direct"):
             cluster = request.getfixturevalue("chaos_etcd")
             # Every injector puts the members back; a scenario starts on a cluster that serves.
             cluster.wait_serving()
-            return Target("etcd", cluster.url, f"sqlite:///{tmp_path}/resource.db", cluster)
+            url = cluster.url + ("?direct_handoff=true" if backend == "etcd-direct" else "")
+            return Target("etcd", url, f"sqlite:///{tmp_path}/resource.db", cluster)
         server = request.getfixturevalue("chaos_postgres")
         return Target("postgres", f"{server.url}?table=chaos_leases", f"{server.url}?table=chaos_resource", server)
 

@@ -28,6 +28,8 @@ CI_SCENARIOS = [
     *(("redis", fault) for fault in ("pause", "restart", "latency", "stall", "cut", "kill", "suspend")),
     *(("postgres", fault) for fault in ("pause", "restart", "stall", "cut", "kill")),
     *(("etcd", fault) for fault in ("pause", "restart", "leader-kill", "quorum-loss", "stall", "cut")),
+    # The direct hand-off on etcd: a waiter handed the key while paused, stalled or cut off.
+    *(("etcd-direct", fault) for fault in ("pause", "leader-kill", "stall", "cut")),
 ]
 
 #: Faults that always cost the holder its lease (it is stopped for longer than the TTL).
