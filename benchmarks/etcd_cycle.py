@@ -166,10 +166,11 @@ def _handoffs(hold: Hold, wait: Hold, count: int) -> list[float]:
     return delays
 
 
-def _locker_handoffs(endpoint: str, count: int) -> list[float]:
-    """Hand-offs between two lockers, each on a backend of its own, both on ``endpoint``."""
-    holder = Locker(EtcdBackend([endpoint]), ttl=TTL)
-    waiter = Locker(EtcdBackend([endpoint]), ttl=TTL)
+def _locker_handoffs(endpoint: str, count: int, direct: bool = False) -> list[float]:
+    """Hand-offs between two lockers, each on a backend of its own, both on ``endpoint``; with
+    ``direct``, both backends hand keys over by ``direct_handoff``."""
+    holder = Locker(EtcdBackend([endpoint], direct_handoff=direct), ttl=TTL)
+    waiter = Locker(EtcdBackend([endpoint], direct_handoff=direct), ttl=TTL)
     key = f"bench:handoff:{uuid.uuid4().hex[:8]}"
     try:
         return _handoffs(
@@ -315,12 +316,14 @@ def _run(url: str, args: argparse.Namespace) -> dict[str, Any]:
     backend = EtcdBackend([first])
     locker = Locker(EtcdBackend([first]), ttl=TTL)
     fenced = Locker(EtcdBackend([first]), ttl=TTL, fencing=True)
+    direct = Locker(EtcdBackend([first], direct_handoff=True), ttl=TTL)
     coordinators = [_tooz_coordinator(first) for _ in range(3)]
     missing = next((item for item in coordinators if isinstance(item, str)), None)
     contestants: dict[str, Any] = {
         "backend acquire/release": grant_cycle(backend.acquire, backend.release, TOKEN, TTL),
         "Locker": locker_cycle(locker),
         "Locker fenced": locker_cycle(fenced),
+        "Locker direct_handoff": locker_cycle(direct),
         TOOZ: missing or _tooz_cycle(coordinators[0]),
     }
     print(f"etcd at {url}; every cycle on {first}; {args.seconds:g} s per pairing")
@@ -343,6 +346,7 @@ def _run(url: str, args: argparse.Namespace) -> dict[str, Any]:
             print(f"{'Locker vs tooz (ratio of their ratios)':40} {'':9} {'':9} {ahead:6.2f}x")
         handoffs = {
             "Locker hand-off (watch)": _locker_handoffs(first, args.handoffs),
+            "Locker hand-off (direct_handoff)": _locker_handoffs(first, args.handoffs, direct=True),
             f"{TOOZ} hand-off (polls)": (
                 missing or _tooz_handoffs(coordinators[1], coordinators[2], args.handoffs)
             ),
@@ -350,7 +354,7 @@ def _run(url: str, args: argparse.Namespace) -> dict[str, Any]:
             "bare watch delivery, then take": _watch_deliveries(first, args.handoffs, take=True),
         }
     finally:
-        for item in (locker, fenced):
+        for item in (locker, fenced, direct):
             item.close()
             item.backend.close()
         backend.close()
@@ -367,33 +371,39 @@ def _run(url: str, args: argparse.Namespace) -> dict[str, Any]:
             continue
         latencies[name] = {"p50": percentile(delays, 0.5), "p99": percentile(delays, 0.99)}
         print(f"{name:40} {percentile(delays, 0.5) * 1000:9.2f} {percentile(delays, 0.99) * 1000:9.2f}")
-    if "p50" in latencies["Locker hand-off (watch)"]:
-        locker_p50 = latencies["Locker hand-off (watch)"]["p50"]
-        for bare, label in (("bare watch delivery", "watch"), ("bare watch delivery, then take", "watch, then take")):
-            gap = (locker_p50 - latencies[bare]["p50"]) * 1000
-            print(f"{'Locker p50 minus ' + label:40} {gap:9.2f}")
+    for row, label in (("Locker hand-off (watch)", "Locker"), ("Locker hand-off (direct_handoff)", "direct")):
+        for bare, what in (("bare watch delivery", "watch"), ("bare watch delivery, then take", "watch, then take")):
+            gap = (latencies[row]["p50"] - latencies[bare]["p50"]) * 1000
+            print(f"{label + ' p50 minus ' + what:40} {gap:9.2f}")
+    print(f"{'contended (one key)':40} {'grants/s':>9} {'vs 1 proc':>9} {'fewest/fair':>11} {'refused/grant':>13}")
+    contended = {}
+    for name, option in (("Locker", ""), ("Locker direct_handoff", "?direct_handoff=true")):
+        contended[name] = _contention(url + option, name, args)
+    return {
+        "contended": contended["Locker"],
+        "contended_direct_handoff": contended["Locker direct_handoff"],
+        "cycles": cycles,
+        "locker_vs_tooz": ahead,
+        "handoffs": latencies,
+        "handoff_p50": latencies["Locker hand-off (watch)"]["p50"],
+        "direct_handoff_p50": latencies["Locker hand-off (direct_handoff)"]["p50"],
+        "watch_p50": latencies["bare watch delivery"]["p50"],
+        "watch_then_take_p50": latencies["bare watch delivery, then take"]["p50"],
+    }
+
+
+def _contention(url: str, name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One process alone, then ``args.workers`` together, on one key at ``url``; printed rows."""
     alone = _contended(url, 1, args.seconds)[0][0] / args.seconds
     results = _contended(url, args.workers, args.seconds)
     counts = [grants for grants, _refused in results]
     total = sum(counts) / args.seconds
     fewest = min(counts) / (sum(counts) / len(counts)) if sum(counts) else 0.0
     refused = sum(refusals for _grants, refusals in results) / max(1, sum(counts))
-    print(f"{'contended (one key)':40} {'grants/s':>9} {'vs 1 proc':>9} {'fewest/fair':>11} {'refused/grant':>13}")
-    print(f"{'Locker, 1 process':40} {alone:9.1f}")
-    print(
-        f"{f'Locker, {args.workers} processes':40} {total:9.1f} {total / alone:8.2f}x {fewest:11.2f} {refused:13.2f}"
-    )
+    print(f"{name + ', 1 process':40} {alone:9.1f}")
+    print(f"{f'{name}, {args.workers} processes':40} {total:9.1f} {total / alone:8.2f}x {fewest:11.2f} {refused:13.2f}")
     return {
-        "contended": {
-            "alone": alone, "workers": args.workers, "total": total, "fewest_of_fair": fewest,
-            "refused_per_grant": refused,
-        },
-        "cycles": cycles,
-        "locker_vs_tooz": ahead,
-        "handoffs": latencies,
-        "handoff_p50": latencies["Locker hand-off (watch)"]["p50"],
-        "watch_p50": latencies["bare watch delivery"]["p50"],
-        "watch_then_take_p50": latencies["bare watch delivery, then take"]["p50"],
+        "alone": alone, "workers": args.workers, "total": total, "fewest_of_fair": fewest, "refused_per_grant": refused,
     }
 
 
