@@ -27,7 +27,7 @@ from lease_lock.backends.etcd import EtcdBackend
 from lease_lock.backends.handoff import LineGrant, WaitingLine
 from lease_lock.testing import BackendContract, wait_until
 
-from tests.support.etcd_server import EtcdCluster
+from tests.support.etcd_server import EtcdCluster, line_places
 
 ROOT = Path(__file__).resolve().parents[2]
 HOLDER = "h" * 32
@@ -55,12 +55,6 @@ def _range(cluster: EtcdCluster, start: bytes, end: Optional[bytes] = None) -> l
         body["range_end"] = base64.b64encode(end).decode()
     answer = requests.post(cluster.endpoints[0] + "/v3/kv/range", json=body, timeout=10).json()
     return sorted(answer.get("kvs", []), key=lambda kv: int(kv["create_revision"]))
-
-
-def places(cluster: EtcdCluster, key: str) -> list[dict[str, Any]]:
-    """The places in ``key``'s line, oldest first, read by hand."""
-    start = b"lease_lock/\x00line\x00" + key.encode() + b"\x00"
-    return _range(cluster, start, start[:-1] + b"\x01")
 
 
 def stored_value(cluster: EtcdCluster, key: str) -> Optional[bytes]:
@@ -104,14 +98,14 @@ def test_a_release_hands_the_key_to_the_waiter_in_line_with_the_next_fence(
     with Locker(direct(etcd_server), ttl=5, fencing=True, owner="waiter") as waiter:
         waiter.owns_backend = True
         thread, outcome = _take_in_thread(waiter, key, 60)
-        assert wait_until(lambda: len(places(etcd_server, key)) == 1, 30)
+        assert wait_until(lambda: len(line_places(etcd_server, key)) == 1, 30)
         assert holder.release(key, HOLDER)
         thread.join(60)
         lock = outcome[0]
         assert isinstance(lock, Lock), outcome
         # Handed over, not taken: a key created again would have a far larger revision.
         assert lock.fence == fence + 1
-        assert places(etcd_server, key) == []
+        assert line_places(etcd_server, key) == []
         state = holder.inspect(key)
         assert state.held and state.owner == "waiter" and state.fence == fence + 1
         value = stored_value(etcd_server, key)
@@ -154,8 +148,90 @@ def _lines(cluster: EtcdCluster, key: str, count: int) -> tuple[list[EtcdBackend
         line = backend.join_line(key, f"{index}" * 32, 5.0, f"waiter-{index}", True, time.monotonic)
         assert line is not None and line.ask() is None
         lines.append(line)
-    assert len(places(cluster, key)) == count
+    assert len(line_places(cluster, key)) == count
     return backends, lines
+
+
+class CountingSession(requests.Session):
+    """A session that counts the requests sent per path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paths: list[str] = []
+
+    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+        self.paths.append(str(request.path_url))
+        return super().send(request, **kwargs)
+
+
+def _caught_up(cluster: EtcdCluster, backend: EtcdBackend) -> None:
+    """Return once ``backend``'s line watcher has read every event of etcd up to now (starting
+    it if need be): a thread of ``backend`` waits in line for a fresh key that another process
+    holds, and that key's release, a later event than any before this call, reaches it."""
+    other = EtcdBackend.from_url(cluster.url)
+    barrier = f"barrier:{uuid.uuid4().hex}"
+    try:
+        assert other.acquire(barrier, "b" * 32, 30, "barrier")
+        line = backend.join_line(barrier, "w" * 32, 5.0, "barrier", True, time.monotonic)
+        assert line is not None and line.ask() is None
+        assert other.release(barrier, "b" * 32)
+        assert line.wait(30) is not None
+        line.leave(True)
+        assert backend.release(barrier, "w" * 32)
+    finally:
+        other.close()
+
+
+def test_a_release_of_a_key_whose_line_this_backend_follows_hands_over_without_a_read(
+    etcd_server: EtcdCluster, key: str
+) -> None:
+    session = CountingSession()
+    holder = EtcdBackend(etcd_server.endpoints, session=session, direct_handoff=True)
+    backends: list[EtcdBackend] = []
+    try:
+        _caught_up(etcd_server, holder)
+        fence = holder.acquire_fenced(key, HOLDER, 30, "holder")
+        assert fence is not None
+        backends, lines = _lines(etcd_server, key, 1)
+        _caught_up(etcd_server, holder)
+        del session.paths[:]
+        assert holder.release(key, HOLDER)
+        # One transaction that hands the key over, then the revoke of the old lease: no read.
+        assert session.paths == ["/v3/kv/txn", "/v3/lease/revoke"]
+        grant = lines[0].wait(30)
+        assert grant is not None and grant.claimed and grant.fence == fence + 1
+        lines[0].leave(True)
+        # The uncontended release: the watcher knows the line is empty, and one revoke ends it.
+        assert holder.acquire(key + ":alone", HOLDER, 30, "holder")
+        del session.paths[:]
+        assert holder.release(key + ":alone", HOLDER)
+        assert session.paths == ["/v3/lease/revoke"]
+    finally:
+        holder.close()
+        for backend in backends:
+            backend.close()
+
+
+def test_a_token_that_takes_a_key_again_after_losing_it_hands_on_its_new_fence(
+    etcd_server: EtcdCluster, holder: EtcdBackend, key: str
+) -> None:
+    _caught_up(etcd_server, holder)
+    first = holder.acquire_fenced(key, HOLDER, 30, "holder")
+    assert first is not None
+    # Lost (force-released), then taken again by the same token: the key is created again.
+    assert holder.force_release(key)
+    again = holder.acquire_fenced(key, HOLDER, 30, "holder")
+    assert again is not None and again > first
+    backends, lines = _lines(etcd_server, key, 1)
+    try:
+        _caught_up(etcd_server, holder)
+        assert holder.release(key, HOLDER)
+        grant = lines[0].wait(30)
+        assert grant is not None and grant.fence == again + 1
+        lines[0].leave(True)
+    finally:
+        for backend in backends:
+            backend.close()
 
 
 def test_a_waiter_that_leaves_after_the_grant_passes_the_key_to_the_next_place(
@@ -173,7 +249,7 @@ def test_a_waiter_that_leaves_after_the_grant_passes_the_key_to_the_next_place(
         assert isinstance(grant, LineGrant) and grant.claimed and grant.fence == fence + 2
         lines[1].leave(True)
         assert holder.inspect(key).owner == "waiter-1"
-        assert places(etcd_server, key) == []
+        assert line_places(etcd_server, key) == []
         assert backends[1].release(key, "1" * 32)
         assert not holder.inspect(key).held
     finally:
@@ -255,7 +331,7 @@ def test_a_key_handed_to_a_killed_waiter_frees_when_its_claim_lease_ends(
     child = _child(etcd_server, key)
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "waiting"
-        assert wait_until(lambda: len(places(etcd_server, key)) == 1, 30)
+        assert wait_until(lambda: len(line_places(etcd_server, key)) == 1, 30)
         child.kill()
         child.wait(30)
         # Its place is still fresh: the release hands the key to the dead waiter.
@@ -275,7 +351,7 @@ def test_a_waiter_stopped_past_its_claim_window_does_not_keep_the_key(
     child = _child(etcd_server, key)
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "waiting"
-        assert wait_until(lambda: len(places(etcd_server, key)) == 1, 30)
+        assert wait_until(lambda: len(line_places(etcd_server, key)) == 1, 30)
         os.kill(child.pid, signal.SIGSTOP)
         try:
             assert holder.release(key, HOLDER)

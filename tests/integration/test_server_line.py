@@ -1,7 +1,7 @@
 """Waiting acquisitions in the store's line: with ``Prefer: wait=N`` on a store that keeps a line
-of waiters (Redis, PostgreSQL with ``direct_handoff``), a waiting request takes a place in the
+of waiters (Redis; PostgreSQL and etcd with ``direct_handoff``), a waiting request takes a place in the
 key's line and a release hands it the key in the same atomic step. Real servers throughout: a
-private redis-server and PostgreSQL, the service on waitress, clients over loopback HTTP.
+private redis-server, PostgreSQL and etcd, the service on waitress, clients over loopback HTTP.
 """
 
 from __future__ import annotations
@@ -18,11 +18,13 @@ import psycopg2
 import pytest
 import requests
 from lease_lock.backends.base import Backend
+from lease_lock.backends.etcd import EtcdBackend
 from lease_lock.backends.postgres import PostgresBackend
 from lease_lock.backends.redis import RedisBackend, line_keys
 from lease_lock.server import LockServiceApp, create_app
 from lease_lock.testing import wait_until
 
+from tests.support.etcd_server import EtcdCluster, line_places
 from tests.support.http_server import ThreadedServer, make_keys, waiting_acquisition_then_leave
 from tests.support.postgres_server import PostgresServer
 from tests.support.redis_server import RedisServer
@@ -36,9 +38,13 @@ class Store:
         self.in_line = in_line
 
 
-@pytest.fixture(params=["redis", "postgres"])
+@pytest.fixture(params=["redis", "postgres", "etcd"])
 def store(request: pytest.FixtureRequest) -> Iterator[Store]:
-    if request.param == "redis":
+    if request.param == "etcd":
+        cluster: EtcdCluster = request.getfixturevalue("etcd_server")
+        backend = EtcdBackend.from_url(cluster.url, direct_handoff=True)
+        yield Store(backend, lambda key: len(line_places(cluster, key)))
+    elif request.param == "redis":
         server: RedisServer = request.getfixturevalue("redis_server")
         backend: Backend = RedisBackend.from_url(server.url)
         client = backend.client  # type: ignore[attr-defined]

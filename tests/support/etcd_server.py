@@ -48,6 +48,7 @@ __all__ = [
     "etcd_factory",
     "etcd_server",
     "find_etcd_binary",
+    "line_places",
     "private_etcd_cluster",
     "queue_entries",
     "require_etcd_binary",
@@ -59,6 +60,14 @@ _START_TIMEOUT = 30.0
 def queue_entries(cluster: EtcdCluster, key: str, namespace: str = "lease_lock/") -> list[dict[str, Any]]:
     """The entries of ``key``'s hand-off queue in etcd, oldest first, read by hand."""
     start = namespace.encode() + b"\x00queue\x00" + key.encode() + b"\x00"
+    body = {"key": base64.b64encode(start).decode(), "range_end": base64.b64encode(start[:-1] + b"\x01").decode()}
+    answer = requests.post(cluster.endpoints[0] + "/v3/kv/range", json=body, timeout=10).json()
+    return sorted(answer.get("kvs", []), key=lambda kv: int(kv["create_revision"]))
+
+
+def line_places(cluster: EtcdCluster, key: str, namespace: str = "lease_lock/") -> list[dict[str, Any]]:
+    """The places in ``key``'s line of waiters (``direct_handoff``), oldest first, read by hand."""
+    start = namespace.encode() + b"\x00line\x00" + key.encode() + b"\x00"
     body = {"key": base64.b64encode(start).decode(), "range_end": base64.b64encode(start[:-1] + b"\x01").decode()}
     answer = requests.post(cluster.endpoints[0] + "/v3/kv/range", json=body, timeout=10).json()
     return sorted(answer.get("kvs", []), key=lambda kv: int(kv["create_revision"]))

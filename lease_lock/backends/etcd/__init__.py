@@ -3,7 +3,8 @@
 ``connect("etcd://10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379")`` or
 ``EtcdBackend(["http://10.0.0.1:2379", ...], session=requests.Session())``. Each lock is one
 etcd key on an etcd lease of its own, checked and written in single transactions; its fence is
-the key's ``create_revision``. The etcd backend page of the documentation gives the layout, the
+the key's ``create_revision`` (or, for a key a release handed straight to a waiter with
+``direct_handoff``, the one its value carries). The etcd backend page of the documentation gives the layout, the
 TTL rules (whole seconds, at least 2 s; a leader change restarts every lease) and the failure
 behaviour.
 """

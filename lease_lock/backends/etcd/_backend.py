@@ -15,7 +15,8 @@ no NUL. So a guard needs no read before the write, and the owner rides in the sa
   cluster, is stored with the data (it survives restarts, leader changes and compaction) and
   only grows; a key created again after a release or an expiry gets the revision of that new
   write, so every later grant has a larger fence, and extending or re-acquiring (a put on the
-  existing key) keeps it.
+  existing key that keeps its value) keeps it. A key a release handed straight to a waiter
+  (``direct_handoff``) carries its fence in its value instead (see ``_line``).
 - **extend** with the lease's own length: a read of the key (its token checked, its lease
   noted), then a keep-alive of that lease. With another length, the key moves to a new lease of that length (a guarded
   put that keeps the value) and the old lease is revoked: the new expiry replaces the old one.
@@ -33,6 +34,9 @@ no NUL. So a guard needs no read before the write, and the owner rides in the sa
   key if it is still there (it had no lease, or moved to another one meanwhile).
 - **extend_many**: the reads of up to 100 keys in one transaction, then one keep-alive
   request carrying all their leases.
+- **direct hand-off** (``direct_handoff``): a release first reads the oldest place in the key's
+  line; with one, it puts the key on that waiter's claim lease in one guarded transaction (see
+  ``_line``), else it releases as above.
 - **hand-off**: waiting processes queue under ``namespace + NUL + "queue" + NUL + key`` (no
   lock key contains a NUL, so ``scan`` skips those names); the grant transaction of a queued
   waiter deletes its queue entry as well. The queue only decides whom a release wakes. A queued
@@ -68,9 +72,22 @@ from ..line import LineSlots, claim_for
 from ..service import ServiceStore
 from ._client import CODE_NOT_FOUND, EtcdClient, EtcdError, b64, prefix_end, unb64
 from ._counters import count_in_window
-from ._handoff import EtcdHandoffWatcher
+from ._handoff import EtcdHandoffWatcher, ReadyLease
 from ._leases import SpareLeases
-from ._line import EtcdLineWatcher, EtcdWaitingLine, LineCalls, fence_of, holds, line_prefix, owner_of, token_guard
+from ._line import (
+    UNKNOWN,
+    EtcdLineWatcher,
+    EtcdWaitingLine,
+    LineCalls,
+    Unknown,
+    fence_of,
+    holds,
+    line_prefix,
+    line_range,
+    owner_of,
+    ranged,
+    token_guard,
+)
 from ._watch import EtcdReleaseWatcher, WatchStream, lock_key
 
 __all__ = ["DEFAULT_NAMESPACE", "MIN_TTL", "EtcdBackend", "lease_seconds"]
@@ -141,7 +158,8 @@ class EtcdBackend(ServiceStore):
     ``requests.Session`` to send with (TLS settings included; it stays the caller's to close);
     ``namespace`` the prefix of every key in etcd; ``timeout`` seconds for each request to one
     member before the next one is tried; ``user``/``password`` etcd credentials, when the
-    cluster has auth enabled.
+    cluster has auth enabled; ``direct_handoff`` makes a release hand the key straight to the
+    thread that waited longest in the key's line (see :meth:`join_line`).
     """
 
     capabilities: ClassVar[Capabilities] = Capabilities(
@@ -217,9 +235,9 @@ class EtcdBackend(ServiceStore):
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> EtcdBackend:
-        """``etcd://[user:password@]host[:port][,host[:port]...][?namespace=...&timeout=...]``;
-        ``etcds://`` for TLS, with ``ca=`` (a CA bundle), ``cert=`` and ``key=`` (a client
-        certificate and its key, for clusters that check them)."""
+        """``etcd://[user:password@]host[:port][,host[:port]...][?namespace=...&timeout=...]``
+        (and ``direct_handoff=true``); ``etcds://`` for TLS, with ``ca=`` (a CA bundle),
+        ``cert=`` and ``key=`` (a client certificate and its key, for clusters that check them)."""
         parts = urllib.parse.urlsplit(url)
         scheme = parts.scheme.lower()
         if scheme not in ("etcd", "etcds"):
@@ -368,28 +386,30 @@ class EtcdBackend(ServiceStore):
         ready = watcher.take_lease(seconds) if watcher is not None else None
         value = b64(token.encode() + b"\x00" + owner.encode())
         # A waiter of this process queued for the key leaves the queue as it takes the key.
-        leave = [{"request_delete_range": {"key": b64(entry)}}] if entry is not None else []
-        if ready is None:
-            lease = self._lease_for(seconds)
-            answer = self._take(name, token, value, lease, leave)
-        else:
-            lease = ready.lease
-            try:
-                answer = self._take(name, token, value, lease, leave)
-            except _LeaseGone:
-                # Revoked as its watcher closed (or run out while this process was paused):
-                # nothing was written, and the attempt grants a lease of its own. Any other
-                # failure leaves the lease to run out: the key may be on it now.
-                ready, lease = None, self._grant(seconds)
-                answer = self._take(name, token, value, lease, leave)
+        also = [{"request_delete_range": {"key": b64(entry)}}] if entry is not None else []
+        follower = self._follower(name, token)
+        if follower is not None:
+            also.append(line_range(self._prefix, key.encode()))
+        try:
+            answer, lease, ready = self._take_on(name, token, value, seconds, ready, also)
+        except BaseException:
+            if follower is not None:
+                follower.forget(name, token)
+            raise
         if answer.get("succeeded"):
             self._note_holding(name, token, lease)
             if watcher is not None and entry is not None:
                 watcher.granted(key, entry)
             # The key was created by this transaction, so its create_revision is the write's.
-            return int(answer["header"]["revision"])
+            revision = int(answer["header"]["revision"])
+            if follower is not None:
+                follower.settle(name, revision, ranged(answer["responses"][-1]))
+                follower.hold(name, token, revision, revision)
+            return revision
         mine = answer["responses"][0]["response_txn"]
         if not mine.get("succeeded"):
+            if follower is not None:
+                follower.forget(name, token)
             if ready is not None and watcher is not None:
                 watcher.keep_lease(ready)  # no key went on it: ready for the next attempt
             else:
@@ -402,15 +422,49 @@ class EtcdBackend(ServiceStore):
         previous = mine["responses"][0]["response_put"].get("prev_kv", {}).get("lease")
         if previous != lease:
             self._revoke(previous)
-        return fence_of(mine["responses"][1]["response_range"]["kvs"][0])
+        kv = ranged(mine["responses"][1])[0]
+        if follower is not None:
+            # Not settled: a line first followed now is known only from its next events on.
+            follower.hold(name, token, fence_of(kv), int(kv["create_revision"]))
+        return fence_of(kv)
 
-    def _take(self, name: bytes, token: str, value: str, lease: str, leave: list[dict[str, Any]]) -> dict[str, Any]:
-        """The acquire transaction: put the key on ``lease`` if it is free (and run ``leave``),
+    def _take_on(
+        self, name: bytes, token: str, value: str, seconds: int, ready: Optional[ReadyLease], also: list[dict[str, Any]]
+    ) -> tuple[dict[str, Any], str, Optional[ReadyLease]]:
+        """The acquire transaction on a lease kept ready, else on one of this backend's: the
+        answer, the lease, and the ready lease if it was used."""
+        if ready is None:
+            lease = self._lease_for(seconds)
+            return self._take(name, token, value, lease, also), lease, None
+        try:
+            return self._take(name, token, value, ready.lease, also), ready.lease, ready
+        except _LeaseGone:
+            # Revoked as its watcher closed (or run out while this process was paused): nothing
+            # was written, and the attempt grants a lease of its own. Any other failure leaves
+            # the lease to run out: the key may be on it now.
+            lease = self._grant(seconds)
+            return self._take(name, token, value, lease, also), lease, None
+
+    def _follower(self, name: bytes, token: str) -> Optional[EtcdLineWatcher]:
+        """With ``direct_handoff``, the line watcher when it runs, told to follow ``name``'s line
+        for ``token``'s attempt (its release then needs no read to find the next waiter); what
+        it knew of an earlier grant to ``token`` is dropped either way."""
+        if not self.direct_handoff or self._closed:
+            return None
+        watcher = self._lines()
+        watcher.forget(name, token)
+        if not watcher.active:
+            return None
+        watcher.expect(name, token)
+        return watcher
+
+    def _take(self, name: bytes, token: str, value: str, lease: str, also: list[dict[str, Any]]) -> dict[str, Any]:
+        """The acquire transaction: put the key on ``lease`` if it is free (and run ``also``),
         or if ``token`` holds it already (then read it: its create_revision is the fence).
         Raises :class:`_LeaseGone` when etcd no longer has ``lease``."""
         return self._txn(
             [{"key": b64(name), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
-            [{"request_put": {"key": b64(name), "value": value, "lease": lease}}, *leave],
+            [{"request_put": {"key": b64(name), "value": value, "lease": lease}}, *also],
             [{"request_txn": {
                 "compare": token_guard(name, token),
                 # The value stays: a key handed over carries its fence there.
@@ -460,29 +514,49 @@ class EtcdBackend(ServiceStore):
 
     def _hand_on(self, name: bytes, token: str) -> bool:
         """Hand ``name`` to the oldest place in its line, if ``token`` holds it and the line has
-        one (see :mod:`._line`): a serializable read of the line and the key, then one guarded
-        transaction. ``False`` when nothing was handed over (the caller releases as usual)."""
+        one (see :mod:`._line`); ``False`` when nothing was handed over (the caller releases as
+        usual). The line watcher usually knows the line and the holding (it follows the line of
+        every key this backend holds); else a serializable read of the line and the key finds
+        them first."""
+        watcher = self._line_watcher
+        known = watcher.next_place(name, token) if watcher is not None else UNKNOWN
+        if watcher is not None:
+            watcher.forget(name, token)
+        if known is None:
+            return False
+        if not isinstance(known, Unknown):
+            place, fence, create = known
+            same = {"key": b64(name), "target": "CREATE", "result": "EQUAL", "create_revision": str(create)}
+            if self._hand_to(name, token, place, fence, same):
+                return True
+            # What the watcher knew was behind etcd (the place went): read what is there.
         start = line_prefix(self._prefix, name[len(self._prefix):])
         oldest = {"key": b64(start), "range_end": b64(prefix_end(start)), "sort_order": "ASCEND",
                   "sort_target": "CREATE", "limit": 1, "serializable": True}
         read = self._txn([], [{"request_range": oldest}, {"request_range": {"key": b64(name), "serializable": True}}])
-        places = read["responses"][0]["response_range"].get("kvs", [])
-        held = read["responses"][1]["response_range"].get("kvs", [])
+        places, held = ranged(read["responses"][0]), ranged(read["responses"][1])
         if not places or not held or not holds(held[0], token):
             return False
-        place, kv = places[0], held[0]
+        unchanged = {"key": b64(name), "target": "MOD", "result": "EQUAL", "mod_revision": held[0]["mod_revision"]}
+        return self._hand_to(name, token, places[0], fence_of(held[0]), unchanged)
+
+    def _hand_to(self, name: bytes, token: str, place: dict[str, Any], fence: int, same: dict[str, Any]) -> bool:
+        """One transaction: if ``token`` holds ``name`` (and ``same`` holds: the holding whose
+        fence is ``fence``) and ``place`` is still in line on its lease, put the key on that
+        lease with the place's token and owner and the next fence, and delete the place. Then
+        revoke the key's old lease, which holds nothing any more."""
         entry, lease = place["key"], place.get("lease", "0")
-        value = unb64(place.get("value")) + b"\x00%d" % (fence_of(kv) + 1)
+        value = unb64(place.get("value")) + b"\x00%d" % (fence + 1)
         try:
             answer = self._txn(
                 [
                     *token_guard(name, token),
-                    {"key": b64(name), "target": "MOD", "result": "EQUAL", "mod_revision": kv["mod_revision"]},
+                    same,
                     {"key": entry, "target": "CREATE", "result": "EQUAL", "create_revision": place["create_revision"]},
                     {"key": entry, "target": "LEASE", "result": "EQUAL", "lease": lease},
                 ],
                 [
-                    {"request_put": {"key": b64(name), "value": b64(value), "lease": lease}},
+                    {"request_put": {"key": b64(name), "value": b64(value), "lease": lease, "prev_kv": True}},
                     {"request_delete_range": {"key": entry}},
                 ],
             )
@@ -492,8 +566,7 @@ class EtcdBackend(ServiceStore):
             return False
         with self._holdings_mutex:
             self._holdings.pop((name, token), None)
-        # The key left the old lease, which holds nothing now.
-        self._revoke(kv.get("lease"))
+        self._revoke(answer["responses"][0]["response_put"].get("prev_kv", {}).get("lease"))
         return True
 
     def _holder_leases(self, items: Sequence[tuple[bytes, str]]) -> list[Optional[str]]:

@@ -32,15 +32,16 @@ import math
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
 
 from ...errors import BackendUnavailableError
 from ..line import FREED, Freed, Handed, Joined, LineSlots, RefreshedLine
-from ._client import CODE_NOT_FOUND, EtcdClient, EtcdError, b64, unb64
+from ._client import CODE_NOT_FOUND, EtcdClient, EtcdError, b64, prefix_end, unb64
 from ._watch import RESERVED, WatchStream
 
-__all__ = ["LINE_MARK", "EtcdLineWatcher", "EtcdWaitingLine", "LineCalls", "fence_of", "holds", "line_prefix",
-           "owner_of", "token_guard"]
+__all__ = ["FOLLOWED_LINES", "LINE_MARK", "UNKNOWN", "EtcdLineWatcher", "EtcdWaitingLine", "LineCalls", "Unknown",
+           "fence_of", "holds", "line_prefix", "line_range", "owner_of", "ranged", "token_guard"]
 
 #: What follows the namespace in the name of every place in line.
 LINE_MARK = RESERVED + b"line" + RESERVED
@@ -49,6 +50,12 @@ LINE_MARK = RESERVED + b"line" + RESERVED
 def line_prefix(prefix: bytes, key: bytes) -> bytes:
     """The first bytes of every place in the line of lock key ``key`` under ``prefix``."""
     return prefix + LINE_MARK + key + RESERVED
+
+
+def line_range(prefix: bytes, key: bytes) -> dict[str, Any]:
+    """The request that reads every place in the line of lock key ``key`` under ``prefix``."""
+    start = line_prefix(prefix, key)
+    return {"request_range": {"key": b64(start), "range_end": b64(prefix_end(start))}}
 
 
 def token_guard(name: bytes, token: str) -> list[dict[str, Any]]:
@@ -82,10 +89,56 @@ def fence_of(kv: dict[str, Any]) -> int:
     return int(kv.get("create_revision") or 0)
 
 
+class Unknown(NamedTuple):
+    """What :meth:`EtcdLineWatcher.next_place` answers when it cannot tell (ask etcd)."""
+
+
+#: The one :class:`Unknown` answer.
+UNKNOWN = Unknown()
+#: Lines followed at once, at most; past it the oldest is forgotten (its release reads etcd).
+FOLLOWED_LINES = 16_384
+
+
+@dataclass
+class _Followed:
+    """The places of one key's line as this process knows them, and its holdings of the key."""
+
+    #: Who wants the line followed: waiting lines (their place's name) and holders (their token).
+    interested: set[Union[bytes, str]] = field(default_factory=set)
+    #: The revision of the snapshot the places start from (0: none yet; events wait in backlog).
+    base: int = 0
+    #: Place name -> its key-value, as etcd last reported it.
+    places: dict[bytes, dict[str, Any]] = field(default_factory=dict)
+    backlog: list[tuple[int, bool, bytes, dict[str, Any]]] = field(default_factory=list)
+    #: Token -> (fence, create_revision) of this process's holdings of the key.
+    holders: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def settle(self, revision: int, places: list[dict[str, Any]]) -> None:
+        if self.base:
+            return  # followed already: the events kept it current
+        self.base = revision
+        self.places = {unb64(kv.get("key")): kv for kv in places}
+        backlog, self.backlog = self.backlog, []
+        for event in backlog:
+            self.apply(*event)
+
+    def apply(self, revision: int, put: bool, name: bytes, kv: dict[str, Any]) -> None:
+        if not self.base:
+            self.backlog.append((revision, put, name, kv))
+        elif revision > self.base:
+            if put:
+                self.places[name] = kv
+            else:
+                self.places.pop(name, None)
+
+
 class EtcdLineWatcher(WatchStream):
     """One watch stream over the namespace that tells each waiting line of the puts and deletes
-    of its key. A stream that cannot resume (its revision was compacted away) tells every line
-    that the key may have gone free meanwhile."""
+    of its key, and follows the lines of the keys this process waits for or holds, so that a
+    release knows whom to hand the key to without asking etcd (see :meth:`next_place`).
+
+    A stream that cannot resume (its revision was compacted away) tells every line that the
+    key may have gone free meanwhile, and forgets what it followed."""
 
     _thread_name = "lease-lock-etcd-line"
 
@@ -93,7 +146,63 @@ class EtcdLineWatcher(WatchStream):
         super().__init__(client, prefix)
         self._lines_mutex = threading.Lock()
         self._lines: dict[bytes, set[EtcdWaitingLine]] = {}
+        self._followed: dict[bytes, _Followed] = {}
+        self._line_mark = prefix + LINE_MARK
         self._start()
+
+    # -- following lines (any thread) --------------------------------------------------------
+
+    def expect(self, name: bytes, who: Union[bytes, str]) -> None:
+        """``who`` (a place's name, or a token about to take the key) wants ``name``'s line
+        followed, from a snapshot that a transaction sent after this call will read."""
+        with self._lines_mutex:
+            followed = self._followed.pop(name, None) or _Followed()
+            self._followed[name] = followed  # the latest interest goes last
+            followed.interested.add(who)
+            while len(self._followed) > FOLLOWED_LINES:
+                del self._followed[next(iter(self._followed))]
+
+    def settle(self, name: bytes, revision: int, places: list[dict[str, Any]]) -> None:
+        """The places of ``name``'s line as a transaction read them at ``revision``."""
+        with self._lines_mutex:
+            followed = self._followed.get(name)
+            if followed is not None:
+                followed.settle(revision, places)
+
+    def hold(self, name: bytes, token: str, fence: int, create: int) -> None:
+        """``token`` took ``name`` with ``fence``, the key's ``create_revision`` being
+        ``create``: its release may hand the key on from what is followed."""
+        with self._lines_mutex:
+            followed = self._followed.get(name)
+            if followed is not None:
+                followed.interested.add(token)
+                followed.holders[token] = (fence, create)
+
+    def forget(self, name: bytes, who: Union[bytes, str]) -> None:
+        """``who`` no longer wants ``name``'s line followed (a token: nor holds the key)."""
+        with self._lines_mutex:
+            followed = self._followed.get(name)
+            if followed is None:
+                return
+            followed.interested.discard(who)
+            if isinstance(who, str):
+                followed.holders.pop(who, None)
+            if not followed.interested:
+                del self._followed[name]
+
+    def next_place(self, name: bytes, token: str) -> Union[tuple[dict[str, Any], int, int], Unknown, None]:
+        """The oldest place in ``name``'s line with the fence and ``create_revision`` of
+        ``token``'s holding, ``None`` when the line is empty, or :data:`UNKNOWN` when this
+        watcher does not follow the line or does not know that holding. Events on their way may
+        make it lag behind etcd: a transaction that acts on it checks what it assumed."""
+        with self._lines_mutex:
+            followed = self._followed.get(name)
+            if followed is None or not followed.base or token not in followed.holders or not self.active:
+                return UNKNOWN
+            if not followed.places:
+                return None
+            oldest = min(followed.places.values(), key=lambda kv: int(kv.get("create_revision") or 0))
+            return (oldest, *followed.holders[token])
 
     def add(self, name: bytes, line: EtcdWaitingLine) -> None:
         """Tell ``line`` of the events of lock key ``name`` (its full name in etcd) from now on."""
@@ -109,6 +218,13 @@ class EtcdLineWatcher(WatchStream):
                 if not lines:
                     del self._lines[name]
 
+    def _follow_place(self, name: bytes, revision: int, put: bool, kv: dict[str, Any]) -> None:
+        key = name[len(self._line_mark):].partition(RESERVED)[0]
+        with self._lines_mutex:
+            followed = self._followed.get(self._prefix + key)
+            if followed is not None:
+                followed.apply(revision, put, name, kv)
+
     def _listeners(self, name: bytes) -> list[EtcdWaitingLine]:
         with self._lines_mutex:
             return list(self._lines.get(name, ()))
@@ -118,19 +234,30 @@ class EtcdLineWatcher(WatchStream):
             return
         with self._lines_mutex:
             lines = [line for lines in self._lines.values() for line in lines]
+            self._followed = {}
         for line in lines:
             line.note_freed(math.inf)
 
     def _handle(self, events: list[dict[str, Any]]) -> None:
         for event in events:
             kv = event.get("kv", {})
-            lines = self._listeners(unb64(kv.get("key")))
+            name = unb64(kv.get("key"))
             revision = int(kv.get("mod_revision") or 0)
+            if name.startswith(self._line_mark):
+                self._follow_place(name, revision, event.get("type") != "DELETE", kv)
+                continue
+            lines = self._listeners(name)
             for line in lines:
                 if event.get("type") == "DELETE":
                     line.note_freed(revision)
                 else:
                     line.note_put(revision, kv)
+
+
+def ranged(response: dict[str, Any]) -> list[dict[str, Any]]:
+    """The key-values of one range's answer in a transaction's responses."""
+    kvs: list[dict[str, Any]] = response["response_range"].get("kvs", [])
+    return kvs
 
 
 class LineCalls(NamedTuple):
@@ -182,6 +309,7 @@ class EtcdWaitingLine(RefreshedLine):
         super().__init__(ttl=ttl, claim=claim, clock=clock, translate=lambda _error: None, slots=slots)
         self._name = name
         self._place = line_prefix(prefix, name[len(prefix):]) + uuid.uuid4().hex.encode()
+        self._line_range = line_range(prefix, name[len(prefix):])
         self._token = token
         self._value = b64(token.encode() + b"\x00" + owner.encode())
         self._fenced = fenced
@@ -201,7 +329,8 @@ class EtcdWaitingLine(RefreshedLine):
         #: this waiter (and its fence), of the key going free.
         self._events = threading.Condition()
         self._joined_at = 0
-        self._handed: Optional[tuple[int, int]] = None
+        #: (revision, fence, create_revision) of the put that handed the key over.
+        self._handed: Optional[tuple[int, int, int]] = None
         self._freed_at = -math.inf
 
     # -- the watcher's thread --------------------------------------------------------------------
@@ -210,7 +339,7 @@ class EtcdWaitingLine(RefreshedLine):
         """The key was put at ``revision``: a grant to this waiter when its token holds it."""
         if holds(kv, self._token):
             with self._events:
-                self._handed = (revision, fence_of(kv))
+                self._handed = (revision, fence_of(kv), int(kv.get("create_revision") or 0))
                 self._events.notify()
 
     def note_freed(self, revision: float) -> None:
@@ -225,6 +354,7 @@ class EtcdWaitingLine(RefreshedLine):
         if not self._watching:
             # Before the first request: every event after the join's revision reaches the line.
             self._watcher.add(self._name, self)
+            self._watcher.expect(self._name, self._place)
             self._watching = True
             if not self._watcher.wait_active(self._calls.timeout):
                 raise BackendUnavailableError("the etcd line watch was not confirmed in time", backend="etcd")
@@ -240,15 +370,20 @@ class EtcdWaitingLine(RefreshedLine):
             self._claim_lease = self._full_lease = None
             self._renew(sent)
             answer = self._attempt()
+        revision = int(answer["header"]["revision"])
         if answer.get("succeeded"):
             # The key was free, and this transaction created it: the fence is its revision.
-            return self._took(int(answer["header"]["revision"]))
+            self._watcher.settle(self._name, revision, ranged(answer["responses"][2]))
+            return self._took(revision, revision)
         mine = answer["responses"][0]["response_txn"]
         if mine.get("succeeded"):
             # A release handed the key over before this refresh: now on the full lease.
-            return self._took(fence_of(mine["responses"][1]["response_range"]["kvs"][0]))
+            self._watcher.settle(self._name, revision, ranged(mine["responses"][2]))
+            kv = ranged(mine["responses"][1])[0]
+            return self._took(fence_of(kv), int(kv["create_revision"]))
+        self._watcher.settle(self._name, revision, ranged(mine["responses"][1]))
         with self._events:
-            self._joined_at = int(answer["header"]["revision"])
+            self._joined_at = revision
         return Joined(None)
 
     def _renew(self, sent: float) -> None:
@@ -272,20 +407,26 @@ class EtcdWaitingLine(RefreshedLine):
             "success": [
                 {"request_put": {"key": name, "value": self._value, "lease": self._full_lease}},
                 {"request_delete_range": {"key": place}},
+                self._line_range,
             ],
             "failure": [{"request_txn": {
                 "compare": token_guard(self._name, self._token),
                 "success": [
                     {"request_put": {"key": name, "lease": self._full_lease, "ignore_value": True}},
                     {"request_range": {"key": name}},
+                    self._line_range,
                 ],
-                "failure": [{"request_put": {"key": place, "value": self._value, "lease": self._claim_lease}}],
+                "failure": [
+                    {"request_put": {"key": place, "value": self._value, "lease": self._claim_lease}},
+                    self._line_range,
+                ],
             }}],
         })
 
-    def _took(self, fence: int) -> Joined:
+    def _took(self, fence: int, create: int) -> Joined:
         assert self._full_lease is not None
         self._calls.note_holding(self._full_lease)
+        self._watcher.hold(self._name, self._token, fence, create)
         self._full_lease = None
         return Joined(fence if self._fenced else 0)
 
@@ -299,6 +440,7 @@ class EtcdWaitingLine(RefreshedLine):
                     self._claim_holds_key = True
                     assert self._claim_lease is not None
                     self._calls.note_holding(self._claim_lease)
+                    self._watcher.hold(self._name, self._token, handed[1], handed[2])
                     return Handed(handed[1] if self._fenced else 0, self._claim_sent)
                 if self._freed_at > self._joined_at:
                     self._freed_at = -math.inf
@@ -326,6 +468,7 @@ class EtcdWaitingLine(RefreshedLine):
     def _done(self) -> None:
         if self._watching:
             self._watcher.remove(self._name, self)
+            self._watcher.forget(self._name, self._place)
             self._watching = False
         claim, self._claim_lease = self._claim_lease, None
         if claim is not None and not self._claim_holds_key:
