@@ -14,20 +14,23 @@ cycle time (see ``measure.py``):
   which deletes the key with it), typed by hand as JSON on a bare ``requests.Session`` to the
   same member.
 - ``backend acquire/release``: ``EtcdBackend`` primitives.
-- ``Locker`` and ``Locker fenced``: ``locker.acquire(key).release()``, the whole public path.
+- ``Locker`` and ``Locker fenced``: ``locker.acquire(key).release()``, the whole public path;
+  ``Locker direct_handoff`` the same on a backend with ``direct_handoff=True``.
 - ``tooz (etcd3gw driver)``: a started tooz coordinator (``etcd3+http://`` on the same member),
   ``coordinator.get_lock(name)``, ``lock.acquire(blocking=False)`` and ``lock.release()``. When
   tooz or etcd3gw is missing (``pip install -e '.[bench]'``) or the driver cannot start, the
   output says so in its place.
 
 Contended: ``--workers`` processes (and then one alone) loop ``locker.acquire(key).release()``
-on one key for ``--seconds``; the grants per second of all together against one process alone,
-the fewest grants of one worker as a fraction of a fair share, and the attempts that found the
-key held per grant (each one a transaction, after a lease grant or a keep-alive of the lease
-the worker's last refused attempt kept; a queued waiter's, its transaction alone).
+on one key for ``--seconds``, first with the default hand-off, then with ``direct_handoff``;
+the grants per second of all together against one process alone, the fewest grants of one
+worker as a fraction of a fair share, and the attempts that found the key held per grant (each
+one a transaction, after a lease grant or a keep-alive of the lease the worker's last refused
+attempt kept; a queued waiter's, its transaction alone).
 
-Hand-off: a waiter blocks in its library's own blocking acquire (``Locker.acquire``; tooz's
-``lock.acquire(blocking=60)``) while another client holds the key; the time from the start of
+Hand-off: a waiter blocks in its library's own blocking acquire (``Locker.acquire``, woken
+through the watch, and again with ``direct_handoff`` on both lockers, where the release hands it
+the key; tooz's ``lock.acquire(blocking=60)``) while another client holds the key; the time from the start of
 the holder's release to the waiter holding the lock (p50/p99), next to a bare watch delivery:
 the time from the start of a release sent by hand (the revoke of the key's lease, as the
 ``Locker`` releases) to a watch stream (opened by hand) reading its event; and that delivery

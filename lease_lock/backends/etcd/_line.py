@@ -3,11 +3,14 @@
 A waiting thread keeps a *place*: the name ``namespace + NUL + "line" + NUL + key + NUL + id``,
 whose value is its token, a NUL byte and its owner label, on a *claim lease* of its own (its
 claim window, rounded up to etcd's whole seconds), which it keeps alive at each refresh. A
-release that finds places in the key's line (see ``EtcdBackend.release``) reads the oldest one
+release that finds places in the key's line (see ``EtcdBackend.release``) takes the oldest one
 and, in one transaction guarded by its own token, the key's revision and the place's, puts the
 key on that place's claim lease with the waiter's token and owner and a fence one above the
-key's, and deletes the place. The waiter hears that put on the backend's line watcher (one
-watch stream per backend) and holds the key without a request of its own; its heartbeat turns
+key's, and deletes the place. The release knows the oldest place without asking: the backend's
+line watcher (one watch stream per backend) follows the line of every key the backend waits for
+or holds, from a snapshot that its grant's transaction read plus the events after it (when it
+does not know the line, the release reads it first). The waiter hears the put on its own
+backend's line watcher and holds the key without a request of its own; its heartbeat turns
 the claim into a full lease a third of the way into the window. A waiter that died or stopped
 stops renewing its claim lease, and etcd deletes its place, and any key handed to it, when the
 lease runs out.
