@@ -380,8 +380,9 @@ def _run(url: str, args: argparse.Namespace) -> dict[str, Any]:
             print(f"{label + ' p50 minus ' + what:40} {gap:9.2f}")
     print(f"{'contended (one key)':40} {'grants/s':>9} {'vs 1 proc':>9} {'fewest/fair':>11} {'refused/grant':>13}")
     contended = {}
-    for name, option in (("Locker", ""), ("Locker direct_handoff", "?direct_handoff=true")):
-        contended[name] = _contention(url + option, name, args)
+    direct_url = url + ("&" if "?" in url else "?") + "direct_handoff=true"
+    for name, contender in (("Locker", url), ("Locker direct_handoff", direct_url)):
+        contended[name] = _contention(contender, name, args)
     return {
         "contended": contended["Locker"],
         "contended_direct_handoff": contended["Locker direct_handoff"],

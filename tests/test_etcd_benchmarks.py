@@ -19,7 +19,8 @@ def test_etcd_cycle_prints_every_row(etcd_server: EtcdCluster) -> None:
     names = (
         "backend acquire/release", "Locker fenced", "Locker hand-off (watch)", "bare watch delivery",
         "bare watch delivery, then take", "Locker p50 minus watch", "Locker p50 minus watch, then take",
-        "Locker, 1 process", "Locker, 2 processes",
+        "Locker, 1 process", "Locker, 2 processes", "Locker direct_handoff", "Locker hand-off (direct_handoff)",
+        "direct p50 minus watch", "Locker direct_handoff, 2 processes",
     )
     rows = table_rows(output, *names)
     assert rows["Locker fenced"][-1].endswith("x") and float(rows["Locker fenced"][0]) > 0
@@ -29,8 +30,12 @@ def test_etcd_cycle_prints_every_row(etcd_server: EtcdCluster) -> None:
     # The gaps are the differences of the p50s printed above them (each rounded to 0.01 ms).
     assert abs(float(rows["Locker p50 minus watch"][0]) - (handoff - watch)) < 0.03
     assert abs(float(rows["Locker p50 minus watch, then take"][0]) - (handoff - take)) < 0.03
-    grants, _ratio, fewest, refused = rows["Locker, 2 processes"]
-    assert float(grants) > 0 and 0 <= float(fewest) <= 1 and float(refused) >= 0
+    direct = float(rows["Locker hand-off (direct_handoff)"][0])
+    assert direct > 0 and abs(float(rows["direct p50 minus watch"][0]) - (direct - watch)) < 0.03
+    assert rows["Locker direct_handoff"][-1].endswith("x")
+    for contended in ("Locker, 2 processes", "Locker direct_handoff, 2 processes"):
+        grants, _ratio, fewest, refused = rows[contended]
+        assert float(grants) > 0 and 0 <= float(fewest) <= 1 and float(refused) >= 0
     tooz = table_rows(output, "tooz (etcd3gw driver)", "tooz (etcd3gw driver) hand-off (polls)")
     if importlib.util.find_spec("tooz") and importlib.util.find_spec("etcd3gw"):
         # Installed (the bench extra): the peer must have run, not been reported missing.
