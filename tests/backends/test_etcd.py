@@ -20,7 +20,7 @@ from lease_lock.testing import BackendContract, ServiceStoreContract, wait_until
 from lease_lock.waiting import ReleaseDispatcher
 
 from tests.support.children import check_forked_children_beside_the_parent, exit_codes, fork_children
-from tests.support.etcd_server import EtcdCluster, EtcdFactory, queue_entries
+from tests.support.etcd_server import CountingSession, EtcdCluster, EtcdFactory, queue_entries
 from tests.support.ports import free_port
 
 OWNER = "etcd-test:1"
@@ -39,18 +39,6 @@ def b64(text: str) -> str:
 
 def live_leases(cluster: EtcdCluster) -> set[str]:
     return {lease["ID"] for lease in raw(cluster, "/v3/lease/leases", {}).get("leases", [])}
-
-
-class CountingSession(requests.Session):
-    """A session that counts the requests sent per path."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.paths: list[str] = []
-
-    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:  # type: ignore[override]
-        self.paths.append(str(request.path_url))
-        return super().send(request, **kwargs)
 
 
 class TestEtcdBackend(BackendContract, ServiceStoreContract):

@@ -27,7 +27,7 @@ from lease_lock.backends.etcd import EtcdBackend
 from lease_lock.backends.handoff import LineGrant, WaitingLine
 from lease_lock.testing import BackendContract, wait_until
 
-from tests.support.etcd_server import EtcdCluster, line_places
+from tests.support.etcd_server import CountingSession, EtcdCluster, line_places
 
 ROOT = Path(__file__).resolve().parents[2]
 HOLDER = "h" * 32
@@ -150,18 +150,6 @@ def _lines(cluster: EtcdCluster, key: str, count: int) -> tuple[list[EtcdBackend
         lines.append(line)
     assert len(line_places(cluster, key)) == count
     return backends, lines
-
-
-class CountingSession(requests.Session):
-    """A session that counts the requests sent per path."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.paths: list[str] = []
-
-    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:  # type: ignore[override]
-        self.paths.append(str(request.path_url))
-        return super().send(request, **kwargs)
 
 
 def _caught_up(cluster: EtcdCluster, backend: EtcdBackend) -> None:

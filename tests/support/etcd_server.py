@@ -41,6 +41,7 @@ from tests.support.ports import free_port
 from tests.support.processes import kill_process, log_tail, stop_process
 
 __all__ = [
+    "CountingSession",
     "EtcdCluster",
     "EtcdFactory",
     "EtcdMember",
@@ -63,6 +64,18 @@ def queue_entries(cluster: EtcdCluster, key: str, namespace: str = "lease_lock/"
     body = {"key": base64.b64encode(start).decode(), "range_end": base64.b64encode(start[:-1] + b"\x01").decode()}
     answer = requests.post(cluster.endpoints[0] + "/v3/kv/range", json=body, timeout=10).json()
     return sorted(answer.get("kvs", []), key=lambda kv: int(kv["create_revision"]))
+
+
+class CountingSession(requests.Session):
+    """A session that counts the requests sent per path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paths: list[str] = []
+
+    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+        self.paths.append(str(request.path_url))
+        return super().send(request, **kwargs)
 
 
 def line_places(cluster: EtcdCluster, key: str, namespace: str = "lease_lock/") -> list[dict[str, Any]]:
