@@ -16,8 +16,9 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import pytest
 import requests
@@ -77,13 +78,9 @@ def _take_in_thread(locker: Locker, key: str, timeout: float) -> tuple[threading
     return thread, outcome
 
 
-def test_direct_handoff_is_off_unless_asked_for_and_checked(etcd_server: EtcdCluster) -> None:
-    plain = EtcdBackend.from_url(etcd_server.url)
-    try:
-        assert plain.direct_handoff is False
-        assert plain.join_line("k", "t" * 32, 5.0, "o", True, time.monotonic) is None
-    finally:
-        plain.close()
+def test_direct_handoff_is_off_unless_asked_for_and_checked(etcd_server: EtcdCluster, plain: EtcdBackend) -> None:
+    assert plain.direct_handoff is False
+    assert plain.join_line("k", "t" * 32, 5.0, "o", True, time.monotonic) is None
     with pytest.raises(ValidationError, match="direct_handoff"):
         backend_from_url(etcd_server.url + "?direct_handoff=maybe")
     with pytest.raises(ValidationError, match="direct_handoff"):
@@ -140,16 +137,33 @@ def test_a_re_acquire_of_a_handed_key_keeps_its_fence(etcd_server: EtcdCluster, 
         backend.close()
 
 
-def _lines(cluster: EtcdCluster, key: str, count: int) -> tuple[list[EtcdBackend], list[WaitingLine]]:
-    """``count`` waiters (a backend each) with a place in ``key``'s line, in that order."""
-    backends = [direct(cluster) for _ in range(count)]
-    lines = []
-    for index, backend in enumerate(backends):
-        line = backend.join_line(key, f"{index}" * 32, 5.0, f"waiter-{index}", True, time.monotonic)
-        assert line is not None and line.ask() is None
-        lines.append(line)
-    assert len(line_places(cluster, key)) == count
-    return backends, lines
+@pytest.fixture
+def in_line(etcd_server: EtcdCluster) -> Iterator[Callable[[str, int], list[WaitingLine]]]:
+    """``in_line(key, count)``: ``count`` waiters with a place in ``key``'s line, in that order,
+    each with a backend of its own (closed at the end); waiter ``i``'s token is 32 times ``i``."""
+    backends: list[EtcdBackend] = []
+
+    def join(key: str, count: int) -> list[WaitingLine]:
+        lines = []
+        for index in range(count):
+            backends.append(direct(etcd_server))
+            line = backends[-1].join_line(key, f"{index}" * 32, 5.0, f"waiter-{index}", True, time.monotonic)
+            assert line is not None and line.ask() is None
+            lines.append(line)
+        assert len(line_places(etcd_server, key)) == count
+        return lines
+
+    yield join
+    for backend in backends:
+        backend.close()
+
+
+@pytest.fixture
+def plain(etcd_server: EtcdCluster) -> Iterator[EtcdBackend]:
+    """A backend without ``direct_handoff`` (a process of an older release)."""
+    backend = EtcdBackend.from_url(etcd_server.url)
+    yield backend
+    backend.close()
 
 
 def _caught_up(cluster: EtcdCluster, backend: EtcdBackend) -> None:
@@ -171,16 +185,15 @@ def _caught_up(cluster: EtcdCluster, backend: EtcdBackend) -> None:
 
 
 def test_a_release_of_a_key_whose_line_this_backend_follows_hands_over_without_a_read(
-    etcd_server: EtcdCluster, key: str
+    etcd_server: EtcdCluster, in_line: Callable[[str, int], list[WaitingLine]], key: str
 ) -> None:
     session = CountingSession()
     holder = EtcdBackend(etcd_server.endpoints, session=session, direct_handoff=True)
-    backends: list[EtcdBackend] = []
     try:
         _caught_up(etcd_server, holder)
         fence = holder.acquire_fenced(key, HOLDER, 30, "holder")
         assert fence is not None
-        backends, lines = _lines(etcd_server, key, 1)
+        lines = in_line(key, 1)
         _caught_up(etcd_server, holder)
         del session.paths[:]
         assert holder.release(key, HOLDER)
@@ -196,12 +209,10 @@ def test_a_release_of_a_key_whose_line_this_backend_follows_hands_over_without_a
         assert session.paths == ["/v3/lease/revoke"]
     finally:
         holder.close()
-        for backend in backends:
-            backend.close()
 
 
 def test_a_token_that_takes_a_key_again_after_losing_it_hands_on_its_new_fence(
-    etcd_server: EtcdCluster, holder: EtcdBackend, key: str
+    etcd_server: EtcdCluster, holder: EtcdBackend, in_line: Callable[[str, int], list[WaitingLine]], key: str
 ) -> None:
     _caught_up(etcd_server, holder)
     first = holder.acquire_fenced(key, HOLDER, 30, "holder")
@@ -210,59 +221,45 @@ def test_a_token_that_takes_a_key_again_after_losing_it_hands_on_its_new_fence(
     assert holder.force_release(key)
     again = holder.acquire_fenced(key, HOLDER, 30, "holder")
     assert again is not None and again > first
-    backends, lines = _lines(etcd_server, key, 1)
-    try:
-        _caught_up(etcd_server, holder)
-        assert holder.release(key, HOLDER)
-        grant = lines[0].wait(30)
-        assert grant is not None and grant.fence == again + 1
-        lines[0].leave(True)
-    finally:
-        for backend in backends:
-            backend.close()
+    lines = in_line(key, 1)
+    _caught_up(etcd_server, holder)
+    assert holder.release(key, HOLDER)
+    grant = lines[0].wait(30)
+    assert grant is not None and grant.fence == again + 1
+    lines[0].leave(True)
 
 
 def test_a_waiter_that_leaves_after_the_grant_passes_the_key_to_the_next_place(
-    etcd_server: EtcdCluster, holder: EtcdBackend, key: str
+    etcd_server: EtcdCluster, holder: EtcdBackend, in_line: Callable[[str, int], list[WaitingLine]], key: str
 ) -> None:
     fence = holder.acquire_fenced(key, HOLDER, 30, "holder")
     assert fence is not None
-    backends, lines = _lines(etcd_server, key, 2)
-    try:
-        assert holder.release(key, HOLDER)
-        assert holder.inspect(key).owner == "waiter-0"
-        # The first waiter gave up (timed out, cancelled) before it saw the grant.
-        lines[0].leave(False)
-        grant = lines[1].wait(30)
-        assert isinstance(grant, LineGrant) and grant.claimed and grant.fence == fence + 2
-        lines[1].leave(True)
-        assert holder.inspect(key).owner == "waiter-1"
-        assert line_places(etcd_server, key) == []
-        assert backends[1].release(key, "1" * 32)
-        assert not holder.inspect(key).held
-    finally:
-        for backend in backends:
-            backend.close()
+    lines = in_line(key, 2)
+    assert holder.release(key, HOLDER)
+    assert holder.inspect(key).owner == "waiter-0"
+    # The first waiter gave up (timed out, cancelled) before it saw the grant.
+    lines[0].leave(False)
+    grant = lines[1].wait(30)
+    assert isinstance(grant, LineGrant) and grant.claimed and grant.fence == fence + 2
+    lines[1].leave(True)
+    assert holder.inspect(key).owner == "waiter-1"
+    assert line_places(etcd_server, key) == []
+    assert holder.release(key, "1" * 32)  # any process may release by the token
+    assert not holder.inspect(key).held
 
 
 def test_a_waiter_asks_at_once_when_the_key_goes_free_without_a_hand_off(
-    etcd_server: EtcdCluster, key: str
+    plain: EtcdBackend, in_line: Callable[[str, int], list[WaitingLine]], key: str
 ) -> None:
     # A holder without direct_handoff (an older process) deletes the key: the waiter in line
     # hears the delete and takes the key itself, long before its next refresh.
-    plain = EtcdBackend.from_url(etcd_server.url)
     assert plain.acquire(key, HOLDER, 30, "old")
-    backends, lines = _lines(etcd_server, key, 1)
-    try:
-        assert plain.release(key, HOLDER)
-        grant = lines[0].wait(30)
-        assert grant is not None and not grant.claimed
-        lines[0].leave(True)
-        assert plain.inspect(key).owner == "waiter-0"
-    finally:
-        plain.close()
-        for backend in backends:
-            backend.close()
+    lines = in_line(key, 1)
+    assert plain.release(key, HOLDER)
+    grant = lines[0].wait(30)
+    assert grant is not None and not grant.claimed
+    lines[0].leave(True)
+    assert plain.inspect(key).owner == "waiter-0"
 
 
 def test_a_release_racing_a_waiters_timeout_never_leaves_the_key_held_by_nobody(
@@ -296,30 +293,32 @@ with locker.lock(sys.argv[2], timeout=120):
 """
 
 
-def _child(cluster: EtcdCluster, key: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+@contextmanager
+def _child_in_line(cluster: EtcdCluster, key: str) -> Iterator[subprocess.Popen[str]]:
+    """A child process whose Locker waits in ``key``'s line (its place is in etcd when this
+    yields); killed at the end if it still runs."""
+    child = subprocess.Popen(
         [sys.executable, "-c", _CHILD, cluster.url, key],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=str(ROOT),
     )
-
-
-def _stop(child: subprocess.Popen[str]) -> None:
-    if child.poll() is None:
-        child.kill()
-    child.wait(30)
-    for stream in (child.stdin, child.stdout):
-        if stream is not None:
-            stream.close()
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "waiting"
+        assert wait_until(lambda: len(line_places(cluster, key)) == 1, 30)
+        yield child
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait(30)
+        for stream in (child.stdin, child.stdout):
+            if stream is not None:
+                stream.close()
 
 
 def test_a_key_handed_to_a_killed_waiter_frees_when_its_claim_lease_ends(
     etcd_server: EtcdCluster, holder: EtcdBackend, key: str
 ) -> None:
     assert holder.acquire(key, HOLDER, 30, "holder")
-    child = _child(etcd_server, key)
-    try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "waiting"
-        assert wait_until(lambda: len(line_places(etcd_server, key)) == 1, 30)
+    with _child_in_line(etcd_server, key) as child:
         child.kill()
         child.wait(30)
         # Its place is still fresh: the release hands the key to the dead waiter.
@@ -328,18 +327,13 @@ def test_a_key_handed_to_a_killed_waiter_frees_when_its_claim_lease_ends(
         # Nobody renews the claim lease (2 s): etcd frees the key, and another process takes it.
         assert wait_until(lambda: holder.acquire(key, "n" * 32, 30, "next"), 15)
         assert holder.release(key, "n" * 32)
-    finally:
-        _stop(child)
 
 
 def test_a_waiter_stopped_past_its_claim_window_does_not_keep_the_key(
     etcd_server: EtcdCluster, holder: EtcdBackend, key: str
 ) -> None:
     assert holder.acquire(key, HOLDER, 30, "holder")
-    child = _child(etcd_server, key)
-    try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "waiting"
-        assert wait_until(lambda: len(line_places(etcd_server, key)) == 1, 30)
+    with _child_in_line(etcd_server, key) as child:
         os.kill(child.pid, signal.SIGSTOP)
         try:
             assert holder.release(key, HOLDER)
@@ -352,15 +346,13 @@ def test_a_waiter_stopped_past_its_claim_window_does_not_keep_the_key(
         time.sleep(1.0)
         assert holder.inspect(key).owner == "next"
         assert holder.release(key, "n" * 32)
-        assert child.stdout.readline().strip() == "held"
+        assert child.stdout is not None and child.stdout.readline().strip() == "held"
         assert holder.inspect(key).owner == "child"
         assert child.stdin is not None
         child.stdin.write("\n")
         child.stdin.flush()
         assert child.wait(30) == 0
         assert wait_until(lambda: not holder.inspect(key).held, 10)
-    finally:
-        _stop(child)
 
 
 def test_lockers_hand_a_key_round_by_direct_grants(etcd_server: EtcdCluster, key: str) -> None:
