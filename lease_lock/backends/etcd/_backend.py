@@ -34,9 +34,9 @@ no NUL. So a guard needs no read before the write, and the owner rides in the sa
   key if it is still there (it had no lease, or moved to another one meanwhile).
 - **extend_many**: the reads of up to 100 keys in one transaction, then one keep-alive
   request carrying all their leases.
-- **direct hand-off** (``direct_handoff``): a release first reads the oldest place in the key's
-  line; with one, it puts the key on that waiter's claim lease in one guarded transaction (see
-  ``_line``), else it releases as above.
+- **direct hand-off** (``direct_handoff``): a release that finds a place in the key's line (as
+  the line watcher follows it, else by a serializable read) puts the key on the oldest place's
+  claim lease in one guarded transaction (see ``_line``); else it releases as above.
 - **hand-off**: waiting processes queue under ``namespace + NUL + "queue" + NUL + key`` (no
   lock key contains a NUL, so ``scan`` skips those names); the grant transaction of a queued
   waiter deletes its queue entry as well. The queue only decides whom a release wakes. A queued
@@ -82,7 +82,6 @@ from ._line import (
     Unknown,
     fence_of,
     holds,
-    line_prefix,
     line_range,
     owner_of,
     ranged,
@@ -530,10 +529,9 @@ class EtcdBackend(ServiceStore):
             if self._hand_to(name, token, place, fence, same):
                 return True
             # What the watcher knew was behind etcd (the place went): read what is there.
-        start = line_prefix(self._prefix, name[len(self._prefix):])
-        oldest = {"key": b64(start), "range_end": b64(prefix_end(start)), "sort_order": "ASCEND",
-                  "sort_target": "CREATE", "limit": 1, "serializable": True}
-        read = self._txn([], [{"request_range": oldest}, {"request_range": {"key": b64(name), "serializable": True}}])
+        key = name[len(self._prefix):]
+        oldest = line_range(self._prefix, key, sort_order="ASCEND", sort_target="CREATE", limit=1, serializable=True)
+        read = self._txn([], [oldest, {"request_range": {"key": b64(name), "serializable": True}}])
         places, held = ranged(read["responses"][0]), ranged(read["responses"][1])
         if not places or not held or not holds(held[0], token):
             return False

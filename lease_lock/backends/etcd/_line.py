@@ -55,10 +55,11 @@ def line_prefix(prefix: bytes, key: bytes) -> bytes:
     return prefix + LINE_MARK + key + RESERVED
 
 
-def line_range(prefix: bytes, key: bytes) -> dict[str, Any]:
-    """The request that reads every place in the line of lock key ``key`` under ``prefix``."""
+def line_range(prefix: bytes, key: bytes, **options: Any) -> dict[str, Any]:
+    """The request that reads every place in the line of lock key ``key`` under ``prefix``
+    (``options``: more fields of etcd's range request, such as a sort order and a limit)."""
     start = line_prefix(prefix, key)
-    return {"request_range": {"key": b64(start), "range_end": b64(prefix_end(start))}}
+    return {"request_range": {"key": b64(start), "range_end": b64(prefix_end(start)), **options}}
 
 
 def token_guard(name: bytes, token: str) -> list[dict[str, Any]]:
