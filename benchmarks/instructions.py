@@ -49,6 +49,8 @@ ROWS: dict[str, Callable[[], Callable[[], None]]] = {
 _TOTAL = re.compile(r"^(?:summary|totals):\s+(\d+)", re.MULTILINE)
 #: A C function the process calls only to mark where a counted stretch starts.
 _MARKER = "getpgrp"
+# This module, as the runner of its own rows.
+_RUNNER = "benchmarks.instructions"
 
 
 class Counts(dict[str, dict[int, int]]):
@@ -73,15 +75,23 @@ def run_cycles(row: str, cycles: int) -> None:
         os.getpgrp()
 
 
-def count(row: str, cycles: int, valgrind: str = "valgrind") -> dict[int, int]:
+def count(
+    row: str, cycles: int, valgrind: str = "valgrind", runner: str = _RUNNER, *extra: str
+) -> dict[int, int]:
     """The instructions of ``cycles`` and of ``3 * cycles`` cycles of ``row`` in one fresh
-    interpreter under callgrind, by cycle count."""
+    interpreter under callgrind, by cycle count.
+
+    ``runner`` is the module whose ``--run ROW --cycles N`` (with ``extra`` arguments) runs the
+    cycles as :func:`run_cycles` does; a runner other than this module's own gets ``site``, for
+    the drivers it imports.
+    """
     with tempfile.TemporaryDirectory(prefix="lease-lock-callgrind-") as directory:
         out = Path(directory) / "callgrind.out"
         command = [
             valgrind, "--tool=callgrind", "--quiet", f"--callgrind-out-file={out}",
             f"--dump-before={_MARKER}",
-            sys.executable, "-S", "-m", "benchmarks.instructions", "--run", row, "--cycles", str(cycles),
+            sys.executable, *(["-S"] if runner == _RUNNER else []), "-m", runner, "--run", row,
+            "--cycles", str(cycles), *extra,
         ]
         environment = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(ROOT)}
         completed = subprocess.run(

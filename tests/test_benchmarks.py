@@ -203,3 +203,25 @@ def test_instruction_count_in_miniature() -> None:
     # The core's share is what the Locker adds to the same backend calls.
     assert 0 < bare < locker
     assert core == pytest.approx(locker - bare, abs=1)
+
+
+
+def test_service_instruction_count_in_miniature(redis_server: RedisServer) -> None:
+    if shutil.which("valgrind") is None:
+        message = "valgrind is not on PATH (install the valgrind package)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    output = run_benchmark("service_instructions", "--cycles", "3", "--redis-url", redis_server.url)
+    rows = table_rows(
+        output,
+        "store-only app",
+        "service, access line on",
+        "service, --log-level warning",
+        "service minus store-only",
+        "access lines (service minus",
+    )
+    store_only, service, quiet, beyond, lines = (float(cells[-1].replace(",", "")) for cells in rows.values())
+    # The service does more than one raw call per request, and an access line is not free.
+    assert 0 < store_only < quiet < service
+    assert beyond == pytest.approx(service - store_only, abs=1) and lines == pytest.approx(service - quiet, abs=1)

@@ -26,9 +26,7 @@ import functools
 import json
 import logging
 import math
-import os
 import re
-import threading
 import time
 import urllib.parse
 import uuid
@@ -58,6 +56,7 @@ from ..wire import (
     MIN_TTL,
     wait_text,
 )
+from ._logs import log_access
 from .keys import KeyFile, KeyRecord, PathLike
 from .metrics import Metrics
 from .ratelimit import RateLimiter
@@ -70,7 +69,6 @@ _log = logging.getLogger("lease_lock.server")
 # Read by the readiness probe; never written.
 _READY_PROBE_KEY = "lease-lock-readyz"
 _MAX_OWNER = 200
-_ACCESS_FORMAT = "%s %s -> %d project=%s request_id=%s %.1fms"
 _REASONS = {
     200: "OK",
     201: "Created",
@@ -255,58 +253,6 @@ def _holder_body(holder: Holder, *, with_key: bool = False) -> dict[str, Any]:
     return body
 
 
-class _AccessRecords:
-    """The log records of the access lines, each a copy of one made by the logger itself.
-
-    ``Logger.info`` would walk the call stack for the caller's file and line, and
-    ``LogRecord`` reads the file's name, the process and its name and the thread and its name
-    anew for every line; of those only the time and the thread differ from one access line of
-    a process to the next. So a record is made once per process (and per setting of
-    ``logging``'s ``logThreads``, ``logProcesses``, ``logMultiprocessing``) by
-    ``Logger.makeRecord`` and copied for each line, with its own time, thread, arguments and
-    ``access`` fields: handlers and filters see what ``makeRecord`` would give them. A record
-    factory or logger class of the program's own makes every record itself.
-    """
-
-    def __init__(self) -> None:
-        # logging's settings -> the fields of this process's template record (forgotten in a
-        # forked child, see forget; asking for the process id on every line is a system call).
-        self._template: tuple[tuple[object, ...], dict[str, Any]] = ((), {})
-
-    def forget(self) -> None:
-        """Make the next record's template anew (in a forked child: another process id)."""
-        self._template = ((), {})
-
-    def make(self, args: tuple[Any, ...], fields: dict[str, Any]) -> logging.LogRecord:
-        """An access line's record: ``_ACCESS_FORMAT`` with ``args``, and ``fields`` as ``access``."""
-        if logging.getLogRecordFactory() is not logging.LogRecord or type(_log).makeRecord is not _MAKE_RECORD:
-            return self._made(args, fields)
-        settings = (logging.logThreads, logging.logProcesses, logging.logMultiprocessing)
-        known, template = self._template  # one tuple, read and replaced whole: thread-safe
-        if known != settings:
-            template = vars(self._made((), {}))
-            self._template = (settings, template)
-        record: logging.LogRecord = logging.LogRecord.__new__(logging.LogRecord)
-        copied = vars(record)
-        copied.update(template)
-        now = time.time_ns()
-        copied["created"] = now / 1e9
-        copied["msecs"] = (now % 1_000_000_000) // 1_000_000 + 0.0
-        copied["relativeCreated"] = template["relativeCreated"] + (now / 1e9 - template["created"]) * 1000
-        if settings[0]:
-            copied["thread"] = threading.get_ident()
-            copied["threadName"] = threading.current_thread().name
-        copied["args"] = args
-        copied["access"] = fields
-        return record
-
-    @staticmethod
-    def _made(args: tuple[Any, ...], fields: dict[str, Any]) -> logging.LogRecord:
-        return _log.makeRecord(
-            _log.name, logging.INFO, __file__, 0, _ACCESS_FORMAT, args, None, "_access_log", {"access": fields}
-        )
-
-
 class _Answer(list[bytes]):
     """The body of one answer, which writes the request's access line when the server closes it.
 
@@ -325,22 +271,7 @@ class _Answer(list[bytes]):
         """Write the access line (once; a second close writes nothing)."""
         line, self._line = self._line, None
         if line is not None:
-            _access_log(*line)
-
-
-def _access_log(method: str, route: str, status: int, project: str, request_id: str, seconds: float) -> None:
-    # The route template, never the path: lock names stay out of the log.
-    if not _log.isEnabledFor(logging.INFO):
-        return
-    fields = {
-        "method": method,
-        "route": route,
-        "status": status,
-        "project": project,
-        "request_id": request_id,
-        "duration_ms": round(seconds * 1000, 1),
-    }
-    _log.handle(_access_records.make((method, route, status, project, request_id, seconds * 1000), fields))
+            log_access(*line)
 
 
 def _applied(wait: float) -> list[tuple[str, str]]:
@@ -354,10 +285,6 @@ def _waited(seconds: float) -> str:
     return f"{math.floor(seconds * 1000) / 1000:.3f}"
 
 
-_MAKE_RECORD = logging.Logger.makeRecord
-_access_records = _AccessRecords()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_access_records.forget)
 
 
 class LockServiceApp:

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import os
 import sys
-import time
 import urllib.parse
 from typing import Any, Optional, Sequence
 
 from ..errors import ValidationError
-from ..validation import escape_text
+from ._logs import configure_logging
 from .serving import DEFAULT_CHANNEL_TIMEOUT, DEFAULT_CONNECTION_LIMIT
 
 __all__ = ["add_keys_parser", "add_serve_parser", "main", "parse_bind", "register"]
@@ -35,138 +32,6 @@ def parse_bind(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-# The text log's line: when, which worker process, which logger, how grave, what.
-_TEXT_FORMAT = "%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
-
-
-class _SecondCachedFormatter(logging.Formatter):
-    """A ``logging.Formatter`` that formats the date and time of each second once.
-
-    The service logs a line per request, and the date part (``localtime`` + ``strftime``) was a
-    sizeable share of the cost of a line; the milliseconds are added to it every time. A line
-    of the text log's own format (``_TEXT_FORMAT``) with no traceback or stack is written
-    directly, to the text the general path gives.
-    """
-
-    _cached: tuple[int, str] = (-1, "")
-
-    def __init__(self, fmt: Optional[str] = None, datefmt: Optional[str] = None) -> None:
-        super().__init__(fmt, datefmt)
-        self._direct = fmt == _TEXT_FORMAT
-
-    def format(self, record: logging.LogRecord) -> str:
-        """The record as one line (see the class)."""
-        if (
-            not self._direct
-            or record.exc_info
-            or record.exc_text
-            or record.stack_info
-            or type(record.process) is not int
-        ):
-            return super().format(record)
-        # What ``Formatter.format`` does for this format, without looking up each field of
-        # ``%(...)s`` in the record's dictionary: an access line per request passes here.
-        record.message = record.getMessage()
-        record.asctime = self.formatTime(record)
-        return escape_text(f"{record.asctime} {record.process} {record.name} {record.levelname} {record.message}")
-
-    def formatMessage(self, record: logging.LogRecord) -> str:
-        """The line before any traceback, with control characters escaped.
-
-        Keys and owner labels may hold any character but NUL; escaped, a line of the log is
-        one line that no key can end early, rewrite (``\\r``) or colour (ESC).
-        """
-        return escape_text(super().formatMessage(record))
-
-    def formatTime(self, record: logging.LogRecord, datefmt: Optional[str] = None) -> str:
-        """The record's time as ``logging.Formatter`` writes it (``YYYY-MM-DD HH:MM:SS,mmm``)."""
-        if datefmt is not None or self.converter is not time.localtime:
-            return super().formatTime(record, datefmt)
-        second = int(record.created)
-        cached_second, stamp = self._cached  # one tuple, read and replaced whole: thread-safe
-        if cached_second != second:
-            stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
-            self._cached = (second, stamp)
-        return f"{stamp},{int(record.msecs):03d}"
-
-
-class JsonLogFormatter(_SecondCachedFormatter):
-    """One JSON object per line: time, level, logger, message, and an access line's fields."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        """The record as one line of JSON."""
-        entry: dict[str, Any] = {
-            "time": self.formatTime(record),
-            "level": record.levelname,
-            "logger": record.name,
-            "process": record.process,
-            "message": record.getMessage(),
-        }
-        entry.update(getattr(record, "access", {}))
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
-
-
-class _DirectWriteHandler(logging.StreamHandler):  # type: ignore[type-arg] # generic only in typeshed
-    """A ``StreamHandler`` that writes each line with one ``write`` system call and no lock.
-
-    Every request makes an access line. ``StreamHandler`` holds the handler's lock across the
-    format, the write and the flush (a system call, during which the thread gives up the GIL
-    and then queues to get it back), so the server's threads took turns at that lock. Here
-    the line is formatted by its own thread without a lock and reaches the file descriptor in
-    one ``os.write``. The kernel writes a line of up to 4 KiB (``PIPE_BUF``; every access line)
-    whole even to a pipe, so lines of several threads never mix; a longer one (a traceback) to
-    a pipe or socket might have another thread's line land inside it.
-    """
-
-    def __init__(self, stream: Any) -> None:
-        super().__init__(stream)
-        stream.flush()  # what the stream holds goes out before the first line written around it
-        self._fd = stream.fileno()
-        self._encoding = getattr(stream, "encoding", None) or "utf-8"
-
-    def handle(self, record: logging.LogRecord) -> bool:
-        """Filter and emit ``record`` without taking the handler's lock (see the class)."""
-        rv = self.filter(record)
-        if rv:
-            self.emit(record)
-        return bool(rv)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        """Write ``record`` as one line."""
-        try:
-            data = (self.format(record) + self.terminator).encode(self._encoding, "backslashreplace")
-            while data:
-                data = data[os.write(self._fd, data) :]
-        except Exception:  # noqa: BLE001 - logging's own policy: report and go on
-            self.handleError(record)
-
-
-def _configure_logging(log_format: str = "text", level: Optional[str] = None) -> None:
-    """Send the service's log (access lines, store errors, keys file errors) to stderr, from
-    ``level`` up (``info`` unless given; access lines are ``info``).
-
-    Only when nobody configured logging already: an embedding program keeps its own setup, and
-    only a ``level`` given on purpose is applied to it.
-    """
-    logger = logging.getLogger("lease_lock")
-    configured = [*logger.handlers, *logging.getLogger().handlers]
-    # The library's own NullHandler does not count: it only keeps Python's last-resort output away.
-    if any(not isinstance(handler, logging.NullHandler) for handler in configured):
-        if level is not None:
-            logger.setLevel(level.upper())
-        return
-    handler = _DirectWriteHandler(sys.stderr)
-    if log_format == "json":
-        handler.setFormatter(JsonLogFormatter())
-    else:
-        # The process id tells the lines of --workers processes apart.
-        handler.setFormatter(_SecondCachedFormatter(_TEXT_FORMAT))
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO if level is None else level.upper())
-
-
 def _serve(args: argparse.Namespace) -> int:
     from .serving import require_waitress, serve
 
@@ -178,7 +43,7 @@ def _serve(args: argparse.Namespace) -> int:
             raise ValidationError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     if args.workers > 1 and urllib.parse.urlsplit(args.url).scheme == "memory":
         raise ValidationError("--workers above 1 needs a shared store: memory:// lives in one process")
-    _configure_logging(args.log_format, args.log_level)
+    configure_logging(args.log_format, args.log_level)
     # Check the keys file and the URL before anything listens (each worker builds its own app).
     first = _app(args)
     if args.workers > 1:

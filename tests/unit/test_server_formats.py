@@ -21,9 +21,9 @@ import uuid
 from datetime import datetime, timezone
 
 import pytest
-from lease_lock.server import app as app_module
-from lease_lock.server.app import _ACCESS_FORMAT, _access_records, _lease_response, _Reject, _uuid, format_time
-from lease_lock.server.cli import JsonLogFormatter, _SecondCachedFormatter
+from lease_lock.server import _logs as logs_module
+from lease_lock.server._logs import _ACCESS_FORMAT, JsonLogFormatter, LineFormatter, _access_records
+from lease_lock.server.app import _lease_response, _Reject, _uuid, format_time
 from lease_lock.server.service import Grant
 from lease_lock.validation import escape_text
 
@@ -72,7 +72,7 @@ def _record(created: float) -> logging.LogRecord:
 
 def test_log_timestamps_match_logging_across_seconds() -> None:
     pattern = "%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
-    cached, plain = _SecondCachedFormatter(pattern), logging.Formatter(pattern)
+    cached, plain = LineFormatter(pattern), logging.Formatter(pattern)
     # Within one second, across a boundary, backwards in time: the cache never shows a stale second.
     for created in [1_764_560_000.001, 1_764_560_000.999, 1_764_560_001.0, 1_764_559_000.5, 1_764_560_001.25]:
         assert cached.format(_record(created)) == plain.format(_record(created))
@@ -82,7 +82,7 @@ def test_log_timestamps_match_logging_across_seconds() -> None:
 
 def test_log_lines_with_tracebacks_or_control_characters_match_logging() -> None:
     pattern = "%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
-    cached, plain = _SecondCachedFormatter(pattern), logging.Formatter(pattern)
+    cached, plain = LineFormatter(pattern), logging.Formatter(pattern)
     record = _record(1_764_560_000.5)
     record.msg, record.args = "key %s", ("a\nb\x1b[31m\\",)
     assert cached.format(record) == escape_text(plain.format(_record_like(record)))
@@ -106,8 +106,8 @@ def test_access_records_are_what_make_record_gives() -> None:
     fields = {"method": "POST", "status": 201}
     before = time.time()
     copied = _access_records.make(args, fields)
-    made = logger.makeRecord(logger.name, logging.INFO, app_module.__file__, 0, _ACCESS_FORMAT, args, None,
-                             "_access_log", {"access": fields})
+    made = logger.makeRecord(logger.name, logging.INFO, logs_module.__file__, 0, _ACCESS_FORMAT, args, None,
+                             "log_access", {"access": fields})
     varying = {"created", "msecs", "relativeCreated"}
     assert {k: v for k, v in vars(copied).items() if k not in varying} == {
         k: v for k, v in vars(made).items() if k not in varying

@@ -10,14 +10,18 @@ import io
 import json
 import logging
 import os
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 from lease_lock.backends.memory import MemoryBackend
+from lease_lock.server import _logs as logs_module
 from lease_lock.server import create_app, create_key
-from lease_lock.server.cli import JsonLogFormatter, _configure_logging, _DirectWriteHandler, _SecondCachedFormatter
+from lease_lock.server._logs import JsonLogFormatter, LineFormatter, LineWriter, configure_logging, log_access
 
 
 def _logger(name: str, handler: logging.Handler) -> logging.Logger:
@@ -32,7 +36,7 @@ def test_a_line_is_in_the_file_when_the_call_returns(tmp_path: Path) -> None:
     path = tmp_path / "log.txt"
     with path.open("w", encoding="utf-8") as stream:
         stream.write("before\n")  # held by the stream's buffer: goes out first
-        handler = _DirectWriteHandler(stream)
+        handler = LineWriter(stream)
         logger = _logger("written", handler)
         try:
             logger.info("value %s", ["é"])
@@ -47,7 +51,7 @@ def test_lines_from_many_threads_through_a_pipe_never_mix() -> None:
     reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: os.read(read_end, 65536), b"")))
     reader.start()
     with os.fdopen(write_end, "w", encoding="utf-8") as stream:
-        handler = _DirectWriteHandler(stream)
+        handler = LineWriter(stream)
         logger = _logger("pipe", handler)
         try:
 
@@ -74,12 +78,12 @@ def test_lines_from_many_threads_through_a_pipe_never_mix() -> None:
 def test_text_lines_escape_control_characters_and_json_lines_keep_them(tmp_path: Path) -> None:
     key = "two\nlines\r\x1b[31mred\ttab"
     for formatter, read in (
-        (_SecondCachedFormatter("%(levelname)s %(message)s"), lambda line: line),
+        (LineFormatter("%(levelname)s %(message)s"), lambda line: line),
         (JsonLogFormatter(), lambda line: json.loads(line)["message"]),
     ):
         path = tmp_path / "log.txt"
         with path.open("w", encoding="utf-8") as stream:
-            handler = _DirectWriteHandler(stream)
+            handler = LineWriter(stream)
             handler.setFormatter(formatter)
             logger = _logger(f"escape-{type(formatter).__name__}", handler)
             try:
@@ -129,15 +133,15 @@ def _library_logger(*, bare: bool) -> Iterator[logging.Logger]:
 
 def test_the_service_logs_from_the_level_asked_for() -> None:
     with _library_logger(bare=True) as logger:
-        _configure_logging("text", "warning")
-        assert [type(h) for h in logger.handlers if not isinstance(h, logging.NullHandler)] == [_DirectWriteHandler]
+        configure_logging("text", "warning")
+        assert [type(h) for h in logger.handlers if not isinstance(h, logging.NullHandler)] == [LineWriter]
         assert logger.level == logging.WARNING
         assert not logging.getLogger("lease_lock.server").isEnabledFor(logging.INFO)  # no access lines
 
 
 def test_the_service_logs_access_lines_unless_told_otherwise() -> None:
     with _library_logger(bare=True) as logger:
-        _configure_logging("json")
+        configure_logging("json")
         assert logger.level == logging.INFO
         assert logging.getLogger("lease_lock.server").isEnabledFor(logging.INFO)
 
@@ -147,9 +151,9 @@ def test_a_programs_own_logging_keeps_its_handlers_and_takes_only_a_level_given(
         own = logging.StreamHandler()
         logger.addHandler(own)
         logger.setLevel(logging.DEBUG)
-        _configure_logging("json")
+        configure_logging("json")
         assert logger.level == logging.DEBUG and logger.handlers[-1] is own
-        _configure_logging("json", "error")
+        configure_logging("json", "error")
         assert logger.level == logging.ERROR and logger.handlers[-1] is own
 
 
@@ -173,3 +177,115 @@ def test_the_access_line_is_written_when_the_server_closes_the_answer(
     answer.close()  # type: ignore[attr-defined] # a second close writes nothing more
     [line] = [r.getMessage() for r in caplog.records if "/locks/{key}" in r.getMessage()]
     assert line.startswith("GET /locks/{key} -> 200 project=alpha request_id=")
+
+
+# A moment well inside its second, so that the record's float time and the direct line's
+# integer time name the same millisecond.
+_NOW_NS = 1_764_560_000_250_400_000
+_ACCESS = ("GE\x1bT", "/locks/{key}/lease", 201, "alpha", "5e0a7f7c-1d0c-4f43-9a55-0c1f8b5b1e52", 0.00125)
+
+
+def _served_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, log_format: str, setup: Any = None
+) -> tuple[list[str], int]:
+    """The access lines ``lease-lock serve``'s logging writes for ``_ACCESS`` at ``_NOW_NS``, and
+    how many records were made for them; ``setup(writer)`` changes the setup first."""
+    made: list[logging.LogRecord] = []
+    make = logs_module._access_records.make
+    monkeypatch.setattr(logs_module._access_records, "make", lambda *a: made.append(make(*a)) or made[-1])
+    monkeypatch.setattr(time, "time_ns", lambda: _NOW_NS)
+    path = tmp_path / f"{log_format}-{len(list(tmp_path.iterdir()))}.log"
+    with path.open("w", encoding="utf-8") as stream, _library_logger(bare=True) as logger:
+        monkeypatch.setattr(sys, "stderr", stream)
+        configure_logging(log_format)
+        [writer] = [h for h in logger.handlers if not isinstance(h, logging.NullHandler)]
+        if setup is not None:
+            setup(writer)
+        log_access(*_ACCESS)
+    return path.read_text(encoding="utf-8").splitlines(), len(made)
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_the_access_line_written_directly_is_the_line_its_record_gives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, log_format: str
+) -> None:
+    # No record on the serve setup: the line's text is written as it stands.
+    direct, records = _served_lines(tmp_path, monkeypatch, log_format)
+    assert records == 0
+    # A filter that lets everything through: the record path, to the same line.
+    through_record, records = _served_lines(tmp_path, monkeypatch, log_format, lambda w: w.addFilter(lambda r: True))
+    assert records == 1
+    assert direct == through_record and len(direct) == 1
+    if log_format == "text":
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(_NOW_NS // 10**9))
+        assert direct[0] == (
+            f"{stamp},250 {os.getpid()} lease_lock.server INFO GE\\x1bT /locks/{{key}}/lease -> 201 project=alpha "
+            "request_id=5e0a7f7c-1d0c-4f43-9a55-0c1f8b5b1e52 1.2ms"
+        )
+    else:
+        entry = json.loads(direct[0])
+        assert entry["method"] == "GE\x1bT" and entry["duration_ms"] == 1.2 and entry["process"] == os.getpid()
+
+
+def _drop_everything(writer: logging.Handler) -> None:
+    writer.addFilter(lambda record: False)
+
+
+def _quiet_writer(writer: logging.Handler) -> None:
+    writer.setLevel(logging.WARNING)
+
+
+def _second_handler(writer: logging.Handler) -> None:
+    logging.getLogger().addHandler(logging.NullHandler())  # a NullHandler does nothing: still direct
+    logging.getLogger().addHandler(_Collect())
+
+
+def _own_factory(writer: logging.Handler) -> None:
+    factory = logging.getLogRecordFactory()
+    logging.setLogRecordFactory(lambda *args, **kwargs: factory(*args, **kwargs))
+
+
+class _Collect(logging.Handler):
+    seen: ClassVar[list[logging.LogRecord]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.seen.append(record)
+
+
+@pytest.mark.parametrize(
+    ("setup", "lines", "records"),
+    [(_drop_everything, 0, 1), (_quiet_writer, 0, 1), (_second_handler, 1, 1), (_own_factory, 1, 1)],
+    ids=["filtered-out", "writer-level-warning", "another-handler", "own-record-factory"],
+)
+def test_an_access_line_is_a_record_when_anything_else_could_see_or_change_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setup: Any, lines: int, records: int
+) -> None:
+    factory = logging.getLogRecordFactory()
+    _Collect.seen = []
+    try:
+        written, made = _served_lines(tmp_path, monkeypatch, "text", setup)
+    finally:
+        logging.setLogRecordFactory(factory)
+    assert len(written) == lines and made == records
+    if setup is _second_handler:
+        assert [record.getMessage().split(" -> ")[0] for record in _Collect.seen] == ["GE\x1bT /locks/{key}/lease"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX")
+def test_a_forked_worker_writes_its_own_process_id_on_the_direct_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "fork.log"
+    with path.open("w", encoding="utf-8") as stream, _library_logger(bare=True):
+        monkeypatch.setattr(sys, "stderr", stream)
+        configure_logging("text")
+        log_access(*_ACCESS)  # the parent's process id is known from here on
+        child = os.fork()
+        if child == 0:  # pragma: no cover - runs in the child
+            try:
+                log_access(*_ACCESS)
+            finally:
+                os._exit(0)
+        os.waitpid(child, 0)
+    parent_line, child_line = path.read_text(encoding="utf-8").splitlines()
+    assert parent_line.split()[2] == str(os.getpid()) and child_line.split()[2] == str(child)
