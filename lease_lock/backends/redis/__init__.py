@@ -100,6 +100,12 @@ def _beside(key: str, suffix: str) -> str:
     return f"{key}{suffix}" if hash_tag(key) is not None else f"{{{key}}}{suffix}"
 
 
+# The names below are pure functions of the key, asked for on every call about it (a release
+# names five of them): the names of the keys used last are kept.
+_NAMES_KEPT = 1024
+
+
+@functools.lru_cache(maxsize=_NAMES_KEPT)
 def fence_key(key: str) -> str:
     """The name of ``key``'s fence counter, in the same hash slot as ``key``.
 
@@ -110,6 +116,7 @@ def fence_key(key: str) -> str:
     return _beside(key, ":fence")
 
 
+@functools.lru_cache(maxsize=_NAMES_KEPT)
 def handoff_keys(key: str) -> tuple[str, str]:
     """The names of ``key``'s waiting marker and wake list, in the same hash slot as ``key``
     (formed like :func:`fence_key`; see :mod:`lease_lock.backends.handoff`). Neither is a
@@ -117,12 +124,14 @@ def handoff_keys(key: str) -> tuple[str, str]:
     return _beside(key, ":waiting"), _beside(key, ":wake")
 
 
+@functools.lru_cache(maxsize=_NAMES_KEPT)
 def line_keys(key: str) -> tuple[str, str]:
     """The names of ``key``'s waiting line (a list of tokens) and its entries (a hash), in
     the same hash slot as ``key`` (formed like :func:`fence_key`)."""
     return _beside(key, ":line"), _beside(key, ":entries")
 
 
+@functools.lru_cache(maxsize=_NAMES_KEPT)
 def store_structure(key: str) -> Optional[str]:
     """What ``key`` names among the backend's own structures (``"fence counter"``,
     ``"wake list"``, ...) when it is the name of one for some other key, else ``None``."""
