@@ -44,7 +44,7 @@ REFRESH_SHARE = 0.25
 #: and takes the key straight back is not interrupted by a hand-over (each of which costs a
 #: waiter's wake-up) at every release; the waiter at the head of the line, told when the burst
 #: ends, asks for the key itself then.
-BURST = 0.002
+BURST = 0.005
 #: How many threads of one backend may wait in line at once, each blocked on a connection of
 #: its own; further waiters wait through the backend's shared hand-off watcher instead.
 LINE_WAITERS = 8
