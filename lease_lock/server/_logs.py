@@ -292,7 +292,8 @@ def log_access(method: str, route: str, status: int, project: str, request_id: s
     args = (method, route, status, project, request_id, seconds * 1000)
     writer = _sole_writer()
     formatter = writer.formatter if writer is not None else None
-    if writer is not None and isinstance(formatter, LineFormatter):
+    # Only the formatters defined here: a subclass of the program's own may format otherwise.
+    if writer is not None and isinstance(formatter, LineFormatter) and type(formatter) in _DIRECT_FORMATTERS:
         line = formatter._access_line(time.time_ns(), _access_records.process(), args)
         if line is not None:
             try:
@@ -316,6 +317,7 @@ def _access_fields(args: tuple[Any, ...]) -> dict[str, Any]:
     }
 
 
+_DIRECT_FORMATTERS = (LineFormatter, JsonLogFormatter)
 _access_records = _AccessRecords()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_access_records.forget)

@@ -289,3 +289,15 @@ def test_a_forked_worker_writes_its_own_process_id_on_the_direct_path(
         os.waitpid(child, 0)
     parent_line, child_line = path.read_text(encoding="utf-8").splitlines()
     assert parent_line.split()[2] == str(os.getpid()) and child_line.split()[2] == str(child)
+
+
+def test_a_formatter_subclass_of_the_programs_own_gets_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    class Shouting(LineFormatter):
+        def format(self, record: logging.LogRecord) -> str:
+            return super().format(record).upper()
+
+    def shout(writer: logging.Handler) -> None:
+        writer.setFormatter(Shouting(logs_module.TEXT_FORMAT))
+
+    written, made = _served_lines(tmp_path, monkeypatch, "text", shout)
+    assert made == 1 and written[0].endswith("PROJECT=ALPHA REQUEST_ID=5E0A7F7C-1D0C-4F43-9A55-0C1F8B5B1E52 1.2MS")
