@@ -354,6 +354,40 @@ def test_releases_during_a_holders_burst_leave_the_key_free_and_the_head_of_the_
         backend.close()
 
 
+def test_leaving_with_a_handed_key_hands_it_to_the_next_waiter_even_inside_its_burst(
+    redis_server: RedisServer, key: str
+) -> None:
+    backend = RedisBackend.from_url(redis_server.url)
+    client = backend.client
+    holder, first, second = "h" * 32, "a" * 32, "b" * 32
+    lines = [backend.join_line(key, token, 30, token[0], True, time.monotonic) for token in (first, second)]
+    try:
+        assert backend.acquire_fenced(key, holder, 30, "holder") is not None
+        assert lines[0] is not None and lines[1] is not None
+        assert lines[0].ask() is None and lines[1].ask() is None  # both in line, oldest first
+        assert backend.release(key, holder)
+        handed = lines[0].wait(30)
+        assert handed is not None and handed.claimed and _holder_token(client, key) == first
+        # The hand-over gave the first waiter a burst; it runs another minute here, so that the
+        # leave below surely comes inside it.
+        seconds, micros = client.time()
+        client.hset(line_keys(key)[1], "!", seconds * 1000 + micros // 1000 + 60_000)
+        # The first waiter leaves without using the grant: the key goes on to the second at
+        # once, its burst notwithstanding (a burst is for a holder that takes the key back).
+        lines[0].leave(False)
+        assert _holder_token(client, key) == second
+        grant = lines[1].wait(30)
+        assert grant is not None and grant.fence > handed.fence
+        lines[1].leave(True)
+        assert _in_line(client, key) == 0
+    finally:
+        for line in lines:
+            if line is not None:
+                line.leave(False)
+        backend.force_release(key)
+        backend.close()
+
+
 def test_a_burst_ends_and_the_next_release_hands_the_key_over(redis_server: RedisServer, key: str) -> None:
     # Two lockers cycle on one key for a while: every one of them gets grants, and most
     # grants stay with the holder of a burst (see the performance page for the figures).

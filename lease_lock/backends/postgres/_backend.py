@@ -829,7 +829,7 @@ def _line_statements(
         f" AND ahead.joined < COALESCE((SELECT me.joined FROM {q} AS me WHERE me.key = %(key)s"
         " AND me.token = %(token)s AND me.fresh_until > clock_timestamp()), clock_timestamp())))"
     )
-    def hand_on(lease_rows: str, line_rows: str, extra: str = "") -> str:
+    def hand_on(lease_rows: str, line_rows: str, extra: str = "", *, burst: bool = True) -> str:
         """A release that hands the key to the oldest fresh waiter in line, else deletes it.
 
         ``lease_rows`` picks the lease row released, ``line_rows`` the places it may hand the
@@ -844,7 +844,9 @@ def _line_statements(
         seconds, kept in the key's row of the line with the empty token, which no waiter has):
         until it ends, a release hands nothing over and leaves the key free, so that a holder
         that releases and takes the key straight back is not interrupted by a hand-over, each of
-        which costs a waiter's wake-up, at every release."""
+        which costs a waiter's wake-up, at every release. Without ``burst`` (a waiter that
+        leaves without using a key handed to it) a running burst is no reason to keep the key
+        back: the burst was that waiter's own."""
         # One read of the key's places (the rest reads that); each write below is skipped by
         # a one-time filter unless its case arose, so a release with nobody in line costs one
         # index probe of the line more than the plain release.
@@ -853,8 +855,9 @@ def _line_statements(
             " line.ticket, line.joined, line.fresh_until > clock_timestamp() AS fresh"
             f" FROM {q} AS line WHERE line.key = %(key)s{line_rows}),"
             " waiter AS MATERIALIZED (SELECT token, owner, claim, fenced, channel, ticket FROM places"
-            " WHERE token <> '' AND fresh AND NOT EXISTS (SELECT 1 FROM places WHERE token = '' AND fresh)"
-            " ORDER BY joined, token LIMIT 1),"
+            " WHERE token <> '' AND fresh"
+            + (" AND NOT EXISTS (SELECT 1 FROM places WHERE token = '' AND fresh)" if burst else "")
+            + " ORDER BY joined, token LIMIT 1),"
             + draw("drawn", "waiter WHERE waiter.fenced")
             + f", handed AS (UPDATE {t} AS held SET token = waiter.token, owner = waiter.owner,"
             " expires_at = clock_timestamp() + waiter.claim * interval '1 second',"
@@ -911,9 +914,10 @@ def _line_statements(
         # Inputs: key, channel. Result: as release_handing, for whoever held the key.
         "force_release_handing": hand_on("", ""),
         # Inputs: key, token, channel. A waiter that leaves without the key: its place goes,
-        # and a key handed to it meanwhile goes on to the next waiter (or is released).
+        # and a key handed to it meanwhile goes on to the next waiter (or is released), inside
+        # its burst too.
         "leave_line": hand_on(
-            mine, not_mine, f" mine AS (DELETE FROM {q} WHERE key = %(key)s AND token = %(token)s),"
+            mine, not_mine, f" mine AS (DELETE FROM {q} WHERE key = %(key)s AND token = %(token)s),", burst=False
         ),
     }
 

@@ -392,7 +392,8 @@ redis.call('DEL', KEYS[5])
 #: KEYS as for RELEASE, then KEYS[7] this waiter's grant list. ARGV as for RELEASE, then
 #: ARGV[7] the token.
 #: A waiting thread that leaves without the key takes its entry out of the line; a grant that a
-#: release handed it meanwhile is released as by RELEASE (handed on, or announced). Returns 1
+#: release handed it meanwhile is released as by RELEASE (handed on, or announced), with no
+#: burst of its own in the way. Returns 1
 #: when such a grant was released, else 0.
 LEAVE_LINE = Script(
     _ANNOUNCE
@@ -401,6 +402,12 @@ LEAVE_LINE = Script(
 if redis.call('TYPE', KEYS[5]).ok == 'list' and redis.call('TYPE', KEYS[6]).ok == 'hash' then
   redis.call('HDEL', KEYS[6], ARGV[7])
   redis.call('LREM', KEYS[5], 0, ARGV[7])
+  -- A key handed to this waiter goes on at once: the burst it came with (see _HAND_ON) is for
+  -- a holder that takes the key back, and this one leaves without using it.
+  local held = redis.call('GET', KEYS[1])
+  if held and string.sub(held, 1, #ARGV[1]) == ARGV[1] then
+    redis.call('HDEL', KEYS[6], '!')
+  end
 end
 redis.call('DEL', KEYS[7])
 """
