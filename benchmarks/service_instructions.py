@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
-from .instructions import count
+from .instructions import count_rows
 
 __all__ = ["main"]
 
@@ -132,10 +132,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if shutil.which(args.valgrind) is None:
         parser.error(f"{args.valgrind} not found: install valgrind (apt-get install valgrind)")
     n = args.cycles
-    per_cycle = {}
-    for row in ROWS:
-        counted = count(row, n, args.valgrind, _RUNNER, "--redis-url", args.redis_url)
-        per_cycle[row] = (counted[3 * n] - counted[n]) / (2 * n)
+    counts = count_rows(ROWS, n, args.valgrind, _RUNNER, "--redis-url", args.redis_url)
+    per_cycle = {row: counts.per_cycle(row, n) for row in ROWS}
     print(f"WSGI app on Redis, valgrind callgrind, {n} and {3 * n} cycles, instructions per acquire+release")
     header = f"{'cycle':<52} {'instructions':>12}"
     print(header)
