@@ -188,13 +188,18 @@ def test_contended_in_miniature(tmp_path: Path, redis_server: RedisServer, postg
         assert rows[0]["p50_ms"] is None  # one process hands nothing to another
 
 
-def test_instruction_count_in_miniature() -> None:
-    # Counted, not timed: callgrind is needed, and CI must have it (.ci/run installs it).
+def _require_valgrind() -> None:
+    """Counted, not timed: callgrind is needed, and CI must have it (.ci/run installs it), so
+    there a missing valgrind fails the test; elsewhere it skips."""
     if shutil.which("valgrind") is None:
         message = "valgrind is not on PATH (install the valgrind package)"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
+
+
+def test_instruction_count_in_miniature() -> None:
+    _require_valgrind()
     output = run_benchmark("instructions", "--cycles", "5")
     rows = table_rows(
         output, "bare backend acquire + release", "with locker.lock(key): pass", "core (Locker minus bare)"
@@ -207,11 +212,7 @@ def test_instruction_count_in_miniature() -> None:
 
 
 def test_service_instruction_count_in_miniature(redis_server: RedisServer) -> None:
-    if shutil.which("valgrind") is None:
-        message = "valgrind is not on PATH (install the valgrind package)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+    _require_valgrind()
     output = run_benchmark("service_instructions", "--cycles", "3", "--redis-url", redis_server.url)
     rows = table_rows(
         output,

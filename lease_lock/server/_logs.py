@@ -36,6 +36,16 @@ _ACCESS_FUNCTION = "log_access"
 TEXT_FORMAT = "%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
 
 
+def _text_line(stamp: str, process: object, logger: str, level: str, message: str) -> str:
+    """A line of :data:`TEXT_FORMAT`, control characters escaped."""
+    return escape_text(f"{stamp} {process} {logger} {level} {message}")
+
+
+def _json_entry(stamp: str, level: str, logger: str, process: object, message: str) -> dict[str, Any]:
+    """The fields every JSON line starts with."""
+    return {"time": stamp, "level": level, "logger": logger, "process": process, "message": message}
+
+
 class LineFormatter(logging.Formatter):
     """A ``logging.Formatter`` that formats the date and time of each second once, and writes
     every line as one line: control characters in it are escaped.
@@ -66,7 +76,7 @@ class LineFormatter(logging.Formatter):
         # ``%(...)s`` in the record's dictionary.
         record.message = record.getMessage()
         record.asctime = self.formatTime(record)
-        return escape_text(f"{record.asctime} {record.process} {record.name} {record.levelname} {record.message}")
+        return _text_line(record.asctime, record.process, record.name, record.levelname, record.message)
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         """The line before any traceback, with control characters escaped.
@@ -78,9 +88,17 @@ class LineFormatter(logging.Formatter):
 
     def formatTime(self, record: logging.LogRecord, datefmt: Optional[str] = None) -> str:
         """The record's time as ``logging.Formatter`` writes it (``YYYY-MM-DD HH:MM:SS,mmm``)."""
-        if datefmt is not None or self.converter is not time.localtime:
+        if datefmt is not None or not self._own_time():
             return super().formatTime(record, datefmt)
-        return f"{self._date(int(record.created))},{int(record.msecs):03d}"
+        return self._stamp(int(record.created), int(record.msecs))
+
+    def _own_time(self) -> bool:
+        """Whether times are this class's own: local time, logging's default format."""
+        return self.datefmt is None and self.converter is time.localtime
+
+    def _stamp(self, second: int, millis: int) -> str:
+        """``YYYY-MM-DD HH:MM:SS,mmm`` of ``second`` and ``millis`` (see :meth:`_date`)."""
+        return f"{self._date(second)},{millis:03d}"
 
     def _date(self, second: int) -> str:
         """``YYYY-MM-DD HH:MM:SS`` of ``second`` in local time, formatted once per second."""
@@ -94,13 +112,11 @@ class LineFormatter(logging.Formatter):
         """The line this formatter makes of the record of an access line with ``args`` made at
         ``now_ns`` in ``process``, made without the record (``None`` when this formatter's
         lines need one)."""
-        if not self._direct or self.datefmt is not None or self.converter is not time.localtime:
+        if not self._direct or not self._own_time():
             return None
         second, nanos = divmod(now_ns, 1_000_000_000)
-        return escape_text(
-            f"{self._date(second)},{nanos // 1_000_000:03d} {process} {_log.name} {logging.getLevelName(logging.INFO)} "
-            + _ACCESS_FORMAT % args
-        )
+        stamp = self._stamp(second, nanos // 1_000_000)
+        return _text_line(stamp, process, _log.name, logging.getLevelName(logging.INFO), _ACCESS_FORMAT % args)
 
 
 class JsonLogFormatter(LineFormatter):
@@ -108,29 +124,18 @@ class JsonLogFormatter(LineFormatter):
 
     def format(self, record: logging.LogRecord) -> str:
         """The record as one line of JSON."""
-        entry: dict[str, Any] = {
-            "time": self.formatTime(record),
-            "level": record.levelname,
-            "logger": record.name,
-            "process": record.process,
-            "message": record.getMessage(),
-        }
+        entry = _json_entry(self.formatTime(record), record.levelname, record.name, record.process, record.getMessage())
         entry.update(getattr(record, "access", {}))
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry)
 
     def _access_line(self, now_ns: int, process: int, args: tuple[Any, ...]) -> Optional[str]:
-        if self.datefmt is not None or self.converter is not time.localtime:
+        if not self._own_time():
             return None
         second, nanos = divmod(now_ns, 1_000_000_000)
-        entry: dict[str, Any] = {
-            "time": f"{self._date(second)},{nanos // 1_000_000:03d}",
-            "level": logging.getLevelName(logging.INFO),
-            "logger": _log.name,
-            "process": process,
-            "message": _ACCESS_FORMAT % args,
-        }
+        stamp = self._stamp(second, nanos // 1_000_000)
+        entry = _json_entry(stamp, logging.getLevelName(logging.INFO), _log.name, process, _ACCESS_FORMAT % args)
         entry.update(_access_fields(args))
         return json.dumps(entry)
 

@@ -50,10 +50,8 @@ class TestEtcdBackend(BackendContract, ServiceStoreContract):
 
 
 @pytest.fixture
-def backend(etcd_server: EtcdCluster) -> Iterator[EtcdBackend]:
-    backend = EtcdBackend.from_url(etcd_server.url)
-    yield backend
-    backend.close()
+def backend(etcd_backend: EtcdBackend) -> EtcdBackend:
+    return etcd_backend
 
 
 @pytest.fixture

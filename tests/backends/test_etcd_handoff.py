@@ -61,10 +61,8 @@ def queued(cluster: EtcdCluster, key: str, callbacks: list[Any]) -> Iterator[lis
 
 
 @pytest.fixture
-def holder(etcd_server: EtcdCluster) -> Iterator[EtcdBackend]:
-    backend = EtcdBackend.from_url(etcd_server.url)
-    yield backend
-    backend.close()
+def holder(etcd_backend: EtcdBackend) -> EtcdBackend:
+    return etcd_backend
 
 
 def test_etcd_backend_offers_wake_one_hand_off(holder: EtcdBackend) -> None:

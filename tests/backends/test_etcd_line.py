@@ -159,11 +159,9 @@ def in_line(etcd_server: EtcdCluster) -> Iterator[Callable[[str, int], list[Wait
 
 
 @pytest.fixture
-def plain(etcd_server: EtcdCluster) -> Iterator[EtcdBackend]:
+def plain(etcd_backend: EtcdBackend) -> EtcdBackend:
     """A backend without ``direct_handoff`` (a process of an older release)."""
-    backend = EtcdBackend.from_url(etcd_server.url)
-    yield backend
-    backend.close()
+    return etcd_backend
 
 
 def _caught_up(cluster: EtcdCluster, backend: EtcdBackend) -> None:

@@ -355,6 +355,16 @@ def etcd_server(etcd_factory: EtcdFactory) -> EtcdCluster:
     return etcd_factory.cluster(members=1)
 
 
+@pytest.fixture
+def etcd_backend(etcd_server: EtcdCluster) -> Iterator[Any]:
+    """A plain ``EtcdBackend`` (no direct hand-off) on :func:`etcd_server`, closed at the end."""
+    from lease_lock.backends.etcd import EtcdBackend
+
+    backend = EtcdBackend.from_url(etcd_server.url)
+    yield backend
+    backend.close()
+
+
 @pytest.fixture(scope="session")
 def etcd_cluster(etcd_factory: EtcdFactory) -> EtcdCluster:
     """One private three-member cluster shared by the session (do not break it)."""
