@@ -2,6 +2,7 @@
 
     python -m benchmarks.contended [--workers 8] [--seconds 10] [--rounds 5] [--stores redis,postgres]
         [--redis-url redis://127.0.0.1:6379/0] [--postgres-url postgresql://postgres@127.0.0.1:5432/test]
+        [--spinners 0]
 
 Each worker is its own process with its own connection and Locker (default options, the
 default retry policy with a timeout longer than the run) and loops ``locker.acquire(key)`` /
@@ -19,6 +20,11 @@ store, all in one run:
 - Redis: ``python-redis-lock, N processes`` (its blocking ``acquire()``, which waits on a
   ``BLPOP`` signal list); PostgreSQL: ``pg_advisory_lock, N processes`` (a session advisory
   lock, the server's own wait queue): peers that wait in the server.
+
+With ``--spinners N``, N processes spin at nice 19 for the whole run, so that no CPU is ever
+idle (see :func:`benchmarks.measure.spinning`): on a virtual machine whose idle CPUs halt, the
+one-process row otherwise pays a CPU's wake-up at every round trip, which the contended rows,
+whose CPUs are rarely idle, mostly do not.
 
 Columns: grants per second by all workers together; of those, the ones that went to another
 worker than the grant before (``handoffs/s``: the rest were taken back by the releasing worker
@@ -43,7 +49,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from benchmarks.measure import add_json_argument, machine, percentile, write_json
+from benchmarks.measure import add_json_argument, machine, percentile, spinning, write_json
 
 __all__ = ["Run", "main"]
 
@@ -272,14 +278,26 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--stores", default="redis,postgres")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--postgres-url", default="postgresql://postgres@127.0.0.1:5432/test")
+    parser.add_argument(
+        "--spinners", type=int, default=0,
+        help="keep this many processes busy at nice 19 throughout (see benchmarks.measure.spinning)",
+    )
     add_json_argument(parser)
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    if args.spinners < 0:
+        parser.error("--spinners must be at least 0")
+    with spinning(args.spinners):
+        _run_stores(args, argv)
+
+
+def _run_stores(args: argparse.Namespace, argv: Optional[list[str]]) -> None:
     stores = [store.strip() for store in args.stores.split(",") if store.strip()]
     info = machine()
+    busy = f"; {args.spinners} spinning at nice 19" if args.spinners else ""
     print(f"{info['cpus']} CPUs, {info['system']}, Python {info['python']}; "
-          f"{args.workers} workers, {args.seconds:g} s per row in {args.rounds} turns")
+          f"{args.workers} workers, {args.seconds:g} s per row in {args.rounds} turns{busy}")
     output: dict[str, Any] = {}
     for store in stores:
         url = args.redis_url if store == "redis" else args.postgres_url

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import multiprocessing
 import os
 import platform
 import shlex
@@ -19,14 +20,15 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 __all__ = [
     "Pairing", "add_json_argument", "grant_cycle", "locker_cycle", "machine", "paired", "percentile",
-    "write_json",
+    "spinning", "write_json",
 ]
 
 _WARM_UP_CYCLES = 100
@@ -126,6 +128,33 @@ def machine() -> dict[str, Any]:
         "processor": platform.machine(),
         "python": platform.python_version(),
     }
+
+
+def _spin() -> None:
+    os.nice(19)
+    while True:
+        pass
+
+
+@contextmanager
+def spinning(count: int) -> Iterator[None]:
+    """Keep ``count`` processes busy at the lowest priority while the block runs.
+
+    On a virtual machine a CPU with nothing to run is halted, and waking it again for the next
+    reply costs far more than a context switch: a loop that waits for one round trip after
+    another then measures those wake-ups as much as its own work. A process at nice 19 never
+    lets a CPU halt but yields it to any other runnable task, so the same loop on busy CPUs
+    shows what it costs where the machine is loaded anyway.
+    """
+    spinners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(count)]
+    for spinner in spinners:
+        spinner.start()
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.join()
 
 
 def write_json(path: Optional[str], benchmark: str, argv: Optional[Sequence[str]], results: Any) -> None:

@@ -8,6 +8,7 @@ quote. Each runs as ``python -m benchmarks.<name>`` from the repository root, as
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.polling import wait_until
 from tests.support.postgres_server import PostgresServer
 from tests.support.redis_server import RedisServer
 
@@ -163,11 +165,27 @@ def test_json_results_become_figures(tmp_path: Path, redis_server: RedisServer) 
     assert "benchmarks.redis_cycle" in svg and document["date"] in svg
 
 
+def test_spinners_run_at_the_lowest_priority_only_while_asked_for() -> None:
+    from benchmarks.measure import spinning
+
+    before = set(multiprocessing.active_children())
+    with spinning(2):
+        spinners = [child for child in multiprocessing.active_children() if child not in before]
+        assert len(spinners) == 2
+        # Each spinner lowers its own priority as it starts.
+        wait_until(
+            lambda: all(os.getpriority(os.PRIO_PROCESS, child.pid) == 19 for child in spinners), "spinners at nice 19"
+        )
+        assert all(child.is_alive() for child in spinners)
+    assert not any(child.is_alive() for child in spinners)
+
+
 def test_contended_in_miniature(tmp_path: Path, redis_server: RedisServer, postgres_server: PostgresServer) -> None:
     output = run_benchmark(
         "contended", "--workers", "3", "--seconds", "0.5", "--rounds", "2", "--redis-url", redis_server.url,
-        "--postgres-url", postgres_server.url, "--json", str(tmp_path / "contended.json"),
+        "--postgres-url", postgres_server.url, "--json", str(tmp_path / "contended.json"), "--spinners", "1",
     )
+    assert "; 1 spinning at nice 19" in output.splitlines()[0]
     redis_part, postgres_part = output.split("\npostgres:", 1)
     redis_rows = table_rows(redis_part, "Locker, 1 process", "Locker, 3 processes", "python-redis-lock, 3 processes")
     postgres_rows = table_rows(
