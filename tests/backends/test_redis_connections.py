@@ -18,6 +18,7 @@ from redis.backoff import NoBackoff
 from redis.connection import Encoder, PythonRespSerializer
 from redis.retry import Retry
 
+from tests.support.cycles import errors_left_in_cycles
 from tests.support.redis_server import RedisServer
 
 TOKEN = "k" * 32
@@ -338,4 +339,30 @@ def test_an_error_reply_is_not_retried(private_redis_server: RedisServer, key: s
     finally:
         _connections._send = original
         commands.close()
+        client.close()
+
+
+
+@pytest.mark.parametrize("first_failure", ["script-missing", "connection-dropped"])
+def test_a_call_whose_first_send_failed_leaves_nothing_for_the_cyclic_collector(
+    private_redis_server: RedisServer, key: str, first_failure: str
+) -> None:
+    # A dropped lock is given back when its last reference goes; frames kept alive by an error's
+    # traceback in a cycle held it (and the caller's frames) until a collection ran instead.
+    client = _client(private_redis_server, client_name="cycles", retry=Retry(NoBackoff(), 1))
+    backend = RedisBackend(client)
+    admin = _client(private_redis_server)
+    try:
+        assert backend.acquire(key, TOKEN, 30, "o")
+        if first_failure == "script-missing":
+            admin.script_flush()  # the next EVALSHA is refused, and EVAL follows
+        else:
+            [entry] = _connections_named(private_redis_server, "cycles")
+            admin.client_kill_filter(_id=entry["id"])  # the next send fails, and is retried
+
+        assert errors_left_in_cycles(lambda: backend.release(key, TOKEN)) == []
+        assert not backend.is_held(key, TOKEN)
+    finally:
+        admin.close()
+        backend.close()
         client.close()

@@ -148,9 +148,9 @@ class DirectCommands:
             try:
                 return _send(connection, args, packed)
             except Exception as error:  # noqa: BLE001 - the client's retry policy judges it
-                first = error
-            # Outside the handler: a retry's own error must not show ``first`` as its context.
-            return _retry_after(connection, args, packed, first)
+                failed = [error]
+            # Outside the handler: a retry's own error must not show the first as its context.
+            return _retry_after(connection, args, packed, failed)
         except BaseException as error:
             if not isinstance(error, ResponseError):
                 # A reply may be half read (a connection error, a timeout, an interrupt): this
@@ -187,21 +187,24 @@ class DirectCommands:
             self._pool.release(connection)
 
 
-def _retry_after(connection: Any, args: tuple[Any, ...], packed: Optional[bytes], first: Exception) -> Any:
-    """The rest of a call whose first send raised ``first``, under the connection's retry policy.
+def _retry_after(connection: Any, args: tuple[Any, ...], packed: Optional[bytes], failed: list[Exception]) -> Any:
+    """The rest of a call whose first send raised the one error in ``failed``, under the
+    connection's retry policy.
 
     The first try ran outside ``call_with_retry`` so that a call that succeeds builds no
-    closures. Re-raising ``first`` as the policy's own first try lets it count that failure,
+    closures. Re-raising that error as the policy's own first try lets it count that failure,
     disconnect, pick the backoff, and refuse what it does not retry (an error reply included),
     so the attempts, pauses and errors are those of one ``call_with_retry`` around every send.
+
+    The error is taken out of ``failed`` as it is raised again: the frames of the error that
+    ends the call (its traceback) must not hold it, or the error and those frames would make a
+    reference cycle that only the cyclic collector frees, keeping the caller's frames and
+    their locals (a held lock the caller has dropped, say) alive until it runs.
     """
-    tries = 0
 
     def attempt() -> Any:
-        nonlocal tries
-        tries += 1
-        if tries == 1:
-            raise first
+        if failed:
+            raise failed.pop()
         return _send(connection, args, packed)
 
     return connection.retry.call_with_retry(attempt, lambda _error, *_rest: connection.disconnect())
