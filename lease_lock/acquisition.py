@@ -276,6 +276,7 @@ class Acquisition:
                 if first is None:
                     return lock
             self._attempt(lock, options, plan, first)
+            del first  # see attempt: no reference cycle through an outage's error
         except BaseException as error:
             # A grant (in its pass through the lock's mutex) ended the acquiring already;
             # every other way out ends it here.
@@ -315,7 +316,10 @@ class Acquisition:
             if end is not None:
                 self._hold(lock, sent, end, requested, answer if self.fencing else None, max_hold, received - sent, 1)
                 return None
-        return sent, answer, received
+        try:
+            return sent, answer, received
+        finally:
+            del answer  # see attempt: no reference cycle through an outage's error
 
     def _max_hold_for(self, options: LockOptions) -> Optional[float]:
         if options.max_hold is not None:
@@ -366,6 +370,7 @@ class Acquisition:
             tries = Attempts(policy, retries, timeout, requested, max_hold, first[0])
             tries.attempts = 1
             outcome = self._judge(lock, tries, first[1], first[2])
+            del first  # see attempt: no reference cycle through an outage's error
         granted = False
         try:
             while True:
@@ -418,7 +423,13 @@ class Acquisition:
                 )
         except BackendUnavailableError as error:
             answer = error
-        return self._judge(lock, tries, answer, self.clock())
+        try:
+            return self._judge(lock, tries, answer, self.clock())
+        finally:
+            # An error's traceback holds this frame, and through it every caller's frame, the
+            # lock among their locals: kept here, it would make a reference cycle that only the
+            # cyclic collector frees, and a lock its holder drops would outlive the drop.
+            del answer
 
     def _judge_handed(self, lock: Lease, tries: Attempts) -> Optional[Outcome]:
         """What a grant that reached the waiter in line came to (``granted`` or ``late``), as
