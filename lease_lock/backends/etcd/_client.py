@@ -136,16 +136,22 @@ class EtcdClient:
     def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST ``body`` to ``path`` on the first member that serves it; its decoded answer."""
         last: Optional[BaseException] = None
-        for endpoint in self.order():
-            try:
-                answer = self._call_one(endpoint, path, body)
-            except (requests.ConnectionError, requests.Timeout, _TryElsewhere) as error:
-                last = error
-                continue
-            self._settle_on(endpoint)
-            return answer
-        assert last is not None
-        raise self.unavailable(last)
+        try:
+            for endpoint in self.order():
+                try:
+                    answer = self._call_one(endpoint, path, body)
+                except (requests.ConnectionError, requests.Timeout, _TryElsewhere) as error:
+                    last = error
+                    continue
+                self._settle_on(endpoint)
+                return answer
+            assert last is not None
+            raise self.unavailable(last)
+        finally:
+            # The error's traceback holds this frame, and through it every caller's frame with
+            # its locals: kept here, it would make a reference cycle only the cyclic collector
+            # frees (a lock its holder dropped would outlive the drop until then).
+            del last
 
     def _headers(self, endpoint: str, *, renew: bool = False) -> dict[str, str]:
         if self._user is None:
