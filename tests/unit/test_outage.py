@@ -179,8 +179,6 @@ def test_lockset_run_on_a_set_that_is_not_held_does_not_call(locker: Locker) -> 
     assert held.state == "released"
 
 
-
-
 @pytest.mark.parametrize("down", [1, 3], ids=["first-try", "later-tries"])
 def test_a_lock_granted_after_an_outage_goes_as_soon_as_it_is_dropped(
     flaky: FlakyBackend, clock: FakeClock, sleeps: list[float], down: int
