@@ -6,7 +6,13 @@ sessions) runs against a **bare WSGI app** that answers the same statuses and bo
 a fence, 204) at once, and against ``lease-lock serve``. On Redis rows it also runs against a
 **store-only app**: the bare app making the one raw store call the service's request makes
 (``SET NX PX`` for a grant, the token-checked ``EVALSHA`` delete for a release) before it
-answers, which shows how much of the gap to the bare app is the store's round trip itself.
+answers, which shows how much of the gap to the bare app is the store's round trip itself. On
+Redis rows it also runs against a **backend-only app**: the bare app making the store calls the
+service's request makes, through the same backend (``RedisBackend.grant_if_free``, the fenced
+grant script, and ``RedisBackend.release``, the release script that hands the key on). Redis
+then does the service's own work and the client side is the service's, so what the service
+costs beyond it is the service's own layer: routing, the credential, the budget, validation,
+the answer and its access line.
 Every side runs under the same server code and settings (``lease_lock.server.serving.serve``:
 waitress, keep-alive, the same threads and worker processes) and the same clients; the ratio is
 service/bare cycles per second, "vs store-only" service/store-only. The sides take turns in
@@ -80,7 +86,10 @@ def bare_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> lis
     return _answer(environ, start_response, None)
 
 
-def store_only_app(redis_url: str) -> Callable[[dict[str, Any], Callable[..., Any]], list[bytes]]:
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], list[bytes]]
+
+
+def store_only_app(redis_url: str) -> WsgiApp:
     """:func:`bare_app` plus the one raw Redis call of each request: ``SET key token NX PX`` for a
     grant (409 when it is refused), the token-checked ``EVALSHA`` delete for a release."""
     import redis
@@ -90,16 +99,47 @@ def store_only_app(redis_url: str) -> Callable[[dict[str, Any], Callable[..., An
     client = redis.Redis.from_url(redis_url)
     compare_and_delete = client.register_script(UNLOCK)
 
+    def grant(key: str, token: str) -> bool:
+        return bool(client.set(key, token, nx=True, px=_STORE_TTL_MS))
+
+    def release(key: str, token: str) -> bool:
+        return bool(compare_and_delete(keys=[key], args=[token]))
+
+    return _floor_app("bench-store-only", grant, release)
+
+
+def backend_only_app(redis_url: str) -> WsgiApp:
+    """:func:`bare_app` plus the store calls of the service's requests, through the backend the
+    service uses: ``RedisBackend.grant_if_free`` for a grant (409 when the key is held),
+    ``RedisBackend.release`` for a release."""
+    from lease_lock.backends.redis import RedisBackend
+
+    backend = RedisBackend.from_url(redis_url)
+
+    def grant(key: str, token: str) -> bool:
+        return isinstance(backend.grant_if_free(key, token, _STORE_TTL_MS / 1000, "bench"), int)
+
+    return _floor_app("bench-backend-only", grant, backend.release)
+
+
+def _floor_app(prefix: str, grant: Callable[[str, str], bool], release: Callable[[str, str], bool]) -> WsgiApp:
+    """:func:`bare_app` calling ``grant`` for a ``POST`` and ``release`` for a ``DELETE``, on the
+    request's path under ``prefix`` with the request's token."""
+
     def store_call(method: str, environ: dict[str, Any]) -> bool:
-        key = "bench-store-only" + environ["PATH_INFO"]
+        key = prefix + environ["PATH_INFO"]
         token = environ.get("HTTP_X_VOLCANO_LOCK_TOKEN", "")
         if method == "POST":
-            return bool(client.set(key, token, nx=True, px=_STORE_TTL_MS))
+            return grant(key, token)
         if method == "DELETE":
-            return bool(compare_and_delete(keys=[key], args=[token]))
+            return release(key, token)
         return True
 
     return functools.partial(_answer, store_call=store_call)
+
+
+#: The floors served on a store, by name (``--serve-floor``).
+FLOORS: dict[str, Callable[[str], WsgiApp]] = {"store-only": store_only_app, "backend-only": backend_only_app}
 
 
 def _answer(
@@ -130,16 +170,17 @@ def _answer(
     return [body]
 
 
-def _serve_bare(workers: int, redis_url: Optional[str]) -> None:
-    """Serve :func:`bare_app`, or with ``redis_url`` the :func:`store_only_app` on that store."""
+def _serve_bare(workers: int, redis_url: Optional[str], floor: str) -> None:
+    """Serve :func:`bare_app`, or with ``redis_url`` the app of :data:`FLOORS` named ``floor`` on
+    that store."""
     from lease_lock.server.serving import serve
 
     def announce(url: str, _workers: int) -> None:
         print(f"bare: serving on {url}", file=sys.stderr, flush=True)
 
-    def build() -> Callable[[dict[str, Any], Callable[..., Any]], list[bytes]]:
+    def build() -> WsgiApp:
         # Built in each worker process, so that each has its own store connections.
-        return bare_app if redis_url is None else store_only_app(redis_url)
+        return bare_app if redis_url is None else FLOORS[floor](redis_url)
 
     serve(build, "127.0.0.1", 0, workers=workers, threads=_THREADS, announce=announce)
 
@@ -191,10 +232,10 @@ def _server(command: list[str], log: Path, cwd: Optional[str] = None) -> Iterato
         process.wait(30)
 
 
-def _bare_server(workers: int, tmp: Path, redis_url: Optional[str] = None) -> Any:
+def _bare_server(workers: int, tmp: Path, redis_url: Optional[str] = None, floor: str = "store-only") -> Any:
     command = [sys.executable, "-m", "benchmarks.http_cycle", "--serve-bare", "--workers", str(workers)]
     if redis_url is not None:
-        command += ["--serve-store", redis_url]
+        command += ["--serve-store", redis_url, "--serve-floor", floor]
     return _server(command, tmp / f"bare-{workers}-{time.monotonic_ns()}.log")
 
 
@@ -375,10 +416,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--serve-bare", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--serve-store", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-floor", choices=sorted(FLOORS), default="store-only", help=argparse.SUPPRESS)
     add_json_argument(parser)
     args = parser.parse_args(argv)
     if args.serve_bare:
-        _serve_bare(args.workers, args.serve_store)
+        _serve_bare(args.workers, args.serve_store, args.serve_floor)
         return
 
     clients = [int(n) for n in args.clients.split(",")]
@@ -391,13 +433,14 @@ def main(argv: Optional[list[str]] = None) -> None:
         print(f"acquire+release cycles, {args.seconds:.1f} s each, {_THREADS} threads per server process")
         header = f"{'store':<8}{'procs':>6}{'clients':>8}{'bare c/s':>10}{'service c/s':>12}{'ratio':>7}"
         header += f"{'p50 ms':>8}{'p99 ms':>8}{'bare p50':>9}{'bare p99':>9}"
-        # Server CPU per cycle, in microseconds, of the bare app, the service and the store-only app.
-        header += f"{'bare us':>8}{'svc us':>8}{'store us':>9}"
+        # Server CPU per cycle, in microseconds, of the bare app, the service, the store-only app
+        # and the backend-only app.
+        header += f"{'bare us':>8}{'svc us':>8}{'store us':>9}{'backend us':>11}"
         if args.baseline:
             header += f"{'before c/s':>11}{'before us':>10}{'vs before':>10}"
         if args.variant:
             header += f"{'variant c/s':>12}{'variant us':>11}{'variant/store-only':>19}"
-        print(header + f"{'store-only c/s':>15}{'vs store-only':>14}")
+        print(header + f"{'store-only c/s':>15}{'vs store-only':>14}{'backend-only c/s':>17}{'vs backend-only':>16}")
         rows: list[dict[str, Any]] = []
         handoffs: list[dict[str, Any]] = []
         for store in args.stores.split(","):
@@ -408,7 +451,9 @@ def main(argv: Optional[list[str]] = None) -> None:
                     with ExitStack() as servers:
                         started = [servers.enter_context(_bare_server(workers, tmp))]
                         if store == "redis":
-                            started.append(servers.enter_context(_bare_server(workers, tmp, stores[store])))
+                            for floor in ("store-only", "backend-only"):
+                                floor_server = _bare_server(workers, tmp, stores[store], floor)
+                                started.append(servers.enter_context(floor_server))
                         if args.baseline:
                             service = _service(stores[store], keys_file, workers, tmp, cwd=args.baseline)
                             started.append(servers.enter_context(service))
@@ -420,7 +465,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                         pids = [_server_pids(pid) for _url, pid in started]
                         figures = _alternating(urls, key, count, args.seconds, pids)
                     bare, served = figures[0], figures[-1]
-                    store_only = figures[1] if store == "redis" else None
+                    store_only, backend_only = (figures[1], figures[2]) if store == "redis" else (None, None)
                     variant_figures = figures[-2] if args.variant else None
                     before = figures[-3 if args.variant else -2] if args.baseline else None
                     row = {
@@ -441,16 +486,17 @@ def main(argv: Optional[list[str]] = None) -> None:
                             row.update(variant_to_store_only=variant_figures[0] / store_only[0])
                             versus = f"{variant_figures[0] / store_only[0]:.2f}"
                         before_cells += f"{variant_figures[0]:>12.0f}{variant_figures[3]:>11.0f}{versus:>19}"
-                    store_cells = f"{'-':>9}{'-':>15}{'-':>14}"
-                    if store_only is not None:
+                    if store_only is not None and backend_only is not None:
                         row.update(
                             store_only_rate=store_only[0], ratio_to_store_only=served[0] / store_only[0],
-                            store_only_cpu_us=store_only[3],
+                            store_only_cpu_us=store_only[3], backend_only_rate=backend_only[0],
+                            ratio_to_backend_only=served[0] / backend_only[0], backend_only_cpu_us=backend_only[3],
                         )
-                        store_cells = f"{store_only[3]:>9.0f}" + before_cells
+                        store_cells = f"{store_only[3]:>9.0f}{backend_only[3]:>11.0f}" + before_cells
                         store_cells += f"{store_only[0]:>15.0f}{served[0] / store_only[0]:>14.2f}"
+                        store_cells += f"{backend_only[0]:>17.0f}{served[0] / backend_only[0]:>16.2f}"
                     else:
-                        store_cells = f"{'-':>9}" + before_cells + f"{'-':>15}{'-':>14}"
+                        store_cells = f"{'-':>9}{'-':>11}" + before_cells + f"{'-':>15}{'-':>14}{'-':>17}{'-':>16}"
                     rows.append(row)
                     print(
                         f"{store:<8}{workers:>6}{count:>8}{bare[0]:>10.0f}{served[0]:>12.0f}"

@@ -111,9 +111,10 @@ def test_http_cycle_against_the_bare_floor_and_handoffs(redis_server: RedisServe
     configurations = [(row[0], row[1], row[2]) for row in cycles]
     assert configurations == [("memory", "1", "2"), ("redis", "1", "2"), ("redis", "2", "2")]
     assert all(float(row[3]) > 0 and float(row[4]) > 0 for row in cycles)
-    # The store-only app (the bare app plus the raw Redis calls) runs on Redis rows only.
-    assert cycles[0][-2:] == ["-", "-"]
-    assert all(float(row[-2]) > 0 and float(row[-1]) > 0 for row in cycles[1:])
+    # The store-only app (the bare app plus the raw Redis calls) and the backend-only app (plus
+    # the service's store calls) run on Redis rows only.
+    assert cycles[0][-4:] == ["-", "-", "-", "-"]
+    assert all(float(cell) > 0 for row in cycles[1:] for cell in row[-4:])
     # A hand-off row of each store, with the wait extension and without it.
     modes = ("with Prefer: wait", "without (--max-waits 0)")
     names = [f"{store}, {mode}" for store in ("memory", "redis") for mode in modes]
@@ -139,9 +140,10 @@ def test_json_results_become_figures(tmp_path: Path, redis_server: RedisServer) 
         "--variant=--log-level warning",
     )
     http_rows = json.loads((data / "http_cycle.json").read_text())["results"]["rows"]
-    # The store-only floor is measured on the Redis row only, and the service's ratio to it kept.
+    # The floors are measured on the Redis row only, and the service's ratios to them kept.
     assert ["store_only_rate" in row for row in http_rows] == [False, True]
-    assert http_rows[1]["ratio_to_store_only"] > 0
+    assert ["backend_only_rate" in row for row in http_rows] == [False, True]
+    assert http_rows[1]["ratio_to_store_only"] > 0 and http_rows[1]["ratio_to_backend_only"] > 0
     # The variant (the service with extra serve arguments) runs in every row, beside the floor.
     assert all(row["variant_rate"] > 0 and row["variant_cpu_us"] > 0 for row in http_rows)
     assert ["variant_to_store_only" in row for row in http_rows] == [False, True]
@@ -228,19 +230,22 @@ def test_instruction_count_in_miniature() -> None:
     assert core == pytest.approx(locker - bare, abs=1)
 
 
-
 def test_service_instruction_count_in_miniature(redis_server: RedisServer) -> None:
     _require_valgrind()
     output = run_benchmark("service_instructions", "--cycles", "3", "--redis-url", redis_server.url)
     rows = table_rows(
         output,
         "store-only app",
+        "backend-only app",
         "service, access line on",
         "service, --log-level warning",
+        "service minus backend-only",
         "service minus store-only",
         "access lines (service minus",
     )
-    store_only, service, quiet, beyond, lines = (float(cells[-1].replace(",", "")) for cells in rows.values())
-    # An access line is not free; the service without it may cost about what the raw calls do.
-    assert store_only > 0 and 0 < quiet < service
+    figures = (float(cells[-1].replace(",", "")) for cells in rows.values())
+    store_only, backend_only, service, quiet, own_layer, beyond, lines = figures
+    # An access line is not free, and the service's own layer comes on top of its store calls.
+    assert store_only > 0 and 0 < backend_only < quiet < service
+    assert own_layer == pytest.approx(service - backend_only, abs=1)
     assert beyond == pytest.approx(service - store_only, abs=1) and lines == pytest.approx(service - quiet, abs=1)
