@@ -171,9 +171,9 @@ def _request_line_path(environ: dict[str, Any]) -> Optional[str]:
     return raw if isinstance(raw, str) and raw else None
 
 
-def _raw_path(environ: dict[str, Any]) -> str:
-    """The request path still percent-encoded, so an encoded ``/`` stays inside its segment."""
-    raw = _request_line_path(environ)
+def _raw_path(environ: dict[str, Any], raw: Optional[str]) -> str:
+    """The request path still percent-encoded, so an encoded ``/`` stays inside its segment
+    (``raw``: the request target as the client sent it, see :func:`_request_line_path`)."""
     if raw is None:
         return urllib.parse.quote(environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", ""))
     path = raw.split("?", 1)[0]
@@ -186,9 +186,9 @@ def _raw_path(environ: dict[str, Any]) -> str:
     return path[len(script) :] if path.startswith(script) else path
 
 
-def _route_of(path: str) -> str:
-    """The route template of ``path`` for logs and metrics (``-`` when none matches)."""
-    segments = path.split("/")
+def _route_of(segments: list[str]) -> str:
+    """The route template of a path split at its ``/`` for logs and metrics (``-`` when none
+    matches)."""
     if segments[:2] != ["", "locks"]:
         return "-"
     if len(segments) == 2:
@@ -229,6 +229,20 @@ def _decoded_owner(raw: str) -> Optional[str]:
     except (UnicodeDecodeError, ValueError):
         return None
     return owner if len(owner) <= _MAX_OWNER else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _decoded_key(segment: str) -> Optional[str]:
+    """The key a path segment names, ``None`` when it names no valid key.
+
+    Clients use the same lock names again and again, so the decoded names are kept (a pure
+    function of the segment's text).
+    """
+    try:
+        key = urllib.parse.unquote(segment, errors="strict")
+    except UnicodeDecodeError:
+        return None
+    return key if KEY_PATTERN.fullmatch(key) else None
 
 
 def _lease_body(grant: Grant) -> dict[str, Any]:
@@ -389,11 +403,13 @@ class LockServiceApp:
         return _Response(200, {"status": "ready"})
 
     def _handle(self, environ: dict[str, Any], context: dict[str, str]) -> _Response:
-        path = _raw_path(environ)  # once per request: it is on every request's path
+        request_line_path = _request_line_path(environ)
+        path = _raw_path(environ, request_line_path)  # once per request: it is on every request's path
         operations = self._operations(path, environ.get("REQUEST_METHOD", ""), context)
         if operations is not None:
             return operations
-        context["route"] = _route_of(path)
+        segments = path.split("/")
+        context["route"] = _route_of(segments)
         record = self._authenticate(environ)
         context["project"] = record.project
         method = environ.get("REQUEST_METHOD", "")
@@ -406,7 +422,6 @@ class LockServiceApp:
                 f"project {budget_name} budget of {self.limiter.limit} requests per window is spent",
                 [("Retry-After", str(budget.retry_after))],
             )
-        segments = path.split("/")
         if "request_id" not in context and _header(environ, HEADER_REQUEST_ID) is not None:
             # Parsed once, on arrival (see __call__): an id that is there but was not taken is no UUID.
             raise _Reject(400, "invalid_request", f"{HEADER_REQUEST_ID} must be a UUID")
@@ -414,7 +429,7 @@ class LockServiceApp:
             self._allow(method, ("GET",))
             self._scope(record, write=False)
             return self._list(environ, record.project)
-        decoded_only = _request_line_path(environ) is None
+        decoded_only = request_line_path is None
         if decoded_only and segments[:2] == ["", "locks"] and len(segments) > 3 and segments[3:] != ["lease"]:
             # Without the raw request line (wsgiref, some servers) PATH_INFO is already decoded,
             # so an extra "/" may have been a %2F inside the key: the issue makes that an
@@ -484,11 +499,8 @@ class LockServiceApp:
 
     @staticmethod
     def _key(segment: str) -> str:
-        try:
-            key = urllib.parse.unquote(segment, errors="strict")
-        except UnicodeDecodeError:
-            key = ""
-        if not KEY_PATTERN.fullmatch(key):
+        key = _decoded_key(segment)
+        if key is None:
             raise _Reject(400, "invalid_key", "key must be 1 to 128 of A-Z a-z 0-9 . _ : -")
         return key
 

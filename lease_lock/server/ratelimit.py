@@ -16,6 +16,7 @@ exact counting below 128 requests per window, and at most 1/64 of the budget per
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -126,4 +127,11 @@ class RateLimiter:
     @staticmethod
     def _budget(allowed: bool, left: float) -> Budget:
         # ``Retry-After`` is whole seconds; rounding up never invites a client back too early.
-        return Budget(allowed, max(1, math.ceil(left)))
+        return _budget_of(allowed, max(1, math.ceil(left)))
+
+
+@functools.lru_cache(maxsize=256)
+def _budget_of(allowed: bool, retry_after: int) -> Budget:
+    """``Budget(allowed, retry_after)``, shared: every request gets one and none can change, and
+    the requests of a second all get the same few."""
+    return Budget(allowed, retry_after)
