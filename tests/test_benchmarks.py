@@ -162,7 +162,8 @@ def test_json_results_become_figures(tmp_path: Path, redis_server: RedisServer) 
     # No PostgreSQL data: its cycle figure is left out, and the hand-off figure shows Redis only.
     assert written == ["handoff-latency.svg", "heartbeat-scale.svg", "http-service.svg", "redis-cycles.svg"]
     assert printed.count(".svg") == 4
-    assert "the bare app plus the raw store calls" in (out / "http-service.svg").read_text()
+    http_figure = (out / "http-service.svg").read_text()
+    assert "the bare app plus the raw store calls" in http_figure and "orange: plus the service" in http_figure
     svg = (out / "redis-cycles.svg").read_text()
     assert "benchmarks.redis_cycle" in svg and document["date"] in svg
 
