@@ -40,7 +40,6 @@ WAIT_SLICE = 1.0
 _EVENTS_WITH_HELD_FOR = frozenset({"lost", "extended", "extend_failed", "released", "release_failed"})
 
 
-
 def wait_for_loss(
     signal: threading.Event,
     wait_flag: Callable[[float], bool],

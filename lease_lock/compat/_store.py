@@ -265,7 +265,6 @@ class PeerRedisBackend(Backend):
         return lease_token(super().new_token().encode("ascii"))
 
 
-
 _LOCKERS: weakref.WeakKeyDictionary[Any, dict[tuple[Optional[str], int], Locker]] = weakref.WeakKeyDictionary()
 _LOCKERS_MUTEX = threading.Lock()
 

@@ -299,8 +299,6 @@ def _waited(seconds: float) -> str:
     return f"{math.floor(seconds * 1000) / 1000:.3f}"
 
 
-
-
 class LockServiceApp:
     """The WSGI callable. Build it with :func:`create_app`; it is safe across threads."""
 
@@ -378,7 +376,6 @@ class LockServiceApp:
         # RFC 9110: an answer to HEAD has headers only; a body would be read as the start of
         # the next response on a kept-alive connection.
         return _Answer([] if method == "HEAD" else [payload], line)
-
 
     # -- the steps of one request --------------------------------------------------------------
 

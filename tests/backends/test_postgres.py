@@ -147,7 +147,6 @@ def test_simple_pool_is_made_thread_safe(postgres_server: PostgresServer, table:
     pool.closeall()
 
 
-
 def test_kept_cursors_stay_bounded_when_the_pool_closes_what_it_returns(
     postgres_server: PostgresServer, table: str
 ) -> None:

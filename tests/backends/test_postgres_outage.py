@@ -161,6 +161,7 @@ def test_fresh_sessions_after_a_restart_or_a_kill_prepare_the_statements_again(
     finally:
         backend.close()
 
+
 def test_server_down_is_backend_unavailable_then_recovers(
     private: PostgresServer, app_name: str, table: str
 ) -> None:

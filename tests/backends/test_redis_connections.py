@@ -342,7 +342,6 @@ def test_an_error_reply_is_not_retried(private_redis_server: RedisServer, key: s
         client.close()
 
 
-
 @pytest.mark.parametrize("first_failure", ["script-missing", "connection-dropped"])
 def test_a_call_whose_first_send_failed_leaves_nothing_for_the_cyclic_collector(
     private_redis_server: RedisServer, key: str, first_failure: str

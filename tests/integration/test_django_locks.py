@@ -112,7 +112,6 @@ def test_locks_release_by_key_and_by_prefix(store: tuple[str, str], tmp_path: Pa
         holders.stop()
 
 
-
 def test_metrics_setting_records_prometheus_metrics(tmp_path: Path) -> None:
     site = Site(tmp_path, f"sqlite:///{tmp_path / 'site.db'}", "django://default", "")
     site.env["LEASE_LOCK_TEST_METRICS"] = "prometheus"

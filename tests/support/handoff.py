@@ -151,7 +151,6 @@ if __name__ == "__main__":  # pragma: no cover - run as a child process by the t
         wait_forever(sys.argv[2], sys.argv[3], sys.argv[4])
 
 
-
 def check_a_waiter_that_times_out_leaves_the_line(
     holder: Locker, waiter: Locker, key: str, in_line: Callable[[], int]
 ) -> None:

@@ -306,7 +306,6 @@ class EtcdClient:
                 yield _decode_stream_message(line)
 
 
-
 def _decode_stream_message(line: bytes) -> dict[str, Any]:
     message = json.loads(line)
     if "error" in message:
