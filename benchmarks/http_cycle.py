@@ -15,7 +15,8 @@ costs beyond it is the service's own layer: routing, the credential, the budget,
 the answer and its access line.
 Every side runs under the same server code and settings (``lease_lock.server.serving.serve``:
 waitress, keep-alive, the same threads and worker processes) and the same clients; the ratio is
-service/bare cycles per second, "vs store-only" service/store-only. The sides take turns in
+service/bare cycles per second, "vs store-only" service/store-only and "vs backend-only"
+service/backend-only. The sides take turns in
 short slices, each following each other equally often, so that a busy stretch of a shared
 machine lands on all of them. Clients are spread over up to 8 processes so that the client's
 own GIL does not cap the figure. Each side's server CPU per cycle (all its processes' threads,
