@@ -7,7 +7,6 @@ in ``tests/backends/test_sqlite_outage.py`` and ``tests/backends/test_redis_wait
 
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 import weakref
@@ -15,6 +14,8 @@ from typing import Optional
 
 import pytest
 from lease_lock import BackendUnavailableError, Locker, LockHeldError, LockStateError, Retry
+
+from tests.support.cycles import collector_off
 
 from .fakes import EventLog, FakeClock, SilentBackend
 
@@ -189,11 +190,9 @@ def test_a_lock_granted_after_an_outage_goes_as_soon_as_it_is_dropped(
     # live on until a collection ran, and so would its lease. (No event hook and no log capture
     # here: a hook or a log handler that keeps the errors it is given keeps them alive itself.)
     flaky.down = down
-    gc.collect()
-    gc.disable()
     logging.disable(logging.CRITICAL)
     try:
-        with Locker(flaky, clock=clock, retry=Retry(delay=0.5, timeout=10.0)) as locker:
+        with collector_off(), Locker(flaky, clock=clock, retry=Retry(delay=0.5, timeout=10.0)) as locker:
             lock = locker.acquire("k")
             assert len(flaky.raised) == down and len(sleeps) == down  # an outage ridden out
             flaky.raised.clear()  # the test's own record of the errors
@@ -202,4 +201,3 @@ def test_a_lock_granted_after_an_outage_goes_as_soon_as_it_is_dropped(
             assert dropped() is None
     finally:
         logging.disable(logging.NOTSET)
-        gc.enable()
