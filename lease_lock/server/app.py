@@ -66,6 +66,8 @@ from .waits import WAIT_STEP, WaitRoom, parse_wait_preference
 __all__ = ["BUDGETS", "LockServiceApp", "budget_of", "create_app", "format_time"]
 
 _log = logging.getLogger("lease_lock.server")
+# The paths of the routes that need no service key (the metrics only when served).
+_OPERATION_PATHS = frozenset(("/healthz", "/readyz", "/metrics"))
 # Read by the readiness probe; never written.
 _READY_PROBE_KEY = "lease-lock-readyz"
 _MAX_OWNER = 200
@@ -125,16 +127,26 @@ class _Response:
     body: Optional[dict[str, Any]] = None
     headers: list[tuple[str, str]] = field(default_factory=list)
     text: Optional[str] = None  # a plain-text body instead of JSON (the metrics)
-    encoded: Optional[bytes] = None  # ``body`` already as JSON (the lease answers)
+    encoded: Optional[bytes] = None  # a JSON body already written (the lease answers)
 
 
 class _Reject(Exception):
-    """A request refused with an error status; becomes the JSON error body."""
+    """A request refused with an error status; becomes the JSON error body.
+
+    ``takeover_in`` is the conflict's (see :class:`Conflict`) when the refusal is one.
+    """
 
     def __init__(
-        self, status: int, code: str, message: str, headers: Iterable[tuple[str, str]] = ()
+        self,
+        status: int,
+        code: str,
+        message: str,
+        headers: Iterable[tuple[str, str]] = (),
+        takeover_in: Optional[float] = None,
     ) -> None:
         super().__init__(message)
+        self.code = code
+        self.takeover_in = takeover_in
         self.response = _Response(status, {"error": message, "code": code}, list(headers))
 
 
@@ -154,14 +166,23 @@ def format_time(epoch: float) -> str:
     return f"{stamp}{millis:03d}Z"
 
 
-@functools.cache
 def _environ_name(name: str) -> str:
-    """The WSGI environ key of request header ``name``: one per header name, made once."""
+    """The WSGI environ key of request header ``name``."""
     return "HTTP_" + name.upper().replace("-", "_")
 
 
-def _header(environ: dict[str, Any], name: str) -> Optional[str]:
-    value = environ.get(_environ_name(name))
+# The environ keys of the headers the service reads, made once rather than per request.
+_ENV_ADOPT = _environ_name(HEADER_ADOPT)
+_ENV_AUTHORIZATION = _environ_name("Authorization")
+_ENV_OWNER = _environ_name(HEADER_OWNER)
+_ENV_PREFER = _environ_name(HEADER_PREFER)
+_ENV_REQUEST_ID = _environ_name(HEADER_REQUEST_ID)
+_ENV_TOKEN = _environ_name(HEADER_TOKEN)
+
+
+def _header(environ: dict[str, Any], environ_name: str) -> Optional[str]:
+    """The text of a request header by its environ key (``_ENV_...``), ``None`` when absent."""
+    value = environ.get(environ_name)
     return value if isinstance(value, str) else None
 
 
@@ -186,16 +207,22 @@ def _raw_path(environ: dict[str, Any], raw: Optional[str]) -> str:
     return path[len(script) :] if path.startswith(script) else path
 
 
+_LIST_ROUTE = "/locks"
+_KEY_ROUTE = "/locks/{key}"
+_LEASE_ROUTE = "/locks/{key}/lease"
+
+
 def _route_of(segments: list[str]) -> str:
     """The route template of a path split at its ``/`` for logs and metrics (``-`` when none
     matches)."""
-    if segments[:2] != ["", "locks"]:
+    count = len(segments)
+    if count < 2 or segments[1] != "locks" or segments[0]:
         return "-"
-    if len(segments) == 2:
-        return "/locks"
-    if len(segments) == 3:
-        return "/locks/{key}"
-    return "/locks/{key}/lease" if segments[3:] == ["lease"] else "-"
+    if count == 2:
+        return _LIST_ROUTE
+    if count == 3:
+        return _KEY_ROUTE
+    return _LEASE_ROUTE if count == 4 and segments[3] == "lease" else "-"
 
 
 def _canonical_uuid(value: str) -> Optional[str]:
@@ -245,15 +272,11 @@ def _decoded_key(segment: str) -> Optional[str]:
     return key if KEY_PATTERN.fullmatch(key) else None
 
 
-def _lease_body(grant: Grant) -> dict[str, Any]:
-    return {"expires_at": format_time(grant.expires_at), "fencing_token": grant.fence}
-
-
 def _lease_response(status: int, grant: Grant, headers: Optional[list[tuple[str, str]]] = None) -> _Response:
-    """A granted or renewed lease; its JSON written directly (the text is our own time and an int)."""
-    body = _lease_body(grant)
-    encoded = f'{{"expires_at": "{body["expires_at"]}", "fencing_token": {int(grant.fence)}}}'.encode()
-    return _Response(status, body, headers or [], encoded=encoded)
+    """A granted or renewed lease, ``{"expires_at", "fencing_token"}``, its JSON written
+    directly (the text is our own time and an int)."""
+    encoded = f'{{"expires_at": "{format_time(grant.expires_at)}", "fencing_token": {int(grant.fence)}}}'.encode()
+    return _Response(status, headers=headers or [], encoded=encoded)
 
 
 def _holder_body(holder: Holder, *, with_key: bool = False) -> dict[str, Any]:
@@ -318,11 +341,10 @@ class LockServiceApp:
         self.max_body = max_body
         self.waits = waits
         self.metrics = Metrics(lambda: waits.waiting if waits is not None else 0) if metrics else None
-        self._announce = (
-            [(HEADER_WAIT, str(int(waits.max_wait))), (HEADER_WAIT_STEP, wait_text(WAIT_STEP))]
-            if waits is not None and waits.max_waits
-            else []
-        )
+        # The headers that end every answer: no caching, and the wait extension's announcement.
+        self._closing_headers = [("Cache-Control", "no-store")]
+        if waits is not None and waits.max_waits:
+            self._closing_headers += [(HEADER_WAIT, str(int(waits.max_wait))), (HEADER_WAIT_STEP, wait_text(WAIT_STEP))]
 
     def close(self) -> None:
         """Stop the release notifications of the wait extension (the store stays open)."""
@@ -336,12 +358,12 @@ class LockServiceApp:
         method = environ.get("REQUEST_METHOD", "")
         # Read before anything can refuse the request, so that a 401, a 429 or a 500 names the
         # client's request too; an id that is not a UUID is refused later, in its turn.
-        request_id = _header(environ, HEADER_REQUEST_ID)
+        request_id = _header(environ, _ENV_REQUEST_ID)
         valid_id = None if request_id is None else _canonical_uuid(request_id)
         if valid_id is not None:
             context["request_id"] = valid_id
         try:
-            response = self._handle(environ, context)
+            response = self._handle(environ, method, context)
         except _Reject as reject:
             response = reject.response
         except Exception:  # noqa: BLE001 - the last line of defence of a server thread
@@ -360,17 +382,15 @@ class LockServiceApp:
         if response.text is not None:
             payload = response.text.encode()
             headers.append(("Content-Type", "text/plain; version=0.0.4; charset=utf-8"))
-        elif response.encoded is not None:
-            payload = response.encoded
-        else:
-            payload = b"" if response.body is None else json.dumps(response.body).encode()
-        if response.body is not None:
+        elif response.encoded is not None or response.body is not None:
+            payload = response.encoded if response.encoded is not None else json.dumps(response.body).encode()
             headers.append(("Content-Type", "application/json"))
+        else:
+            payload = b""
         if response.status != 204:
             # RFC 9110: a 204 carries no Content-Length.
             headers.append(("Content-Length", str(len(payload))))
-        headers.append(("Cache-Control", "no-store"))
-        headers.extend(self._announce)
+        headers += self._closing_headers
         start_response(_STATUS_LINES[response.status], headers)
         line = (method, context["route"], response.status, context["project"], request_id, duration)
         # RFC 9110: an answer to HEAD has headers only; a body would be read as the start of
@@ -381,7 +401,7 @@ class LockServiceApp:
 
     def _operations(self, path: str, method: str, context: dict[str, str]) -> Optional[_Response]:
         """The routes without a service key: health, readiness and (when on) the metrics."""
-        if path not in ("/healthz", "/readyz") and not (path == "/metrics" and self.metrics is not None):
+        if path == "/metrics" and self.metrics is None:
             return None
         context["route"] = path
         self._allow(method, ("GET",))
@@ -399,19 +419,19 @@ class LockServiceApp:
             raise _Reject(503, "unavailable", "the lock store is unavailable") from None
         return _Response(200, {"status": "ready"})
 
-    def _handle(self, environ: dict[str, Any], context: dict[str, str]) -> _Response:
+    def _handle(self, environ: dict[str, Any], method: str, context: dict[str, str]) -> _Response:
         request_line_path = _request_line_path(environ)
         path = _raw_path(environ, request_line_path)  # once per request: it is on every request's path
-        operations = self._operations(path, environ.get("REQUEST_METHOD", ""), context)
-        if operations is not None:
-            return operations
+        if path in _OPERATION_PATHS:
+            operations = self._operations(path, method, context)
+            if operations is not None:
+                return operations
         segments = path.split("/")
-        context["route"] = _route_of(segments)
+        route = context["route"] = _route_of(segments)
         record = self._authenticate(environ)
         context["project"] = record.project
-        method = environ.get("REQUEST_METHOD", "")
         budget_name = budget_of(method, write_allowed=record.allows(True))
-        budget = self._store(lambda: self.limiter.hit(f"{record.project}/{budget_name}"))
+        budget = self._store(self.limiter.hit, f"{record.project}/{budget_name}")
         if not budget.allowed:
             raise _Reject(
                 429,
@@ -419,57 +439,54 @@ class LockServiceApp:
                 f"project {budget_name} budget of {self.limiter.limit} requests per window is spent",
                 [("Retry-After", str(budget.retry_after))],
             )
-        if "request_id" not in context and _header(environ, HEADER_REQUEST_ID) is not None:
+        if "request_id" not in context and _header(environ, _ENV_REQUEST_ID) is not None:
             # Parsed once, on arrival (see __call__): an id that is there but was not taken is no UUID.
             raise _Reject(400, "invalid_request", f"{HEADER_REQUEST_ID} must be a UUID")
-        if segments == ["", "locks"]:
+        if route == _LIST_ROUTE:
             self._allow(method, ("GET",))
             self._scope(record, write=False)
             return self._list(environ, record.project)
-        decoded_only = request_line_path is None
-        if decoded_only and segments[:2] == ["", "locks"] and len(segments) > 3 and segments[3:] != ["lease"]:
-            # Without the raw request line (wsgiref, some servers) PATH_INFO is already decoded,
-            # so an extra "/" may have been a %2F inside the key: the issue makes that an
-            # invalid key rather than an unknown resource.
-            raise _Reject(400, "invalid_key", "key must be 1 to 128 of A-Z a-z 0-9 . _ : - (no '/')")
-        if len(segments) not in (3, 4) or segments[:2] != ["", "locks"]:
+        if route == "-":
+            if request_line_path is None and len(segments) > 3 and segments[:2] == ["", "locks"]:
+                # Without the raw request line (wsgiref, some servers) PATH_INFO is already
+                # decoded, so an extra "/" may have been a %2F inside the key: that makes an
+                # invalid key rather than an unknown resource.
+                raise _Reject(400, "invalid_key", "key must be 1 to 128 of A-Z a-z 0-9 . _ : - (no '/')")
             raise _Reject(404, "not_found", "no such resource")
-        if len(segments) == 4 and segments[3] != "lease":
-            raise _Reject(404, "not_found", "no such resource")
-        lease = len(segments) == 4
+        lease = route == _LEASE_ROUTE
         self._allow(method, ("POST", "PATCH", "DELETE") if lease else ("GET", "DELETE"))
         self._scope(record, write=method != "GET")
         key = self._key(segments[2])
         project = record.project
-        wait = parse_wait_preference(_header(environ, HEADER_PREFER)) if self.waits is not None else None
+        wait = parse_wait_preference(_header(environ, _ENV_PREFER)) if self.waits is not None else None
         # Waitress tells a request whose client closed its connection (see serving.py).
         gone = environ.get("waitress.client_disconnected") if wait else None
         if not lease:
             if method == "GET":
                 return self._read(project, key, wait, gone)
-            return self._released(project, key, self._store(lambda: self.service.force_release(project, key)))
-        token = _uuid(_header(environ, HEADER_TOKEN), HEADER_TOKEN, "invalid_token")
+            return self._released(project, key, self._store(self.service.force_release, project, key))
+        token = _uuid(_header(environ, _ENV_TOKEN), HEADER_TOKEN, "invalid_token")
         if token is None:
             raise _Reject(400, "invalid_token", f"{HEADER_TOKEN} header is required")
         if method == "DELETE":
-            return self._released(project, key, self._store(lambda: self.service.release(project, key, token)))
+            return self._released(project, key, self._store(self.service.release, project, key, token))
         ttl = self._ttl(environ)
         if method == "POST":
             owner = self._owner(environ)
-            claim = _uuid(_header(environ, HEADER_ADOPT), HEADER_ADOPT, "invalid_token")
+            claim = _uuid(_header(environ, _ENV_ADOPT), HEADER_ADOPT, "invalid_token")
             if claim is not None:
                 # One attempt: an adoption that finds another holder is a duplicate, which
                 # waiting would not make less of one.
                 return _lease_response(
-                    201, self._store(lambda: self.service.adopt(project, key, claim, token, ttl, owner))
+                    201, self._store(self.service.adopt, project, key, claim, token, ttl, owner)
                 )
             return self._acquire(project, key, token, ttl, owner, wait, gone)
-        grant = self._store(lambda: self.service.renew(project, key, token, ttl))
+        grant = self._store(self.service.renew, project, key, token, ttl)
         return _lease_response(200, grant)
 
     def _authenticate(self, environ: dict[str, Any]) -> KeyRecord:
         # Only ``Authorization: Bearer``; an ``apikey`` header never authenticates.
-        scheme, _, credential = (_header(environ, "Authorization") or "").strip().partition(" ")
+        scheme, _, credential = (_header(environ, _ENV_AUTHORIZATION) or "").strip().partition(" ")
         record = None
         if scheme.lower() == "bearer" and credential.strip():
             record = self.keys.authenticate(credential.strip())
@@ -533,7 +550,7 @@ class LockServiceApp:
 
     @staticmethod
     def _owner(environ: dict[str, Any]) -> str:
-        raw = _header(environ, HEADER_OWNER)
+        raw = _header(environ, _ENV_OWNER)
         if raw is None:
             return ""
         owner = _decoded_owner(raw)
@@ -546,11 +563,12 @@ class LockServiceApp:
             )
         return owner
 
-    def _store(self, operation: Callable[[], Any]) -> Any:
+    def _store(self, operation: Callable[..., Any], *args: Any) -> Any:
+        """``operation(*args)``, its refusals and store errors turned into error answers."""
         try:
-            return operation()
+            return operation(*args)
         except Conflict as conflict:
-            raise _Reject(409, conflict.code, conflict.message) from None
+            raise _Reject(409, conflict.code, conflict.message, takeover_in=conflict.takeover_in) from None
         except NotImplementedError as exc:
             raise _Reject(501, "not_implemented", str(exc)) from None
         except ReservedKeyError:
@@ -603,21 +621,12 @@ class LockServiceApp:
         gone: Optional[Callable[[], bool]] = None,
     ) -> _Response:
         received = time.monotonic()
-        held: list[Conflict] = []
-
-        def first_attempt() -> Grant:
-            try:
-                return self.service.acquire(project, key, token, ttl, owner)
-            except Conflict as conflict:
-                held.append(conflict)
-                raise
-
         try:
-            grant = self._store(first_attempt)
+            grant = self._store(self.service.acquire, project, key, token, ttl, owner)
         except _Reject as reject:
-            if not wait or reject.response.body is None or reject.response.body.get("code") != "lock_held":
+            if not wait or reject.code != "lock_held":
                 raise
-            in_line = self._wait_in_line(project, key, token, ttl, owner, wait, gone, held[-1].takeover_in)
+            in_line = self._wait_in_line(project, key, token, ttl, owner, wait, gone, reject.takeover_in)
             if in_line is not None:
                 applied, claimed = in_line
                 if claimed is None:
@@ -689,7 +698,7 @@ class LockServiceApp:
     def _read(
         self, project: str, key: str, wait: Optional[float] = None, gone: Optional[Callable[[], bool]] = None
     ) -> _Response:
-        holder: Holder = self._store(lambda: self.service.read(project, key))
+        holder: Holder = self._store(self.service.read, project, key)
         headers = []
         if holder.held and wait:
             free: list[Holder] = []
@@ -705,7 +714,7 @@ class LockServiceApp:
             if free:
                 holder = free[-1]
             elif headers:
-                holder = self._store(lambda: self.service.read(project, key))
+                holder = self._store(self.service.read, project, key)
         if holder.held and holder.takeover_in is not None:
             headers.append((HEADER_EXPIRES_IN, f"{holder.takeover_in:.3f}"))
         return _Response(200, _holder_body(holder), headers)

@@ -251,8 +251,9 @@ class KeyFile:
         except (OSError, ValueError) as exc:
             raise ValidationError(f"keys file {self.path} cannot be read: {exc}") from exc
         self._mutex = threading.Lock()
-        self._signature: Optional[tuple[int, int, int]] = None
-        self._records: dict[str, KeyRecord] = {}
+        # The file's stat signature when last read, and its records: one tuple, read and
+        # replaced whole, so that a request whose file is unchanged needs no lock.
+        self._loaded: tuple[Optional[tuple[int, int, int]], dict[str, KeyRecord]] = (None, {})
         # The records the keys below passed against, and those keys with their records.
         self._passed: tuple[dict[str, KeyRecord], dict[str, KeyRecord]] = ({}, {})
         self._refresh()
@@ -266,22 +267,26 @@ class KeyFile:
             signature = None
         else:
             signature = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+        known, records = self._loaded
+        if signature == known and (signature is not None or not records):
+            return records
         with self._mutex:
-            if signature == self._signature and (signature is not None or not self._records):
-                return self._records
+            known, records = self._loaded  # another thread may have read the file meanwhile
+            if signature == known and (signature is not None or not records):
+                return records
             try:
-                self._records = _read(self.path) if signature is not None else {}
+                records = _read(self.path) if signature is not None else {}
             except (OSError, ValueError) as exc:
-                self._records = _still_listed(self.path, self._records)
+                records = _still_listed(self.path, records)
                 _log.error(
                     "keys file %s is invalid and was not reloaded: %s; keeping %d of the previous "
                     "keys (those still in the file), fix the file to restore the others",
                     self.path,
                     exc,
-                    len(self._records),
+                    len(records),
                 )
-            self._signature = signature
-            return self._records
+            self._loaded = (signature, records)
+            return records
 
     def authenticate(self, key: str) -> Optional[KeyRecord]:
         """The record of ``key``, or ``None`` when it is malformed, unknown or revoked."""

@@ -45,6 +45,8 @@ from ..wire import MAX_LIFETIME, RENEW_MARGIN, TAKEOVER_GRACE
 __all__ = ["Conflict", "Grant", "Holder", "LockService", "ReservedKeyError"]
 
 _LABEL_TAG = "svc1"
+# How many accepted keys a service remembers (see LockService.store_key).
+_KNOWN_KEYS = 4096
 
 
 class ReservedKeyError(ValidationError):
@@ -104,9 +106,6 @@ class _Label:
     digest: str
     owner: str
 
-    def encode(self) -> str:
-        return f"{_LABEL_TAG}|{self.deadline:.3f}|{self.digest}|{self.owner}"
-
     @classmethod
     def parse(cls, text: Optional[str]) -> Optional[_Label]:
         """The label a server wrote, or ``None`` for a lease someone else wrote."""
@@ -118,6 +117,11 @@ class _Label:
         except ValueError:
             return None
         return cls(deadline, parts[2], parts[3])
+
+
+def _label_text(deadline: float, digest: str, owner: str) -> str:
+    """The owner label a grant writes, which :meth:`_Label.parse` reads."""
+    return f"{_LABEL_TAG}|{deadline:.3f}|{digest}|{owner}"
 
 
 def _digest(token: str) -> str:
@@ -143,6 +147,9 @@ class LockService:
         self.backend = backend
         self._prefix = key_prefix
         self._clock = clock
+        # (project, key) -> its backend key, for the keys the backend accepted: every request
+        # names one, and a client uses the same few again and again.
+        self._store_keys: dict[tuple[str, str], str] = {}
 
     def store_key(self, project: str, key: str) -> str:
         """The backend key of ``key`` in ``project`` (the ``/`` cannot occur in either).
@@ -151,11 +158,17 @@ class LockService:
         key prefix that has a Redis hash tag, ``<key>:fence`` is the fence counter of
         ``<key>``), before anything is written.
         """
+        known = self._store_keys.get((project, key))
+        if known is not None:
+            return known
         store_key = f"{self._prefix}{project}/{key}"
         try:
             self.backend.check_key(store_key)
         except ValidationError as exc:
             raise ReservedKeyError(f"key {key!r} of project {project!r}: {exc}") from None
+        if len(self._store_keys) >= _KNOWN_KEYS:
+            self._store_keys.clear()  # bounded: a burst of new names only costs their checks again
+        self._store_keys[(project, key)] = store_key
         return store_key
 
     def _takeover_in(self, state: LockState) -> float:
@@ -178,7 +191,7 @@ class LockService:
         now = self._clock()
         fresh = min(float(ttl), MAX_LIFETIME)
         answer = self.backend.grant_if_free(
-            store_key, token, self.store_lease(ttl), _Label(now + MAX_LIFETIME, digest, owner).encode()
+            store_key, token, self.store_lease(ttl), _label_text(now + MAX_LIFETIME, digest, owner)
         )
         if isinstance(answer, int):
             return Grant(now + fresh, answer)
@@ -199,7 +212,7 @@ class LockService:
         # If this token's lease ran out completely between the read and this write, the store
         # grants a fresh lease carrying the old, earlier deadline: the safe direction.
         fence = self.backend.acquire_fenced(
-            store_key, token, granted + TAKEOVER_GRACE, _Label(deadline, digest, owner).encode()
+            store_key, token, granted + TAKEOVER_GRACE, _label_text(deadline, digest, owner)
         )
         if fence is None:
             raise _held_conflict()
@@ -216,7 +229,7 @@ class LockService:
         """
         if not isinstance(self.backend, LineSource):
             return None
-        label = _Label(self._clock() + MAX_LIFETIME, _digest(token), owner).encode()
+        label = _label_text(self._clock() + MAX_LIFETIME, _digest(token), owner)
         return self.backend.join_line(
             self.store_key(project, key), token, self.store_lease(ttl), label, True, time.monotonic
         )
@@ -260,7 +273,7 @@ class LockService:
         now = self._clock()
         fresh = min(float(ttl), MAX_LIFETIME)
         fence = self.backend.adopt(
-            store_key, claim_token, token, self.store_lease(ttl), _Label(now + MAX_LIFETIME, digest, owner).encode()
+            store_key, claim_token, token, self.store_lease(ttl), _label_text(now + MAX_LIFETIME, digest, owner)
         )
         if fence is None:
             raise _held_conflict(max(0.0, self._takeover_in(self.backend.inspect(store_key))))

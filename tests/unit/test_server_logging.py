@@ -186,9 +186,13 @@ _ACCESS = ("GE\x1bT", "/locks/{key}/lease", 201, "alpha", "5e0a7f7c-1d0c-4f43-9a
 
 
 def _served_lines(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, log_format: str, setup: Any = None
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    log_format: str,
+    setup: Any = None,
+    access: tuple[Any, ...] = _ACCESS,
 ) -> tuple[list[str], int]:
-    """The access lines ``lease-lock serve``'s logging writes for ``_ACCESS`` at ``_NOW_NS``, and
+    """The access lines ``lease-lock serve``'s logging writes for ``access`` at ``_NOW_NS``, and
     how many records were made for them; ``setup(writer)`` changes the setup first."""
     made: list[logging.LogRecord] = []
     make = logs_module._access_records.make
@@ -201,7 +205,7 @@ def _served_lines(
         [writer] = [h for h in logger.handlers if not isinstance(h, logging.NullHandler)]
         if setup is not None:
             setup(writer)
-        log_access(*_ACCESS)
+        log_access(*access)
     return path.read_text(encoding="utf-8").splitlines(), len(made)
 
 
@@ -225,6 +229,21 @@ def test_the_access_line_written_directly_is_the_line_its_record_gives(
     else:
         entry = json.loads(direct[0])
         assert entry["method"] == "GE\x1bT" and entry["duration_ms"] == 1.2 and entry["process"] == os.getpid()
+
+
+def test_the_direct_access_line_escapes_what_its_record_escapes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The direct line escapes only the parts that can hold a control character or a backslash,
+    # the client's method among them; the record's line is escaped whole.
+    access = ("P\\O\rST\u202e", *_ACCESS[1:])
+    direct, records = _served_lines(tmp_path, monkeypatch, "text", access=access)
+    through_record, _ = _served_lines(
+        tmp_path, monkeypatch, "text", lambda w: w.addFilter(lambda r: True), access=access
+    )
+    assert records == 0
+    assert direct == through_record and len(direct) == 1
+    assert " INFO P\\\\O\\rST\\u202e /locks/{key}/lease -> 201 " in direct[0]
 
 
 def _drop_everything(writer: logging.Handler) -> None:
