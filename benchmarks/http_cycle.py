@@ -452,7 +452,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                     with ExitStack() as servers:
                         started = [servers.enter_context(_bare_server(workers, tmp))]
                         if store == "redis":
-                            for floor in ("store-only", "backend-only"):
+                            for floor in FLOORS:
                                 floor_server = _bare_server(workers, tmp, stores[store], floor)
                                 started.append(servers.enter_context(floor_server))
                         if args.baseline:

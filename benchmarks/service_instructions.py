@@ -146,8 +146,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("-" * len(header))
     for row in ROWS:
         print(f"{_LABELS[row]:<52} {per_cycle[row]:>12,.0f}")
-    differences = [("service minus backend-only (its own layer)", "backend-only")]
-    differences.append(("service minus store-only", "store-only"))
+    differences = (
+        ("service minus backend-only (its own layer)", "backend-only"),
+        ("service minus store-only", "store-only"),
+    )
     for label, floor in differences:
         print(f"{label:<52} {per_cycle['service'] - per_cycle[floor]:>12,.0f}")
     print(f"{'access lines (service minus --log-level warning)':<52} "

@@ -66,8 +66,6 @@ from .waits import WAIT_STEP, WaitRoom, parse_wait_preference
 __all__ = ["BUDGETS", "LockServiceApp", "budget_of", "create_app", "format_time"]
 
 _log = logging.getLogger("lease_lock.server")
-# The paths of the routes that need no service key (the metrics only when served).
-_OPERATION_PATHS = frozenset(("/healthz", "/readyz", "/metrics"))
 # Read by the readiness probe; never written.
 _READY_PROBE_KEY = "lease-lock-readyz"
 _MAX_OWNER = 200
@@ -341,6 +339,8 @@ class LockServiceApp:
         self.max_body = max_body
         self.waits = waits
         self.metrics = Metrics(lambda: waits.waiting if waits is not None else 0) if metrics else None
+        # The paths of the routes that need no service key (the metrics only when served).
+        self._operation_paths = frozenset(("/healthz", "/readyz", *(("/metrics",) if metrics else ())))
         # The headers that end every answer: no caching, and the wait extension's announcement.
         self._closing_headers = [("Cache-Control", "no-store")]
         if waits is not None and waits.max_waits:
@@ -399,10 +399,9 @@ class LockServiceApp:
 
     # -- the steps of one request --------------------------------------------------------------
 
-    def _operations(self, path: str, method: str, context: dict[str, str]) -> Optional[_Response]:
-        """The routes without a service key: health, readiness and (when on) the metrics."""
-        if path == "/metrics" and self.metrics is None:
-            return None
+    def _operations(self, path: str, method: str, context: dict[str, str]) -> _Response:
+        """The routes without a service key (a path of ``_operation_paths``): health, readiness
+        and (when on) the metrics."""
         context["route"] = path
         self._allow(method, ("GET",))
         if path == "/healthz":
@@ -422,10 +421,8 @@ class LockServiceApp:
     def _handle(self, environ: dict[str, Any], method: str, context: dict[str, str]) -> _Response:
         request_line_path = _request_line_path(environ)
         path = _raw_path(environ, request_line_path)  # once per request: it is on every request's path
-        if path in _OPERATION_PATHS:
-            operations = self._operations(path, method, context)
-            if operations is not None:
-                return operations
+        if path in self._operation_paths:
+            return self._operations(path, method, context)
         segments = path.split("/")
         route = context["route"] = _route_of(segments)
         record = self._authenticate(environ)

@@ -268,11 +268,11 @@ class KeyFile:
         else:
             signature = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
         known, records = self._loaded
-        if signature == known and (signature is not None or not records):
+        if signature == known:
             return records
         with self._mutex:
             known, records = self._loaded  # another thread may have read the file meanwhile
-            if signature == known and (signature is not None or not records):
+            if signature == known:
                 return records
             try:
                 records = _read(self.path) if signature is not None else {}
