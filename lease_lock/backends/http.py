@@ -1,6 +1,7 @@
 """HTTP backend: a client of the "project locks" API (our ``lease-lock serve`` or the hosted one).
 
-Built on a pooled ``requests.Session``. The wire rules apply before anything is sent: keys are
+Built on ``requests``: a backend that owns its session sends plain-HTTP requests straight
+through ``urllib3``'s connection pool (see :class:`_DirectPool`). The wire rules apply before anything is sent: keys are
 ``[A-Za-z0-9._:-]{1,128}``, tokens and request ids are UUIDs, and TTLs travel as whole seconds,
 rounded up, at least 5 and at most 90 days. The local lease of the core still follows the TTL the
 caller asked for.
@@ -10,7 +11,8 @@ Answers: 409 is a plain "no" (``None``/``False``); 429 raises
 :class:`~lease_lock.errors.ValidationError`; 401/403 raise
 :class:`~lease_lock.errors.AccessDeniedError`. A transport failure (refused, reset, timed out)
 or a 503 raises :class:`~lease_lock.errors.BackendUnavailableError` with ``requests``' exception
-as ``__cause__``; anything else unexpected raises ``requests``' ``HTTPError``.
+as ``__cause__``; anything else unexpected raises ``requests``' ``HTTPError``, a redirect too:
+none is followed, so a key, a token and the credential only ever go to ``base_url``.
 An acquisition is retried exactly once, with the same token, TTL, request id and credential,
 after a transport failure or a 503: the token makes the repeat safe.
 
@@ -21,6 +23,8 @@ first request and never touches a connection its parent opened.
 from __future__ import annotations
 
 import contextlib
+import io
+import json
 import math
 import os
 import threading
@@ -34,6 +38,9 @@ from datetime import datetime, timezone
 from typing import Any, Callable, ClassVar, ContextManager, NamedTuple, Optional
 
 import requests
+import urllib3
+from requests.structures import CaseInsensitiveDict
+from requests.utils import get_encoding_from_headers, select_proxy
 
 from .. import wire
 from ..errors import AccessDeniedError, BackendUnavailableError, RateLimitedError, ValidationError
@@ -118,6 +125,11 @@ def _held_back(response: requests.Response, sent: float) -> float:
     return min(max(held_back, 0.0), time.monotonic() - sent) if math.isfinite(held_back) else 0.0
 
 
+def _json_body(value: Any) -> bytes:
+    """``value`` as JSON, encoded as ``requests`` encodes a ``json=`` body."""
+    return json.dumps(value, allow_nan=False).encode("utf-8")
+
+
 def _wait_step(text: Optional[str]) -> float:
     """The finest wait a server announced (``X-Lease-Lock-Wait-Step``), or ``0.0`` for none."""
     try:
@@ -125,6 +137,76 @@ def _wait_step(text: Optional[str]) -> float:
     except ValueError:
         return 0.0
     return step if 0.0 < step <= 1.0 else 0.0
+
+
+# urllib3's failures of a request, as requests' adapter reports them (most specific first).
+_TRANSPORT_FAILURES: tuple[tuple[type[Exception], type[requests.RequestException]], ...] = (
+    (urllib3.exceptions.SSLError, requests.exceptions.SSLError),
+    (urllib3.exceptions.NewConnectionError, requests.ConnectionError),
+    (urllib3.exceptions.ConnectTimeoutError, requests.ConnectTimeout),
+    (urllib3.exceptions.ReadTimeoutError, requests.ReadTimeout),
+    (urllib3.exceptions.ProtocolError, requests.ConnectionError),
+    (urllib3.exceptions.ClosedPoolError, requests.ConnectionError),
+)
+
+
+class _DirectPool:
+    """Plain-HTTP requests to the service straight through a ``urllib3`` connection pool.
+
+    On loopback ``requests.Session`` spends more CPU per request than the rest of the
+    request's round trip: it merges settings, headers and cookies, runs hooks, picks an adapter
+    and builds its answer through cookie jars. A backend that owns its session talks to one
+    origin with no cookies, hooks, redirects, credentials of the URL or proxy, so where the
+    environment names no proxy for a plain ``http://`` service it sends through this pool:
+    the same pool ``requests`` would use, without the layers around it. Its answers are
+    ``requests.Response`` objects and its transport failures ``requests``' exceptions, exactly
+    as through the session, so nothing above this class can tell the two apart.
+    """
+
+    def __init__(self, base_url: str) -> None:
+        self._base_url = base_url
+        parts = urllib.parse.urlsplit(base_url)
+        self._origin = f"{parts.scheme}://{parts.netloc}"
+        self._pool = self._new_pool()
+
+    def _new_pool(self) -> urllib3.HTTPConnectionPool:
+        # Ten connections, as requests keeps per host; retries=False: one attempt, whose
+        # failure raises at once (the backend's own rules decide what is sent again).
+        return urllib3.connection_from_url(self._base_url, maxsize=10, block=False, retries=False)
+
+    def send(
+        self, method: str, url: str, headers: dict[str, str], timeout: Any, body: Optional[bytes]
+    ) -> requests.Response:
+        """Send one request to ``url`` (under ``base_url``); its answer, body read."""
+        connect, read = timeout if isinstance(timeout, tuple) else (timeout, timeout)
+        try:
+            raw = self._pool.urlopen(
+                method,
+                url[len(self._origin):],
+                body=body,
+                headers=headers,
+                retries=False,
+                redirect=False,
+                timeout=urllib3.Timeout(connect=connect, read=read),
+            )
+        except urllib3.exceptions.HTTPError as exc:
+            for failure, reported in _TRANSPORT_FAILURES:
+                if isinstance(exc, failure):
+                    raise reported(exc) from exc
+            raise
+        response = requests.Response()
+        response.status_code = raw.status
+        response.reason = raw.reason or ""
+        response.headers = CaseInsensitiveDict(raw.headers)
+        response.encoding = get_encoding_from_headers(response.headers)
+        response.raw = io.BytesIO(raw.data)
+        response.url = url
+        return response
+
+    def close(self) -> None:
+        """Close the pooled connections; a later request opens a new one, as a session does."""
+        pool, self._pool = self._pool, self._new_pool()
+        pool.close()
 
 
 @dataclass(frozen=True)
@@ -337,6 +419,10 @@ class HttpBackend(Backend, RequestIdCarrier):
         self._session = session if session is not None else requests.Session()
         # The environment's proxy and CA settings for base_url, read on first use (see _send_prepared).
         self._environment: Optional[dict[str, Any]] = None
+        # Set with the environment: the direct pool (plain HTTP, no proxy) and the session's
+        # default headers, which it sends as the session would.
+        self._direct: Optional[_DirectPool] = None
+        self._direct_headers: dict[str, str] = {}
         self._authorization = f"Bearer {api_key}"
         self._mutex = threading.Lock()
         self._scope = threading.local()
@@ -368,6 +454,8 @@ class HttpBackend(Backend, RequestIdCarrier):
         self._inherited.append(self._session)
         self._session = requests.Session()
         self._environment = None
+        # The parent's pool is left alone, like its session; the child's first request makes one.
+        self._direct = None
         # The child's session is its own, whoever owned the parent's.
         self._own_session = True
         self._mutex = threading.Lock()
@@ -440,7 +528,9 @@ class HttpBackend(Backend, RequestIdCarrier):
         if self._own_session:
             response = self._send_prepared(method, url, headers, timeout, **kwargs)
         else:
-            response = self._session.request(method, url, headers=headers, timeout=timeout, **kwargs)
+            response = self._session.request(
+                method, url, headers=headers, timeout=timeout, allow_redirects=False, **kwargs
+            )
         offered = response.headers.get(wire.HEADER_WAIT)
         if offered is not None:
             self._wait_offered = int(offered) if offered.isdigit() else 0
@@ -456,14 +546,20 @@ class HttpBackend(Backend, RequestIdCarrier):
         twice, and the CA bundle) and looks for a ``.netrc`` file, which together cost about as
         much CPU as the rest of the request. Every request here goes to the one ``base_url``,
         so the environment's settings for it are read once per session. A ``.netrc`` entry is
-        never wanted: its credential would replace the service key. The session's headers and
-        cookies apply as ``Session.request`` would apply them.
+        never wanted: its credential would replace the service key. Without a proxy for a plain
+        ``http://`` service the request goes through :class:`_DirectPool`; otherwise the
+        session sends it, with its headers and cookies applied as ``Session.request`` would.
         """
-        environment = self._environment
-        if environment is None:
-            environment = self._environment = dict(
-                self._session.merge_environment_settings(self.base_url, {}, None, None, None)
-            )
+        environment = self._environment or self._read_environment()
+        if self._direct is not None:
+            if params:
+                url = f"{url}?{urllib.parse.urlencode(params)}"
+            headers = {**self._direct_headers, **headers}
+            body = None
+            if json is not None:
+                headers["Content-Type"] = "application/json"
+                body = _json_body(json)
+            return self._direct.send(method, url, headers, timeout, body)
         prepared = requests.PreparedRequest()
         prepared.prepare(
             method=method,
@@ -473,7 +569,21 @@ class HttpBackend(Backend, RequestIdCarrier):
             params=params,
             cookies=self._session.cookies,
         )
-        return self._session.send(prepared, timeout=timeout, allow_redirects=True, **environment)
+        return self._session.send(prepared, timeout=timeout, allow_redirects=False, **environment)
+
+    def _read_environment(self) -> dict[str, Any]:
+        """The environment's settings for ``base_url``, read once, and the direct pool if they
+        allow one."""
+        with self._mutex:
+            if self._environment is None:
+                environment: dict[str, Any] = dict(
+                    self._session.merge_environment_settings(self.base_url, {}, None, None, None)
+                )
+                if self.base_url.startswith("http://") and select_proxy(self.base_url, environment["proxies"]) is None:
+                    self._direct_headers = {name: str(value) for name, value in self._session.headers.items()}
+                    self._direct = _DirectPool(self.base_url)
+                self._environment = environment
+            return self._environment
 
     def _unavailable(self, cause: BaseException) -> BackendUnavailableError:
         # ``base_url`` never carries the key (it travels in a header) and has no query.
@@ -989,3 +1099,5 @@ class HttpBackend(Backend, RequestIdCarrier):
             grant.taken.set()
         if self._own_session:
             self._session.close()
+            if self._direct is not None:
+                self._direct.close()

@@ -1,0 +1,196 @@
+"""How the HTTP backend reaches the service: a backend that owns its session sends plain-HTTP
+requests straight through a ``urllib3`` pool, and must look exactly like ``requests`` from
+above (answers, transport errors, the environment's proxy) and on the wire."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import requests
+from benchmarks.chaos_harness.proxy import TcpProxy
+from lease_lock.backends.http import HttpBackend
+from lease_lock.backends.memory import MemoryBackend
+from lease_lock.errors import BackendUnavailableError
+from lease_lock.server import create_app
+
+from tests.support.http_server import ThreadedServer, make_keys
+
+WsgiApp = Callable[..., Any]
+
+
+class Seen:
+    """WSGI middleware keeping each request's method, target, headers and body."""
+
+    def __init__(self, app: WsgiApp) -> None:
+        self.app = app
+        self.requests: list[dict[str, Any]] = []
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        environ["wsgi.input"] = io.BytesIO(body)
+        headers = {
+            name[5:].replace("_", "-").lower(): value for name, value in environ.items() if name.startswith("HTTP_")
+        }
+        if environ.get("CONTENT_TYPE"):
+            headers["content-type"] = environ["CONTENT_TYPE"]
+        self.requests.append(
+            {
+                "method": environ["REQUEST_METHOD"],
+                "path": environ["PATH_INFO"],
+                "query": environ.get("QUERY_STRING", ""),
+                "headers": headers,
+                "body": body,
+            }
+        )
+        return self.app(environ, start_response)
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[tuple[Seen, ThreadedServer, dict[str, str]]]:
+    keys_file = tmp_path / "keys.toml"
+    keys = make_keys(keys_file)
+    seen = Seen(create_app(MemoryBackend(), keys_file))
+    with ThreadedServer(seen) as server:
+        yield seen, server, keys
+
+
+@pytest.fixture
+def no_proxy_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY",
+                 "no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_a_plain_http_service_is_reached_without_the_sessions_send(
+    service: Any, no_proxy_settings: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen, server, keys = service
+    sent_by_session: list[str] = []
+    original = requests.Session.send
+
+    def recording_send(session: requests.Session, request: requests.PreparedRequest, **kwargs: Any) -> Any:
+        sent_by_session.append(str(request.url))
+        return original(session, request, **kwargs)
+
+    monkeypatch.setattr(requests.Session, "send", recording_send)
+    backend = HttpBackend(server.url, keys["alpha"])
+    try:
+        token = backend.new_token()
+        fence = backend.acquire_fenced("job", token, 30, "worker 1")
+        assert fence is not None and backend.is_held("job", token)
+        assert backend.extend("job", token, 60)
+        state = backend.inspect("job")
+        assert state.held and state.owner == "worker 1" and state.fence == fence
+        assert [found.key for found in backend.scan("jo")] == ["job"]
+        assert backend.release("job", token) and not backend.inspect("job").held
+    finally:
+        backend.close()
+    assert sent_by_session == []
+    # On the wire, what requests would have sent: the session's own headers, the credential,
+    # and a JSON body encoded as requests encodes one.
+    acquisition = seen.requests[0]
+    assert acquisition["method"] == "POST" and acquisition["path"] == "/locks/job/lease"
+    assert acquisition["headers"]["authorization"] == f"Bearer {keys['alpha']}"
+    assert acquisition["headers"]["user-agent"] == requests.utils.default_user_agent()
+    assert acquisition["headers"]["content-type"] == "application/json"
+    assert json.loads(acquisition["body"]) == {"ttl_seconds": 30}
+    assert acquisition["headers"]["x-volcano-lock-token"] == token
+    uuid.UUID(acquisition["headers"]["x-volcano-request-id"])
+    listing = next(request for request in seen.requests if request["method"] == "GET" and request["path"] == "/locks")
+    assert listing["query"] == "prefix=jo"
+
+
+def test_a_proxy_named_by_the_environment_carries_every_request(
+    service: Any, no_proxy_settings: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen, server, keys = service
+    # The service's host name resolves nowhere: only the proxy can reach it.
+    monkeypatch.setenv("HTTP_PROXY", server.url)
+    backend = HttpBackend("http://lock-service.invalid:8080", keys["alpha"])
+    try:
+        token = backend.new_token()
+        assert backend.acquire("job", token, 30, "o")
+        assert backend.release("job", token)
+    finally:
+        backend.close()
+    assert [(request["method"], request["headers"]["host"]) for request in seen.requests] == [
+        ("POST", "lock-service.invalid:8080"),
+        ("DELETE", "lock-service.invalid:8080"),
+    ]
+
+
+def test_a_read_timeout_is_backend_unavailable_with_requests_timeout_as_cause(no_proxy_settings: None) -> None:
+    answer = threading.Event()
+
+    def slow(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        answer.wait(30)
+        start_response("404 Not Found", [("Content-Type", "application/json")])
+        return [b"{}"]
+
+    with ThreadedServer(slow) as server:
+        backend = HttpBackend(server.url, "key", timeout=0.5)
+        try:
+            with pytest.raises(BackendUnavailableError) as unavailable:
+                backend.inspect("job")
+            assert isinstance(unavailable.value.__cause__, requests.ReadTimeout)
+        finally:
+            answer.set()
+            backend.close()
+
+
+@pytest.mark.parametrize("route", ["direct", "proxy", "caller's session"])
+def test_a_redirect_is_an_unexpected_answer_and_is_never_followed(
+    route: str, service: Any, no_proxy_settings: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen, target, keys = service
+
+    def moved(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        start_response("307 Temporary Redirect", [("Location", f"{target.url}{environ['PATH_INFO']}")])
+        return [b""]
+
+    with ThreadedServer(moved) as server, requests.Session() as session:
+        if route == "proxy":
+            monkeypatch.setenv("HTTP_PROXY", server.url)
+            backend = HttpBackend("http://lock-service.invalid", keys["alpha"])
+        else:
+            backend = HttpBackend(server.url, keys["alpha"], session=session if route == "caller's session" else None)
+        try:
+            with pytest.raises(requests.HTTPError, match="307"):
+                backend.acquire("job", backend.new_token(), 30, "o")
+        finally:
+            backend.close()
+    # The credential and the lease went nowhere else.
+    assert seen.requests == []
+
+
+def test_a_pooled_connection_cut_under_it_is_replaced(service: Any, no_proxy_settings: None) -> None:
+    _seen, server, keys = service
+    proxy = TcpProxy("127.0.0.1", int(server.url.rsplit(":", 1)[1]))
+    backend = HttpBackend(f"http://127.0.0.1:{proxy.port}", keys["alpha"])
+    try:
+        assert not backend.inspect("job").held  # the pool now keeps one connection
+        assert proxy.cut() >= 2  # reset, as a dropped NAT entry or a restarted balancer would
+        token = backend.new_token()
+        assert backend.acquire("job", token, 30, "o")
+        assert backend.release("job", token)
+    finally:
+        backend.close()
+        proxy.close()
+
+
+def test_a_closed_backend_opens_a_new_connection_when_used_again(service: Any, no_proxy_settings: None) -> None:
+    _seen, server, keys = service
+    backend = HttpBackend(server.url, keys["alpha"])
+    assert not backend.inspect("job").held
+    backend.close()
+    try:
+        assert not backend.inspect("job").held
+    finally:
+        backend.close()
