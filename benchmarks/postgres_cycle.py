@@ -38,7 +38,9 @@ Hand-off: a waiter blocks in ``Locker.acquire`` while another connection holds t
 time from the start of the holder's release to the waiter holding the lock (p50/p99), with
 LISTEN/NOTIFY (the default), with the release handing the key to the waiter in line
 (``direct_handoff=True`` on both sides) and with notifications turned off (polling every
-50 ms), next to a bare LISTEN/NOTIFY wake-up between two connections.
+50 ms), next to a bare LISTEN/NOTIFY wake-up between two connections and the smallest durable
+hand-off: one committed statement that updates a row and notifies (the floor of any hand-off
+that writes the lease, as the direct one does).
 """
 
 from __future__ import annotations
@@ -228,6 +230,39 @@ def _bare_wakeups(url: str, samples: int) -> list[float]:
     return latencies
 
 
+def _bare_durable_wakeups(url: str, samples: int) -> list[float]:
+    """A listener woken by the smallest durable hand-off there is: one statement that updates a
+    row and notifies, committed as the server commits (``synchronous_commit`` as set), after the
+    same pause as each Locker hand-off sample. A NOTIFY alone writes nothing, so the bare
+    wake-up above has no commit to wait for; every hand-off of a lease row has one."""
+    listener, writer = _connect(url), _connect(url)
+    table = f"bench_pg_floor_{uuid.uuid4().hex[:6]}"
+    cursor = writer.cursor()
+    cursor.execute(f'CREATE TABLE "{table}" (key text PRIMARY KEY, holder bigint NOT NULL)')
+    cursor.execute(f'INSERT INTO "{table}" VALUES (%s, 0)', ("k",))
+    listener.cursor().execute("LISTEN bench_durable")
+    handing = (
+        f'WITH handed AS (UPDATE "{table}" SET holder = holder + 1 WHERE key = %s RETURNING key)'
+        " SELECT pg_notify('bench_durable', key) FROM handed"
+    )
+    latencies = []
+    try:
+        for _ in range(samples):
+            time.sleep(0.03)
+            started = time.perf_counter()
+            cursor.execute(handing, ("k",))
+            while not listener.notifies:
+                select.select([listener], [], [], 5)
+                listener.poll()
+            latencies.append(time.perf_counter() - started)
+            listener.notifies.clear()
+    finally:
+        cursor.execute(f'DROP TABLE "{table}"')
+        listener.close()
+        writer.close()
+    return latencies
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """Run both measurements and print the tables."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n", 1)[0])
@@ -347,6 +382,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     polling = Locker(_PollingBackend(polling_conn, table=logged), ttl=TTL, retry=Retry(delay=0.05))
     results = {
         "bare LISTEN/NOTIFY wake-up": _bare_wakeups(args.url, args.handoffs),
+        "bare durable update + NOTIFY wake-up": _bare_durable_wakeups(args.url, args.handoffs),
         "Locker hand-off, LISTEN/NOTIFY": _handoffs(args.url, logged, notified, args.handoffs),
         "Locker hand-off, direct_handoff=True": _handoffs(args.url, logged, direct, args.handoffs, direct=True),
         "Locker hand-off, polling every 50 ms": _handoffs(args.url, logged, polling, args.handoffs),

@@ -94,7 +94,11 @@ def test_postgres_cycle_and_handoffs(postgres_server: PostgresServer) -> None:
     output = run_benchmark("postgres_cycle", "--url", postgres_server.url, "--seconds", "0.2", "--handoffs", "3")
     rows = table_rows(output, "backend acquire/release", "backend fenced", "Locker fenced", "raw SQL, UNLOGGED table")
     assert all(cells[-1].endswith("x") for cells in rows.values())
-    table_rows(output.split("Hand-off latency", 1)[1], "bare LISTEN/NOTIFY wake-up", "Locker hand-off, LISTEN/NOTIFY")
+    handoffs = table_rows(
+        output.split("Hand-off latency", 1)[1],
+        "bare LISTEN/NOTIFY wake-up", "bare durable update + NOTIFY wake-up", "Locker hand-off, LISTEN/NOTIFY",
+    )
+    assert all(float(cells[0]) > 0 for cells in handoffs.values())
     core = table_rows(
         output.split("CPU per Locker cycle", 1)[1], "between PostgreSQL round trips", "hot loop on the memory backend"
     )
