@@ -19,12 +19,15 @@ import uuid
 from typing import Any
 
 import pytest
+import redis
 from lease_lock import Locker, LockHeldError, Retry
 from lease_lock.backends.handoff import LineSource
 from lease_lock.backends.redis import RedisBackend, line_keys
 from lease_lock.backends.redis._line import CLAIM_MAX, LINE_WAITERS
 from lease_lock.errors import ValidationError
 from lease_lock.testing import wait_until
+from redis.backoff import NoBackoff
+from redis.retry import Retry as RedisRetry
 
 from tests.support.events import Recorder
 from tests.support.handoff import (
@@ -129,19 +132,23 @@ def test_a_waiter_whose_blocked_connection_is_killed_still_gets_the_key(redis_se
         waiter.close()
 
 
-def test_a_waiter_gives_its_connection_back_to_the_pool_when_it_leaves(redis_server: RedisServer, key: str) -> None:
+def test_a_waiter_gives_its_connection_back_when_it_leaves_and_close_returns_it_to_the_pool(
+    redis_server: RedisServer, key: str
+) -> None:
+    # A waiter blocks on a connection the backend keeps between commands, and gives it back to
+    # that free list when it leaves the line (timed out or handed the key): repeated waits take
+    # no more connections out of the pool than the first, and close() returns every one.
     holder = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
     waiter = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
     holder.owns_backend = waiter.owns_backend = True
     pool = waiter.backend.client.connection_pool
     try:
         held = holder.acquire(key)
-        waiter.backend.inspect(key)  # the pool's first connection, for the commands
-        before = len(pool._in_use_connections)
+        out_of_the_pool = []
         for _ in range(3):
             with pytest.raises(LockHeldError):
                 waiter.acquire(key, timeout=0.3, retry=Retry(delay=0.05))
-            assert len(pool._in_use_connections) == before
+            out_of_the_pool.append(len(pool._in_use_connections))
         got: list[Any] = []
         thread = _waiting_thread(waiter, key, got)
         assert wait_until(lambda: _in_line(holder.backend.client, key) == 1, 30)
@@ -149,10 +156,51 @@ def test_a_waiter_gives_its_connection_back_to_the_pool_when_it_leaves(redis_ser
         thread.join(60)
         [lock] = got
         lock.release()
-        assert len(pool._in_use_connections) == before
+        out_of_the_pool.append(len(pool._in_use_connections))
+        # At most the kept connection and the one an attempt in line took while the first was
+        # lent to the BLPOP; a connection not given back would add one per wait.
+        assert max(out_of_the_pool) <= 2, out_of_the_pool
     finally:
         holder.close()
         waiter.close()
+    assert len(pool._in_use_connections) == 0
+
+
+@pytest.mark.parametrize("retries", [0, 1], ids=["no-retries", "one-retry"])
+def test_a_waiter_whose_connection_is_cut_while_it_waits_in_line_still_gets_the_key(
+    private_redis_server: RedisServer, key: str, retries: int
+) -> None:
+    # The waiter's BLPOP blocks on a connection the backend lent it from the ones it keeps
+    # between commands; the server closes it (CLIENT KILL, as a restarted proxy would). The
+    # client's retry policy reconnects it; without one, the broken BLPOP is one failed attempt
+    # of the wait, which goes on in line and is handed the key all the same.
+    client = redis.Redis(
+        host="127.0.0.1", port=private_redis_server.port, client_name="line-cut",
+        retry=RedisRetry(NoBackoff(), retries), socket_timeout=10,
+    )
+    holder = Locker(RedisBackend.from_url(private_redis_server.url), ttl=30)
+    holder.owns_backend = True
+    waiter = Locker(RedisBackend(client), ttl=30)
+    admin = redis.Redis(host="127.0.0.1", port=private_redis_server.port)
+    try:
+        held = holder.acquire(key)
+        got: list[Any] = []
+        thread = _waiting_thread(waiter, key, got, retry=Retry(delay=0.05))
+        assert wait_until(lambda: _in_line(admin, key) == 1, 30)
+        assert wait_until(lambda: any(found.get("cmd") == "blpop" for found in admin.client_list()), 30)
+        for found in admin.client_list():
+            if found.get("name") == "line-cut":
+                admin.client_kill_filter(_id=found["id"])
+        held.release()
+        thread.join(60)
+        [lock] = got
+        assert _holder_token(admin, key) == lock.token
+        lock.release()
+    finally:
+        admin.close()
+        holder.close()
+        waiter.close()
+        client.close()
 
 
 @pytest.mark.parametrize("auto_extend", [True, False], ids=["auto-extend", "no-auto-extend"])

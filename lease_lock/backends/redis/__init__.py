@@ -756,7 +756,6 @@ class RedisBackend(ServiceStore):
         leave_keys, leave_argv = self._release_call(key, token)
         return RedisWaitingLine(
             self._commands,
-            self.client,
             join=(join_keys, join_argv),
             leave=([*leave_keys, granted], [*leave_argv, token]),
             granted=granted,

@@ -136,11 +136,7 @@ class DirectCommands:
         """Send one command and return its raw reply; errors as ``execute_command`` raises them."""
         if not self._direct:
             return self._client.execute_command(*args)
-        if self._pid != os.getpid():
-            # A forked child: the kept sockets are the parent's. Forget them (closing them here
-            # could shut the parent's sockets down); the pool starts afresh in the child too.
-            self._free = []
-            self._pid = os.getpid()
+        self._forget_if_forked()
         # Packed before a connection is taken: an argument the encoder refuses takes none.
         packed = pack_command(args, self._encoder) if self._encoder is not None else None
         connection = self._take()
@@ -159,6 +155,34 @@ class DirectCommands:
             raise
         finally:
             self._keep(connection)
+
+    def lend(self) -> Any:
+        """A connection for one caller's blocking commands (a waiter's ``BLPOP``), which it
+        sends and reads itself until it gives the connection back with :meth:`take_back`.
+
+        When commands go out on kept connections it is one of those: a waiter that wakes up
+        holding a key then returns its connection to the free list, not through the pool's
+        check-in (its lock and hooks cost a woken waiter more than a third of its way from the
+        grant's arrival to holding the key), and the lock's next commands use it again."""
+        if not self._direct:
+            return _checkout(self._client.connection_pool)()
+        self._forget_if_forked()
+        return self._take()
+
+    def take_back(self, connection: Any) -> None:
+        """Take back a connection from :meth:`lend`, its last reply read in full or the
+        connection disconnected (so that no later command can read a stray reply)."""
+        if self._direct:
+            self._keep(connection)
+        else:
+            self._client.connection_pool.release(connection)
+
+    def _forget_if_forked(self) -> None:
+        if self._pid != os.getpid():
+            # A forked child: the kept sockets are the parent's. Forget them (closing them here
+            # could shut the parent's sockets down); the pool starts afresh in the child too.
+            self._free = []
+            self._pid = os.getpid()
 
     def _take(self) -> Any:
         assert self._pool is not None and self._checkout is not None

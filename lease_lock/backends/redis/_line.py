@@ -2,7 +2,8 @@
 _HAND_ON in :mod:`._scripts`).
 
 A waiting thread refreshes its entry in the key's line and blocks in ``BLPOP`` on a grant list
-of its own, on a connection it keeps from the client's pool until it leaves the line. A release
+of its own, on a connection the backend lends it (one it keeps between commands, see
+:mod:`._connections`) until it leaves the line. A release
 that finds a live entry hands the key to that waiter in the same script, for a claim window
 only, and pushes the fence onto the waiter's grant list: the waiter wakes up holding the key,
 with no attempt of its own and no other thread in between. Its heartbeat extends the claim to a
@@ -25,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
 from ..line import BURST, CLAIM_MAX, FRESH_SHARE, LINE_WAITERS, Handed, Joined, LineSlots, RefreshedLine, claim_for
+from ._connections import DirectCommands
 from ._scripts import JOIN_LINE, LEAVE_LINE
 
 __all__ = ["BURST", "CLAIM_MAX", "FRESH_SHARE", "LINE_WAITERS", "LineSlots", "RedisWaitingLine", "claim_for"]
@@ -35,18 +37,11 @@ def _fence(reply: Any) -> int:
     return int(reply) if reply else 0
 
 
-def _pool_connection(pool: Any) -> Any:
-    """A connection of ``pool``, checked as the client checks one before a command."""
-    try:
-        return pool.get_connection()
-    except TypeError:  # redis-py before 5.3 wants the command's name (later ones warn about it)
-        return pool.get_connection("BLPOP")
-
-
 class RedisWaitingLine(RefreshedLine):
     """A waiting thread's place in one key's line (see the module docstring).
 
-    ``commands`` runs the scripts (by hash first), ``client`` blocks in ``BLPOP``; ``join`` and
+    ``commands`` runs the scripts (by hash first) and lends the connection the waits block on
+    in ``BLPOP``; ``join`` and
     ``leave`` are the keys and arguments of JOIN_LINE and LEAVE_LINE; ``granted`` names the
     waiter's grant list; ``block_cap`` bounds one BLPOP below the socket timeout; the rest is
     :class:`~lease_lock.backends.line.RefreshedLine`'s.
@@ -54,8 +49,7 @@ class RedisWaitingLine(RefreshedLine):
 
     def __init__(
         self,
-        commands: Any,
-        client: Any,
+        commands: DirectCommands,
         *,
         join: tuple[Sequence[str], Sequence[Any]],
         leave: tuple[Sequence[str], Sequence[Any]],
@@ -69,7 +63,6 @@ class RedisWaitingLine(RefreshedLine):
     ) -> None:
         super().__init__(ttl=ttl, claim=claim, clock=clock, translate=translate, slots=slots)
         self._commands = commands
-        self._client = client
         self._join_call = join
         self._leave_call = leave
         self._granted = granted
@@ -96,7 +89,7 @@ class RedisWaitingLine(RefreshedLine):
         # retry policy, on a new connection.
         connection = self._connection
         if connection is None:
-            connection = self._connection = _pool_connection(self._client.connection_pool)
+            connection = self._connection = self._commands.lend()
         timeout = min(seconds, self._block_cap)
 
         def blpop() -> Any:
@@ -121,7 +114,7 @@ class RedisWaitingLine(RefreshedLine):
     def _give_back_connection(self) -> None:
         connection, self._connection = self._connection, None
         if connection is not None:
-            self._client.connection_pool.release(connection)
+            self._commands.take_back(connection)
 
     def _quit(self) -> None:
         keys, argv = self._leave_call
