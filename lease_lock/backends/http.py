@@ -1,10 +1,10 @@
 """HTTP backend: a client of the "project locks" API (our ``lease-lock serve`` or the hosted one).
 
-Built on ``requests``: a backend that owns its session sends plain-HTTP requests straight
-through ``urllib3``'s connection pool (see :class:`_DirectPool`). The wire rules apply before anything is sent: keys are
-``[A-Za-z0-9._:-]{1,128}``, tokens and request ids are UUIDs, and TTLs travel as whole seconds,
-rounded up, at least 5 and at most 90 days. The local lease of the core still follows the TTL the
-caller asked for.
+Built on ``requests``: a backend that owns its session sends its requests straight through
+``urllib3``'s connection pool where no proxy applies (see :class:`_DirectPool`). The wire rules
+apply before anything is sent: keys are ``[A-Za-z0-9._:-]{1,128}``, tokens and request ids are
+UUIDs, and TTLs travel as whole seconds, rounded up, at least 5 and at most 90 days. The local
+lease of the core still follows the TTL the caller asked for.
 
 Answers: 409 is a plain "no" (``None``/``False``); 429 raises
 :class:`~lease_lock.errors.RateLimitedError`; 400 raises
@@ -40,7 +40,7 @@ from typing import Any, Callable, ClassVar, ContextManager, NamedTuple, Optional
 import requests
 import urllib3
 from requests.structures import CaseInsensitiveDict
-from requests.utils import get_encoding_from_headers, select_proxy
+from requests.utils import DEFAULT_CA_BUNDLE_PATH, get_encoding_from_headers, select_proxy
 
 from .. import wire
 from ..errors import AccessDeniedError, BackendUnavailableError, RateLimitedError, ValidationError
@@ -157,22 +157,46 @@ class _DirectPool:
     request's round trip: it merges settings, headers and cookies, runs hooks, picks an adapter
     and builds its answer through cookie jars. A backend that owns its session talks to one
     origin with no cookies, hooks, redirects, credentials of the URL or proxy, so where the
-    environment names no proxy for a plain ``http://`` service it sends through this pool:
-    the same pool ``requests`` would use, without the layers around it. Its answers are
+    environment names no proxy for the service (see :meth:`usable`) it sends through this
+    pool: the same pool ``requests`` would use, verifying TLS as ``requests`` does, without the
+    layers around it. Its answers are
     ``requests.Response`` objects and its transport failures ``requests``' exceptions, exactly
     as through the session, so nothing above this class can tell the two apart.
     """
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, ca_bundle: str) -> None:
         self._base_url = base_url
+        self._ca_bundle = ca_bundle
         parts = urllib.parse.urlsplit(base_url)
         self._origin = f"{parts.scheme}://{parts.netloc}"
         self._pool = self._new_pool()
 
+    @staticmethod
+    def usable(base_url: str, environment: Mapping[str, Any]) -> Optional[str]:
+        """The CA bundle to verify ``base_url``'s certificate with (``""`` for plain HTTP) when
+        the session's ``environment`` (``merge_environment_settings``) lets requests go
+        through a pool of this class; ``None`` when they must go through the session: a
+        proxy, a client certificate, or a CA bundle that is not there (the session raises
+        its own error for that)."""
+        if select_proxy(base_url, environment["proxies"]) is not None or environment["cert"]:
+            return None
+        if base_url.startswith("http://"):
+            return ""
+        verify = environment["verify"]
+        # As requests verifies by default: against its own bundle (certifi's), or the one the
+        # environment names (REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE), a file or a directory.
+        bundle = DEFAULT_CA_BUNDLE_PATH if verify is True else verify
+        return bundle if isinstance(bundle, str) and os.path.exists(bundle) else None
+
     def _new_pool(self) -> urllib3.HTTPConnectionPool:
         # Ten connections, as requests keeps per host; retries=False: one attempt, whose
         # failure raises at once (the backend's own rules decide what is sent again).
-        return urllib3.connection_from_url(self._base_url, maxsize=10, block=False, retries=False)
+        options: dict[str, Any] = {"maxsize": 10, "block": False, "retries": False}
+        if self._ca_bundle:
+            # The certificate and the host name are verified, as requests verifies them.
+            options["cert_reqs"] = "CERT_REQUIRED"
+            options["ca_cert_dir" if os.path.isdir(self._ca_bundle) else "ca_certs"] = self._ca_bundle
+        return urllib3.connection_from_url(self._base_url, **options)
 
     def send(
         self, method: str, url: str, headers: dict[str, str], timeout: Any, body: Optional[bytes]
@@ -546,9 +570,10 @@ class HttpBackend(Backend, RequestIdCarrier):
         twice, and the CA bundle) and looks for a ``.netrc`` file, which together cost about as
         much CPU as the rest of the request. Every request here goes to the one ``base_url``,
         so the environment's settings for it are read once per session. A ``.netrc`` entry is
-        never wanted: its credential would replace the service key. Without a proxy for a plain
-        ``http://`` service the request goes through :class:`_DirectPool`; otherwise the
-        session sends it, with its headers and cookies applied as ``Session.request`` would.
+        never wanted: its credential would replace the service key. Where the environment allows
+        it (see :meth:`_DirectPool.usable`) the request goes through :class:`_DirectPool`;
+        otherwise the session sends it, with its headers and cookies applied as
+        ``Session.request`` would.
         """
         environment = self._environment or self._read_environment()
         if self._direct is not None:
@@ -579,9 +604,10 @@ class HttpBackend(Backend, RequestIdCarrier):
                 environment: dict[str, Any] = dict(
                     self._session.merge_environment_settings(self.base_url, {}, None, None, None)
                 )
-                if self.base_url.startswith("http://") and select_proxy(self.base_url, environment["proxies"]) is None:
+                ca_bundle = _DirectPool.usable(self.base_url, environment)
+                if ca_bundle is not None:
                     self._direct_headers = {name: str(value) for name, value in self._session.headers.items()}
-                    self._direct = _DirectPool(self.base_url)
+                    self._direct = _DirectPool(self.base_url, ca_bundle)
                 self._environment = environment
             return self._environment
 

@@ -21,6 +21,7 @@ from lease_lock.errors import BackendUnavailableError
 from lease_lock.server import create_app
 
 from tests.support.http_server import ThreadedServer, make_keys
+from tests.support.tls import TlsFront, make_certificate
 
 WsgiApp = Callable[..., Any]
 
@@ -61,15 +62,24 @@ def service(tmp_path: Path) -> Iterator[tuple[Seen, ThreadedServer, dict[str, st
         yield seen, server, keys
 
 
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    """Self-signed certificates: one for this machine's names, one for another host."""
+    return {
+        "here": make_certificate(tmp_path_factory.mktemp("here"), "localhost", "127.0.0.1"),
+        "elsewhere": make_certificate(tmp_path_factory.mktemp("elsewhere"), "lock-service.invalid"),
+    }
+
+
 @pytest.fixture
-def no_proxy_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+def no_environment_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY",
-                 "no_proxy", "NO_PROXY"):
+                 "no_proxy", "NO_PROXY", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
         monkeypatch.delenv(name, raising=False)
 
 
 def test_a_plain_http_service_is_reached_without_the_sessions_send(
-    service: Any, no_proxy_settings: None, monkeypatch: pytest.MonkeyPatch
+    service: Any, no_environment_settings: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen, server, keys = service
     sent_by_session: list[str] = []
@@ -108,7 +118,7 @@ def test_a_plain_http_service_is_reached_without_the_sessions_send(
 
 
 def test_a_proxy_named_by_the_environment_carries_every_request(
-    service: Any, no_proxy_settings: None, monkeypatch: pytest.MonkeyPatch
+    service: Any, no_environment_settings: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen, server, keys = service
     # The service's host name resolves nowhere: only the proxy can reach it.
@@ -126,7 +136,7 @@ def test_a_proxy_named_by_the_environment_carries_every_request(
     ]
 
 
-def test_a_read_timeout_is_backend_unavailable_with_requests_timeout_as_cause(no_proxy_settings: None) -> None:
+def test_a_read_timeout_is_backend_unavailable_with_requests_timeout_as_cause(no_environment_settings: None) -> None:
     answer = threading.Event()
 
     def slow(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
@@ -147,7 +157,7 @@ def test_a_read_timeout_is_backend_unavailable_with_requests_timeout_as_cause(no
 
 @pytest.mark.parametrize("route", ["direct", "proxy", "caller's session"])
 def test_a_redirect_is_an_unexpected_answer_and_is_never_followed(
-    route: str, service: Any, no_proxy_settings: None, monkeypatch: pytest.MonkeyPatch
+    route: str, service: Any, no_environment_settings: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen, target, keys = service
 
@@ -170,7 +180,7 @@ def test_a_redirect_is_an_unexpected_answer_and_is_never_followed(
     assert seen.requests == []
 
 
-def test_a_pooled_connection_cut_under_it_is_replaced(service: Any, no_proxy_settings: None) -> None:
+def test_a_pooled_connection_cut_under_it_is_replaced(service: Any, no_environment_settings: None) -> None:
     _seen, server, keys = service
     proxy = TcpProxy("127.0.0.1", int(server.url.rsplit(":", 1)[1]))
     backend = HttpBackend(f"http://127.0.0.1:{proxy.port}", keys["alpha"])
@@ -185,12 +195,76 @@ def test_a_pooled_connection_cut_under_it_is_replaced(service: Any, no_proxy_set
         proxy.close()
 
 
-def test_a_closed_backend_opens_a_new_connection_when_used_again(service: Any, no_proxy_settings: None) -> None:
+def test_a_closed_backend_opens_a_new_connection_when_used_again(service: Any, no_environment_settings: None) -> None:
     _seen, server, keys = service
     backend = HttpBackend(server.url, keys["alpha"])
     assert not backend.inspect("job").held
     backend.close()
     try:
         assert not backend.inspect("job").held
+    finally:
+        backend.close()
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def test_an_https_service_is_reached_through_the_pool_with_its_certificate_verified(
+    service: Any, certificates: Any, no_environment_settings: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen, server, keys = service
+    certificate, key = certificates["here"]
+    # Trusted as requests trusts a bundle the environment names.
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(certificate))
+    sent_by_session: list[str] = []
+    original = requests.Session.send
+
+    def recording_send(session: requests.Session, request: requests.PreparedRequest, **kwargs: Any) -> Any:
+        sent_by_session.append(str(request.url))
+        return original(session, request, **kwargs)
+
+    monkeypatch.setattr(requests.Session, "send", recording_send)
+    with TlsFront(_port(server.url), certificate, key) as front:
+        backend = HttpBackend(f"https://localhost:{front.port}", keys["alpha"])
+        try:
+            token = backend.new_token()
+            assert backend.acquire_fenced("job", token, 30, "o") is not None
+            assert backend.extend("job", token, 60)
+            assert backend.release("job", token)
+        finally:
+            backend.close()
+    assert sent_by_session == []
+    assert [request["method"] for request in seen.requests] == ["POST", "PATCH", "DELETE"]
+
+
+@pytest.mark.parametrize("refusal", ["untrusted", "another host's"])
+def test_an_https_certificate_that_does_not_verify_is_refused_before_anything_is_sent(
+    refusal: str, service: Any, certificates: Any, no_environment_settings: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen, server, keys = service
+    certificate, key = certificates["here" if refusal == "untrusted" else "elsewhere"]
+    if refusal == "another host's":
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(certificate))  # trusted, but not for 127.0.0.1
+    with TlsFront(_port(server.url), certificate, key) as front:
+        backend = HttpBackend(f"https://127.0.0.1:{front.port}", keys["alpha"])
+        try:
+            with pytest.raises(BackendUnavailableError) as unavailable:
+                backend.inspect("job")
+            assert isinstance(unavailable.value.__cause__, requests.exceptions.SSLError)
+        finally:
+            backend.close()
+    assert seen.requests == []
+
+
+def test_a_ca_bundle_that_is_not_there_is_the_sessions_own_error(
+    service: Any, no_environment_settings: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _seen, server, keys = service
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tmp_path / "missing.pem"))
+    backend = HttpBackend(f"https://127.0.0.1:{_port(server.url)}", keys["alpha"])
+    try:
+        with pytest.raises(OSError, match="CA certificate bundle"):
+            backend.inspect("job")
     finally:
         backend.close()
