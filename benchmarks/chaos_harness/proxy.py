@@ -7,7 +7,9 @@ each worker its own proxy and a fault can hit one worker's network without touch
   round trip gains twice the value);
 - ``stall()`` / ``resume()``: hold every byte (both directions) until resumed; the sockets stay
   open, so clients see a silent peer, not an error;
-- ``cut()``: reset every open connection at once (new connections are still accepted).
+- ``cut()``: reset every open connection at once (new connections are still accepted);
+- ``tls``: an ``ssl.SSLContext`` for the server side ends TLS at the proxy, as a load balancer
+  does, and forwards in the clear (a client that refuses the certificate is let go).
 
 A :class:`ProxyGroup` puts one proxy in front of each server of a multi-server backend (the
 members of an etcd cluster) and acts on all of them at once, so that one worker's whole
@@ -18,9 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 import struct
 import threading
 import time
+from typing import Optional
 
 __all__ = ["ProxyGroup", "TcpProxy"]
 
@@ -30,8 +34,9 @@ _CHUNK = 65536
 class TcpProxy:
     """Forwards ``127.0.0.1:<port>`` to ``(target_host, target_port)``."""
 
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(self, target_host: str, target_port: int, tls: Optional[ssl.SSLContext] = None) -> None:
         self.target = (target_host, target_port)
+        self._tls = tls
         self.latency = 0.0
         self._flowing = threading.Event()
         self._flowing.set()
@@ -51,12 +56,21 @@ class TcpProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self._tls is not None:
+                try:
+                    client = self._secured(client, self._tls)
+                except OSError:
+                    continue
             try:
                 upstream = socket.create_connection(self.target, timeout=5)
                 upstream.settimeout(None)
             except OSError:
                 client.close()
                 continue
+            if self._tls is not None:
+                # A TLS record per small write, each sent at once: Nagle's algorithm would
+                # hold a write back until the peer's delayed acknowledgement (40 ms).
+                upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._mutex:
                 if self._closed:
                     client.close()
@@ -65,6 +79,18 @@ class TcpProxy:
                 self._sockets.update((client, upstream))
             for source, sink in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _secured(client: socket.socket, tls: ssl.SSLContext) -> socket.socket:
+        client.settimeout(10)  # a client stuck in its handshake must not hold the listener
+        try:
+            secured = tls.wrap_socket(client, server_side=True)
+        except OSError:  # ssl.SSLError included: a client that refused the certificate
+            client.close()
+            raise
+        secured.settimeout(None)
+        secured.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return secured
 
     def _pump(self, source: socket.socket, sink: socket.socket) -> None:
         try:

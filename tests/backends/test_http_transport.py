@@ -21,7 +21,7 @@ from lease_lock.errors import BackendUnavailableError
 from lease_lock.server import create_app
 
 from tests.support.http_server import ThreadedServer, make_keys
-from tests.support.tls import TlsFront, make_certificate
+from tests.support.tls import make_certificate, tls_front
 
 WsgiApp = Callable[..., Any]
 
@@ -62,6 +62,20 @@ def service(tmp_path: Path) -> Iterator[tuple[Seen, ThreadedServer, dict[str, st
         yield seen, server, keys
 
 
+@pytest.fixture
+def sent_by_session(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The URLs ``requests.Session.send`` sends to from now on."""
+    sent: list[str] = []
+    original = requests.Session.send
+
+    def recording_send(session: requests.Session, request: requests.PreparedRequest, **kwargs: Any) -> Any:
+        sent.append(str(request.url))
+        return original(session, request, **kwargs)
+
+    monkeypatch.setattr(requests.Session, "send", recording_send)
+    return sent
+
+
 @pytest.fixture(scope="module")
 def certificates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
     """Self-signed certificates: one for this machine's names, one for another host."""
@@ -79,17 +93,9 @@ def no_environment_settings(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_plain_http_service_is_reached_without_the_sessions_send(
-    service: Any, no_environment_settings: None, monkeypatch: pytest.MonkeyPatch
+    service: Any, no_environment_settings: None, sent_by_session: list[str]
 ) -> None:
     seen, server, keys = service
-    sent_by_session: list[str] = []
-    original = requests.Session.send
-
-    def recording_send(session: requests.Session, request: requests.PreparedRequest, **kwargs: Any) -> Any:
-        sent_by_session.append(str(request.url))
-        return original(session, request, **kwargs)
-
-    monkeypatch.setattr(requests.Session, "send", recording_send)
     backend = HttpBackend(server.url, keys["alpha"])
     try:
         token = backend.new_token()
@@ -211,21 +217,17 @@ def _port(url: str) -> int:
 
 
 def test_an_https_service_is_reached_through_the_pool_with_its_certificate_verified(
-    service: Any, certificates: Any, no_environment_settings: None, monkeypatch: pytest.MonkeyPatch
+    service: Any,
+    certificates: Any,
+    no_environment_settings: None,
+    sent_by_session: list[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     seen, server, keys = service
     certificate, key = certificates["here"]
     # Trusted as requests trusts a bundle the environment names.
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(certificate))
-    sent_by_session: list[str] = []
-    original = requests.Session.send
-
-    def recording_send(session: requests.Session, request: requests.PreparedRequest, **kwargs: Any) -> Any:
-        sent_by_session.append(str(request.url))
-        return original(session, request, **kwargs)
-
-    monkeypatch.setattr(requests.Session, "send", recording_send)
-    with TlsFront(_port(server.url), certificate, key) as front:
+    with tls_front(_port(server.url), certificate, key) as front:
         backend = HttpBackend(f"https://localhost:{front.port}", keys["alpha"])
         try:
             token = backend.new_token()
@@ -246,7 +248,7 @@ def test_an_https_certificate_that_does_not_verify_is_refused_before_anything_is
     certificate, key = certificates["here" if refusal == "untrusted" else "elsewhere"]
     if refusal == "another host's":
         monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(certificate))  # trusted, but not for 127.0.0.1
-    with TlsFront(_port(server.url), certificate, key) as front:
+    with tls_front(_port(server.url), certificate, key) as front:
         backend = HttpBackend(f"https://127.0.0.1:{front.port}", keys["alpha"])
         try:
             with pytest.raises(BackendUnavailableError) as unavailable:
