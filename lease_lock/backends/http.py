@@ -151,7 +151,7 @@ _TRANSPORT_FAILURES: tuple[tuple[type[Exception], type[requests.RequestException
 
 
 class _DirectPool:
-    """Plain-HTTP requests to the service straight through a ``urllib3`` connection pool.
+    """Requests to the service straight through a ``urllib3`` connection pool.
 
     On loopback ``requests.Session`` spends more CPU per request than the rest of the
     request's round trip: it merges settings, headers and cookies, runs hooks, picks an adapter
@@ -159,9 +159,9 @@ class _DirectPool:
     origin with no cookies, hooks, redirects, credentials of the URL or proxy, so where the
     environment names no proxy for the service (see :meth:`usable`) it sends through this
     pool: the same pool ``requests`` would use, verifying TLS as ``requests`` does, without the
-    layers around it. Its answers are
-    ``requests.Response`` objects and its transport failures ``requests``' exceptions, exactly
-    as through the session, so nothing above this class can tell the two apart.
+    layers around it. Its answers are ``requests.Response`` objects and its transport failures
+    ``requests``' exceptions, exactly as through the session, so nothing above this class can
+    tell the two apart.
     """
 
     def __init__(self, base_url: str, ca_bundle: str) -> None:
@@ -443,8 +443,8 @@ class HttpBackend(Backend, RequestIdCarrier):
         self._session = session if session is not None else requests.Session()
         # The environment's proxy and CA settings for base_url, read on first use (see _send_prepared).
         self._environment: Optional[dict[str, Any]] = None
-        # Set with the environment: the direct pool (plain HTTP, no proxy) and the session's
-        # default headers, which it sends as the session would.
+        # Set with the environment: the direct pool (when _DirectPool.usable allows one) and the
+        # session's default headers, which it sends as the session would.
         self._direct: Optional[_DirectPool] = None
         self._direct_headers: dict[str, str] = {}
         self._authorization = f"Bearer {api_key}"
@@ -452,9 +452,9 @@ class HttpBackend(Backend, RequestIdCarrier):
         self._scope = threading.local()
         # (key, token) -> (fence, monotonic time after which the grant surely ended)
         self._fences: dict[tuple[str, str], tuple[int, float]] = {}
-        # A parent's sessions, kept referenced in a forked child: closing them there could
-        # disturb the parent's connections (a TLS close_notify on a shared socket).
-        self._inherited: list[requests.Session] = []
+        # A parent's sessions and direct pools, kept referenced in a forked child: closing them
+        # there could disturb the parent's connections (a TLS close_notify on a shared socket).
+        self._inherited: list[object] = []
         # The longest wait the server offers (0 until it announced the extension), and the
         # finest (0.0 unless it announced waits to a fraction of a second).
         self._wait_offered = 0
@@ -478,8 +478,10 @@ class HttpBackend(Backend, RequestIdCarrier):
         self._inherited.append(self._session)
         self._session = requests.Session()
         self._environment = None
-        # The parent's pool is left alone, like its session; the child's first request makes one.
-        self._direct = None
+        # The parent's pool is kept, unused, like its session; the child's first request makes one.
+        if self._direct is not None:
+            self._inherited.append(self._direct)
+            self._direct = None
         # The child's session is its own, whoever owned the parent's.
         self._own_session = True
         self._mutex = threading.Lock()
