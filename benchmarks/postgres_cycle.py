@@ -212,6 +212,14 @@ def _handoffs(url: str, table: str, waiter: Locker, samples: int, *, direct: boo
     return latencies
 
 
+def _await_notification(listener: Any) -> None:
+    """Block until ``listener`` has a notification, then drop what it received."""
+    while not listener.notifies:
+        select.select([listener], [], [], 5)
+        listener.poll()
+    listener.notifies.clear()
+
+
 def _bare_wakeups(url: str, samples: int) -> list[float]:
     listener, notifier = _connect(url), _connect(url)
     listener.cursor().execute("LISTEN bench_wake")
@@ -220,11 +228,8 @@ def _bare_wakeups(url: str, samples: int) -> list[float]:
     for _ in range(samples):
         started = time.perf_counter()
         cursor.execute("NOTIFY bench_wake, 'k'")
-        while not listener.notifies:
-            select.select([listener], [], [], 5)
-            listener.poll()
+        _await_notification(listener)
         latencies.append(time.perf_counter() - started)
-        listener.notifies.clear()
     listener.close()
     notifier.close()
     return latencies
@@ -251,11 +256,8 @@ def _bare_durable_wakeups(url: str, samples: int) -> list[float]:
             time.sleep(0.03)
             started = time.perf_counter()
             cursor.execute(handing, ("k",))
-            while not listener.notifies:
-                select.select([listener], [], [], 5)
-                listener.poll()
+            _await_notification(listener)
             latencies.append(time.perf_counter() - started)
-            listener.notifies.clear()
     finally:
         cursor.execute(f'DROP TABLE "{table}"')
         listener.close()

@@ -115,17 +115,14 @@ class LineFormatter(logging.Formatter):
         if not self._direct or not self._own_time():
             return None
         second, nanos = divmod(now_ns, 1_000_000_000)
-        method, route, status, project, request_id, milliseconds = args
+        method, *rest = args
         # The text _text_line makes of the record, escaped where it can need it: the method is
         # the client's and the level's name the program's, while the rest is a time, numbers, a
         # route template, a project name of the keys file's pattern and a UUID (scanning the
         # whole line for control characters was a tenth of the line's cost).
         level = escape_text(logging.getLevelName(logging.INFO))
-        return (
-            f"{self._date(second)},{nanos // 1_000_000:03d} {process} {_log.name} {level} "
-            f"{escape_text(method)} {route} -> {status:d} project={project} request_id={request_id} "
-            f"{milliseconds:.1f}ms"
-        )
+        message = _ACCESS_FORMAT % (escape_text(method), *rest)
+        return f"{self._stamp(second, nanos // 1_000_000)} {process} {_log.name} {level} {message}"
 
 
 class JsonLogFormatter(LineFormatter):

@@ -3,13 +3,12 @@ a store that fails once (503), and the errors that must get exactly one attempt.
 
 from __future__ import annotations
 
-import io
 import socket
 import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import requests
@@ -20,30 +19,7 @@ from lease_lock.backends.service import RequestIdCarrier, ServiceStore
 from lease_lock.errors import BackendUnavailableError, RateLimitedError, ValidationError
 from lease_lock.server import create_app
 
-from tests.support.http_server import ThreadedServer, make_keys
-
-
-class Recorder:
-    """WSGI middleware remembering what reached the app: method, path, headers, body."""
-
-    def __init__(self, app: Callable[..., Any]) -> None:
-        self.app = app
-        self.seen: list[dict[str, Any]] = []
-
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
-        body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
-        environ["wsgi.input"] = io.BytesIO(body)
-        self.seen.append(
-            {
-                "method": environ["REQUEST_METHOD"],
-                "path": environ["PATH_INFO"],
-                "token": environ.get("HTTP_X_VOLCANO_LOCK_TOKEN"),
-                "request_id": environ.get("HTTP_X_VOLCANO_REQUEST_ID"),
-                "authorization": environ.get("HTTP_AUTHORIZATION"),
-                "body": body,
-            }
-        )
-        return self.app(environ, start_response)
+from tests.support.http_server import RequestRecorder, ThreadedServer, make_keys
 
 
 class DroppingProxy:
@@ -128,16 +104,16 @@ class FlakyStore(MemoryBackend):
 
 
 @pytest.fixture
-def rig(tmp_path: Path) -> Iterator[tuple[Recorder, FlakyStore, ThreadedServer, dict[str, str]]]:
+def rig(tmp_path: Path) -> Iterator[tuple[RequestRecorder, FlakyStore, ThreadedServer, dict[str, str]]]:
     keys_file = tmp_path / "keys.toml"
     keys = make_keys(keys_file)
     store = FlakyStore()
-    recorder = Recorder(create_app(store, keys_file, rate_limit=6, rate_window=3600))
+    recorder = RequestRecorder(create_app(store, keys_file, rate_limit=6, rate_window=3600))
     with ThreadedServer(recorder) as server:
         yield recorder, store, server, keys
 
 
-def _posts(recorder: Recorder) -> list[dict[str, Any]]:
+def _posts(recorder: RequestRecorder) -> list[dict[str, Any]]:
     return [seen for seen in recorder.seen if seen["method"] == "POST"]
 
 

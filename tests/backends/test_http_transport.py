@@ -4,7 +4,6 @@ above (answers, transport errors, the environment's proxy) and on the wire."""
 
 from __future__ import annotations
 
-import io
 import json
 import threading
 import uuid
@@ -20,44 +19,15 @@ from lease_lock.backends.memory import MemoryBackend
 from lease_lock.errors import BackendUnavailableError
 from lease_lock.server import create_app
 
-from tests.support.http_server import ThreadedServer, make_keys
+from tests.support.http_server import RequestRecorder, ThreadedServer, make_keys
 from tests.support.tls import make_certificate, tls_front
-
-WsgiApp = Callable[..., Any]
-
-
-class Seen:
-    """WSGI middleware keeping each request's method, target, headers and body."""
-
-    def __init__(self, app: WsgiApp) -> None:
-        self.app = app
-        self.requests: list[dict[str, Any]] = []
-
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
-        body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
-        environ["wsgi.input"] = io.BytesIO(body)
-        headers = {
-            name[5:].replace("_", "-").lower(): value for name, value in environ.items() if name.startswith("HTTP_")
-        }
-        if environ.get("CONTENT_TYPE"):
-            headers["content-type"] = environ["CONTENT_TYPE"]
-        self.requests.append(
-            {
-                "method": environ["REQUEST_METHOD"],
-                "path": environ["PATH_INFO"],
-                "query": environ.get("QUERY_STRING", ""),
-                "headers": headers,
-                "body": body,
-            }
-        )
-        return self.app(environ, start_response)
 
 
 @pytest.fixture
-def service(tmp_path: Path) -> Iterator[tuple[Seen, ThreadedServer, dict[str, str]]]:
+def service(tmp_path: Path) -> Iterator[tuple[RequestRecorder, ThreadedServer, dict[str, str]]]:
     keys_file = tmp_path / "keys.toml"
     keys = make_keys(keys_file)
-    seen = Seen(create_app(MemoryBackend(), keys_file))
+    seen = RequestRecorder(create_app(MemoryBackend(), keys_file))
     with ThreadedServer(seen) as server:
         yield seen, server, keys
 
@@ -111,7 +81,7 @@ def test_a_plain_http_service_is_reached_without_the_sessions_send(
     assert sent_by_session == []
     # On the wire, what requests would have sent: the session's own headers, the credential,
     # and a JSON body encoded as requests encodes one.
-    acquisition = seen.requests[0]
+    acquisition = seen.seen[0]
     assert acquisition["method"] == "POST" and acquisition["path"] == "/locks/job/lease"
     assert acquisition["headers"]["authorization"] == f"Bearer {keys['alpha']}"
     assert acquisition["headers"]["user-agent"] == requests.utils.default_user_agent()
@@ -119,7 +89,7 @@ def test_a_plain_http_service_is_reached_without_the_sessions_send(
     assert json.loads(acquisition["body"]) == {"ttl_seconds": 30}
     assert acquisition["headers"]["x-volcano-lock-token"] == token
     uuid.UUID(acquisition["headers"]["x-volcano-request-id"])
-    listing = next(request for request in seen.requests if request["method"] == "GET" and request["path"] == "/locks")
+    listing = next(request for request in seen.seen if request["method"] == "GET" and request["path"] == "/locks")
     assert listing["query"] == "prefix=jo"
 
 
@@ -136,7 +106,7 @@ def test_a_proxy_named_by_the_environment_carries_every_request(
         assert backend.release("job", token)
     finally:
         backend.close()
-    assert [(request["method"], request["headers"]["host"]) for request in seen.requests] == [
+    assert [(request["method"], request["headers"]["host"]) for request in seen.seen] == [
         ("POST", "lock-service.invalid:8080"),
         ("DELETE", "lock-service.invalid:8080"),
     ]
@@ -183,7 +153,7 @@ def test_a_redirect_is_an_unexpected_answer_and_is_never_followed(
         finally:
             backend.close()
     # The credential and the lease went nowhere else.
-    assert seen.requests == []
+    assert seen.seen == []
 
 
 def test_a_pooled_connection_cut_under_it_is_replaced(service: Any, no_environment_settings: None) -> None:
@@ -237,7 +207,7 @@ def test_an_https_service_is_reached_through_the_pool_with_its_certificate_verif
         finally:
             backend.close()
     assert sent_by_session == []
-    assert [request["method"] for request in seen.requests] == ["POST", "PATCH", "DELETE"]
+    assert [request["method"] for request in seen.seen] == ["POST", "PATCH", "DELETE"]
 
 
 @pytest.mark.parametrize("refusal", ["untrusted", "another host's"])
@@ -256,7 +226,7 @@ def test_an_https_certificate_that_does_not_verify_is_refused_before_anything_is
             assert isinstance(unavailable.value.__cause__, requests.exceptions.SSLError)
         finally:
             backend.close()
-    assert seen.requests == []
+    assert seen.seen == []
 
 
 def test_a_ca_bundle_that_is_not_there_is_the_sessions_own_error(

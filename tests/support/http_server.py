@@ -9,6 +9,7 @@ when a test using them fails, since pytest shows captured output then.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
@@ -21,12 +22,45 @@ import urllib.parse
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import pytest
 from lease_lock.server import create_key
 
-__all__ = ["ServiceInfo", "ThreadedServer", "lock_service", "make_keys", "waiting_acquisition_then_leave"]
+__all__ = [
+    "RequestRecorder", "ServiceInfo", "ThreadedServer", "lock_service", "make_keys", "waiting_acquisition_then_leave",
+]
+
+class RequestRecorder:
+    """WSGI middleware remembering what reached the app, in ``seen``: each request's method,
+    path, query, headers (lower-case names), the service's own headers by name, and body."""
+
+    def __init__(self, app: Callable[..., Any]) -> None:
+        self.app = app
+        self.seen: list[dict[str, Any]] = []
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        environ["wsgi.input"] = io.BytesIO(body)
+        headers = {
+            name[5:].replace("_", "-").lower(): value for name, value in environ.items() if name.startswith("HTTP_")
+        }
+        if environ.get("CONTENT_TYPE"):
+            headers["content-type"] = environ["CONTENT_TYPE"]
+        self.seen.append(
+            {
+                "method": environ["REQUEST_METHOD"],
+                "path": environ["PATH_INFO"],
+                "query": environ.get("QUERY_STRING", ""),
+                "headers": headers,
+                "token": environ.get("HTTP_X_VOLCANO_LOCK_TOKEN"),
+                "request_id": environ.get("HTTP_X_VOLCANO_REQUEST_ID"),
+                "authorization": environ.get("HTTP_AUTHORIZATION"),
+                "body": body,
+            }
+        )
+        return self.app(environ, start_response)
+
 
 _READY = re.compile(r"serving on (http://\S+)")
 
