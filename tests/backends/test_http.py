@@ -18,6 +18,7 @@ from lease_lock.errors import AccessDeniedError, BackendUnavailableError, Valida
 from lease_lock.testing import BackendContract
 
 from tests.support.http_server import ServiceInfo
+from tests.support.ports import free_port
 
 
 class TestHttpBackend(BackendContract):
@@ -160,12 +161,7 @@ def test_unexpected_status_raises_requests_http_error(lock_service: ServiceInfo)
 
 
 def test_transport_failure_is_backend_unavailable_with_the_drivers_cause(lock_service: ServiceInfo) -> None:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    backend = HttpBackend(f"http://127.0.0.1:{port}", lock_service.keys["alpha"], timeout=2)
+    backend = HttpBackend(f"http://127.0.0.1:{free_port()}", lock_service.keys["alpha"], timeout=2)
     try:
         with pytest.raises(BackendUnavailableError) as unavailable:
             backend.inspect(_key())

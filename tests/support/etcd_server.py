@@ -56,6 +56,7 @@ __all__ = [
 ]
 
 _START_TIMEOUT = 30.0
+_START_ATTEMPTS = 3
 
 
 def queue_entries(cluster: EtcdCluster, key: str, namespace: str = "lease_lock/") -> list[dict[str, Any]]:
@@ -103,6 +104,10 @@ def require_etcd_binary() -> str:
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+class MemberExited(RuntimeError):
+    """A member's process ended while the cluster was waiting for it to serve."""
 
 
 class EtcdMember:
@@ -221,6 +226,9 @@ class EtcdCluster:
         deadline = time.monotonic() + timeout
         while waiting:
             waiting = [member for member in waiting if not self._serves(member)]
+            exited = [member.name for member in waiting if not member.running]
+            if exited:
+                raise MemberExited(f"etcd {', '.join(exited)} exited while starting; logs:\n{self.logs()}")
             if waiting and time.monotonic() > deadline:
                 raise RuntimeError(f"etcd did not start serving; logs:\n{self.logs()}")
             if waiting:
@@ -298,8 +306,30 @@ class EtcdFactory:
         binary = require_etcd_binary()
         workdir = Path(tempfile.mkdtemp(prefix="etcd-", dir=self.root))
         certificates = _make_certificates(workdir / "tls") if tls else None
+        attempt = 0
+        while True:
+            attempt += 1
+            cluster = self._start(binary, workdir / f"try{attempt}", members, certificates, extra_args)
+            try:
+                cluster.wait_serving()
+                return cluster
+            except MemberExited:
+                # Another process bound one of the probed ports before the member did: the
+                # log says "address already in use". A new set of ports and data directories.
+                cluster.close()
+                if attempt == _START_ATTEMPTS:
+                    raise
+
+    def _start(
+        self,
+        binary: str,
+        workdir: Path,
+        members: int,
+        certificates: Optional[dict[str, str]],
+        extra_args: tuple[str, ...],
+    ) -> EtcdCluster:
         nodes = [
-            EtcdMember(binary, workdir / f"m{index}", f"m{index}", "https" if tls else "http")
+            EtcdMember(binary, workdir / f"m{index}", f"m{index}", "https" if certificates else "http")
             for index in range(members)
         ]
         initial = ",".join(f"{node.name}={node.peer_url}" for node in nodes)
@@ -327,7 +357,6 @@ class EtcdFactory:
         self.clusters.append(cluster)
         for node in nodes:
             node.start()
-        cluster.wait_serving()
         return cluster
 
     def logs(self) -> str:

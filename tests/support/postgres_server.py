@@ -45,6 +45,7 @@ __all__ = [
 ]
 
 ENV_URL = "LEASE_LOCK_TEST_POSTGRES_URL"
+_START_ATTEMPTS = 3
 _FAST_SETTINGS = ("fsync=off", "synchronous_commit=off", "full_page_writes=off")
 
 
@@ -144,9 +145,17 @@ def start_private_postgres() -> PostgresServer:
         capture_output=True,
         timeout=120,
     )
-    server = PostgresServer(f"postgresql://postgres@127.0.0.1:{free_port()}/postgres", root)
-    server.start()
-    return server
+    attempt = 0
+    while True:
+        attempt += 1
+        server = PostgresServer(f"postgresql://postgres@127.0.0.1:{free_port()}/postgres", root)
+        try:
+            server.start()
+            return server
+        except subprocess.CalledProcessError:
+            # Another process bound the probed port first ("could not bind"): try another one.
+            if attempt == _START_ATTEMPTS or "could not bind" not in server.log_tail():
+                raise
 
 
 def _remove(server: PostgresServer) -> None:
