@@ -25,7 +25,15 @@ the machine runs, so it shows what the service's own work costs when the rates a
 
 Hand-off, on each store: a waiter blocked in ``Locker.acquire`` while another client releases;
 latency from the release call to the waiter's grant, with the ``Prefer: wait`` extension and
-without it (``--max-waits 0``: the waiter sleeps until the holder's expiry or one second).
+without it (``--max-waits 0``: the waiter sleeps until the holder's expiry or one second). On
+Redis the same clients also hand off through a **wake-up floor**: the store-only app holding a
+refused ``Prefer: wait`` request in ``BLPOP`` on a wake-up list until a release (the
+token-checked delete, then ``LPUSH`` to that list) wakes it, and then granting with ``SET NX``.
+That is the chain of the service's hand-off (client, server thread, store, the waiting server
+thread, one more store round trip, the waiting client) with none of lease_lock's code on the
+server: "vs floor" is the service's p50 over the floor's, so 1.00 means the service hands a
+key on as fast as the wake-ups themselves go, and the machine's wake-up latency cancels out of
+it. The rows of a store take turns, one hand-off each.
 
     python -m benchmarks.http_cycle [--seconds 3] [--clients 1,8,32] [--processes 1,2]
         [--stores memory,redis] [--redis-url redis://127.0.0.1:6379/0] [--handoffs 30]
@@ -47,6 +55,7 @@ import functools
 import math
 import multiprocessing
 import os
+import re
 import shlex
 import statistics
 import subprocess
@@ -109,6 +118,51 @@ def store_only_app(redis_url: str) -> WsgiApp:
     return _floor_app("bench-store-only", grant, release)
 
 
+#: The hand-off row of the wake-up floor.
+_WAKE_FLOOR_ROW = "wake-up floor (BLPOP, SET NX)"
+#: How long a wake-up signal stays in its list when nobody waits for it (milliseconds).
+_WAKE_TTL_MS = 1_000
+#: The wake-up floor's release: the token-checked delete, then a signal to one waiting request.
+RELEASE_AND_WAKE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[2])
+redis.call('LPUSH', KEYS[2], 1)
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return 1
+"""
+
+
+def wake_floor_app(redis_url: str) -> WsgiApp:
+    """:func:`store_only_app` whose refused grant waits out a ``Prefer: wait=N`` in ``BLPOP`` on
+    the key's wake-up list and then tries ``SET NX`` again (answering with
+    ``Preference-Applied``), and whose release pushes to that list (:data:`RELEASE_AND_WAKE`):
+    the least a server can do to hand a released key to a waiting request over Redis."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    release_and_wake = client.register_script(RELEASE_AND_WAKE)
+
+    def grant(key: str, token: str) -> bool:
+        return bool(client.set(key, token, nx=True, px=_STORE_TTL_MS))
+
+    def wait_for_grant(key: str, token: str, wait: float) -> bool:
+        deadline = time.monotonic() + wait
+        while not grant(key, token):
+            left = deadline - time.monotonic()
+            if left < 0.01:
+                return False
+            client.blpop([key + ":wake"], timeout=left)
+        return True
+
+    def release(key: str, token: str) -> bool:
+        return bool(release_and_wake(keys=[key, key + ":wake"], args=[token, _WAKE_TTL_MS]))
+
+    return _floor_app("bench-wake-floor", grant, release, wait_for_grant)
+
+
 def backend_only_app(redis_url: str) -> WsgiApp:
     """:func:`bare_app` plus the store calls of the service's requests, through the backend the
     service uses: ``RedisBackend.grant_if_free`` for a grant (409 when the key is held),
@@ -123,46 +177,63 @@ def backend_only_app(redis_url: str) -> WsgiApp:
     return _floor_app("bench-backend-only", grant, backend.release)
 
 
-def _floor_app(prefix: str, grant: Callable[[str, str], bool], release: Callable[[str, str], bool]) -> WsgiApp:
-    """:func:`bare_app` calling ``grant`` for a ``POST`` and ``release`` for a ``DELETE``, on the
-    request's path under ``prefix`` with the request's token."""
+StoreAnswer = tuple[bool, list[tuple[str, str]]]
 
-    def store_call(method: str, environ: dict[str, Any]) -> bool:
+
+def _floor_app(
+    prefix: str,
+    grant: Callable[[str, str], bool],
+    release: Callable[[str, str], bool],
+    wait_for_grant: Optional[Callable[[str, str, float], bool]] = None,
+) -> WsgiApp:
+    """:func:`bare_app` calling ``grant`` for a ``POST`` and ``release`` for a ``DELETE``, on the
+    request's path under ``prefix`` with the request's token; with ``wait_for_grant``, a ``POST``
+    with ``Prefer: wait=N`` calls that instead, for N seconds, and says it waited."""
+
+    def store_call(method: str, environ: dict[str, Any]) -> StoreAnswer:
         key = prefix + environ["PATH_INFO"]
         token = environ.get("HTTP_X_VOLCANO_LOCK_TOKEN", "")
         if method == "POST":
-            return grant(key, token)
+            preferred = _PREFER_WAIT.search(environ.get("HTTP_PREFER", ""))
+            if preferred and wait_for_grant is not None:
+                return wait_for_grant(key, token, float(preferred[1])), [("Preference-Applied", preferred[0])]
+            return grant(key, token), []
         if method == "DELETE":
-            return release(key, token)
-        return True
+            return release(key, token), []
+        return True, []
 
     return functools.partial(_answer, store_call=store_call)
 
 
-#: The floors served on a store, by name (``--serve-floor``).
+_PREFER_WAIT = re.compile(r"wait=([0-9]+(?:\.[0-9]+)?)")
+
+
+#: The floors of the cycles served on a store, by name (``--serve-floor``).
 FLOORS: dict[str, Callable[[str], WsgiApp]] = {"store-only": store_only_app, "backend-only": backend_only_app}
+#: Every app ``--serve-floor`` serves: the cycles' floors and the hand-off's.
+_SERVED_FLOORS: dict[str, Callable[[str], WsgiApp]] = {**FLOORS, "wake": wake_floor_app}
 
 
 def _answer(
     environ: dict[str, Any],
     start_response: Callable[..., Any],
-    store_call: Optional[Callable[[str, dict[str, Any]], bool]],
+    store_call: Optional[Callable[[str, dict[str, Any]], StoreAnswer]],
 ) -> list[bytes]:
     environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
     method = environ["REQUEST_METHOD"]
     request_id = environ.get("HTTP_X_VOLCANO_REQUEST_ID") or str(uuid.uuid4())
-    done = store_call is None or store_call(method, environ)
-    headers: list[tuple[str, str]]
+    done, headers = (True, []) if store_call is None else store_call(method, environ)
     if method == "POST" and not done:
-        status, headers = "409 Conflict", []
+        status = "409 Conflict"
         body = b'{"error": "the lock is held by another owner", "code": "lock_held"}'
     elif method == "POST":
-        status, headers = "201 Created", []
+        status = "201 Created"
         body = b'{"expires_at": "2099-01-01T00:00:00.000Z", "fencing_token": 1000000000000001}'
     elif method == "DELETE":
-        status, headers, body = "204 No Content", [("X-Lease-Lock-Released", "true" if done else "false")], b""
+        status, body = "204 No Content", b""
+        headers.append(("X-Lease-Lock-Released", "true" if done else "false"))
     else:
-        status, headers, body = "200 OK", [], b'{"held": false}'
+        status, body = "200 OK", b'{"held": false}'
     headers.append(("X-Volcano-Request-Id", request_id))
     if body:
         headers += [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
@@ -181,7 +252,7 @@ def _serve_bare(workers: int, redis_url: Optional[str], floor: str) -> None:
 
     def build() -> WsgiApp:
         # Built in each worker process, so that each has its own store connections.
-        return bare_app if redis_url is None else FLOORS[floor](redis_url)
+        return bare_app if redis_url is None else _SERVED_FLOORS[floor](redis_url)
 
     serve(build, "127.0.0.1", 0, workers=workers, threads=_THREADS, announce=announce)
 
@@ -364,32 +435,42 @@ def _alternating(
 # -- hand-off ----------------------------------------------------------------------------------
 
 
-def _handoffs(url: str, key: str, rounds: int) -> list[float]:
-    holder = Locker(HttpBackend(url, key), ttl=30)
-    waiter = Locker(HttpBackend(url, key), ttl=30)
-    latencies: list[float] = []
+def _handoffs(urls: list[str], key: str, rounds: int) -> list[list[float]]:
+    """``rounds`` hand-offs through each server of ``urls``, one server after another in each
+    round (the order turned by one place every round); the latencies of each, in seconds."""
+    pairs = [(Locker(HttpBackend(url, key), ttl=30), Locker(HttpBackend(url, key), ttl=30)) for url in urls]
+    latencies: list[list[float]] = [[] for _ in urls]
     try:
         for index in range(rounds):
-            name = f"handoff.{uuid.uuid4().hex[:12]}.{index}"
-            held = holder.acquire(name)
-            granted: list[float] = []
-
-            def wait_for_it(lock_name: str = name, into: list[float] = granted) -> None:
-                lock = waiter.acquire(lock_name, timeout=60)
-                into.append(time.perf_counter())
-                lock.release()
-
-            thread = threading.Thread(target=wait_for_it)
-            thread.start()
-            time.sleep(0.3)  # the waiter is blocked (and watching) before the release
-            released = time.perf_counter()
-            held.release()
-            thread.join(60)
-            latencies.append(granted[0] - released)
+            for turn in range(len(urls)):
+                side = (index + turn) % len(urls)
+                holder, waiter = pairs[side]
+                latencies[side].append(_handoff(holder, waiter, f"handoff.{uuid.uuid4().hex[:12]}.{index}"))
     finally:
-        holder.close()
-        waiter.close()
+        for holder, waiter in pairs:
+            holder.close()
+            waiter.close()
     return latencies
+
+
+def _handoff(holder: Locker, waiter: Locker, name: str) -> float:
+    """Seconds from ``holder``'s release of ``name`` to ``waiter``'s grant, the waiter blocked in
+    ``acquire`` before the release."""
+    held = holder.acquire(name)
+    granted: list[float] = []
+
+    def wait_for_it() -> None:
+        lock = waiter.acquire(name, timeout=60)
+        granted.append(time.perf_counter())
+        lock.release()
+
+    thread = threading.Thread(target=wait_for_it)
+    thread.start()
+    time.sleep(0.3)  # the waiter is blocked (and watching) before the release
+    released = time.perf_counter()
+    held.release()
+    thread.join(60)
+    return granted[0] - released
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -417,7 +498,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--serve-bare", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--serve-store", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--serve-floor", choices=sorted(FLOORS), default="store-only", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-floor", choices=sorted(_SERVED_FLOORS), default="store-only", help=argparse.SUPPRESS)
     add_json_argument(parser)
     args = parser.parse_args(argv)
     if args.serve_bare:
@@ -506,14 +587,28 @@ def main(argv: Optional[list[str]] = None) -> None:
                     )
         if args.handoffs:
             print(f"\nHand-off latency (ms), {args.handoffs} hand-offs, one server process")
-            print(f"{'row':<40}{'p50':>8}{'p99':>8}")
+            print(f"{'row':<40}{'p50':>8}{'p99':>8}{'vs floor':>10}")
             for store in args.stores.split(","):
-                for label, extra in (("with Prefer: wait", ()), ("without (--max-waits 0)", ("--max-waits", "0"))):
-                    with _service(stores[store], keys_file, 1, tmp, *extra) as (url, _pid):
-                        latencies = _handoffs(url, key, args.handoffs)
+                with ExitStack() as servers:
+                    labels = ["with Prefer: wait", "without (--max-waits 0)"]
+                    started = [
+                        servers.enter_context(_service(stores[store], keys_file, 1, tmp)),
+                        servers.enter_context(_service(stores[store], keys_file, 1, tmp, "--max-waits", "0")),
+                    ]
+                    if store == "redis":
+                        labels.append(_WAKE_FLOOR_ROW)
+                        started.append(servers.enter_context(_bare_server(1, tmp, stores[store], "wake")))
+                    measured = _handoffs([url for url, _pid in started], key, args.handoffs)
+                floor_p50 = statistics.median(measured[2]) * 1000 if store == "redis" else math.nan
+                for label, latencies in zip(labels, measured):
                     p50, p99 = statistics.median(latencies) * 1000, percentile(latencies, 0.99) * 1000
-                    print(f"{f'{store}, {label}':<40}{p50:>8.2f}{p99:>8.2f}")
-                    handoffs.append({"store": store, "mode": label, "p50_ms": p50, "p99_ms": p99})
+                    row = {"store": store, "mode": label, "p50_ms": p50, "p99_ms": p99}
+                    versus = "-"
+                    if label == labels[0] and math.isfinite(floor_p50):
+                        row.update(floor_p50_ms=floor_p50, ratio_to_floor=p50 / floor_p50)
+                        versus = f"{p50 / floor_p50:.2f}"
+                    print(f"{f'{store}, {label}':<40}{p50:>8.2f}{p99:>8.2f}{versus:>10}")
+                    handoffs.append(row)
     write_json(args.json, "http_cycle", argv, {"rows": rows, "handoffs": handoffs})
 
 

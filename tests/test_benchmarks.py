@@ -119,11 +119,17 @@ def test_http_cycle_against_the_bare_floor_and_handoffs(redis_server: RedisServe
     # the service's store calls) run on Redis rows only.
     assert cycles[0][-4:] == ["-", "-", "-", "-"]
     assert all(float(cell) > 0 for row in cycles[1:] for cell in row[-4:])
-    # A hand-off row of each store, with the wait extension and without it.
+    # A hand-off row of each store, with the wait extension and without it, and on Redis the
+    # wake-up floor, against which the row with the extension is set.
     modes = ("with Prefer: wait", "without (--max-waits 0)")
     names = [f"{store}, {mode}" for store in ("memory", "redis") for mode in modes]
-    handoff = table_rows(output.split("Hand-off latency", 1)[1], *names)
-    assert all(len(cells) == 2 for cells in handoff.values())
+    floor = "redis, wake-up floor (BLPOP, SET NX)"
+    handoff = table_rows(output.split("Hand-off latency", 1)[1], *names, floor)
+    assert all(len(cells) == 3 and float(cells[0]) > 0 for cells in handoff.values())
+    assert float(handoff["redis, with Prefer: wait"][2]) > 0
+    assert [handoff[name][2] for name in names if name != "redis, with Prefer: wait"] == ["-", "-", "-"]
+    # The floor's hand-offs are woken, not polled: far below the 100 ms of the row without waits.
+    assert float(handoff[floor][0]) < float(handoff["redis, without (--max-waits 0)"][0]) / 4
 
 
 def test_heartbeat_scale_in_miniature() -> None:
@@ -151,6 +157,9 @@ def test_json_results_become_figures(tmp_path: Path, redis_server: RedisServer) 
     # The variant (the service with extra serve arguments) runs in every row, beside the floor.
     assert all(row["variant_rate"] > 0 and row["variant_cpu_us"] > 0 for row in http_rows)
     assert ["variant_to_store_only" in row for row in http_rows] == [False, True]
+    handoffs = json.loads((data / "http_cycle.json").read_text())["results"]["handoffs"]
+    assert [row["mode"] for row in handoffs if "ratio_to_floor" in row] == ["with Prefer: wait"]
+    assert [row["store"] for row in handoffs if "ratio_to_floor" in row] == ["redis"]
     run_benchmark(
         "redis_cycle", "--url", redis_server.url, "--seconds", "0.2", "--handoffs", "3",
         "--json", str(data / "redis_cycle.json"),
