@@ -97,8 +97,12 @@ def test_postgres_cycle_and_handoffs(postgres_server: PostgresServer) -> None:
     handoffs = table_rows(
         output.split("Hand-off latency", 1)[1],
         "bare LISTEN/NOTIFY wake-up", "bare durable update + NOTIFY wake-up", "Locker hand-off, LISTEN/NOTIFY",
+        "Locker hand-off, direct_handoff=True",
     )
     assert all(float(cells[0]) > 0 for cells in handoffs.values())
+    # The Locker's hand-offs are set against the durable floor; the bare rows are the floors.
+    assert [cells[2] for name, cells in handoffs.items() if name.startswith("bare")] == ["-", "-"]
+    assert all(float(cells[2]) > 0 for name, cells in handoffs.items() if name.startswith("Locker"))
     core = table_rows(
         output.split("CPU per Locker cycle", 1)[1], "between PostgreSQL round trips", "hot loop on the memory backend"
     )
