@@ -177,7 +177,9 @@ def backend_only_app(redis_url: str) -> WsgiApp:
     return _floor_app("bench-backend-only", grant, backend.release)
 
 
+#: What a floor's store call answers: done (granted, released), and headers to add.
 StoreAnswer = tuple[bool, list[tuple[str, str]]]
+_PREFER_WAIT = re.compile(r"wait=([0-9]+(?:\.[0-9]+)?)")
 
 
 def _floor_app(
@@ -203,9 +205,6 @@ def _floor_app(
         return True, []
 
     return functools.partial(_answer, store_call=store_call)
-
-
-_PREFER_WAIT = re.compile(r"wait=([0-9]+(?:\.[0-9]+)?)")
 
 
 #: The floors of the cycles served on a store, by name (``--serve-floor``).
