@@ -75,7 +75,7 @@ from lease_lock import Locker
 from lease_lock.backends.http import HttpBackend
 from lease_lock.server import create_key
 
-from benchmarks.measure import add_json_argument, percentile, write_json
+from benchmarks.measure import add_json_argument, in_turns, percentile, write_json
 
 _THREADS = 8
 _MAX_CLIENT_PROCESSES = 8
@@ -434,22 +434,16 @@ def _alternating(
 # -- hand-off ----------------------------------------------------------------------------------
 
 
-def _handoffs(urls: list[str], key: str, rounds: int) -> list[list[float]]:
-    """``rounds`` hand-offs through each server of ``urls``, one server after another in each
-    round (the order turned by one place every round); the latencies of each, in seconds."""
-    pairs = [(Locker(HttpBackend(url, key), ttl=30), Locker(HttpBackend(url, key), ttl=30)) for url in urls]
-    latencies: list[list[float]] = [[] for _ in urls]
+def _handoff_samples(url: str, key: str) -> Iterator[float]:
+    """Hand-offs between two clients of the server at ``url``, one latency (seconds) per
+    ``next()``."""
+    holder, waiter = Locker(HttpBackend(url, key), ttl=30), Locker(HttpBackend(url, key), ttl=30)
     try:
-        for index in range(rounds):
-            for turn in range(len(urls)):
-                side = (index + turn) % len(urls)
-                holder, waiter = pairs[side]
-                latencies[side].append(_handoff(holder, waiter, f"handoff.{uuid.uuid4().hex[:12]}.{index}"))
+        while True:
+            yield _handoff(holder, waiter, f"handoff.{uuid.uuid4().hex[:12]}")
     finally:
-        for holder, waiter in pairs:
-            holder.close()
-            waiter.close()
-    return latencies
+        holder.close()
+        waiter.close()
 
 
 def _handoff(holder: Locker, waiter: Locker, name: str) -> float:
@@ -597,9 +591,10 @@ def main(argv: Optional[list[str]] = None) -> None:
                     if store == "redis":
                         labels.append(_WAKE_FLOOR_ROW)
                         started.append(servers.enter_context(_bare_server(1, tmp, stores[store], "wake")))
-                    measured = _handoffs([url for url, _pid in started], key, args.handoffs)
-                floor_p50 = statistics.median(measured[2]) * 1000 if store == "redis" else math.nan
-                for label, latencies in zip(labels, measured):
+                    samplers = {label: _handoff_samples(url, key) for label, (url, _pid) in zip(labels, started)}
+                    measured = in_turns(samplers, args.handoffs)
+                floor_p50 = statistics.median(measured[_WAKE_FLOOR_ROW]) * 1000 if store == "redis" else math.nan
+                for label, latencies in measured.items():
                     p50, p99 = statistics.median(latencies) * 1000, percentile(latencies, 0.99) * 1000
                     row = {"store": store, "mode": label, "p50_ms": p50, "p99_ms": p99}
                     versus = "-"

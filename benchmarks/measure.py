@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 __all__ = [
-    "Pairing", "add_json_argument", "grant_cycle", "locker_cycle", "machine", "paired", "percentile",
-    "spinning", "write_json",
+    "Pairing", "add_json_argument", "grant_cycle", "in_turns", "locker_cycle", "machine", "paired",
+    "percentile", "spinning", "write_json",
 ]
 
 _WARM_UP_CYCLES = 100
@@ -106,6 +106,26 @@ def locker_cycle(locker: Any) -> Callable[[], None]:
         locker.acquire(key).release()
 
     return cycle
+
+
+def in_turns(samplers: dict[str, Iterator[float]], samples: int) -> dict[str, list[float]]:
+    """``samples`` values of each sampler (an iterator giving one measurement per ``next()``),
+    one of each in turn, the order turned by one place every round, so that a slow stretch of
+    the machine falls on every row alike and no row always follows the same other; closes the
+    samplers (a generator's ``finally`` releases what it holds)."""
+    names = list(samplers)
+    results: dict[str, list[float]] = {name: [] for name in names}
+    try:
+        for index in range(samples):
+            for turn in range(len(names)):
+                name = names[(index + turn) % len(names)]
+                results[name].append(next(samplers[name]))
+    finally:
+        for sampler in samplers.values():
+            close = getattr(sampler, "close", None)
+            if close is not None:
+                close()
+    return results
 
 
 def percentile(values: list[float], fraction: float) -> float:

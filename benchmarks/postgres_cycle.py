@@ -40,7 +40,8 @@ LISTEN/NOTIFY (the default), with the release handing the key to the waiter in l
 (``direct_handoff=True`` on both sides) and with notifications turned off (polling every
 50 ms), next to a bare LISTEN/NOTIFY wake-up between two connections and the smallest durable
 hand-off: one committed statement that updates a row and notifies (the floor of any hand-off
-that writes the lease, as the direct one does).
+that writes the lease, as the direct one does). The rows take turns, one sample each, and the
+Locker's rows are also given as their p50 over the durable floor's.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ import select
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Optional
 
 import psycopg2
@@ -63,7 +64,7 @@ from lease_lock.lock import Lock
 from lease_lock.locker import Locker
 from lease_lock.retry import Retry
 
-from benchmarks.measure import add_json_argument, grant_cycle, locker_cycle, paired, percentile, write_json
+from benchmarks.measure import add_json_argument, grant_cycle, in_turns, locker_cycle, paired, percentile, write_json
 
 __all__ = ["main"]
 
@@ -184,32 +185,35 @@ class _PollingBackend(PostgresBackend):
     capabilities: ClassVar[Capabilities] = dataclasses.replace(PostgresBackend.capabilities, release_notify=False)
 
 
-def _handoffs(url: str, table: str, waiter: Locker, samples: int, *, direct: bool = False) -> list[float]:
+def _handoff_samples(url: str, table: str, waiter: Locker, *, direct: bool = False) -> Iterator[float]:
+    """Hand-offs from a holder of its own to ``waiter``, one latency (seconds) per ``next()``."""
     holder = PostgresBackend(_connect(url), table=table, direct_handoff=direct)
     key = f"bench:handoff:{uuid.uuid4().hex[:8]}"
-    latencies: list[float] = []
-    for index in range(samples + 1):
-        assert holder.acquire(key, TOKEN, TTL, "holder")
-        done: list[float] = []
-        taken: list[Lock] = []
+    try:
+        first = True
+        while True:
+            assert holder.acquire(key, TOKEN, TTL, "holder")
+            done: list[float] = []
+            taken: list[Lock] = []
 
-        def wait_for_key(done: list[float], taken: list[Lock]) -> None:
-            # Kept until the sample ends: a held lock that is dropped is given back by the library.
-            taken.append(waiter.acquire(key, timeout=10))
-            done.append(time.perf_counter())
+            def wait_for_key(done: list[float], taken: list[Lock]) -> None:
+                # Kept until the sample ends: a held lock that is dropped is given back by the library.
+                taken.append(waiter.acquire(key, timeout=10))
+                done.append(time.perf_counter())
 
-        thread = threading.Thread(target=wait_for_key, args=(done, taken))
-        thread.start()
-        # Let the waiter make its failed attempt and settle into its wait.
-        time.sleep(0.03)
-        started = time.perf_counter()
-        holder.release(key, TOKEN)
-        thread.join(15)
-        assert taken[0].release()
-        if index:  # the first one also waits for the listener to connect
-            latencies.append(done[0] - started)
-    holder.connection.close()
-    return latencies
+            thread = threading.Thread(target=wait_for_key, args=(done, taken))
+            thread.start()
+            # Let the waiter make its failed attempt and settle into its wait.
+            time.sleep(0.03)
+            started = time.perf_counter()
+            holder.release(key, TOKEN)
+            thread.join(15)
+            assert taken[0].release()
+            if not first:  # the first one also waits for the listener to connect
+                yield done[0] - started
+            first = False
+    finally:
+        holder.connection.close()
 
 
 def _await_notification(listener: Any) -> None:
@@ -220,26 +224,28 @@ def _await_notification(listener: Any) -> None:
     listener.notifies.clear()
 
 
-def _bare_wakeups(url: str, samples: int) -> list[float]:
+def _bare_wakeup_samples(url: str) -> Iterator[float]:
+    """A listener woken by a NOTIFY alone, one latency (seconds) per ``next()``."""
     listener, notifier = _connect(url), _connect(url)
     listener.cursor().execute("LISTEN bench_wake")
     cursor = notifier.cursor()
-    latencies = []
-    for _ in range(samples):
-        started = time.perf_counter()
-        cursor.execute("NOTIFY bench_wake, 'k'")
-        _await_notification(listener)
-        latencies.append(time.perf_counter() - started)
-    listener.close()
-    notifier.close()
-    return latencies
+    try:
+        while True:
+            started = time.perf_counter()
+            cursor.execute("NOTIFY bench_wake, 'k'")
+            _await_notification(listener)
+            yield time.perf_counter() - started
+    finally:
+        listener.close()
+        notifier.close()
 
 
-def _bare_durable_wakeups(url: str, samples: int) -> list[float]:
-    """A listener woken by the smallest durable hand-off there is: one statement that updates a
-    row and notifies, committed as the server commits (``synchronous_commit`` as set), after the
-    same pause as each Locker hand-off sample. A NOTIFY alone writes nothing, so the bare
-    wake-up above has no commit to wait for; every hand-off of a lease row has one."""
+def _durable_wakeup_samples(url: str) -> Iterator[float]:
+    """A listener woken by the smallest durable hand-off there is, one latency (seconds) per
+    ``next()``: one statement that updates a row and notifies, committed as the server commits
+    (``synchronous_commit`` as set), after the same pause as each Locker hand-off sample. A
+    NOTIFY alone writes nothing, so the bare wake-up has no commit to wait for; every hand-off
+    of a lease row has one."""
     listener, writer = _connect(url), _connect(url)
     table = f"bench_pg_floor_{uuid.uuid4().hex[:6]}"
     cursor = writer.cursor()
@@ -250,19 +256,17 @@ def _bare_durable_wakeups(url: str, samples: int) -> list[float]:
         f'WITH handed AS (UPDATE "{table}" SET holder = holder + 1 WHERE key = %s RETURNING key)'
         " SELECT pg_notify('bench_durable', key) FROM handed"
     )
-    latencies = []
     try:
-        for _ in range(samples):
+        while True:
             time.sleep(0.03)
             started = time.perf_counter()
             cursor.execute(handing, ("k",))
             _await_notification(listener)
-            latencies.append(time.perf_counter() - started)
+            yield time.perf_counter() - started
     finally:
         cursor.execute(f'DROP TABLE "{table}"')
         listener.close()
         writer.close()
-    return latencies
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -382,13 +386,14 @@ def main(argv: Optional[list[str]] = None) -> None:
     polling_conn = _connect(args.url)
     opened.append(polling_conn)
     polling = Locker(_PollingBackend(polling_conn, table=logged), ttl=TTL, retry=Retry(delay=0.05))
-    results = {
-        "bare LISTEN/NOTIFY wake-up": _bare_wakeups(args.url, args.handoffs),
-        "bare durable update + NOTIFY wake-up": _bare_durable_wakeups(args.url, args.handoffs),
-        "Locker hand-off, LISTEN/NOTIFY": _handoffs(args.url, logged, notified, args.handoffs),
-        "Locker hand-off, direct_handoff=True": _handoffs(args.url, logged, direct, args.handoffs, direct=True),
-        "Locker hand-off, polling every 50 ms": _handoffs(args.url, logged, polling, args.handoffs),
+    samplers = {
+        "bare LISTEN/NOTIFY wake-up": _bare_wakeup_samples(args.url),
+        "bare durable update + NOTIFY wake-up": _durable_wakeup_samples(args.url),
+        "Locker hand-off, LISTEN/NOTIFY": _handoff_samples(args.url, logged, notified),
+        "Locker hand-off, direct_handoff=True": _handoff_samples(args.url, logged, direct, direct=True),
+        "Locker hand-off, polling every 50 ms": _handoff_samples(args.url, logged, polling),
     }
+    results = in_turns(samplers, args.handoffs)
     # Every lease hand-off waits for a durable commit and a wake-up, so the Locker's rows are set
     # against the durable floor's p50 (1.00: as fast as the commit and the wake-up themselves).
     floor_p50 = percentile(results["bare durable update + NOTIFY wake-up"], 0.5)
