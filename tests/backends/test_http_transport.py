@@ -20,7 +20,7 @@ from lease_lock.errors import BackendUnavailableError
 from lease_lock.server import create_app
 
 from tests.support.http_server import RequestRecorder, ThreadedServer, make_keys
-from tests.support.tls import make_certificate, tls_front
+from tests.support.tls import make_certificates, tls_front
 
 
 @pytest.fixture
@@ -47,11 +47,11 @@ def sent_by_session(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def certificates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
-    """Self-signed certificates: one for this machine's names, one for another host."""
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
+    """Certificates of private CAs: one for this machine's names, one for another host."""
     return {
-        "here": make_certificate(tmp_path_factory.mktemp("here"), "localhost", "127.0.0.1"),
-        "elsewhere": make_certificate(tmp_path_factory.mktemp("elsewhere"), "lock-service.invalid"),
+        "here": make_certificates(tmp_path_factory.mktemp("here"), "localhost", "127.0.0.1"),
+        "elsewhere": make_certificates(tmp_path_factory.mktemp("elsewhere"), "lock-service.invalid"),
     }
 
 
@@ -194,10 +194,10 @@ def test_an_https_service_is_reached_through_the_pool_with_its_certificate_verif
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     seen, server, keys = service
-    certificate, key = certificates["here"]
+    here = certificates["here"]
     # Trusted as requests trusts a bundle the environment names.
-    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(certificate))
-    with tls_front(_port(server.url), certificate, key) as front:
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", here["ca"])
+    with tls_front(_port(server.url), here["cert"], here["key"]) as front:
         backend = HttpBackend(f"https://localhost:{front.port}", keys["alpha"])
         try:
             token = backend.new_token()
@@ -215,10 +215,10 @@ def test_an_https_certificate_that_does_not_verify_is_refused_before_anything_is
     refusal: str, service: Any, certificates: Any, no_environment_settings: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen, server, keys = service
-    certificate, key = certificates["here" if refusal == "untrusted" else "elsewhere"]
+    served = certificates["here" if refusal == "untrusted" else "elsewhere"]
     if refusal == "another host's":
-        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(certificate))  # trusted, but not for 127.0.0.1
-    with tls_front(_port(server.url), certificate, key) as front:
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", served["ca"])  # trusted, but not for 127.0.0.1
+    with tls_front(_port(server.url), served["cert"], served["key"]) as front:
         backend = HttpBackend(f"https://127.0.0.1:{front.port}", keys["alpha"])
         try:
             with pytest.raises(BackendUnavailableError) as unavailable:

@@ -39,6 +39,7 @@ import requests
 
 from tests.support.ports import free_port
 from tests.support.processes import kill_process, log_tail, stop_process
+from tests.support.tls import make_certificates
 
 __all__ = [
     "CountingSession",
@@ -266,34 +267,6 @@ class EtcdCluster:
             member.stop()
 
 
-def _make_certificates(directory: Path) -> dict[str, str]:
-    """A private CA and a certificate for 127.0.0.1 signed by it, used by servers and clients."""
-    directory.mkdir(parents=True, exist_ok=True)
-    names = ("ca.key", "ca.pem", "node.key", "node.csr", "node.pem")
-    ca_key, ca, key, csr, cert = (str(directory / name) for name in names)
-    extensions = directory / "ext.cnf"
-    extensions.write_text(
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-        "extendedKeyUsage=serverAuth,clientAuth\n"
-        "keyUsage=digitalSignature,keyEncipherment\n"
-        "subjectKeyIdentifier=hash\n"
-        "authorityKeyIdentifier=keyid,issuer\n"
-    )
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-    # Python 3.13 verifies strictly (VERIFY_X509_STRICT): a CA must state its key usage and a
-    # leaf certificate must name the key that signed it.
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca_key, "-out", ca,
-            "-days", "2", "-subj", "/CN=lease-lock test CA",
-            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj", "/CN=root")
-    openssl("x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-out", cert,
-            "-days", "2", "-extfile", str(extensions))
-    return {"ca": ca, "cert": cert, "key": key}
-
-
 class EtcdFactory:
     """Starts private clusters on demand and stops all of them at :meth:`close`."""
 
@@ -305,7 +278,8 @@ class EtcdFactory:
         """A new cluster of ``members`` members, returned once every one serves reads."""
         binary = require_etcd_binary()
         workdir = Path(tempfile.mkdtemp(prefix="etcd-", dir=self.root))
-        certificates = _make_certificates(workdir / "tls") if tls else None
+        # The client certificate's name is the etcd user it authenticates as.
+        certificates = make_certificates(workdir / "tls", "127.0.0.1", "localhost", common_name="root") if tls else None
         attempt = 0
         while True:
             attempt += 1
