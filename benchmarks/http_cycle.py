@@ -64,7 +64,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -434,7 +434,7 @@ def _alternating(
 # -- hand-off ----------------------------------------------------------------------------------
 
 
-def _handoff_samples(url: str, key: str) -> Iterator[float]:
+def _handoff_samples(url: str, key: str) -> Generator[float, None, None]:
     """Hand-offs between two clients of the server at ``url``, one latency (seconds) per
     ``next()``."""
     holder, waiter = Locker(HttpBackend(url, key), ttl=30), Locker(HttpBackend(url, key), ttl=30)

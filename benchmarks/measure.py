@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,11 +108,11 @@ def locker_cycle(locker: Any) -> Callable[[], None]:
     return cycle
 
 
-def in_turns(samplers: dict[str, Iterator[float]], samples: int) -> dict[str, list[float]]:
-    """``samples`` values of each sampler (an iterator giving one measurement per ``next()``),
+def in_turns(samplers: dict[str, Generator[float, None, None]], samples: int) -> dict[str, list[float]]:
+    """``samples`` values of each sampler (a generator giving one measurement per ``next()``),
     one of each in turn, the order turned by one place every round, so that a slow stretch of
     the machine falls on every row alike and no row always follows the same other; closes the
-    samplers (a generator's ``finally`` releases what it holds)."""
+    samplers, whose ``finally`` releases what they hold."""
     names = list(samplers)
     results: dict[str, list[float]] = {name: [] for name in names}
     try:
@@ -122,9 +122,7 @@ def in_turns(samplers: dict[str, Iterator[float]], samples: int) -> dict[str, li
                 results[name].append(next(samplers[name]))
     finally:
         for sampler in samplers.values():
-            close = getattr(sampler, "close", None)
-            if close is not None:
-                close()
+            sampler.close()
     return results
 
 

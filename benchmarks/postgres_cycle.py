@@ -52,7 +52,7 @@ import select
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from typing import Any, ClassVar, Optional
 
 import psycopg2
@@ -185,7 +185,9 @@ class _PollingBackend(PostgresBackend):
     capabilities: ClassVar[Capabilities] = dataclasses.replace(PostgresBackend.capabilities, release_notify=False)
 
 
-def _handoff_samples(url: str, table: str, waiter: Locker, *, direct: bool = False) -> Iterator[float]:
+def _handoff_samples(
+    url: str, table: str, waiter: Locker, *, direct: bool = False
+) -> Generator[float, None, None]:
     """Hand-offs from a holder of its own to ``waiter``, one latency (seconds) per ``next()``."""
     holder = PostgresBackend(_connect(url), table=table, direct_handoff=direct)
     key = f"bench:handoff:{uuid.uuid4().hex[:8]}"
@@ -224,7 +226,7 @@ def _await_notification(listener: Any) -> None:
     listener.notifies.clear()
 
 
-def _bare_wakeup_samples(url: str) -> Iterator[float]:
+def _bare_wakeup_samples(url: str) -> Generator[float, None, None]:
     """A listener woken by a NOTIFY alone, one latency (seconds) per ``next()``."""
     listener, notifier = _connect(url), _connect(url)
     listener.cursor().execute("LISTEN bench_wake")
@@ -240,7 +242,7 @@ def _bare_wakeup_samples(url: str) -> Iterator[float]:
         notifier.close()
 
 
-def _durable_wakeup_samples(url: str) -> Iterator[float]:
+def _durable_wakeup_samples(url: str) -> Generator[float, None, None]:
     """A listener woken by the smallest durable hand-off there is, one latency (seconds) per
     ``next()``: one statement that updates a row and notifies, committed as the server commits
     (``synchronous_commit`` as set), after the same pause as each Locker hand-off sample. A
