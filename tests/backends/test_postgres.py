@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from typing import Any, Iterator
 
@@ -211,6 +212,38 @@ def test_statements_are_prepared_again_after_the_session_drops_them(
         _cycle(backend, "k")
         assert _prepared(conn) == names
     conn.close()
+
+
+def test_the_lines_statements_and_their_gate_are_prepared_and_prepared_again(
+    postgres_server: PostgresServer, table: str
+) -> None:
+    # A release that hands the key on runs the key's gate, then the release itself: both are
+    # prepared in the same query as their first run, and again after the session drops them.
+    conn = psycopg2.connect(postgres_server.dsn)
+    conn.autocommit = True
+    backend = PostgresBackend(conn, table=table, direct_handoff=True)
+    try:
+        # A key of its own each time: the waiter handed the first one keeps it through its
+        # releases for a short burst, and a release in a burst hands nothing over.
+        for reset in ("", "DEALLOCATE ALL", "DISCARD ALL"):
+            if reset:
+                _sql(conn, reset)
+            key = f"k{reset}"
+            assert backend.acquire(key, TOKEN, 30, "o")
+            line = backend.join_line(key, OTHER, 30, "w", False, time.monotonic)
+            assert line is not None
+            assert line.ask() is None, "in line behind the holder"
+            assert backend.release(key, TOKEN) is True
+            grant = line.wait(30)
+            assert grant is not None and grant.claimed, f"the release handed the key over ({reset or 'first'})"
+            line.leave(True)
+            assert backend.release(key, OTHER) is True
+            prepared = _prepared(conn)
+            for kind in ("gate", "join", "release_handing", "release_unqueued"):
+                assert any(name.startswith("lease_lock_") and f"_{kind}_" in name for name in prepared), kind
+    finally:
+        backend.close()
+        conn.close()
 
 
 def test_two_backends_share_one_connections_prepared_statements(

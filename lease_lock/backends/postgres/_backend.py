@@ -763,10 +763,9 @@ _PARAMETER = re.compile(r"%\((\w+)\)s")
 _PROCESS_TAG = secrets.token_hex(4)
 
 
-def _statement(kind: str, prefix: str, text: str) -> _Statement:
-    """The :class:`_Statement` of ``text`` (run after ``prefix`` in the same query)."""
-    if kind not in _PREPARED:
-        return _Statement("", prefix + text, prefix + text, prefix + text)
+def _prepared(kind: str, text: str) -> tuple[str, str, str]:
+    """The name of ``text`` prepared as ``kind``, the block that prepares it unless the session
+    has it, and its ``EXECUTE``."""
     order: list[str] = []
     for parameter in _PARAMETER.findall(text):
         if parameter not in order:
@@ -784,14 +783,29 @@ def _statement(kind: str, prefix: str, text: str) -> _Statement:
         "DO $lease_lock$ BEGIN IF NOT EXISTS (SELECT FROM pg_prepared_statements"
         f" WHERE name = '{name}') THEN EXECUTE '{prepare}'; END IF; END $lease_lock$;\n"
     )
-    sql = f"{prefix}EXECUTE {name}({', '.join(f'%({parameter})s' for parameter in order)})"
-    return _Statement(name, prefix + text, sql, block + sql)
+    return name, block, f"EXECUTE {name}({', '.join(f'%({parameter})s' for parameter in order)})"
 
 
-#: Before every statement of the line: the key's gate, the transaction-scoped advisory lock of
-#: the fenced grants. A statement's snapshot is taken when it starts, so the gate is taken by a
-#: statement of its own: the statement after it reads what the gate's previous holder did.
-_GATE = "SELECT pg_advisory_xact_lock(%(gate)s, %(slot)s);\n"
+#: The key's gate, the transaction-scoped advisory lock of the fenced grants, taken before
+#: every statement of the line. A statement's snapshot is taken when it starts, so the gate is
+#: taken by a statement of its own: the statement after it reads what the gate's previous
+#: holder did.
+_GATE = "SELECT pg_advisory_xact_lock(%(gate)s, %(slot)s)"
+
+
+def _statement(kind: str, prefix: str, text: str, *, gated: bool = False) -> _Statement:
+    """The :class:`_Statement` of ``text``, run after ``prefix`` in the same query, and after
+    :data:`_GATE` when ``gated`` (prepared too when ``text`` is: sent as text, the gate cost a
+    release that hands a key on about as much server time as the rest of the release)."""
+    if kind not in _PREPARED:
+        whole = prefix + (_GATE + ";\n" if gated else "") + text
+        return _Statement("", whole, whole, whole)
+    name, block, execute = _prepared(kind, text)
+    if gated:
+        _, gate_block, gate_execute = _prepared("gate", _GATE)
+        block, prefix = gate_block + block, prefix + gate_execute + ";\n"
+        text = _GATE + ";\n" + text
+    return _Statement(name, prefix + text, prefix + execute, block + prefix + execute)
 
 
 def _line_statements(
@@ -1082,6 +1096,6 @@ def _statements(names: Names, write_prefix: str) -> dict[str, _Statement]:
     # Every statement of the line runs under the key's gate, taken by a statement of its own
     # before it in the same transaction: so each one reads (in its own, later snapshot) what
     # the previous holder of the gate committed. See _line_statements.
-    built.update((name, _statement(name, write_prefix + _GATE, sql)) for name, sql in lines.items())
+    built.update((name, _statement(name, write_prefix, sql, gated=True)) for name, sql in lines.items())
     built.update((name, _statement(name, "", sql)) for name, sql in reads.items())
     return built
