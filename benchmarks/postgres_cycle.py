@@ -344,6 +344,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     add("backend, synchronous_commit=False", logged, lambda b: _backend_cycle(b, fenced=False),
         synchronous_commit=False)
     add("backend, UNLOGGED table", unlogged, lambda b: _backend_cycle(b, fenced=False))
+    # Against the same plain floor: what the line's gate and lean release cost a cycle that
+    # finds nobody in line.
+    add("backend, direct_handoff=True", logged, lambda b: _backend_cycle(b, fenced=False), direct_handoff=True)
     for name, table, make_cycle in (
         ("minimal pair (no NOTIFY, no filter)", logged, lambda c: _raw_cycle(c, *_minimal_pair(logged))),
         ("minimal pair, UNLOGGED table", unlogged, lambda c: _raw_cycle(c, *_minimal_pair(unlogged))),
