@@ -795,17 +795,17 @@ _GATE = "SELECT pg_advisory_xact_lock(%(gate)s, %(slot)s)"
 
 def _statement(kind: str, prefix: str, text: str, *, gated: bool = False) -> _Statement:
     """The :class:`_Statement` of ``text``, run after ``prefix`` in the same query, and after
-    :data:`_GATE` when ``gated`` (prepared too when ``text`` is: sent as text, the gate cost a
-    release that hands a key on about as much server time as the rest of the release)."""
+    :data:`_GATE` when ``gated``: the gate is prepared with ``text`` when ``text`` is prepared,
+    so that a release that hands a key on does not parse and plan it every time."""
+    gate = _GATE + ";\n" if gated else ""
     if kind not in _PREPARED:
-        whole = prefix + (_GATE + ";\n" if gated else "") + text
+        whole = prefix + gate + text
         return _Statement("", whole, whole, whole)
     name, block, execute = _prepared(kind, text)
     if gated:
         _, gate_block, gate_execute = _prepared("gate", _GATE)
-        block, prefix = gate_block + block, prefix + gate_execute + ";\n"
-        text = _GATE + ";\n" + text
-    return _Statement(name, prefix + text, prefix + execute, block + prefix + execute)
+        block, execute = gate_block + block, f"{gate_execute};\n{execute}"
+    return _Statement(name, prefix + gate + text, prefix + execute, block + prefix + execute)
 
 
 def _line_statements(
