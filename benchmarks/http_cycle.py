@@ -593,12 +593,13 @@ def main(argv: Optional[list[str]] = None) -> None:
                         started.append(servers.enter_context(_bare_server(1, tmp, stores[store], "wake")))
                     samplers = {label: _handoff_samples(url, key) for label, (url, _pid) in zip(labels, started)}
                     measured = in_turns(samplers, args.handoffs)
-                floor_p50 = statistics.median(measured[_WAKE_FLOOR_ROW]) * 1000 if store == "redis" else math.nan
+                p50s = {label: statistics.median(latencies) * 1000 for label, latencies in measured.items()}
+                floor_p50 = p50s.get(_WAKE_FLOOR_ROW)  # measured on Redis only
                 for label, latencies in measured.items():
-                    p50, p99 = statistics.median(latencies) * 1000, percentile(latencies, 0.99) * 1000
+                    p50, p99 = p50s[label], percentile(latencies, 0.99) * 1000
                     row = {"store": store, "mode": label, "p50_ms": p50, "p99_ms": p99}
                     versus = "-"
-                    if label == labels[0] and math.isfinite(floor_p50):
+                    if label == labels[0] and floor_p50 is not None:
                         row.update(floor_p50_ms=floor_p50, ratio_to_floor=p50 / floor_p50)
                         versus = f"{p50 / floor_p50:.2f}"
                     print(f"{f'{store}, {label}':<40}{p50:>8.2f}{p99:>8.2f}{versus:>10}")
