@@ -53,11 +53,6 @@ def _cycles(results: dict[str, Any]) -> Rows:
     return [[row["name"], _rate(row["rate"]), _rate(row["floor_rate"]), _ratio(row["ratio"])] for row in results["cycles"]]
 
 
-def _versus_backend(results: dict[str, Any]) -> Rows:
-    rows = results.get("versus_backend", [])
-    return [[row["name"], _rate(row["rate"]), _rate(row["backend_rate"]), _ratio(row["ratio"])] for row in rows]
-
-
 def _handoffs(results: dict[str, Any]) -> Rows:
     rows = []
     for row in results["handoffs"]:
@@ -109,9 +104,7 @@ def _http_handoffs(results: dict[str, Any]) -> Rows:
 def _etcd_cycles(results: dict[str, Any]) -> Rows:
     rows = []
     for name, row in results["cycles"].items():
-        if "not_run" in row:
-            rows.append([name, "not run", "–", "–"])
-        else:
+        if "not_run" not in row:  # a peer that is not installed has no row
             rows.append([name, _rate(row["rate"]), _rate(row["floor_rate"]), _ratio(row["ratio"])])
     return rows
 
@@ -119,9 +112,7 @@ def _etcd_cycles(results: dict[str, Any]) -> Rows:
 def _etcd_handoffs(results: dict[str, Any]) -> Rows:
     rows = []
     for name, row in results["handoffs"].items():
-        if "not_run" in row:
-            rows.append([name, "not run", "–"])
-        else:
+        if "not_run" not in row:
             rows.append([name, _ms(row["p50"] * 1000), _ms(row["p99"] * 1000)])
     for label, key in (("Locker", "contended"), ("Locker direct_handoff", "contended_direct_handoff")):
         row = results[key]
@@ -139,8 +130,6 @@ def _instructions(results: dict[str, Any]) -> Rows:
 #: Each table: the benchmark whose JSON it reads, its header, and how its rows are made.
 TABLES: dict[str, tuple[str, list[str], Callable[[dict[str, Any]], Rows]]] = {
     "redis-cycles": ("redis_cycle", ["contestant", "cycles/s", "floor/s", "vs floor"], _cycles),
-    "redis-versus-backend": ("redis_cycle", ["Locker path", "cycles/s", "backend alone/s", "vs backend"],
-                             _versus_backend),
     "redis-handoffs": ("redis_cycle", ["hand-off", "p50 ms", "p99 ms"], _latencies),
     "postgres-cycles": ("postgres_cycle", ["contestant", "cycles/s", "floor/s", "vs floor"], _cycles),
     "postgres-handoffs": ("postgres_cycle", ["hand-off", "p50 ms", "p99 ms", "vs durable floor"], _handoffs),
