@@ -103,11 +103,13 @@ def main(argv: Optional[list[str]] = None) -> None:
         for name, cycle in contestants.items():
             pairing = paired(floor, cycle, args.seconds)
             print(f"  {name:<26} {pairing.rate:>9,.0f} {pairing.floor_rate:>9,.0f} {pairing.ratio:>8.2f}x")
-            cycles.append({"name": name, "rate": pairing.rate, "floor_rate": pairing.floor_rate, "ratio": pairing.ratio})
+            row = {"name": name, "rate": pairing.rate, "floor_rate": pairing.floor_rate, "ratio": pairing.ratio}
+            cycles.append(row)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     floor_name = "raw sqlite3 (BEGIN IMMEDIATE, read, write, COMMIT; checked DELETE)"
-    write_json(args.json, "sqlite_cycle", argv, {"sqlite": sqlite3.sqlite_version, "floor": floor_name, "cycles": cycles})
+    results = {"sqlite": sqlite3.sqlite_version, "floor": floor_name, "cycles": cycles}
+    write_json(args.json, "sqlite_cycle", argv, results)
 
 
 if __name__ == "__main__":

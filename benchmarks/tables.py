@@ -50,7 +50,8 @@ def _ms(value: Optional[float]) -> str:
 
 
 def _cycles(results: dict[str, Any]) -> Rows:
-    return [[row["name"], _rate(row["rate"]), _rate(row["floor_rate"]), _ratio(row["ratio"])] for row in results["cycles"]]
+    rows = results["cycles"]
+    return [[row["name"], _rate(row["rate"]), _rate(row["floor_rate"]), _ratio(row["ratio"])] for row in rows]
 
 
 def _handoffs(results: dict[str, Any]) -> Rows:
