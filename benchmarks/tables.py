@@ -136,7 +136,7 @@ TABLES: dict[str, tuple[str, list[str], Callable[[dict[str, Any]], Rows]]] = {
     "postgres-handoffs": ("postgres_cycle", ["hand-off", "p50 ms", "p99 ms", "vs durable floor"], _handoffs),
     "sqlite-cycles": ("sqlite_cycle", ["contestant", "cycles/s", "floor/s", "vs floor"], _cycles),
     "etcd-cycles": ("etcd_cycle", ["contestant", "cycles/s", "floor/s", "vs floor"], _etcd_cycles),
-    "etcd-handoffs": ("etcd_cycle", ["row", "p50 ms / grants/s", "p99 ms / vs one process"], _etcd_handoffs),
+    "etcd-handoffs": ("etcd_cycle", ["row", "p50 ms (or grants/s)", "p99 ms (or vs 1 process)"], _etcd_handoffs),
     "contended": ("contended", ["store", "contestant", "grants/s", "vs 1 process", "hand-offs/s", "min/share",
                                 "p50 ms", "p99 ms", "overlaps"], _contended),
     "instructions": ("instructions", ["cycle on the memory backend", "instructions per cycle"], _instructions),
@@ -178,7 +178,9 @@ def render(name: str, results: Path = RESULTS) -> str:
     if document is None:
         return f"*No results yet: run `python -m benchmarks.{benchmark} --json benchmarks/results/{benchmark}.json`.*\n"
     rows = make_rows(document["results"])
-    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    # Figures are right-aligned, names left-aligned.
+    numeric = [all(re.fullmatch(r"[-–0-9.,x%]+", row[column]) for row in rows) for column in range(len(header))]
+    lines = ["| " + " | ".join(header) + " |", "|" + "".join("---:|" if flag else "---|" for flag in numeric)]
     lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
     machine = document["machine"]
     lines += [
