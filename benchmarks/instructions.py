@@ -1,6 +1,6 @@
 """The core's own instructions per lock cycle, counted by valgrind rather than timed.
 
-    python -m benchmarks.instructions [--cycles 2000] [--valgrind valgrind]
+    python -m benchmarks.instructions [--cycles 2000] [--valgrind valgrind] [--json PATH]
 
 Wall time on a shared machine swings by tens of percent between runs; the number of machine
 instructions a cycle executes barely moves. Each row runs a fresh ``python`` under
@@ -37,6 +37,7 @@ from typing import Callable
 
 from lease_lock import Locker, MemoryBackend
 
+from .measure import add_json_argument, write_json
 from .overhead import bare, locker_with
 
 __all__ = ["Counts", "count", "count_rows", "main"]
@@ -135,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--cycles", type=int, default=2000, help="N: rows run N and 3N cycles")
     parser.add_argument("--valgrind", default="valgrind", help="the valgrind executable")
     parser.add_argument("--run", choices=sorted(ROWS), help=argparse.SUPPRESS)
+    add_json_argument(parser)
     args = parser.parse_args(argv)
     if args.cycles < 1:
         parser.error("--cycles must be at least 1")
@@ -152,6 +154,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"{'bare backend acquire + release':<44} {counts.per_cycle('bare', n):>12,.0f}")
     print(f"{'with locker.lock(key): pass':<44} {counts.per_cycle('locker', n):>12,.0f}")
     print(f"{'core (Locker minus bare)':<44} {counts.core(n):>12,.0f}")
+    rows = [
+        {"name": "bare backend acquire + release", "instructions": counts.per_cycle("bare", n)},
+        {"name": "with locker.lock(key): pass", "instructions": counts.per_cycle("locker", n)},
+        {"name": "core (Locker minus bare)", "instructions": counts.core(n)},
+    ]
+    write_json(args.json, "instructions", argv, {"cycles": n, "rows": rows})
 
 
 if __name__ == "__main__":

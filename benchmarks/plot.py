@@ -1,8 +1,8 @@
-"""Turn the benchmarks' JSON results into the SVG figures of the documentation.
+"""Turn the benchmarks' JSON results (`benchmarks/results`) into SVG figures.
 
 Run the benchmarks with ``--json`` into one directory, then::
 
-    python -m benchmarks.plot --data docs/figures/data --out docs/figures
+    python -m benchmarks.plot --data benchmarks/results --out figures
 
 Each figure is drawn from the files that exist (a missing benchmark leaves its figure out) and
 carries, under the plot, the command, machine and date that produced its numbers. The SVGs are
@@ -202,8 +202,8 @@ FIGURES = {
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Plot the figures and name the files written."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n", 1)[0])
-    parser.add_argument("--data", default="docs/figures/data", help="directory of <benchmark>.json files")
-    parser.add_argument("--out", default="docs/figures", help="directory for the SVG files")
+    parser.add_argument("--data", default="benchmarks/results", help="directory of <benchmark>.json files")
+    parser.add_argument("--out", default="figures", help="directory for the SVG files")
     args = parser.parse_args(argv)
     for path in plot_all(Path(args.data), Path(args.out)):
         print(path)

@@ -1,6 +1,6 @@
 """Uncontended acquire+release cycles on SQLite, side by side with the raw sqlite3 floor.
 
-    python -m benchmarks.sqlite_cycle [--dir /tmp] [--seconds 4]
+    python -m benchmarks.sqlite_cycle [--dir /tmp] [--seconds 4] [--json PATH]
 
 Contestants, each on its own database file in ``--dir`` (same WAL and ``synchronous=NORMAL``
 settings); each alternates with the floor one cycle at a time and is judged on the median
@@ -31,7 +31,7 @@ from typing import Optional
 import lease_lock
 from lease_lock.backends.sqlite import SqliteBackend
 
-from benchmarks.measure import paired
+from benchmarks.measure import add_json_argument, paired, write_json
 
 __all__: list[str] = []
 
@@ -85,6 +85,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--dir", default=None, help="where the database files go")
     parser.add_argument("--seconds", type=float, default=4.0, help="per contestant")
+    add_json_argument(parser)
     args = parser.parse_args(argv)
     directory = Path(tempfile.mkdtemp(prefix="lease-lock-bench-", dir=args.dir))
     floor = raw_floor(directory / "raw.db")
@@ -97,12 +98,18 @@ def main(argv: Optional[list[str]] = None) -> None:
     print(f"each contestant alternates with the raw sqlite3 floor one cycle at a time for {args.seconds:g} s;")
     print("rates at the median cycle time of each side")
     print(f"  {'contestant':<26} {'cycles/s':>9} {'floor/s':>9} {'vs floor':>9}")
+    cycles = []
     try:
         for name, cycle in contestants.items():
             pairing = paired(floor, cycle, args.seconds)
             print(f"  {name:<26} {pairing.rate:>9,.0f} {pairing.floor_rate:>9,.0f} {pairing.ratio:>8.2f}x")
+            row = {"name": name, "rate": pairing.rate, "floor_rate": pairing.floor_rate, "ratio": pairing.ratio}
+            cycles.append(row)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+    floor_name = "raw sqlite3 (BEGIN IMMEDIATE, read, write, COMMIT; checked DELETE)"
+    results = {"sqlite": sqlite3.sqlite_version, "floor": floor_name, "cycles": cycles}
+    write_json(args.json, "sqlite_cycle", argv, results)
 
 
 if __name__ == "__main__":

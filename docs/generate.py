@@ -45,7 +45,10 @@ def capabilities() -> str:
             value = getattr(caps, field)
             cells.append(("yes" if value else "no") if isinstance(value, bool) else f"{value:g} s")
         cells.append("yes" if issubclass(backend, ServiceStore) else "no")
-        name = f"`{backend.__module__}.{backend.__name__}`"
+        # The public import path (the one SCHEMES names), not the private module defining the class.
+        entry = SCHEMES[scheme]
+        public = entry.replace(":", ".") if isinstance(entry, str) else f"{backend.__module__}.{backend.__name__}"
+        name = f"`{public}`"
         lines.append(f"| `{scheme}://` | {name} | " + " | ".join(cells) + f" | {caps.clock} |")
     return "\n".join(lines) + "\n"
 

@@ -63,11 +63,23 @@ def test_overhead_prints_every_cycle() -> None:
     assert float(rows["locker.acquire + lock.release"][-1]) > 0
 
 
-def test_sqlite_cycle_pairs_each_contestant_with_the_floor() -> None:
-    output = run_benchmark("sqlite_cycle", "--seconds", "0.2")
+def test_sqlite_cycle_pairs_each_contestant_with_the_floor(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    output = run_benchmark("sqlite_cycle", "--seconds", "0.2", "--json", str(results / "sqlite_cycle.json"))
     rows = table_rows(output, "backend acquire/release", "backend fenced", "Locker fenced")
     for cells in rows.values():
         assert cells[-1].endswith("x") and float(cells[-1][:-1]) > 0
+    # Its JSON becomes the table of the docs page that marks it, with the command under it.
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "page.md").write_text("<!-- table: sqlite-cycles -->\n<!-- /table -->\n", encoding="utf-8")
+    run_benchmark("tables", "--results", str(results), "--docs", str(docs))
+    page = (docs / "page.md").read_text(encoding="utf-8")
+    assert [line.split(" | ")[0] for line in page.splitlines() if line.startswith("| ")][1:] == [
+        "| backend acquire/release", "| backend fenced", "| Locker fenced"
+    ]
+    assert "`python -m benchmarks.sqlite_cycle --seconds 0.2` on " in page
 
 
 def test_redis_cycle_and_handoffs(redis_server: RedisServer) -> None:
