@@ -15,6 +15,7 @@ import requests
 from benchmarks.chaos_harness.proxy import TcpProxy
 from lease_lock import BackendUnavailableError, ExtendRequest, ValidationError
 from lease_lock.backends import backend_from_url
+from lease_lock.backends.base import Backend
 from lease_lock.backends.etcd import EtcdBackend, EtcdError, lease_seconds
 from lease_lock.testing import BackendContract, ServiceStoreContract, wait_until
 from lease_lock.waiting import ReleaseDispatcher
@@ -48,6 +49,11 @@ class TestEtcdBackend(BackendContract, ServiceStoreContract):
         backend = EtcdBackend.from_url(etcd_cluster.url)
         yield backend
         backend.close()
+
+    def adopts(self, backend: Backend, key: str) -> bool:
+        # etcd adopts a claim (one guarded transaction): the contract's adoption tests run.
+        assert type(backend).adopt is not Backend.adopt, "EtcdBackend must implement adopt"
+        return True
 
 
 @pytest.fixture
