@@ -20,14 +20,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import lease_lock
 import pytest
 import requests
-from lease_lock import Lock, Locker, ValidationError
+from lease_lock import Lock, Locker, Retry, ValidationError
 from lease_lock.backends import backend_from_url
 from lease_lock.backends.etcd import EtcdBackend
 from lease_lock.backends.handoff import LineGrant, WaitingLine
 from lease_lock.testing import BackendContract, wait_until
 
+from tests.support.answer_proxy import AnswerDroppingProxy
 from tests.support.etcd_server import CountingSession, EtcdCluster, line_places
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,11 +67,16 @@ def stored_value(cluster: EtcdCluster, key: str) -> Optional[bytes]:
 
 def _take_in_thread(locker: Locker, key: str, timeout: float) -> tuple[threading.Thread, list[Any]]:
     """Acquire ``key`` on a thread; the list gets the Lock (or the error) when it returns."""
+    return _take_in_thread_with(locker, key, timeout=timeout)
+
+
+def _take_in_thread_with(locker: Locker, key: str, **options: Any) -> tuple[threading.Thread, list[Any]]:
+    """Acquire ``key`` with ``options`` on a thread; the list gets the Lock (or the error)."""
     outcome: list[Any] = []
 
     def take() -> None:
         try:
-            outcome.append(locker.acquire(key, timeout=timeout))
+            outcome.append(locker.acquire(key, **options))
         except BaseException as error:  # noqa: BLE001 - handed to the test thread
             outcome.append(error)
 
@@ -289,6 +296,45 @@ with locker.lock(sys.argv[2], timeout=120):
     print("held", flush=True)
     sys.stdin.readline()
 """
+
+
+def _key_lease(cluster: EtcdCluster, key: str) -> Optional[str]:
+    kvs = _range(cluster, b"lease_lock/" + key.encode())
+    return str(kvs[0]["lease"]) if kvs else None
+
+
+def test_a_waiter_that_quits_after_a_lost_answer_leaves_its_key_on_no_spare_lease(
+    etcd_server: EtcdCluster, holder: EtcdBackend, key: str
+) -> None:
+    # The waiter's take of the freed key commits, its answer is lost and the store is out of
+    # reach until the waiter gave up: the key it took unknowingly must lapse within one ttl,
+    # never ride on the lease of the process's next lock.
+    proxy = AnswerDroppingProxy("127.0.0.1", etcd_server.members[0].client_port)
+    waiting = lease_lock.connect(f"etcd://127.0.0.1:{proxy.port}?direct_handoff=true", ttl=6)
+    try:
+        assert holder.acquire(key, HOLDER, 30, "holder")
+        thread, outcome = _take_in_thread_with(waiting, key, timeout=4, retry=Retry(delay=60))
+        assert wait_until(lambda: len(line_places(etcd_server, key)) == 1, 30)
+        proxy.drop_next_answer(b"POST /v3/kv/txn")
+        plain_release = EtcdBackend(etcd_server.endpoints)  # no hand-over: the key goes free
+        try:
+            assert plain_release.release(key, HOLDER)
+        finally:
+            plain_release.close()
+        assert proxy.dropped.wait(30)
+        thread.join(60)
+        assert outcome and not isinstance(outcome[0], Lock), outcome
+        value = stored_value(etcd_server, key)
+        assert value is not None and not value.startswith(HOLDER.encode()), value  # the lost take committed
+        proxy.up()
+        with waiting.lock(f"{key}:next"):
+            taken = _key_lease(etcd_server, key)
+            assert taken is None or taken != _key_lease(etcd_server, f"{key}:next")
+            # Nothing renews the lost take's lease: it lapses within one ttl.
+            assert wait_until(lambda: _key_lease(etcd_server, key) is None, 6 + 10)
+    finally:
+        waiting.close()
+        proxy.close()
 
 
 @contextmanager

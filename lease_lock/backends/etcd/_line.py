@@ -329,6 +329,8 @@ class EtcdWaitingLine(RefreshedLine):
         self._full_lease: Optional[str] = None
         #: Whether a key handed over is on the claim lease (then it is not revoked on leaving).
         self._claim_holds_key = False
+        #: Whether an attempt that may have put the key on the full lease got no answer.
+        self._full_in_doubt = False
         #: What the watcher told: the revision of the latest join, of a put handing the key to
         #: this waiter (and its fence), of the key going free.
         self._events = threading.Condition()
@@ -364,6 +366,9 @@ class EtcdWaitingLine(RefreshedLine):
                 raise BackendUnavailableError("the etcd line watch was not confirmed in time", backend="etcd")
         self._claim_holds_key = False
         self._renew(sent)
+        # Until an answer comes, the attempt may have put the key on the full lease (its answer
+        # lost on the way back): then that lease never becomes a spare (see _done).
+        self._full_in_doubt = True
         try:
             answer = self._attempt()
         except EtcdError as error:
@@ -374,6 +379,7 @@ class EtcdWaitingLine(RefreshedLine):
             self._claim_lease = self._full_lease = None
             self._renew(sent)
             answer = self._attempt()
+        self._full_in_doubt = False
         revision = int(answer["header"]["revision"])
         if answer.get("succeeded"):
             # The key was free, and this transaction created it: the fence is its revision.
@@ -479,5 +485,11 @@ class EtcdWaitingLine(RefreshedLine):
             with contextlib.suppress(Exception):
                 self._calls.revoke(claim)
         full, self._full_lease = self._full_lease, None
-        if full is not None:
+        if full is not None and self._full_in_doubt:
+            # The key may be on it, this waiter's though it never heard: revoking gives such a
+            # key back, and if the revoke fails too, nothing renews the lease and it runs out
+            # within its length. Kept as a spare, the next lock's keep-alives would keep the
+            # key held for as long as that lock is.
+            self._calls.revoke(full)
+        elif full is not None:
             self._calls.keep_spare(self._seconds, full)
