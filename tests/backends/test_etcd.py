@@ -103,11 +103,10 @@ def test_namespaces_keep_lockers_apart(etcd_server: EtcdCluster, key: str) -> No
 
 def test_an_outer_namespace_lists_only_lock_keys_of_a_nested_one(etcd_server: EtcdCluster) -> None:
     # The inner namespace's line places and queue entries lie in the outer one's range too.
-    with nested_namespaces(etcd_server) as outer:
-        with lease_lock.connect(f"{etcd_server.url}?namespace={outer}") as locker:
-            assert [state.key for state in locker.list()] == [f"{INNER}a", f"{INNER}b"]
-            assert [state.key for state in locker.list(f"{INNER}a")] == [f"{INNER}a"]
-            assert [state.key for state in held_locks(locker, INNER)] == [f"{INNER}a", f"{INNER}b"]
+    with nested_namespaces(etcd_server) as outer, lease_lock.connect(f"{etcd_server.url}?namespace={outer}") as locker:
+        assert [state.key for state in locker.list()] == [f"{INNER}a", f"{INNER}b"]
+        assert [state.key for state in locker.list(f"{INNER}a")] == [f"{INNER}a"]
+        assert [state.key for state in held_locks(locker, INNER)] == [f"{INNER}a", f"{INNER}b"]
 
 
 def test_rate_counters_stay_out_of_every_scan_even_of_the_empty_namespace(etcd_server: EtcdCluster) -> None:

@@ -23,7 +23,8 @@ from typing import Any, Callable, Optional
 import lease_lock
 import pytest
 import requests
-from lease_lock import Lock, Locker, Retry, ValidationError
+from benchmarks.chaos_harness.proxy import TcpProxy
+from lease_lock import BackendUnavailableError, Lock, Locker, Retry, ValidationError
 from lease_lock.backends import backend_from_url
 from lease_lock.backends.etcd import EtcdBackend
 from lease_lock.backends.handoff import LineGrant, WaitingLine
@@ -296,6 +297,48 @@ with locker.lock(sys.argv[2], timeout=120):
     print("held", flush=True)
     sys.stdin.readline()
 """
+
+
+class _ThreadRecordingSession(requests.Session):
+    """A session that notes which thread sent each request, and its path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[tuple[int, str]] = []
+
+    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+        self.sent.append((threading.get_ident(), str(request.path_url)))
+        return super().send(request, **kwargs)
+
+
+def test_leaving_the_line_of_a_silent_store_holds_the_waiter_up_no_further(
+    etcd_server: EtcdCluster, holder: EtcdBackend, key: str
+) -> None:
+    # Once a request of the waiter's went unanswered, leaving the line sends nothing more from
+    # the waiter's thread (each request would hold it a request timeout past its wait); its
+    # place and claim go in the background, or lapse with the claim lease.
+    assert holder.acquire(key, HOLDER, 30, "holder")
+    proxy = TcpProxy("127.0.0.1", etcd_server.members[0].client_port)
+    session = _ThreadRecordingSession()
+    backend = EtcdBackend([f"http://127.0.0.1:{proxy.port}"], session=session, direct_handoff=True, timeout=1)
+    try:
+        line = backend.join_line(key, "w" * 32, 5.0, "waiter", True, time.monotonic)
+        assert line is not None and line.ask() is None
+        assert len(line_places(etcd_server, key)) == 1
+        proxy.stall()
+        with pytest.raises(BackendUnavailableError):
+            line.ask()
+        before = len(session.sent)
+        line.leave(False)
+        me = threading.get_ident()
+        assert [path for thread, path in session.sent[before:] if thread == me] == []
+        proxy.resume()
+        assert wait_until(lambda: line_places(etcd_server, key) == [], 30)
+    finally:
+        proxy.resume()
+        backend.close()
+        proxy.close()
+        holder.release(key, HOLDER)
 
 
 def _key_lease(cluster: EtcdCluster, key: str) -> Optional[str]:

@@ -329,8 +329,9 @@ class EtcdWaitingLine(RefreshedLine):
         self._full_lease: Optional[str] = None
         #: Whether a key handed over is on the claim lease (then it is not revoked on leaving).
         self._claim_holds_key = False
-        #: Whether an attempt that may have put the key on the full lease got no answer.
-        self._full_in_doubt = False
+        #: Whether the store left the latest join unanswered (an attempt whose answer was lost
+        #: may have put the key on the full lease; see _quit and _done).
+        self._unanswered = False
         #: What the watcher told: the revision of the latest join, of a put handing the key to
         #: this waiter (and its fence), of the key going free.
         self._events = threading.Condition()
@@ -357,6 +358,12 @@ class EtcdWaitingLine(RefreshedLine):
     # -- RefreshedLine ---------------------------------------------------------------------------
 
     def _join(self, sent: float) -> Joined:
+        self._unanswered = True
+        joined = self._take_or_queue(sent)
+        self._unanswered = False
+        return joined
+
+    def _take_or_queue(self, sent: float) -> Joined:
         if not self._watching:
             # Before the first request: every event after the join's revision reaches the line.
             self._watcher.add(self._name, self)
@@ -366,9 +373,6 @@ class EtcdWaitingLine(RefreshedLine):
                 raise BackendUnavailableError("the etcd line watch was not confirmed in time", backend="etcd")
         self._claim_holds_key = False
         self._renew(sent)
-        # Until an answer comes, the attempt may have put the key on the full lease (its answer
-        # lost on the way back): then that lease never becomes a spare (see _done).
-        self._full_in_doubt = True
         try:
             answer = self._attempt()
         except EtcdError as error:
@@ -379,7 +383,6 @@ class EtcdWaitingLine(RefreshedLine):
             self._claim_lease = self._full_lease = None
             self._renew(sent)
             answer = self._attempt()
-        self._full_in_doubt = False
         revision = int(answer["header"]["revision"])
         if answer.get("succeeded"):
             # The key was free, and this transaction created it: the fence is its revision.
@@ -461,6 +464,12 @@ class EtcdWaitingLine(RefreshedLine):
                 self._events.wait(left)
 
     def _quit(self) -> None:
+        if self._unanswered:
+            # Another request would hold the waiter up to a request timeout per member past its
+            # wait. Its leases go instead, in the background (see _done): the claim lease with
+            # the place and any key handed to it, which this waiter gives up.
+            self._claim_holds_key = False
+            return
         answer = self._calls.call("/v3/kv/txn", {
             "compare": [],
             "success": [
@@ -481,15 +490,26 @@ class EtcdWaitingLine(RefreshedLine):
             self._watcher.forget(self._name, self._place)
             self._watching = False
         claim, self._claim_lease = self._claim_lease, None
-        if claim is not None and not self._claim_holds_key:
-            with contextlib.suppress(Exception):
-                self._calls.revoke(claim)
         full, self._full_lease = self._full_lease, None
-        if full is not None and self._full_in_doubt:
-            # The key may be on it, this waiter's though it never heard: revoking gives such a
-            # key back, and if the revoke fails too, nothing renews the lease and it runs out
-            # within its length. Kept as a spare, the next lock's keep-alives would keep the
-            # key held for as long as that lock is.
-            self._calls.revoke(full)
+        # A claim lease that holds a key this waiter was granted is its lock's lease now.
+        leases = [claim] if claim is not None and not self._claim_holds_key else []
+        if full is not None and self._unanswered:
+            # The latest join went unanswered: an attempt may have put the key on the full
+            # lease, this waiter's though it never heard. As a spare, the next lock's
+            # keep-alives would keep that key held as long as that lock; revoked, it gives
+            # such a key back, and if the revoke fails too, nothing renews it and it runs out
+            # within its length.
+            leases.append(full)
         elif full is not None:
             self._calls.keep_spare(self._seconds, full)
+        if leases and self._unanswered:
+            # Off the waiter's thread: the store did not answer its latest request, and each
+            # revoke could hold the waiter a request timeout per member past its wait.
+            threading.Thread(target=self._revoke_all, args=(leases,), name="lease-lock-etcd-leave", daemon=True).start()
+        elif leases:
+            self._revoke_all(leases)
+
+    def _revoke_all(self, leases: list[str]) -> None:
+        for lease in leases:
+            with contextlib.suppress(Exception):  # best effort: a lease left behind runs out
+                self._calls.revoke(lease)
