@@ -341,6 +341,38 @@ def test_leaving_the_line_of_a_silent_store_holds_the_waiter_up_no_further(
         holder.release(key, HOLDER)
 
 
+class _TimeoutRecordingSession(requests.Session):
+    """A session that notes the path and the timeout of each request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[tuple[str, Any]] = []
+
+    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+        self.sent.append((str(request.path_url), kwargs.get("timeout")))
+        return super().send(request, **kwargs)
+
+
+def test_a_refresh_inside_a_wait_ends_with_the_wait(etcd_server: EtcdCluster, holder: EtcdBackend, key: str) -> None:
+    # A wait refreshes its place (a 2 s claim: every half second); each of those requests must
+    # end by the wait's end, not after a request timeout per member of a silent cluster.
+    assert holder.acquire(key, HOLDER, 30, "holder")
+    session = _TimeoutRecordingSession()
+    backend = EtcdBackend(etcd_server.endpoints, session=session, direct_handoff=True, timeout=10)
+    try:
+        line = backend.join_line(key, "w" * 32, 2.0, "waiter", True, time.monotonic)
+        assert line is not None and line.ask() is None
+        before = len(session.sent)
+        assert line.wait(1.5) is None
+        refreshes = session.sent[before:]
+        assert {path for path, _timeout in refreshes} >= {"/v3/lease/keepalive", "/v3/kv/txn"}
+        assert all(isinstance(timeout, float) and timeout <= 1.5 for _path, timeout in refreshes), refreshes
+        line.leave(False)
+    finally:
+        backend.close()
+        holder.release(key, HOLDER)
+
+
 def _key_lease(cluster: EtcdCluster, key: str) -> Optional[str]:
     kvs = _range(cluster, b"lease_lock/" + key.encode())
     return str(kvs[0]["lease"]) if kvs else None

@@ -301,8 +301,8 @@ class EtcdBackend(ServiceStore):
 
     # -- calls ---------------------------------------------------------------------------------
 
-    def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self._client.call(path, body)
+    def _call(self, path: str, body: dict[str, Any], within: Optional[float] = None) -> dict[str, Any]:
+        return self._client.call(path, body, within)
 
     def _txn(
         self,
@@ -319,8 +319,8 @@ class EtcdBackend(ServiceStore):
             # election longer than the lease), or was revoked: nothing was written.
             raise _LeaseGone(f"etcd lease ran out before the write ({error})", backend="etcd") from error
 
-    def _grant(self, seconds: int) -> str:
-        answer = self._call("/v3/lease/grant", {"TTL": seconds})
+    def _grant(self, seconds: int, within: Optional[float] = None) -> str:
+        answer = self._call("/v3/lease/grant", {"TTL": seconds}, within)
         granted = int(answer.get("TTL") or seconds)
         if granted != seconds:
             self._granted[seconds] = granted
@@ -360,8 +360,8 @@ class EtcdBackend(ServiceStore):
             if len(self._holdings) > _HOLDINGS:
                 del self._holdings[next(iter(self._holdings))]
 
-    def _keepalive(self, leases: Sequence[str]) -> dict[str, int]:
-        return self._client.keepalive(leases)
+    def _keepalive(self, leases: Sequence[str], within: Optional[float] = None) -> dict[str, int]:
+        return self._client.keepalive(leases, within)
 
     def _remaining(self, lease: Optional[str]) -> Optional[float]:
         if not lease or lease == "0":
