@@ -1,11 +1,12 @@
 """A loopback TCP proxy that lets one request through and drops its answer, then goes down.
 
 ``AnswerDroppingProxy(host, port)`` forwards ``127.0.0.1:<proxy.port>`` to the server. After
-``drop_next_answer(b"POST /v3/kv/txn")``, the next request on any connection that starts with
-those bytes reaches the server (which acts on it), but its answer never reaches the client: the
-proxy throws it away and goes down at that moment, resetting every open connection and closing
-each new one at once, until :meth:`up`. The client sees the request fail with a dropped
-connection, and knows nothing of what the server did: an unknown outcome, then an outage.
+``drop_next_answer(b"POST /v3/kv/txn", b'"succeeded":true')``, the next request that starts
+with the first bytes and whose answer holds the second reaches the server (which acts on it),
+but its answer never reaches the client: the proxy throws it away and goes down at that
+moment, resetting every open connection and closing each new one at once, until :meth:`up`.
+The client sees the request fail with a dropped connection, and knows nothing of what the
+server did: an unknown outcome, then an outage. Other answers pass.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class _Connection:
     def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
         self.client = client
         self.upstream = upstream
-        #: The request whose answer is to be dropped went out on this connection.
+        #: A request whose answer may be the one to drop went out on this connection.
         self.doomed = False
 
 
@@ -38,7 +39,7 @@ class AnswerDroppingProxy:
         self._target = (host, port)
         self._mutex = threading.Lock()
         self._connections: set[_Connection] = set()
-        self._armed: Optional[bytes] = None
+        self._armed: Optional[tuple[bytes, bytes]] = None
         self._down = False
         self._closed = False
         #: Set once an answer was dropped (the proxy is down from then on, until up()).
@@ -50,10 +51,11 @@ class AnswerDroppingProxy:
         self.port: int = self._listener.getsockname()[1]
         threading.Thread(target=self._accept, name=f"answer-proxy-{self.port}", daemon=True).start()
 
-    def drop_next_answer(self, request_start: bytes) -> None:
-        """Drop the answer to the next request that starts with ``request_start``."""
+    def drop_next_answer(self, request_start: bytes, answer_holds: bytes) -> None:
+        """Drop the next answer that holds ``answer_holds`` to a request that starts with
+        ``request_start``."""
         with self._mutex:
-            self._armed = request_start
+            self._armed = (request_start, answer_holds)
 
     def up(self) -> None:
         """Accept and forward connections again."""
@@ -99,8 +101,8 @@ class AnswerDroppingProxy:
             if not data:
                 break
             with self._mutex:
-                if self._armed is not None and data.startswith(self._armed):
-                    self._armed = None
+                # A request's body may come in a later chunk than its first line.
+                if self._armed is not None and data.startswith(self._armed[0]):
                     connection.doomed = True
             try:
                 connection.upstream.sendall(data)
@@ -114,8 +116,14 @@ class AnswerDroppingProxy:
             if not data:
                 break
             if connection.doomed:
-                self._go_down()
-                return
+                connection.doomed = False
+                with self._mutex:
+                    chosen = self._armed is not None and self._armed[1] in data
+                    if chosen:
+                        self._armed = None
+                if chosen:
+                    self._go_down()
+                    return
             try:
                 connection.client.sendall(data)
             except OSError:
