@@ -103,6 +103,8 @@ def test_enqueue_once_runs_one_job_per_key_with_its_locks_on_etcd(
     assert first.return_value(refresh=True) == "ran 1", logs
     assert not list(job_locker(client).list(key))
     client.delete(f"{flags}:started", f"{flags}:go")
+    # This process's locker from LEASE_LOCK_URL goes with the variable: a later get builds anew.
+    job_locker(client).close()
 
 
 def test_the_service_adopts_a_claim_over_an_etcd_store(etcd_cluster: EtcdCluster, tmp_path: Path) -> None:
