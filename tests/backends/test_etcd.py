@@ -14,13 +14,16 @@ import pytest
 import requests
 from benchmarks.chaos_harness.proxy import TcpProxy
 from lease_lock import BackendUnavailableError, ExtendRequest, ValidationError
+from lease_lock.admin import held_locks
 from lease_lock.backends import backend_from_url
+from lease_lock.backends.base import Backend
 from lease_lock.backends.etcd import EtcdBackend, EtcdError, lease_seconds
 from lease_lock.testing import BackendContract, ServiceStoreContract, wait_until
 from lease_lock.waiting import ReleaseDispatcher
 
 from tests.support.children import check_forked_children_beside_the_parent, exit_codes, fork_children
 from tests.support.cycles import errors_left_in_cycles
+from tests.support.etcd_nested import INNER, nested_namespaces
 from tests.support.etcd_server import CountingSession, EtcdCluster, EtcdFactory, queue_entries
 from tests.support.ports import free_port
 
@@ -48,6 +51,11 @@ class TestEtcdBackend(BackendContract, ServiceStoreContract):
         backend = EtcdBackend.from_url(etcd_cluster.url)
         yield backend
         backend.close()
+
+    def adopts(self, backend: Backend, key: str) -> bool:
+        # etcd adopts a claim (one guarded transaction): the contract's adoption tests run.
+        assert type(backend).adopt is not Backend.adopt, "EtcdBackend must implement adopt"
+        return True
 
 
 @pytest.fixture
@@ -91,6 +99,14 @@ def test_namespaces_keep_lockers_apart(etcd_server: EtcdCluster, key: str) -> No
     finally:
         first.close()
         second.close()
+
+
+def test_an_outer_namespace_lists_only_lock_keys_of_a_nested_one(etcd_server: EtcdCluster) -> None:
+    # The inner namespace's line places and queue entries lie in the outer one's range too.
+    with nested_namespaces(etcd_server) as outer, lease_lock.connect(f"{etcd_server.url}?namespace={outer}") as locker:
+        assert [state.key for state in locker.list()] == [f"{INNER}a", f"{INNER}b"]
+        assert [state.key for state in locker.list(f"{INNER}a")] == [f"{INNER}a"]
+        assert [state.key for state in held_locks(locker, INNER)] == [f"{INNER}a", f"{INNER}b"]
 
 
 def test_rate_counters_stay_out_of_every_scan_even_of_the_empty_namespace(etcd_server: EtcdCluster) -> None:

@@ -20,14 +20,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import lease_lock
 import pytest
 import requests
-from lease_lock import Lock, Locker, ValidationError
+from benchmarks.chaos_harness.proxy import TcpProxy
+from lease_lock import BackendUnavailableError, Lock, Locker, Retry, ValidationError
 from lease_lock.backends import backend_from_url
 from lease_lock.backends.etcd import EtcdBackend
 from lease_lock.backends.handoff import LineGrant, WaitingLine
 from lease_lock.testing import BackendContract, wait_until
 
+from tests.support.answer_proxy import AnswerDroppingProxy
 from tests.support.etcd_server import CountingSession, EtcdCluster, line_places
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,11 +68,16 @@ def stored_value(cluster: EtcdCluster, key: str) -> Optional[bytes]:
 
 def _take_in_thread(locker: Locker, key: str, timeout: float) -> tuple[threading.Thread, list[Any]]:
     """Acquire ``key`` on a thread; the list gets the Lock (or the error) when it returns."""
+    return _take_in_thread_with(locker, key, timeout=timeout)
+
+
+def _take_in_thread_with(locker: Locker, key: str, **options: Any) -> tuple[threading.Thread, list[Any]]:
+    """Acquire ``key`` with ``options`` on a thread; the list gets the Lock (or the error)."""
     outcome: list[Any] = []
 
     def take() -> None:
         try:
-            outcome.append(locker.acquire(key, timeout=timeout))
+            outcome.append(locker.acquire(key, **options))
         except BaseException as error:  # noqa: BLE001 - handed to the test thread
             outcome.append(error)
 
@@ -289,6 +297,120 @@ with locker.lock(sys.argv[2], timeout=120):
     print("held", flush=True)
     sys.stdin.readline()
 """
+
+
+class _ThreadRecordingSession(requests.Session):
+    """A session that notes which thread sent each request, and its path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[tuple[int, str]] = []
+
+    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+        self.sent.append((threading.get_ident(), str(request.path_url)))
+        return super().send(request, **kwargs)
+
+
+def test_leaving_the_line_of_a_silent_store_holds_the_waiter_up_no_further(
+    etcd_server: EtcdCluster, holder: EtcdBackend, key: str
+) -> None:
+    # Once a request of the waiter's went unanswered, leaving the line sends nothing more from
+    # the waiter's thread (each request would hold it a request timeout past its wait); its
+    # place and claim go in the background, or lapse with the claim lease.
+    assert holder.acquire(key, HOLDER, 30, "holder")
+    proxy = TcpProxy("127.0.0.1", etcd_server.members[0].client_port)
+    session = _ThreadRecordingSession()
+    backend = EtcdBackend([f"http://127.0.0.1:{proxy.port}"], session=session, direct_handoff=True, timeout=1)
+    try:
+        line = backend.join_line(key, "w" * 32, 5.0, "waiter", True, time.monotonic)
+        assert line is not None and line.ask() is None
+        assert len(line_places(etcd_server, key)) == 1
+        proxy.stall()
+        with pytest.raises(BackendUnavailableError):
+            line.ask()
+        before = len(session.sent)
+        line.leave(False)
+        me = threading.get_ident()
+        assert [path for thread, path in session.sent[before:] if thread == me] == []
+        proxy.resume()
+        assert wait_until(lambda: line_places(etcd_server, key) == [], 30)
+    finally:
+        proxy.resume()
+        backend.close()
+        proxy.close()
+        holder.release(key, HOLDER)
+
+
+class _TimeoutRecordingSession(requests.Session):
+    """A session that notes the path and the timeout of each request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[tuple[str, Any]] = []
+
+    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+        self.sent.append((str(request.path_url), kwargs.get("timeout")))
+        return super().send(request, **kwargs)
+
+
+def test_a_refresh_inside_a_wait_ends_with_the_wait(etcd_server: EtcdCluster, holder: EtcdBackend, key: str) -> None:
+    # A wait refreshes its place (a 2 s claim: every half second); each of those requests must
+    # end by the wait's end, not after a request timeout per member of a silent cluster.
+    assert holder.acquire(key, HOLDER, 30, "holder")
+    session = _TimeoutRecordingSession()
+    backend = EtcdBackend(etcd_server.endpoints, session=session, direct_handoff=True, timeout=10)
+    try:
+        line = backend.join_line(key, "w" * 32, 2.0, "waiter", True, time.monotonic)
+        assert line is not None and line.ask() is None
+        before = len(session.sent)
+        assert line.wait(1.5) is None
+        refreshes = session.sent[before:]
+        assert {path for path, _timeout in refreshes} >= {"/v3/lease/keepalive", "/v3/kv/txn"}
+        assert all(isinstance(timeout, float) and timeout <= 1.5 for _path, timeout in refreshes), refreshes
+        line.leave(False)
+    finally:
+        backend.close()
+        holder.release(key, HOLDER)
+
+
+def _key_lease(cluster: EtcdCluster, key: str) -> Optional[str]:
+    kvs = _range(cluster, b"lease_lock/" + key.encode())
+    return str(kvs[0]["lease"]) if kvs else None
+
+
+def test_a_waiter_that_quits_after_a_lost_answer_leaves_its_key_on_no_spare_lease(
+    etcd_server: EtcdCluster, holder: EtcdBackend, key: str
+) -> None:
+    # The waiter's take of the freed key commits, its answer is lost and the store is out of
+    # reach until the waiter gave up: the key it took unknowingly must lapse within one ttl,
+    # never ride on the lease of the process's next lock.
+    proxy = AnswerDroppingProxy("127.0.0.1", etcd_server.members[0].client_port)
+    waiting = lease_lock.connect(f"etcd://127.0.0.1:{proxy.port}?direct_handoff=true", ttl=6)
+    try:
+        assert holder.acquire(key, HOLDER, 30, "holder")
+        thread, outcome = _take_in_thread_with(waiting, key, timeout=4, retry=Retry(delay=60))
+        assert wait_until(lambda: len(line_places(etcd_server, key)) == 1, 30)
+        # The take's answer: a refresh of the place before the release answers "not succeeded".
+        proxy.drop_next_answer(b"POST /v3/kv/txn", b'"succeeded":true')
+        plain_release = EtcdBackend(etcd_server.endpoints)  # no hand-over: the key goes free
+        try:
+            assert plain_release.release(key, HOLDER)
+        finally:
+            plain_release.close()
+        assert proxy.dropped.wait(30)
+        thread.join(60)
+        assert outcome and not isinstance(outcome[0], Lock), outcome
+        value = stored_value(etcd_server, key)
+        assert value is not None and not value.startswith(HOLDER.encode()), value  # the lost take committed
+        proxy.up()
+        with waiting.lock(f"{key}:next"):
+            taken = _key_lease(etcd_server, key)
+            assert taken is None or taken != _key_lease(etcd_server, f"{key}:next")
+            # Nothing renews the lost take's lease: it lapses within one ttl.
+            assert wait_until(lambda: _key_lease(etcd_server, key) is None, 6 + 10)
+    finally:
+        waiting.close()
+        proxy.close()
 
 
 @contextmanager

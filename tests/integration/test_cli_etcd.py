@@ -10,6 +10,7 @@ from pathlib import Path
 import lease_lock
 
 from tests.integration.test_cli import Cli
+from tests.support.etcd_nested import INNER, nested_namespaces
 from tests.support.etcd_server import EtcdCluster
 
 
@@ -40,3 +41,16 @@ def test_ls_and_force_release_by_prefix(etcd_cluster: EtcdCluster, tmp_path: Pat
         assert result.returncode == 0, result.stderr
         assert json.loads(cli.run("ls", prefix, "--json").stdout) == []
         assert all(not lock.is_held() for lock in locks)
+
+
+def test_ls_and_prefix_release_of_an_outer_namespace_see_only_lock_keys(
+    etcd_cluster: EtcdCluster, tmp_path: Path
+) -> None:
+    with nested_namespaces(etcd_cluster) as outer:
+        cli = Cli(f"{etcd_cluster.url}?namespace={outer}", tmp_path)
+        listed = cli.run("ls", "--json")
+        assert listed.returncode == 0, listed.stderr
+        assert [state["key"] for state in json.loads(listed.stdout)] == [f"{INNER}a", f"{INNER}b"]
+        released = cli.run("force-release", "--prefix", INNER, "--yes")
+        assert released.returncode == 0, released.stderr
+        assert "released 2 key(s)" in released.stdout + released.stderr

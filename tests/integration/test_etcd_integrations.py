@@ -1,16 +1,26 @@
 """The rest of the library on an etcd cluster: the Flask extension configured with an
-``etcd://`` URL, and leader election with fenced terms."""
+``etcd://`` URL, leader election with fenced terms, RQ's ``enqueue_once`` with the locks on
+etcd, and the lock service's adoption over an etcd store."""
 
 from __future__ import annotations
 
+import os
 import uuid
+from pathlib import Path
+from typing import Any, Optional
 
 import lease_lock
+import pytest
 from flask import Flask, jsonify
 from lease_lock.backends.etcd import EtcdBackend
+from lease_lock.backends.http import HttpBackend
 from lease_lock.contrib.flask import LeaseLock, locker
+from lease_lock.contrib.rq import enqueue_once, job_locker
 
+from tests.integration.test_rq import WAIT, _fresh_queue, customer_job, start_workers
 from tests.support.etcd_server import EtcdCluster
+from tests.support.http_server import make_keys, start_serve, stop_serve
+from tests.support.polling import wait_until
 
 
 def test_the_flask_extension_locks_on_etcd(etcd_cluster: EtcdCluster) -> None:
@@ -65,3 +75,55 @@ def test_leadership_passes_with_a_larger_fence(etcd_cluster: EtcdCluster) -> Non
     finally:
         first.close()
         second.close()
+
+
+def test_enqueue_once_runs_one_job_per_key_with_its_locks_on_etcd(
+    etcd_cluster: EtcdCluster, redis_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The queue on Redis, the claims and the runs' locks on etcd (one LEASE_LOCK_URL for the
+    # sender and the worker): the worker's run adopts the claim in etcd.
+    monkeypatch.setenv("LEASE_LOCK_URL", etcd_cluster.url)
+    url = redis_server.url
+    client, flags, queue = _fresh_queue(url)
+    first = enqueue_once(queue, customer_job, 1, flags, url)
+    assert first is not None
+    assert getattr(enqueue_once(queue, customer_job, 1, flags, url), "id", None) == first.id
+    key = f"{customer_job.__module__}.customer_job"
+    workers = start_workers(url, flags, 1, dict(os.environ))
+    logs: list[Optional[str]] = []
+    try:
+        wait_until(lambda: client.llen(f"{flags}:started") == 1, "the job to start")
+        # The run holds the key under a token of its own; a duplicate still finds the job.
+        held = list(job_locker(client).list(key))
+        assert len(held) == 1
+        assert getattr(enqueue_once(queue, customer_job, 1, flags, url), "id", None) == first.id
+    finally:
+        client.rpush(f"{flags}:go", "1")
+        logs = [worker.communicate(timeout=WAIT)[0] for worker in workers]
+    assert first.return_value(refresh=True) == "ran 1", logs
+    assert not list(job_locker(client).list(key))
+    client.delete(f"{flags}:started", f"{flags}:go")
+    # This process's locker from LEASE_LOCK_URL goes with the variable: a later get builds anew.
+    job_locker(client).close()
+
+
+def test_the_service_adopts_a_claim_over_an_etcd_store(etcd_cluster: EtcdCluster, tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.toml"
+    keys = make_keys(keys_file)
+    process, url, _log = start_serve(tmp_path, etcd_cluster.url, keys_file)
+    client = HttpBackend(url, keys["alpha"])
+    try:
+        key = f"served-adopt-{uuid.uuid4().hex[:8]}"
+        claim, run, late = client.new_token(), client.new_token(), client.new_token()
+        assert client.acquire_fenced(key, claim, 30, "claim:1") is not None
+        claimed = client.inspect(key).fence
+        fence = client.adopt(key, claim, run, 30, "run:1")
+        assert fence is not None and claimed is not None and fence > claimed
+        assert client.is_held(key, run) and not client.is_held(key, claim)
+        assert client.inspect(key).owner == "run:1"
+        # A second delivery of the same claim finds it adopted.
+        assert client.adopt(key, claim, late, 30, "late:1") is None
+        assert client.release(key, run)
+    finally:
+        client.close()
+        stop_serve(process)

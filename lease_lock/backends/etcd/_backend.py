@@ -301,8 +301,8 @@ class EtcdBackend(ServiceStore):
 
     # -- calls ---------------------------------------------------------------------------------
 
-    def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self._client.call(path, body)
+    def _call(self, path: str, body: dict[str, Any], within: Optional[float] = None) -> dict[str, Any]:
+        return self._client.call(path, body, within)
 
     def _txn(
         self,
@@ -319,8 +319,8 @@ class EtcdBackend(ServiceStore):
             # election longer than the lease), or was revoked: nothing was written.
             raise _LeaseGone(f"etcd lease ran out before the write ({error})", backend="etcd") from error
 
-    def _grant(self, seconds: int) -> str:
-        answer = self._call("/v3/lease/grant", {"TTL": seconds})
+    def _grant(self, seconds: int, within: Optional[float] = None) -> str:
+        answer = self._call("/v3/lease/grant", {"TTL": seconds}, within)
         granted = int(answer.get("TTL") or seconds)
         if granted != seconds:
             self._granted[seconds] = granted
@@ -360,8 +360,8 @@ class EtcdBackend(ServiceStore):
             if len(self._holdings) > _HOLDINGS:
                 del self._holdings[next(iter(self._holdings))]
 
-    def _keepalive(self, leases: Sequence[str]) -> dict[str, int]:
-        return self._client.keepalive(leases)
+    def _keepalive(self, leases: Sequence[str], within: Optional[float] = None) -> dict[str, int]:
+        return self._client.keepalive(leases, within)
 
     def _remaining(self, lease: Optional[str]) -> Optional[float]:
         if not lease or lease == "0":
@@ -426,6 +426,71 @@ class EtcdBackend(ServiceStore):
             # Not settled: a line first followed now is known only from its next events on.
             follower.hold(name, token, fence_of(kv), int(kv["create_revision"]))
         return fence_of(kv)
+
+    def adopt(self, key: str, claim_token: str, token: str, ttl: float, owner: str) -> Optional[int]:
+        """Hand ``key`` from the claim ``claim_token`` to ``token`` (see
+        :meth:`~lease_lock.backends.base.Backend.adopt`).
+
+        Each decision is one transaction guarded by what it decides on: "the key is absent"
+        (then it is put on a new lease, its fence the write's revision), else "the key is as
+        read" (its ``mod_revision``): held by the claim, it is put on the new lease with
+        ``token``, ``owner`` and the claim's fence plus one in its value (as a hand-over does:
+        see ``_line``); held by ``token``, it moves to the new lease and keeps its fence. The
+        absent case's transaction reads the key when it finds it there, so a claim costs two
+        round trips; a guard that lost to another write decides again on what that write left.
+        """
+        seconds = lease_seconds(ttl)
+        name = self._name(key)
+        lease = self._lease_for(seconds)
+        while True:
+            try:
+                fence = self._adopt_once(name, claim_token, token, owner, lease)
+            except _LeaseGone:
+                lease = self._grant(seconds)  # it ran out before the write: nothing was written
+                continue
+            if fence is None:
+                # Held by another token: nothing went on the lease.
+                if not self._spares.keep(seconds, lease):
+                    self._revoke(lease)
+                return None
+            if fence > 0:
+                with self._holdings_mutex:
+                    self._holdings.pop((name, claim_token), None)
+                self._note_holding(name, token, lease)
+                return fence
+            # fence == 0: the key changed between the read and the guarded write; decide again.
+
+    def _adopt_once(self, name: bytes, claim_token: str, token: str, owner: str, lease: str) -> Optional[int]:
+        """One decision of :meth:`adopt` on ``lease``: the fence granted, ``None`` for another
+        holder, ``0`` when the key changed under the guard."""
+        value = token.encode() + b"\x00" + owner.encode()
+        answer = self._txn(
+            [{"key": b64(name), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
+            [{"request_put": {"key": b64(name), "value": b64(value), "lease": lease}}],
+            [{"request_range": {"key": b64(name)}}],
+        )
+        if answer.get("succeeded"):
+            return int(answer["header"]["revision"])
+        held = ranged(answer["responses"][0])
+        if not held:
+            return 0  # released since the transaction's compare
+        kv = held[0]
+        if holds(kv, claim_token):
+            fence = fence_of(kv) + 1
+            put = {"key": b64(name), "value": b64(value + b"\x00%d" % fence), "lease": lease, "prev_kv": True}
+        elif holds(kv, token):
+            fence = fence_of(kv)
+            put = {"key": b64(name), "lease": lease, "ignore_value": True, "prev_kv": True}
+        else:
+            return None
+        unchanged = {"key": b64(name), "target": "MOD", "result": "EQUAL", "mod_revision": kv["mod_revision"]}
+        answer = self._txn([unchanged], [{"request_put": put}])
+        if not answer.get("succeeded"):
+            return 0
+        previous = answer["responses"][0]["response_put"].get("prev_kv", {}).get("lease")
+        if previous != lease:
+            self._revoke(previous)
+        return fence
 
     def _take_on(
         self, name: bytes, token: str, value: str, seconds: int, ready: Optional[ReadyLease], also: list[dict[str, Any]]

@@ -19,6 +19,7 @@ import base64
 import json
 import random
 import threading
+import time
 from typing import Any, Iterator, Optional, Sequence
 
 import requests
@@ -87,7 +88,8 @@ class EtcdClient:
 
     ``endpoints`` are base URLs (``http://127.0.0.1:2379``); ``session`` carries TLS settings
     (``verify``, ``cert``) and pooling; ``timeout`` bounds each request's connect and each read
-    (half of it for keep-alives).
+    (half of it for keep-alives). A call given ``within`` seconds also ends by then, failing
+    over to the next member only while time is left.
     """
 
     def __init__(
@@ -133,13 +135,19 @@ class EtcdClient:
         error.__cause__ = cause
         return error
 
-    def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST ``body`` to ``path`` on the first member that serves it; its decoded answer."""
+    def call(self, path: str, body: dict[str, Any], within: Optional[float] = None) -> dict[str, Any]:
+        """POST ``body`` to ``path`` on the first member that serves it; its decoded answer.
+        With ``within``, the call ends by that many seconds from now."""
+        deadline = None if within is None else time.monotonic() + within
         last: Optional[BaseException] = None
         try:
             for endpoint in self.order():
+                timeout = _time_left(self.timeout, deadline)
+                if timeout <= 0:
+                    last = last or requests.Timeout(f"no time left for {path}")
+                    break
                 try:
-                    answer = self._call_one(endpoint, path, body)
+                    answer = self._call_one(endpoint, path, body, timeout)
                 except (requests.ConnectionError, requests.Timeout, _TryElsewhere) as error:
                     last = error
                     continue
@@ -165,14 +173,14 @@ class EtcdClient:
         answer = self._post(endpoint, "/v3/auth/authenticate", {"name": self._user, "password": self._password}, {})
         return str(answer["token"])
 
-    def _call_one(self, endpoint: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _call_one(self, endpoint: str, path: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
         try:
-            return self._post(endpoint, path, body, self._headers(endpoint))
+            return self._post(endpoint, path, body, self._headers(endpoint), timeout)
         except EtcdError as error:
             if error.code != _CODE_UNAUTHENTICATED or self._user is None:
                 raise
         # etcd forgot our token (it expired, or the member restarted): one more, once.
-        return self._post(endpoint, path, body, self._headers(endpoint, renew=True))
+        return self._post(endpoint, path, body, self._headers(endpoint, renew=True), timeout)
 
     def send(
         self, endpoint: str, path: str, data: str, headers: dict[str, str], timeout: Any, stream: bool = False
@@ -194,9 +202,11 @@ class EtcdClient:
         request = self.session.prepare_request(requests.Request("POST", endpoint + path, headers=headers, data=data))
         return self.session.send(request, timeout=timeout, stream=stream, **settings)
 
-    def _post(self, endpoint: str, path: str, body: Any, headers: dict[str, str]) -> dict[str, Any]:
+    def _post(
+        self, endpoint: str, path: str, body: Any, headers: dict[str, str], timeout: Optional[float] = None
+    ) -> dict[str, Any]:
         data = body if isinstance(body, str) else json.dumps(body)
-        return self._decode(self.send(endpoint, path, data, headers, self.timeout))
+        return self._decode(self.send(endpoint, path, data, headers, self.timeout if timeout is None else timeout))
 
     @staticmethod
     def _decode(response: requests.Response) -> dict[str, Any]:
@@ -218,26 +228,33 @@ class EtcdClient:
             raise EtcdError(message, code)
         return answer
 
-    def keepalive(self, leases: Sequence[str]) -> dict[str, int]:
+    def keepalive(self, leases: Sequence[str], within: Optional[float] = None) -> dict[str, int]:
         """Renew ``leases`` through one keep-alive stream per round; each lease's new TTL (0 for
-        a lease etcd no longer has).
+        a lease etcd no longer has). With ``within``, the call ends by that many seconds from now.
 
         The gateway may cut a stream's answers short once the request's body has ended (often
         after its first 4 KiB of answers), so the leases left unanswered go out again in another
         round. Renewing a lease twice is harmless; a round that answers nothing counts as a
         failure of that member.
         """
+        deadline = None if within is None else time.monotonic() + within
         left: dict[str, int] = {}
         pending = list(dict.fromkeys(leases))
         last: Optional[BaseException] = None
         failures = 0
         while pending:
+            # Half the timeout: a keep-alive is safe to repeat, and a member whose leader just
+            # died holds one until it learns of the next leader, while another member may
+            # already know it.
+            timeout = _time_left(self.timeout / 2, deadline)
+            if timeout <= 0:
+                raise self.unavailable(last or requests.Timeout("no time left for a keep-alive"))
             if failures >= len(self.endpoints):
                 assert last is not None
                 raise self.unavailable(last)
             endpoint = self.order()[0]
             try:
-                answers = self._keepalive_round(endpoint, pending)
+                answers = self._keepalive_round(endpoint, pending, timeout)
             except (requests.ConnectionError, requests.Timeout, _TryElsewhere) as error:
                 answers, last = {}, error
             if not answers:
@@ -250,13 +267,10 @@ class EtcdClient:
             pending = [lease for lease in pending if lease not in left]
         return left
 
-    def _keepalive_round(self, endpoint: str, leases: Sequence[str]) -> dict[str, int]:
+    def _keepalive_round(self, endpoint: str, leases: Sequence[str], timeout: float) -> dict[str, int]:
         body = "".join(json.dumps({"ID": lease}) for lease in leases)
         try:
-            # Half the timeout: a keep-alive is safe to repeat, and a member whose leader just
-            # died holds one until it learns of the next leader, while another member may
-            # already know it.
-            response = self.send(endpoint, "/v3/lease/keepalive", body, self._headers(endpoint), self.timeout / 2)
+            response = self.send(endpoint, "/v3/lease/keepalive", body, self._headers(endpoint), timeout)
         except EtcdError as error:
             if error.code != _CODE_UNAUTHENTICATED or self._user is None:
                 raise
@@ -304,6 +318,11 @@ class EtcdClient:
         for line in response.iter_lines(chunk_size=None):
             if line:
                 yield _decode_stream_message(line)
+
+
+def _time_left(timeout: float, deadline: Optional[float]) -> float:
+    """A request's timeout: ``timeout``, cut to what is left before ``deadline`` (if any)."""
+    return timeout if deadline is None else min(timeout, deadline - time.monotonic())
 
 
 def _decode_stream_message(line: bytes) -> dict[str, Any]:

@@ -8,7 +8,9 @@ retry, or the take after a release woke it) renews it with one keep-alive instea
 a new one: a refused attempt costs one transaction and one keep-alive instead of two more
 replicated writes, and a hand-off one commit fewer.
 
-Only a lease that *never* held a key is kept. A lease whose key was released, or moved to
+Only a lease that *never* held a key is kept, and never one that may have: a write on it whose
+answer was lost may have put a key on it, which the next lock's keep-alives would then keep
+held (such a lease is revoked, or left to run out). A lease whose key was released, or moved to
 another lease by a re-acquire, is revoked as before: the heartbeat reads a key's lease with a
 serializable read, which a lagging member may answer from before the release, and only a dead
 lease makes such a stale read fail instead of extending a lease that no longer holds the key.

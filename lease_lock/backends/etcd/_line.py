@@ -39,12 +39,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
 
 from ...errors import BackendUnavailableError
+from ..handoff import LineGrant
 from ..line import FREED, Freed, Handed, Joined, LineSlots, RefreshedLine
 from ._client import CODE_NOT_FOUND, EtcdClient, EtcdError, b64, prefix_end, unb64
 from ._watch import RESERVED, WatchStream
 
-__all__ = ["FOLLOWED_LINES", "LINE_MARK", "UNKNOWN", "EtcdLineWatcher", "EtcdWaitingLine", "LineCalls", "Unknown",
-           "fence_of", "holds", "line_prefix", "line_range", "owner_of", "ranged", "token_guard"]
+__all__ = ["FOLLOWED_LINES", "LEAST_WITHIN", "LINE_MARK", "UNKNOWN", "EtcdLineWatcher", "EtcdWaitingLine", "LineCalls",
+           "Unknown", "fence_of", "holds", "line_prefix", "line_range", "owner_of", "ranged", "token_guard"]
 
 #: What follows the namespace in the name of every place in line.
 LINE_MARK = RESERVED + b"line" + RESERVED
@@ -101,6 +102,10 @@ class Unknown(NamedTuple):
 UNKNOWN = Unknown()
 #: Lines followed at once, at most; past it the oldest is forgotten (its release reads etcd).
 FOLLOWED_LINES = 16_384
+#: The least time (seconds) a refresh inside a wait is given, however little of the wait is
+#: left: a healthy cluster answers in milliseconds (a commit included), and a refresh cut short
+#: would read as an outage. A wait ends at most this much past its seconds.
+LEAST_WITHIN = 0.25
 
 
 @dataclass
@@ -267,12 +272,13 @@ def ranged(response: dict[str, Any]) -> list[dict[str, Any]]:
 class LineCalls(NamedTuple):
     """What the backend lends a waiting line."""
 
-    #: POST a request to the cluster (``EtcdClient.call``).
-    call: Callable[[str, dict[str, Any]], dict[str, Any]]
-    #: Renew leases: each one's new TTL (``EtcdClient.keepalive``).
-    keepalive: Callable[[Sequence[str]], dict[str, int]]
-    #: Grant a lease of so many seconds; its ID.
-    grant: Callable[[int], str]
+    #: POST a request to the cluster, within so many seconds if not ``None`` (``EtcdClient.call``).
+    call: Callable[[str, dict[str, Any], Optional[float]], dict[str, Any]]
+    #: Renew leases, within so many seconds if not ``None``: each one's new TTL
+    #: (``EtcdClient.keepalive``).
+    keepalive: Callable[[Sequence[str], Optional[float]], dict[str, int]]
+    #: Grant a lease of so many seconds, within so many seconds if not ``None``; its ID.
+    grant: Callable[[int, Optional[float]], str]
     #: The lease the waiter's key is on now, for a release by revoke.
     note_holding: Callable[[str], None]
     #: Release the key the waiter's token holds (to the next place in line).
@@ -329,6 +335,11 @@ class EtcdWaitingLine(RefreshedLine):
         self._full_lease: Optional[str] = None
         #: Whether a key handed over is on the claim lease (then it is not revoked on leaving).
         self._claim_holds_key = False
+        #: When (``time.monotonic()``) the current wait ends; ``None`` outside a wait.
+        self._until: Optional[float] = None
+        #: Whether the store left the latest join unanswered (an attempt whose answer was lost
+        #: may have put the key on the full lease; see _quit and _done).
+        self._unanswered = False
         #: What the watcher told: the revision of the latest join, of a put handing the key to
         #: this waiter (and its fence), of the key going free.
         self._events = threading.Condition()
@@ -354,13 +365,35 @@ class EtcdWaitingLine(RefreshedLine):
 
     # -- RefreshedLine ---------------------------------------------------------------------------
 
+    def wait(self, seconds: float) -> Optional[LineGrant]:
+        """See :meth:`~lease_lock.backends.handoff.WaitingLine.wait`. A refresh that falls due
+        in the wait ends with it (or :data:`LEAST_WITHIN` later), so a silent member holds the
+        waiter no longer than the seconds given, instead of a request timeout per member."""
+        self._until = time.monotonic() + seconds
+        try:
+            return super().wait(seconds)
+        finally:
+            self._until = None
+
+    def _within(self) -> Optional[float]:
+        """The seconds a request may take now: ``None`` (the client's timeouts) outside a wait."""
+        if self._until is None:
+            return None
+        return max(self._until - time.monotonic(), LEAST_WITHIN)
+
     def _join(self, sent: float) -> Joined:
+        self._unanswered = True
+        joined = self._take_or_queue(sent)
+        self._unanswered = False
+        return joined
+
+    def _take_or_queue(self, sent: float) -> Joined:
         if not self._watching:
             # Before the first request: every event after the join's revision reaches the line.
             self._watcher.add(self._name, self)
             self._watcher.expect(self._name, self._place)
             self._watching = True
-            if not self._watcher.wait_active(self._calls.timeout):
+            if not self._watcher.wait_active(min(self._calls.timeout, self._within() or math.inf)):
                 raise BackendUnavailableError("the etcd line watch was not confirmed in time", backend="etcd")
         self._claim_holds_key = False
         self._renew(sent)
@@ -393,11 +426,11 @@ class EtcdWaitingLine(RefreshedLine):
     def _renew(self, sent: float) -> None:
         """Renew the claim lease and the full one in one keep-alive request; grant what is gone."""
         leases = [lease for lease in (self._claim_lease, self._full_lease) if lease is not None]
-        left = self._calls.keepalive(leases) if leases else {}
+        left = self._calls.keepalive(leases, self._within()) if leases else {}
         if self._claim_lease is None or left.get(self._claim_lease, 0) <= 0:
-            self._claim_lease = self._calls.grant(self._claim_seconds)
+            self._claim_lease = self._calls.grant(self._claim_seconds, self._within())
         if self._full_lease is None or left.get(self._full_lease, 0) < self._seconds:
-            self._full_lease = self._calls.grant(self._seconds)
+            self._full_lease = self._calls.grant(self._seconds, self._within())
         self._claim_sent = sent
 
     def _attempt(self) -> dict[str, Any]:
@@ -425,7 +458,7 @@ class EtcdWaitingLine(RefreshedLine):
                     self._line_range,
                 ],
             }}],
-        })
+        }, self._within())
 
     def _took(self, fence: int, create: int) -> Joined:
         assert self._full_lease is not None
@@ -455,6 +488,12 @@ class EtcdWaitingLine(RefreshedLine):
                 self._events.wait(left)
 
     def _quit(self) -> None:
+        if self._unanswered:
+            # Another request would hold the waiter up to a request timeout per member past its
+            # wait. Its leases go instead, in the background (see _done): the claim lease with
+            # the place and any key handed to it, which this waiter gives up.
+            self._claim_holds_key = False
+            return
         answer = self._calls.call("/v3/kv/txn", {
             "compare": [],
             "success": [
@@ -462,7 +501,7 @@ class EtcdWaitingLine(RefreshedLine):
                 {"request_range": {"key": b64(self._name)}},
             ],
             "failure": [],
-        })
+        }, None)
         kvs = answer["responses"][1]["response_range"].get("kvs", [])
         if kvs and holds(kvs[0], self._token):
             # Handed over while the waiter was leaving: on to the next place in line.
@@ -475,9 +514,26 @@ class EtcdWaitingLine(RefreshedLine):
             self._watcher.forget(self._name, self._place)
             self._watching = False
         claim, self._claim_lease = self._claim_lease, None
-        if claim is not None and not self._claim_holds_key:
-            with contextlib.suppress(Exception):
-                self._calls.revoke(claim)
         full, self._full_lease = self._full_lease, None
-        if full is not None:
+        # A claim lease that holds a key this waiter was granted is its lock's lease now.
+        leases = [claim] if claim is not None and not self._claim_holds_key else []
+        if full is not None and self._unanswered:
+            # The latest join went unanswered: an attempt may have put the key on the full
+            # lease, this waiter's though it never heard. As a spare, the next lock's
+            # keep-alives would keep that key held as long as that lock; revoked, it gives
+            # such a key back, and if the revoke fails too, nothing renews it and it runs out
+            # within its length.
+            leases.append(full)
+        elif full is not None:
             self._calls.keep_spare(self._seconds, full)
+        if leases and self._unanswered:
+            # Off the waiter's thread: the store did not answer its latest request, and each
+            # revoke could hold the waiter a request timeout per member past its wait.
+            threading.Thread(target=self._revoke_all, args=(leases,), name="lease-lock-etcd-leave", daemon=True).start()
+        elif leases:
+            self._revoke_all(leases)
+
+    def _revoke_all(self, leases: list[str]) -> None:
+        for lease in leases:
+            with contextlib.suppress(Exception):  # best effort: a lease left behind runs out
+                self._calls.revoke(lease)

@@ -10,8 +10,10 @@ serves every key its locker waits for, and a release, a force release and an exp
 as the same ``DELETE`` event.
 
 Names in the namespace that start with a NUL byte after it are not lock keys (lock keys contain
-no NUL): the hand-off queues live there, and with an empty namespace the rate counters too.
-:func:`lock_key` tells them apart.
+no NUL): the hand-off queues and lines live there, and with an empty namespace the rate counters
+too. A namespace nested in another (``locks/eu/`` in ``locks/``) puts its own there, which the
+outer one sees with a NUL further in. :func:`lock_key` tells them all apart: any NUL after the
+namespace makes a name no lock key.
 """
 
 from __future__ import annotations
@@ -40,9 +42,10 @@ RESERVED = b"\x00"
 
 def lock_key(prefix: bytes, name: bytes) -> Optional[bytes]:
     """The lock key (encoded) that ``name`` under ``prefix`` is, or ``None`` for a name of the
-    namespace that is no lock (a hand-off queue entry, a rate counter)."""
+    namespace that is no lock (a place in line, a queue entry or a rate counter, of this
+    namespace or of one nested in it)."""
     rest = name[len(prefix):]
-    return None if rest.startswith(RESERVED) else rest
+    return None if RESERVED in rest else rest
 
 
 class WatchStream(abc.ABC):
