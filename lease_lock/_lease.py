@@ -19,7 +19,7 @@ import math
 import threading
 import time
 import weakref
-from typing import Any, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 from .backends.base import Backend
 from .backends.service import request_id_scope
@@ -30,6 +30,9 @@ from .lease import give_back, local_end
 from .options import LockOptions, check_extend_interval, check_request_id
 from .retry import Retry
 from .validation import check_cancel, check_ttl, describe_token
+
+if TYPE_CHECKING:
+    from .reentry import ThreadHolds
 
 __all__ = ["WAIT_SLICE", "Hold", "Lease", "LockHost", "LossSignal", "wait_for_loss"]
 #: The longest real-time wait before the clock is read again (waits are sliced so that an
@@ -94,6 +97,10 @@ class LockHost(Protocol):
 
     def forget(self, lease: Lease) -> None:
         """``lease`` was released or lost."""
+
+    @property
+    def holds(self) -> ThreadHolds:
+        """The locks held, which also keep the handles that joined one (see :meth:`Lease.joined`)."""
 
 
 class LossSignal(threading.Event):
@@ -385,6 +392,12 @@ class Lease(Hold):
                 return False
             self._holds += 1
         return True
+
+    def joined(self, handle: object, hold: Hold) -> None:
+        """Library side: ``handle`` (a :class:`~lease_lock.Lock`) joined this lease with ``hold``;
+        collected before ``hold`` lets go, it is given back like a dropped lock (the library
+        thread lets go of its hold)."""
+        self._host.holds.joined(handle, hold, self)
 
     def stop_acquiring(self) -> None:
         """Library side: the acquisition this lock was in has ended, granted or not."""

@@ -71,7 +71,7 @@ def acquire_or_raise(lock: Lock, options: LockOptions) -> None:
     ``LockHeldError`` on contention."""
     lease = lock._lease.acquire(options, raise_on_contention=True)
     assert lease is not None
-    lock._lease = lease
+    lock._took(lease)
 
 
 def give_up(block: GuardedBlock) -> None:
@@ -191,8 +191,15 @@ class Lock(GuardedBlock):
         lease = self._lease.acquire(options, raise_on_contention=False)
         if lease is None:
             return False
-        self._lease = lease
+        self._took(lease)
         return True
+
+    def _took(self, lease: Lease) -> None:
+        """Go on with ``lease``, granted to this lock or, by a re-entrant acquire, joined."""
+        if lease is not self._lease:
+            # Joined: a handle dropped without releasing must still let go of its hold.
+            lease.joined(self, self._hold)
+            self._lease = lease
 
     def release(self, *, request_id: Optional[str] = None) -> bool:
         """Give the key back. ``True`` when it deleted our key.
@@ -255,7 +262,7 @@ class Lock(GuardedBlock):
     # -- context manager and outcome order -----------------------------------------------------
 
     def __enter__(self) -> Lock:
-        self._lease = self._lease.enter()
+        self._took(self._lease.enter())
         return self
 
     def __exit__(self, exc_type: object, exc: Optional[BaseException], traceback: object) -> None:
