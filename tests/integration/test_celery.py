@@ -26,8 +26,8 @@ import redis
 from celery import Celery, signals
 from celery.contrib.testing.worker import start_worker
 from lease_lock import Backend, Locker, LockState, MemoryBackend, ValidationError
-from lease_lock.contrib.celery import AlreadyQueued, SingletonTask, broker_lock_url, check_settings, task_locker
 from lease_lock.backends.http import HttpBackend
+from lease_lock.contrib.celery import AlreadyQueued, SingletonTask, broker_lock_url, check_settings, task_locker
 from lease_lock.server import create_app
 from lease_lock.testing import BackendContract
 
