@@ -27,7 +27,8 @@ re-entrant handle collected while it shares a lease queues letting go of its hol
 
 The thread waits on a condition with a timeout in bounded slices that re-read the clock, never in
 one long sleep, so an injected clock (tests) or a pause found by the clock is honoured promptly.
-Tests can also call :meth:`Heartbeat.run_due` to do the due work on their own thread.
+A heartbeat that is not ``threaded`` (``Locker(heartbeat_thread=False)``) starts no thread: its
+owner calls :meth:`Heartbeat.run_due` to do the due work on a thread of its own.
 """
 
 from __future__ import annotations
@@ -158,7 +159,13 @@ _Entry = tuple[float, int, Timer]
 
 
 class Heartbeat:
-    """Timer lanes and heap plus the daemon thread that serves them; started on first use."""
+    """Timer lanes and heap plus the daemon thread that serves them; started on first use.
+
+    ``threaded`` is set to ``False`` (before any lock is scheduled) for a heartbeat whose owner
+    calls :meth:`run_due` itself: no thread is started then."""
+
+    #: Whether a thread of its own serves the timers (see the class docstring).
+    threaded = True
 
     def __init__(self, backend: Backend, clock: Callable[[], float], name: str = "lease-lock-heartbeat") -> None:
         self._backend = backend
@@ -229,6 +236,8 @@ class Heartbeat:
 
     def _start_thread(self) -> None:
         # Called with the mutex held, while no thread runs.
+        if not self.threaded:
+            return
         self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
         self._thread.start()
 
