@@ -888,7 +888,8 @@ def acquire_or_raise(lock: Lock, options: LockOptions) -> None:
     ``LockHeldError`` on contention."""
     lease = lock._lease.acquire(options, raise_on_contention=True)
     assert lease is not None
-    lock._took(lease)
+    if lease is not lock._lease:
+        lock._joined(lease)
 
 
 def give_up(block: GuardedBlock) -> None:
@@ -1010,15 +1011,16 @@ class Lock(GuardedBlock):
         lease = self._lease.acquire(options, raise_on_contention=False)
         if lease is None:
             return False
-        self._took(lease)
+        if lease is not self._lease:
+            self._joined(lease)
         return True
 
-    def _took(self, lease: Lease) -> None:
-        """Go on with ``lease``, granted to this lock or, by a re-entrant acquire, joined."""
-        if lease is not self._lease:
-            # Joined: a handle dropped without releasing must still let go of its hold.
-            lease.joined(self, self._hold)
-            self._lease = lease
+    def _joined(self, lease: Lease) -> None:
+        """Go on with ``lease``, which a re-entrant acquire joined (the usual grant is checked
+        for without a call: it is the lease this handle already has)."""
+        # A handle dropped without releasing must still let go of its hold.
+        lease.joined(self, self._hold)
+        self._lease = lease
 
     def release(self, *, request_id: Optional[str] = None) -> bool:
         """Give the key back. ``True`` when it deleted our key.
@@ -1081,7 +1083,9 @@ class Lock(GuardedBlock):
     # -- context manager and outcome order -----------------------------------------------------
 
     def __enter__(self) -> Lock:
-        self._took(self._lease.enter())
+        lease = self._lease.enter()
+        if lease is not self._lease:
+            self._joined(lease)
         return self
 
     def __exit__(self, exc_type: object, exc: Optional[BaseException], traceback: object) -> None:

@@ -30,7 +30,7 @@ from .errors import LockHeldError
 if TYPE_CHECKING:
     from ._lease import Hold, Lease
 
-__all__ = ["ThreadHolds"]
+__all__ = ["Dropped", "ThreadHolds"]
 
 #: Size at which entries of collected locks are first swept.
 _FIRST_SWEEP = 1024

@@ -618,6 +618,30 @@ def test_a_service_whose_store_cannot_adopt_is_refused_before_anything_is_claime
             locker.backend.close()
 
 
+def test_a_service_whose_store_can_adopt_takes_the_claim(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.toml"
+    keys = make_keys(keys_file)
+    store = MemoryBackend()
+    with ThreadedServer(create_app(store, keys_file)) as server:
+        other = Celery("service-adopts", broker="memory://")
+        other.conf.lease_lock_locker = locker = Locker(HttpBackend(server.url, keys["alpha"]))
+        try:
+
+            def job(customer_id: int) -> None:
+                """Sent, never run."""
+
+            name = f"adopts-{uuid.uuid4().hex}"
+            task = other.task(
+                base=SingletonTask, lock_on_enqueue=True, lock_key="customer:{customer_id}", name=name, shared=False
+            )(job)
+            first = task.delay(1)
+            assert task.delay(1).id == first.id, "a duplicate answers with the claimed call's id"
+            assert locker.get("customer:1").held
+        finally:
+            locker.close()
+            locker.backend.close()
+
+
 def test_a_claimed_task_retried_at_once_runs_its_retry(thread_worker: None) -> None:
     # The retry message is sent only once the run has given the key back and claimed it for
     # the retry: sent from inside retry(), it would meet the run still holding the key.
