@@ -6,17 +6,13 @@ import os
 from typing import TYPE_CHECKING, Any, Optional
 
 from .errors import ValidationError
+from .options import LOCKER_OPTIONS, check_locker_options
 from .validation import unknown_option_error
 
 if TYPE_CHECKING:
     from .locker import Locker
 
-__all__ = ["LOCKER_OPTIONS", "connect", "default_url"]
-
-#: Options of ``connect()`` that go to the ``Locker``; all others go to the backend.
-LOCKER_OPTIONS = frozenset(
-    {"ttl", "max_hold", "retry", "key_prefix", "fencing", "owner", "on_event", "clock", "token_factory", "reentrant"}
-)
+__all__ = ["LOCKER_OPTIONS", "check_locker_options", "connect", "default_url"]
 
 
 def default_url() -> str:
@@ -48,7 +44,7 @@ def connect(url: Optional[str] = None, **options: Any) -> Locker:
     locker_options = {name: options.pop(name) for name in list(options) if name in LOCKER_OPTIONS}
     # Check the Locker's settings first: a bad one must fail before the backend connects or
     # creates anything.
-    Locker.check_settings(**locker_options)
+    check_locker_options(**locker_options)
     url = url or default_url()
     try:
         backend = backend_from_url(url, **options)
@@ -62,9 +58,7 @@ def connect(url: Optional[str] = None, **options: Any) -> Locker:
         listing = f"Locker options {', '.join(sorted(LOCKER_OPTIONS))}; {scheme} options {', '.join(known) or 'none'}"
         raise unknown_option_error("connect()", unknown, {*LOCKER_OPTIONS, *known}, listing=listing) from None
     try:
-        locker = Locker(backend, **locker_options)
+        return Locker(backend, owns_backend=True, **locker_options)
     except BaseException:
         backend.close()
         raise
-    locker.owns_backend = True
-    return locker

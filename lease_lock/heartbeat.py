@@ -22,11 +22,13 @@ before that and never costs a timer.
 
 A lock that is garbage-collected while held cannot be released by its owner: its collection
 only queues its key and token here (see :meth:`Heartbeat.give_back_dropped`) and wakes the
-thread, which gives the lease back on its own time, never inside the garbage collector.
+thread, which gives the lease back on its own time, never inside the garbage collector. A
+re-entrant handle collected while it shares a lease queues letting go of its hold the same way.
 
 The thread waits on a condition with a timeout in bounded slices that re-read the clock, never in
 one long sleep, so an injected clock (tests) or a pause found by the clock is honoured promptly.
-Tests can also call :meth:`Heartbeat.run_due` to do the due work on their own thread.
+A heartbeat that is not ``threaded`` (``Locker(heartbeat_thread=False)``) starts no thread: its
+owner calls :meth:`Heartbeat.run_due` to do the due work on a thread of its own.
 """
 
 from __future__ import annotations
@@ -157,7 +159,13 @@ _Entry = tuple[float, int, Timer]
 
 
 class Heartbeat:
-    """Timer lanes and heap plus the daemon thread that serves them; started on first use."""
+    """Timer lanes and heap plus the daemon thread that serves them; started on first use.
+
+    ``threaded`` is set to ``False`` (before any lock is scheduled) for a heartbeat whose owner
+    calls :meth:`run_due` itself: no thread is started then."""
+
+    #: Whether a thread of its own serves the timers (see the class docstring).
+    threaded = True
 
     def __init__(self, backend: Backend, clock: Callable[[], float], name: str = "lease-lock-heartbeat") -> None:
         self._backend = backend
@@ -179,9 +187,10 @@ class Heartbeat:
         #: delays a compaction), and the count that triggers the next one.
         self._cancelled = 0
         self._compact_at = _COMPACT_AFTER
-        # (key, token) of leases whose lock was collected while held (see give_back_dropped):
-        # appended by the collector, popped by whichever library thread gives them back.
-        self._dropped: deque[tuple[str, str]] = deque()
+        # (key, token, let_go) of leases whose lock was collected while held (see
+        # give_back_dropped): appended by the collector, popped by whichever library thread
+        # gives them back.
+        self._dropped: deque[tuple[str, str, Optional[Callable[[], object]]]] = deque()
         self._thread: Optional[threading.Thread] = None
         self._stopped = False
         #: Clock time the thread sleeps until (-inf while it is awake and will look again).
@@ -227,6 +236,8 @@ class Heartbeat:
 
     def _start_thread(self) -> None:
         # Called with the mutex held, while no thread runs.
+        if not self.threaded:
+            return
         self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
         self._thread.start()
 
@@ -269,13 +280,15 @@ class Heartbeat:
             if lock is not None:
                 lock.heartbeat_arrived()
 
-    def give_back_dropped(self, key: str, token: str) -> None:
+    def give_back_dropped(self, key: str, token: str, let_go: Optional[Callable[[], object]] = None) -> None:
         """Library side, safe inside the garbage collector: the lock holding ``key`` with
-        ``token`` was collected while held; queue its lease to be given back by the thread.
+        ``token`` was collected while held; queue its lease to be given back by the thread
+        (``let_go()`` is called instead for a handle that shared the lease with other holds:
+        it gives the key back only if that hold was the last).
 
         Nothing here blocks or reaches the store: the pair is queued, and the thread is woken
         only when its mutex is free at once (otherwise it finds the queue within a slice)."""
-        self._dropped.append((key, token))
+        self._dropped.append((key, token, let_go))
         if self._mutex.acquire(blocking=False):
             try:
                 self._condition.notify()
@@ -290,12 +303,15 @@ class Heartbeat:
         count = 0
         while dropped:
             try:
-                key, token = dropped.popleft()
+                key, token, let_go = dropped.popleft()
             except IndexError:
                 break
             count += 1
             try:
-                self._backend.release(key, token)
+                if let_go is None:
+                    self._backend.release(key, token)
+                else:
+                    let_go()
             except Exception:  # noqa: BLE001 - the lease runs out on its own; keep serving the rest
                 logger.warning("giving back the lease of dropped lock %r failed", key, exc_info=True)
         return count

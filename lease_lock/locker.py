@@ -22,15 +22,15 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVar, Union, cast
 
+from ._lease import Lock, acquire_or_raise, give_up, run_guarded
 from .acquisition import Acquisition
 from .backends.base import Backend, LockState
 from .backends.service import request_id_scope
 from .clock import LeaseClock
 from .errors import LockHeldError, LockLostError, ValidationError
-from .events import EventHook, combine
+from .events import EventHook
 from .heartbeat import Heartbeat
 from .leadership import Leadership
-from .lock import Lock, acquire_or_raise, give_up, run_guarded
 from .lockset import LockSet
 from .options import (
     LOCK_OPTIONS,
@@ -38,19 +38,13 @@ from .options import (
     LockOptions,
     Seconds,
     check_extend_interval,
+    check_locker_options,
     check_request_id,
     given_options,
     lock_options,
 )
 from .retry import DEFAULT_RETRY, Retry
-from .validation import (
-    check_bool,
-    check_duration,
-    check_key,
-    check_owner,
-    check_token,
-    check_ttl,
-)
+from .validation import check_bool, check_key, check_token, check_ttl
 from .waiting import ReleaseDispatcher
 
 __all__ = ["Locker"]
@@ -104,11 +98,13 @@ class _Resources:
     """What a locker must free when it is closed or dropped: everything but the locker itself,
     so that a finalizer can hold it without keeping the locker alive."""
 
-    def __init__(self, heartbeat: Heartbeat, dispatcher: ReleaseDispatcher, backend: Backend) -> None:
+    def __init__(
+        self, heartbeat: Heartbeat, dispatcher: ReleaseDispatcher, backend: Backend, owns_backend: bool
+    ) -> None:
         self.heartbeat = heartbeat
         self.dispatcher = dispatcher
         self.backend = backend
-        self.owns_backend = False
+        self.owns_backend = owns_backend
 
     @property
     def holds_anything(self) -> bool:
@@ -155,6 +151,12 @@ class Locker:
     backend's preferred form); ``reentrant=True`` makes a nested acquire of a key that the same
     thread already holds through this locker join that hold instead of contending with it (also
     a per-call option; see :meth:`acquire`).
+
+    ``heartbeat_thread=False`` runs no heartbeat thread: the program does the heartbeat's work
+    itself by calling :meth:`run_heartbeat`, on its own schedule (an injected ``clock``'s tests
+    move time and then call it; an event loop calls it at least every third of the shortest TTL).
+    ``owns_backend=True`` makes :meth:`close` (or dropping the locker) close ``backend`` too, as a
+    locker from :func:`~lease_lock.connect` does with the backend it built.
     """
 
     def __init__(
@@ -171,11 +173,15 @@ class Locker:
         clock: Optional[Callable[[], float]] = None,
         token_factory: Optional[Callable[[], str]] = None,
         reentrant: bool = False,
+        heartbeat_thread: bool = True,
+        owns_backend: bool = False,
     ) -> None:
-        settings = self.check_settings(
+        settings = check_locker_options(
             ttl=ttl, max_hold=max_hold, retry=retry, key_prefix=key_prefix, fencing=fencing,
             owner=owner, on_event=on_event, clock=clock, token_factory=token_factory, reentrant=reentrant,
+            heartbeat_thread=heartbeat_thread,
         )
+        check_bool(owns_backend, "owns_backend")
         if not isinstance(backend, Backend):
             raise ValidationError(f"backend must be a lease_lock Backend, not {type(backend).__name__}")
         if settings["fencing"] and not backend.capabilities.fencing:
@@ -202,24 +208,16 @@ class Locker:
             on_event=settings.get("on_event"),
         )
         self._heartbeat = self._acquisition.heartbeat
+        # Set before any lock exists: the thread starts with the first lock to look after.
+        self._heartbeat.threaded = settings["heartbeat_thread"]
         self._dispatcher = self._acquisition.dispatcher
-        self._resources = _Resources(self._heartbeat, self._dispatcher, backend)
+        self._resources = _Resources(self._heartbeat, self._dispatcher, backend, owns_backend)
         # Holds the resources, never the locker: the heartbeat thread, the watcher and the
         # backend do not keep a dropped locker alive, and dropping it frees them.
         self._finalizer = weakref.finalize(self, _dropped, self._resources, repr(self))
         # Like an unclosed file, a locker still open when the interpreter exits is not reported.
         self._finalizer.atexit = False  # type: ignore[misc,unused-ignore]  # typeshed for 3.9 lists no atexit slot
         _LOCKERS.add(self)
-
-    @property
-    def owns_backend(self) -> bool:
-        """Whether :meth:`close` (or dropping the locker) closes the backend too (``connect()``
-        sets it for the backend it made)."""
-        return self._resources.owns_backend
-
-    @owns_backend.setter
-    def owns_backend(self, owns: bool) -> None:
-        self._resources.owns_backend = owns
 
     @property
     def max_hold(self) -> float:
@@ -246,43 +244,6 @@ class Locker:
         """Whether a nested acquire by the holding thread joins its hold by default."""
         return self._acquisition.reentrant
 
-    @staticmethod
-    def check_settings(**settings: Any) -> dict[str, Any]:
-        """Validate ``Locker`` keyword settings without building anything (``connect()`` uses
-        this so that bad settings fail before a backend is created)."""
-        known = {
-            "ttl", "max_hold", "retry", "key_prefix", "fencing", "owner", "on_event", "clock", "token_factory",
-            "reentrant",
-        }
-        unknown = set(settings) - known
-        if unknown:
-            raise ValidationError(f"unknown Locker option(s): {', '.join(sorted(unknown))}")
-        checked = dict(settings)
-        checked["ttl"] = check_ttl(settings.get("ttl", 30.0))
-        checked["max_hold"] = check_duration(settings.get("max_hold", 3600.0), "max_hold", allow_inf=True)
-        retry = settings.get("retry")
-        if retry is not None and not isinstance(retry, Retry):
-            raise ValidationError(f"retry must be a lease_lock.Retry, not {type(retry).__name__}")
-        prefix = settings.get("key_prefix", "")
-        if not isinstance(prefix, str):
-            raise ValidationError(f"key_prefix must be a str, not {type(prefix).__name__}")
-        if prefix:
-            check_key(prefix, "key_prefix")
-        checked["fencing"] = check_bool(settings.get("fencing", False), "fencing")
-        checked["reentrant"] = check_bool(settings.get("reentrant", False), "reentrant")
-        if settings.get("owner") is not None:
-            check_owner(settings["owner"])
-        if isinstance(settings.get("on_event"), (list, tuple)):
-            # A list of hooks: each receives every event (see events.combine).
-            checked["on_event"] = combine(settings["on_event"])
-        for name in ("clock", "token_factory"):
-            value = settings.get(name)
-            if value is not None and not callable(value):
-                raise ValidationError(f"{name} must be callable")
-        if checked.get("on_event") is not None and not callable(checked["on_event"]):
-            raise ValidationError("on_event must be callable or a list of callables")
-        return checked
-
     # -- plumbing ------------------------------------------------------------------------------
 
     @property
@@ -290,10 +251,14 @@ class Locker:
         """The backend this locker uses."""
         return self._backend
 
-    @property
-    def heartbeat(self) -> Heartbeat:
-        """The heartbeat serving this locker's locks (``run_due()`` is handy in tests)."""
-        return self._heartbeat
+    def run_heartbeat(self) -> int:
+        """Do the heartbeat's due work now, on the calling thread: extend the leases whose
+        extension is due on the lease clock, report the ones that ran out, and give back the
+        leases of locks dropped while held. Returns how many lock timers fell due.
+
+        A locker built with ``heartbeat_thread=False`` relies on it; with the thread it is
+        never needed (calling it anyway is harmless)."""
+        return self._heartbeat.run_due()
 
     @property
     def closed(self) -> bool:
@@ -667,7 +632,7 @@ class Locker:
             lock.locker_closed()
         # Locks collected while held whose leases the heartbeat had not given back yet.
         self._acquisition.release_dropped()
-        if self.owns_backend:
+        if self._resources.owns_backend:
             self._backend.close()
         _LOCKERS.discard(self)
 

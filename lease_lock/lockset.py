@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Optional, TypeVar
 
+from ._lease import GuardedBlock, Lock, give_up, lost_cause, on_loss, wait_for_loss
 from .errors import LockLostError, LockStateError
-from .lock import GuardedBlock, Lock, give_up, wait_for_loss
 
 _Result = TypeVar("_Result")
 
@@ -24,7 +24,7 @@ class SetLossSignal(threading.Event):
         super().__init__()
         self._locks = locks
         for lock in locks:
-            lock.on_loss(self._member_lost)
+            on_loss(lock, self._member_lost)
 
     def _member_lost(self) -> None:
         super().set()
@@ -135,7 +135,7 @@ class LockSet(GuardedBlock):
             return
         raise LockLostError(
             lost.key, lost.lost_reason or "release", completed=True, result=result
-        ) from lost.lost_cause
+        ) from lost_cause(lost)
 
     def __repr__(self) -> str:
         return f"<LockSet keys={list(self.keys)!r} state={self.state}>"

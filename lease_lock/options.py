@@ -14,27 +14,77 @@ from operator import itemgetter
 from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
 from .errors import ValidationError
+from .events import combine
 from .retry import Retry
 from .validation import (
     check_bool,
     check_cancel,
     check_duration,
+    check_key,
     check_optional_duration,
+    check_owner,
     check_token,
+    check_ttl,
     unknown_option_error,
 )
 
 __all__ = [
+    "LOCKER_OPTIONS",
     "LOCK_OPTIONS",
     "NOT_GIVEN",
     "OPTION_DEFAULTS",
     "LockOptions",
     "Seconds",
     "check_extend_interval",
+    "check_locker_options",
     "check_request_id",
     "given_options",
     "lock_options",
 ]
+
+#: The ``Locker``'s settings that a URL's caller may give (``connect()`` passes these to the
+#: ``Locker`` and every other option to the backend; ``owns_backend`` is ``connect()``'s own).
+LOCKER_OPTIONS = frozenset(
+    {
+        "ttl", "max_hold", "retry", "key_prefix", "fencing", "owner", "on_event", "clock", "token_factory", "reentrant",
+        "heartbeat_thread",
+    }
+)
+
+
+def check_locker_options(**options: Any) -> dict[str, Any]:
+    """Validate ``Locker`` settings (those of :data:`LOCKER_OPTIONS`) without building anything,
+    so that a bad one fails before a backend is created: the settings, with ``ttl`` and
+    ``max_hold`` in seconds and a list of ``on_event`` hooks combined into one."""
+    unknown = set(options) - LOCKER_OPTIONS
+    if unknown:
+        raise ValidationError(f"unknown Locker option(s): {', '.join(sorted(unknown))}")
+    checked = dict(options)
+    checked["ttl"] = check_ttl(options.get("ttl", 30.0))
+    checked["max_hold"] = check_duration(options.get("max_hold", 3600.0), "max_hold", allow_inf=True)
+    retry = options.get("retry")
+    if retry is not None and not isinstance(retry, Retry):
+        raise ValidationError(f"retry must be a lease_lock.Retry, not {type(retry).__name__}")
+    prefix = options.get("key_prefix", "")
+    if not isinstance(prefix, str):
+        raise ValidationError(f"key_prefix must be a str, not {type(prefix).__name__}")
+    if prefix:
+        check_key(prefix, "key_prefix")
+    for flag, default in (("fencing", False), ("reentrant", False), ("heartbeat_thread", True)):
+        checked[flag] = check_bool(options.get(flag, default), flag)
+    if options.get("owner") is not None:
+        check_owner(options["owner"])
+    if isinstance(options.get("on_event"), (list, tuple)):
+        # A list of hooks: each receives every event (see events.combine).
+        checked["on_event"] = combine(options["on_event"])
+    for name in ("clock", "token_factory"):
+        value = options.get(name)
+        if value is not None and not callable(value):
+            raise ValidationError(f"{name} must be callable")
+    if checked.get("on_event") is not None and not callable(checked["on_event"]):
+        raise ValidationError("on_event must be callable or a list of callables")
+    return checked
+
 
 #: A duration option's type: seconds, or a ``timedelta``.
 Seconds = Union[float, timedelta]

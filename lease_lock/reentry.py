@@ -6,7 +6,9 @@ A :class:`ThreadHolds` keeps every granted lock under a weak reference, so that 
 while held is collected (and stops being extended). Its collection is reported: the reference's
 callback, which runs inside the garbage collector, only hands the lease's key and token to be
 given back by a library thread (the heartbeat's) and warns with a ``ResourceWarning``, as an
-unclosed file does.
+unclosed file does. A handle that joined another lease (a re-entrant acquire) is kept the same
+way, and its drop is given back the same way: the library thread lets go of its hold, which
+gives the key back only when it was the last one.
 
 Finding the lock a thread holds on a key goes through an index of ``(thread, key)``, which is
 built only once something asks (a re-entrant acquire, or a contention error to explain): a
@@ -16,18 +18,19 @@ with every grant.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 from .errors import LockHeldError
 
 if TYPE_CHECKING:
-    from ._lease import Lease
+    from ._lease import Hold, Lease
 
-__all__ = ["ThreadHolds"]
+__all__ = ["Dropped", "ThreadHolds"]
 
 #: Size at which entries of collected locks are first swept.
 _FIRST_SWEEP = 1024
@@ -35,8 +38,9 @@ _FIRST_SWEEP = 1024
 
 if TYPE_CHECKING:
     _LockRef = weakref.ref[Lease]
+    _HandleRef = weakref.ref[object]
 else:
-    _LockRef = weakref.ref
+    _LockRef = _HandleRef = weakref.ref
 
 
 class _Held(_LockRef):
@@ -47,14 +51,32 @@ class _Held(_LockRef):
     token: str
 
 
+class _Joined(_HandleRef):
+    """A joined handle's weak reference, carrying the lease it joined and the handle's hold: what
+    letting go of that hold needs once the handle is gone."""
+
+    __slots__ = ("hold", "lease")
+    hold: Hold
+    lease: Lease
+
+
+class Dropped(Protocol):
+    """Where a dropped lock's lease goes to be given back (the heartbeat's ``give_back_dropped``)."""
+
+    def __call__(self, key: str, token: str, let_go: Optional[Callable[[], object]] = None) -> None:
+        """Queue giving back ``key`` held with ``token`` (or calling ``let_go`` instead, for a
+        joined handle's hold); never blocks, never reaches the store."""
+
+
 class ThreadHolds:
     """The locks granted through one Locker, and by thread and key once asked. Thread-safe.
 
     ``dropped(key, token)`` is called, inside the garbage collector, for a lock collected while
-    still held; it must only queue the work (the heartbeat's ``give_back_dropped`` does).
+    still held, and ``dropped(key, token, let_go)`` for a joined handle collected before it let
+    go of its hold; it must only queue the work (the heartbeat's ``give_back_dropped`` does).
     """
 
-    def __init__(self, dropped: Callable[[str, str], None]) -> None:
+    def __init__(self, dropped: Dropped) -> None:
         self._mutex = threading.Lock()
         self._dropped = dropped
         # Weak references with a callback (see _collected); a live one equals any weak reference
@@ -64,6 +86,9 @@ class ThreadHolds:
         # that happens to reuse a collected one's id.
         self._held: set[weakref.ref[Lease]] = set()
         self._held_sweep_at = _FIRST_SWEEP
+        # The handles that joined a held lease, kept apart: they hold no lease of their own for
+        # closing or the index, and each is discarded when collected (see _collected_joined).
+        self._joined: set[_Joined] = set()
         # (thread id, key) -> the locks; kept once first asked (see the module docstring):
         # grants are noted from the moment ``_noting`` is set, and the index is read without
         # the mutex once it is complete (``_indexed``).
@@ -104,14 +129,28 @@ class ThreadHolds:
             return
         held.discard(reference)
         self._dropped(reference.key, reference.token)
-        # Queued first: the warning may be turned into an error.
-        warnings.warn(
-            f"lock {reference.key!r} was garbage-collected while held; its lease is given back "
-            "now. Keep the Lease that acquire() or try_acquire() returned and release it, or use "
-            "it in 'with'",
-            ResourceWarning,
-            stacklevel=2,
-        )
+        _warn_dropped(reference.key)
+
+    def joined(self, handle: object, hold: Hold, lease: Lease) -> None:
+        """``handle`` just joined ``lease`` (a re-entrant acquire) with ``hold``: if it is
+        collected before ``hold`` lets go, the hold is let go of for it."""
+        reference = _Joined(handle, self._collected_joined)
+        reference.hold = hold
+        reference.lease = lease
+        self._joined.add(reference)
+
+    def _collected_joined(self, reference: _Joined) -> None:
+        # Inside the garbage collector, as _collected. A handle that let go of its hold (or
+        # whose lease the closing locker took) leaves nothing to give back.
+        joined = self._joined
+        if reference not in joined or sys.is_finalizing():
+            return
+        joined.discard(reference)
+        hold, lease = reference.hold, reference.lease
+        if hold.let_go:
+            return
+        self._dropped(lease.key, lease.token, functools.partial(lease.release, hold))
+        _warn_dropped(lease.key)
 
     def forget(self, lock: Lease) -> None:
         """``lock`` was released or lost: closing the locker has nothing left to give back for
@@ -121,6 +160,7 @@ class ThreadHolds:
     def take(self) -> list[Lease]:
         """Every lock still granted, emptying the set (the Locker is closing or forked)."""
         held, self._held = self._held, set()
+        self._joined = set()
         return [lock for reference in list(held) if (lock := reference()) is not None]
 
     # -- by thread and key ---------------------------------------------------------------------
@@ -187,6 +227,16 @@ class ThreadHolds:
                 "to the call), which joins the outer hold instead"
             ),
         )
+
+
+def _warn_dropped(key: str) -> None:
+    # Called once the work is queued: the warning may be turned into an error.
+    warnings.warn(
+        f"lock {key!r} was garbage-collected while held; its lease is given back now. Keep the "
+        "Lock that acquire() or try_acquire() returned and release it, or use it in 'with'",
+        ResourceWarning,
+        stacklevel=3,
+    )
 
 
 def _alive(references: tuple[weakref.ref[Lease], ...]) -> tuple[weakref.ref[Lease], ...]:

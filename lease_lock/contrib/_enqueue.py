@@ -77,13 +77,38 @@ def _grant(locker: Locker, full_key: str, token: str, job_id: str, ttl: float) -
 
 
 def check_adopts(locker: Locker, option: str) -> None:
-    """Raise ``ValidationError`` when ``locker``'s backend cannot adopt a claim, which
-    ``option`` needs; checked before any claim is written."""
+    """Raise ``ValidationError`` when ``locker``'s backend class cannot adopt a claim, which
+    ``option`` needs; checked before any claim is written. (A client whose store decides, as
+    the HTTP client's service does, is refused by the claim itself: see :func:`claim`.)"""
     if type(locker.backend).adopt is Backend.adopt:
-        raise ValidationError(
-            f"{option} needs a backend that can adopt a claim (Backend.adopt); "
-            f"{type(locker.backend).__name__} cannot"
-        )
+        raise _cannot_adopt(locker, option)
+
+
+def _cannot_adopt(locker: Locker, option: str, answer: Optional[BaseException] = None) -> ValidationError:
+    said = "" if answer is None else f" (the store answered: {answer})"
+    return ValidationError(
+        f"{option} needs a backend that can adopt a claim (Backend.adopt); "
+        f"{type(locker.backend).__name__} cannot adopt a claim{said}"
+    )
+
+
+def _refused_adopt(error: Exception) -> bool:
+    """Whether ``error`` says the store cannot adopt: ``NotImplementedError``, or the HTTP
+    service's ``501 Not Implemented`` as the HTTP client raises it."""
+    response = getattr(error, "response", None)
+    return isinstance(error, NotImplementedError) or getattr(response, "status_code", None) == 501
+
+
+def _write_claim(locker: Locker, full_key: str, job_id: str, ttl: float, option: str) -> bool:
+    # Written by adopt with the claim's own token, which grants a free key (or the claim's own
+    # again) exactly as a grant would: a store that cannot adopt refuses here, before anything
+    # is written, and never holds a claim that no run could take over.
+    try:
+        return locker.backend.adopt(full_key, job_id, job_id, ttl, _owner(locker, job_id)) is not None
+    except Exception as error:
+        if _refused_adopt(error):
+            raise _cannot_adopt(locker, option, error) from error
+        raise
 
 
 def adopt(locker: Locker, key: str, job_id: str, ttl: Optional[float], **options: Any) -> Optional[Lock]:
@@ -136,17 +161,20 @@ def claim(locker: Locker, key: str, job_id: str, ttl: float) -> Optional[LockSta
     already the job's), else the state of the holder that has it.
 
     The lease is written through the backend directly: it belongs to the job, not to this
-    process, so it must outlive this locker and is not heartbeated here.
+    process, so it must outlive this locker and is not heartbeated here. It is written by
+    :meth:`~lease_lock.backends.base.Backend.adopt`, so a store that cannot adopt refuses the
+    claim itself (``ValidationError``) and nothing is claimed.
     """
     check_ttl(ttl, "lock_enqueue_ttl")
-    check_adopts(locker, "a key claimed when a job is enqueued")
+    option = "a key claimed when a job is enqueued"
+    check_adopts(locker, option)
     check_token(job_id, "job id")
     locker.backend.check_token(job_id)
     full_key = check_key(locker.key_prefix + check_key(key), "key")
     locker.backend.check_key(full_key)
     # A holder may release between the refused grant and the look: try again a few times.
     for _ in range(3):
-        if _grant(locker, full_key, job_id, job_id, ttl):
+        if _write_claim(locker, full_key, job_id, ttl, option):
             return None
         state = locker.get(key)
         if state.held:

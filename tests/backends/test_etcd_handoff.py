@@ -173,9 +173,7 @@ def test_queue_entries_are_no_locks_and_go_with_their_watcher(
 
 
 def test_lockers_hand_a_key_round_without_losing_a_release(etcd_server: EtcdCluster, key: str) -> None:
-    lockers = [Locker(EtcdBackend.from_url(etcd_server.url), ttl=30) for _ in range(4)]
-    for locker in lockers:
-        locker.owns_backend = True
+    lockers = [Locker(EtcdBackend.from_url(etcd_server.url), ttl=30, owns_backend=True) for _ in range(4)]
     hand_key_round(lockers, key, rounds=10)
 
 

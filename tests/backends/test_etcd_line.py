@@ -100,8 +100,7 @@ def test_a_release_hands_the_key_to_the_waiter_in_line_with_the_next_fence(
 ) -> None:
     fence = holder.acquire_fenced(key, HOLDER, 30, "holder")
     assert fence is not None
-    with Locker(direct(etcd_server), ttl=5, fencing=True, owner="waiter") as waiter:
-        waiter.owns_backend = True
+    with Locker(direct(etcd_server), ttl=5, fencing=True, owner="waiter", owns_backend=True) as waiter:
         thread, outcome = _take_in_thread(waiter, key, 60)
         assert wait_until(lambda: len(line_places(etcd_server, key)) == 1, 30)
         assert holder.release(key, HOLDER)
@@ -271,8 +270,7 @@ def test_a_waiter_asks_at_once_when_the_key_goes_free_without_a_hand_off(
 def test_a_release_racing_a_waiters_timeout_never_leaves_the_key_held_by_nobody(
     etcd_server: EtcdCluster, holder: EtcdBackend, key: str
 ) -> None:
-    with Locker(direct(etcd_server), ttl=5) as waiter:
-        waiter.owns_backend = True
+    with Locker(direct(etcd_server), ttl=5, owns_backend=True) as waiter:
         for round_ in range(12):
             token = f"{round_:02d}" * 16
             assert holder.acquire(key, token, 30, "holder")

@@ -116,9 +116,9 @@ def test_want_reads_the_lease_left(backend: PostgresBackend, key: str) -> None:
 
 def test_lockers_hand_a_key_round_without_losing_a_release(postgres_server: PostgresServer, key: str) -> None:
     table = f"ho_{uuid.uuid4().hex[:12]}"
-    lockers = [Locker(PostgresBackend.from_url(postgres_server.url, table=table), ttl=30) for _ in range(4)]
-    for locker in lockers:
-        locker.owns_backend = True
+    lockers = [
+        Locker(PostgresBackend.from_url(postgres_server.url, table=table), ttl=30, owns_backend=True) for _ in range(4)
+    ]
     lockers[0].acquire(key).release()  # creates the table before the others race to
     hand_key_round(lockers, key, rounds=15)
 

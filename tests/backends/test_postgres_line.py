@@ -82,8 +82,7 @@ def _holder(admin: Any, table: str, key: str) -> tuple[str, float, Any]:
 
 
 def _locker(url: str, table: str, **options: Any) -> Locker:
-    locker = Locker(PostgresBackend.from_url(url, table=table, direct_handoff=True), **options)
-    locker.owns_backend = True
+    locker = Locker(PostgresBackend.from_url(url, table=table, direct_handoff=True), **options, owns_backend=True)
     return locker
 
 
@@ -533,12 +532,12 @@ def test_a_database_made_by_an_older_release_keeps_working_without_the_line(
         with caplog.at_level("INFO", logger="lease_lock"):
             lockers = [
                 Locker(
-                    PostgresBackend(psycopg2.connect(dsn), table=table, create_table=False, direct_handoff=True), ttl=30
+                    PostgresBackend(psycopg2.connect(dsn), table=table, create_table=False, direct_handoff=True),
+                    ttl=30,
+                    owns_backend=True,
                 )
                 for _ in range(2)
             ]
-            for locker in lockers:
-                locker.owns_backend = True
             held = lockers[0].acquire(key)
         assert any("no direct hand-off" in record.getMessage() for record in caplog.records)
         assert lockers[0].backend.join_line(key, "w" * 32, 30, "w", False, time.monotonic) is None

@@ -207,9 +207,7 @@ def test_an_unused_wake_is_passed_on_when_its_waiter_leaves(backend: RedisBacken
 
 
 def test_lockers_hand_a_key_round_without_losing_a_release(redis_server: RedisServer, key: str) -> None:
-    lockers = [Locker(RedisBackend.from_url(redis_server.url), ttl=30) for _ in range(4)]
-    for locker in lockers:
-        locker.owns_backend = True
+    lockers = [Locker(RedisBackend.from_url(redis_server.url), ttl=30, owns_backend=True) for _ in range(4)]
     hand_key_round(lockers, key, rounds=25)
 
 
@@ -348,9 +346,8 @@ def test_a_woken_locker_hands_the_key_on_while_a_holder_cycles(redis_server: Red
     # A holder that releases and re-takes in a loop, and a waiter in another locker: the waiter
     # is woken, tries, and gets the key within the holder's loop (no wake is lost to the
     # suppression of wakes while one is outstanding).
-    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
-    waiter = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
-    holder.owns_backend = waiter.owns_backend = True
+    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=30, owns_backend=True)
+    waiter = Locker(RedisBackend.from_url(redis_server.url), ttl=30, owns_backend=True)
     stop = threading.Event()
 
     def cycle() -> None:
@@ -441,8 +438,7 @@ def test_a_waiting_read_hands_the_wake_it_took_on(redis_server: RedisServer, key
 def test_keys_named_like_the_stores_own_structures_are_refused(
     redis_server: RedisServer, name: str, what: str
 ) -> None:
-    locker = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
-    locker.owns_backend = True
+    locker = Locker(RedisBackend.from_url(redis_server.url), ttl=30, owns_backend=True)
     try:
         with pytest.raises(ValidationError, match=what):
             locker.acquire(name)
@@ -466,9 +462,8 @@ def test_a_lease_under_a_hand_off_name_survives_waits_and_releases_of_its_key(
     key = f"{{test}}:{uuid.uuid4().hex}" if tagged else f"test:{uuid.uuid4().hex}"
     name = handoff_keys(key)[squatted]
     squatter = RedisBackend.from_url(redis_server.url)
-    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
-    waiter = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
-    holder.owns_backend = waiter.owns_backend = True
+    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=30, owns_backend=True)
+    waiter = Locker(RedisBackend.from_url(redis_server.url), ttl=30, owns_backend=True)
     try:
         assert squatter.acquire(name, TOKEN_A, 60, "squatter")
         hand_over(holder, waiter, key, 3, pause=0.3)

@@ -73,9 +73,8 @@ def test_redis_backend_offers_a_line(redis_server: RedisServer) -> None:
 
 def test_a_release_hands_the_key_to_the_waiter_without_another_attempt(redis_server: RedisServer, key: str) -> None:
     events = Recorder()
-    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
-    waiter = Locker(RedisBackend.from_url(redis_server.url), ttl=30, on_event=events, fencing=True)
-    holder.owns_backend = waiter.owns_backend = True
+    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=30, owns_backend=True)
+    waiter = Locker(RedisBackend.from_url(redis_server.url), ttl=30, on_event=events, fencing=True, owns_backend=True)
     try:
         held = holder.acquire(key)
         got: list[Any] = []
@@ -110,9 +109,8 @@ def test_a_waiter_whose_blocked_connection_is_killed_still_gets_the_key(redis_se
     # An operator's CLIENT KILL (or a proxy's idle cut) drops the connection a waiter blocks
     # on: the connection's retry policy blocks again on a new one, and the release finds the
     # waiter's place as before.
-    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
-    waiter = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
-    holder.owns_backend = waiter.owns_backend = True
+    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=30, owns_backend=True)
+    waiter = Locker(RedisBackend.from_url(redis_server.url), ttl=30, owns_backend=True)
     client = holder.backend.client
     try:
         held = holder.acquire(key)
@@ -138,9 +136,8 @@ def test_a_waiter_gives_its_connection_back_when_it_leaves_and_close_returns_it_
     # A waiter blocks on a connection the backend keeps between commands, and gives it back to
     # that free list when it leaves the line (timed out or handed the key): repeated waits take
     # no more connections out of the pool than the first, and close() returns every one.
-    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
-    waiter = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
-    holder.owns_backend = waiter.owns_backend = True
+    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=30, owns_backend=True)
+    waiter = Locker(RedisBackend.from_url(redis_server.url), ttl=30, owns_backend=True)
     pool = waiter.backend.client.connection_pool
     try:
         held = holder.acquire(key)
@@ -178,8 +175,7 @@ def test_a_waiter_whose_connection_is_cut_while_it_waits_in_line_still_gets_the_
         host="127.0.0.1", port=private_redis_server.port, client_name="line-cut",
         retry=RedisRetry(NoBackoff(), retries), socket_timeout=10,
     )
-    holder = Locker(RedisBackend.from_url(private_redis_server.url), ttl=30)
-    holder.owns_backend = True
+    holder = Locker(RedisBackend.from_url(private_redis_server.url), ttl=30, owns_backend=True)
     waiter = Locker(RedisBackend(client), ttl=30)
     admin = redis.Redis(host="127.0.0.1", port=private_redis_server.port)
     try:
@@ -209,9 +205,8 @@ def test_the_heartbeat_turns_a_handed_claim_into_a_full_lease(
 ) -> None:
     # ttl 9 s: the claim window is CLAIM_MAX (6 s), so the full lease is longer than the claim.
     events = Recorder()
-    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=9)
-    waiter = Locker(RedisBackend.from_url(redis_server.url), ttl=9, on_event=events)
-    holder.owns_backend = waiter.owns_backend = True
+    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=9, owns_backend=True)
+    waiter = Locker(RedisBackend.from_url(redis_server.url), ttl=9, on_event=events, owns_backend=True)
     try:
         held = holder.acquire(key)
         got: list[Any] = []
@@ -268,8 +263,7 @@ def _waiter_process(url: str, key: str, timeout: float) -> subprocess.Popen[str]
 def test_a_waiter_that_cannot_take_a_handed_key_loses_it_at_the_end_of_its_claim(
     redis_server: RedisServer, key: str, fate: str
 ) -> None:
-    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=2)
-    holder.owns_backend = True
+    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=2, owns_backend=True)
     client = holder.backend.client
     held = holder.acquire(key)
     process = _waiter_process(redis_server.url, key, 5.0)
@@ -306,9 +300,8 @@ def test_a_waiter_that_cannot_take_a_handed_key_loses_it_at_the_end_of_its_claim
 
 
 def test_a_waiter_that_times_out_in_line_leaves_it(redis_server: RedisServer, key: str) -> None:
-    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
-    waiter = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
-    holder.owns_backend = waiter.owns_backend = True
+    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=30, owns_backend=True)
+    waiter = Locker(RedisBackend.from_url(redis_server.url), ttl=30, owns_backend=True)
     client = holder.backend.client
     try:
         check_a_waiter_that_times_out_leaves_the_line(holder, waiter, key, lambda: _in_line(client, key))
@@ -318,8 +311,7 @@ def test_a_waiter_that_times_out_in_line_leaves_it(redis_server: RedisServer, ke
 
 
 def test_waiters_beyond_the_bound_wait_without_a_place_and_all_get_the_key(redis_server: RedisServer, key: str) -> None:
-    locker = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
-    locker.owns_backend = True
+    locker = Locker(RedisBackend.from_url(redis_server.url), ttl=30, owns_backend=True)
     client = locker.backend.client
     taken: list[str] = []
 
@@ -345,9 +337,7 @@ def test_waiters_beyond_the_bound_wait_without_a_place_and_all_get_the_key(redis
 
 
 def test_lockers_in_line_hand_a_key_round_many_times(redis_server: RedisServer, key: str) -> None:
-    lockers = [Locker(RedisBackend.from_url(redis_server.url), ttl=30) for _ in range(4)]
-    for locker in lockers:
-        locker.owns_backend = True
+    lockers = [Locker(RedisBackend.from_url(redis_server.url), ttl=30, owns_backend=True) for _ in range(4)]
     try:
         hand_key_round(lockers, key, 25)
     finally:
@@ -439,7 +429,7 @@ def test_leaving_with_a_handed_key_hands_it_to_the_next_waiter_even_inside_its_b
 def test_a_burst_ends_and_the_next_release_hands_the_key_over(redis_server: RedisServer, key: str) -> None:
     # Two lockers cycle on one key for a while: every one of them gets grants, and most
     # grants stay with the holder of a burst (see the performance page for the figures).
-    lockers = [Locker(RedisBackend.from_url(redis_server.url), ttl=30) for _ in range(3)]
+    lockers = [Locker(RedisBackend.from_url(redis_server.url), ttl=30, owns_backend=True) for _ in range(3)]
     grants = [0, 0, 0]
     stop = threading.Event()
 
@@ -459,7 +449,6 @@ def test_a_burst_ends_and_the_next_release_hands_the_key_over(redis_server: Redi
         assert not any(thread.is_alive() for thread in threads)
     finally:
         for locker in lockers:
-            locker.owns_backend = True
             locker.close()
 
 
@@ -470,9 +459,10 @@ def test_a_user_that_may_not_run_info_waits_without_a_line_and_still_gets_the_ke
     user = f"noinfo{uuid.uuid4().hex[:8]}"
     admin.client.acl_setuser(user, enabled=True, passwords=["+secret"], keys=["*"], channels=["*"],
                              commands=["+@all", "-info"])
-    waiter = Locker(RedisBackend.from_url(f"redis://{user}:secret@127.0.0.1:{redis_server.port}/0"), ttl=30)
-    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
-    waiter.owns_backend = holder.owns_backend = True
+    waiter = Locker(
+        RedisBackend.from_url(f"redis://{user}:secret@127.0.0.1:{redis_server.port}/0"), ttl=30, owns_backend=True
+    )
+    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=30, owns_backend=True)
 
     def refused_infos() -> int:
         stats = admin.client.info("commandstats").get("cmdstat_info", {})
@@ -500,9 +490,8 @@ def test_a_user_that_may_not_run_info_waits_without_a_line_and_still_gets_the_ke
 
 
 def test_closing_the_locker_ends_a_wait_in_line(redis_server: RedisServer, key: str) -> None:
-    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=30)
+    holder = Locker(RedisBackend.from_url(redis_server.url), ttl=30, owns_backend=True)
     waiter = Locker(RedisBackend.from_url(redis_server.url), ttl=30, retry=Retry(delay=600, timeout=1200))
-    holder.owns_backend = True
     client = holder.backend.client
     try:
         check_closing_the_locker_ends_a_wait_in_line(holder, waiter, key, lambda: _in_line(client, key))

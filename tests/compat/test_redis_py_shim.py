@@ -361,7 +361,7 @@ def test_a_dropped_client_takes_its_heartbeat_with_it(redis_server: RedisServer,
     lock = Lock(client, name, lease_ttl=5.0)
     assert lock.acquire(blocking=False)
     locker = heartbeat_locker(client)
-    thread = locker.heartbeat.thread
+    thread = locker._heartbeat.thread
     assert thread is not None and thread.is_alive()
     lock.release()
     client.close()

@@ -18,6 +18,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,9 +26,12 @@ import redis
 from celery import Celery, signals
 from celery.contrib.testing.worker import start_worker
 from lease_lock import Backend, Locker, LockState, MemoryBackend, ValidationError
+from lease_lock.backends.http import HttpBackend
 from lease_lock.contrib.celery import AlreadyQueued, SingletonTask, broker_lock_url, check_settings, task_locker
+from lease_lock.server import create_app
 from lease_lock.testing import BackendContract
 
+from tests.support.http_server import ThreadedServer, make_keys
 from tests.support.polling import wait_until
 
 # Celery's Redis result backend calls redis-py's deprecated setex(); that is Celery's to fix,
@@ -584,6 +588,58 @@ def test_a_store_that_cannot_adopt_is_refused_before_anything_is_claimed() -> No
     assert not list(backend.scan(""))
     with pytest.raises(NotImplementedError, match="CannotAdopt"):
         backend.adopt("k", "claim-token-0000", "run-token-00000", 1.0, "o")
+
+
+def test_a_service_whose_store_cannot_adopt_is_refused_before_anything_is_claimed(tmp_path: Path) -> None:
+    # The HTTP client can adopt; the service's store behind it cannot (it answers 501). The
+    # claim must be refused then, before it is written: a claim written first would block the
+    # key for lock_enqueue_ttl, every later call answering with the failed call's id.
+    keys_file = tmp_path / "keys.toml"
+    keys = make_keys(keys_file)
+    store = CannotAdopt()
+    with ThreadedServer(create_app(store, keys_file)) as server:
+        other = Celery("service-cannot-adopt", broker="memory://")
+        other.conf.lease_lock_locker = locker = Locker(HttpBackend(server.url, keys["alpha"]))
+        try:
+
+            def job(customer_id: int) -> None:
+                """Never sent."""
+
+            name = f"no-adopt-{uuid.uuid4().hex}"
+            task = other.task(
+                base=SingletonTask, lock_on_enqueue=True, lock_key="customer:{customer_id}", name=name, shared=False
+            )(job)
+            for _ in range(2):
+                with pytest.raises(ValidationError, match="HttpBackend cannot adopt a claim"):
+                    task.delay(1)
+                assert not list(store.scan("")), "nothing was claimed"
+        finally:
+            locker.close()
+            locker.backend.close()
+
+
+def test_a_service_whose_store_can_adopt_takes_the_claim(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.toml"
+    keys = make_keys(keys_file)
+    store = MemoryBackend()
+    with ThreadedServer(create_app(store, keys_file)) as server:
+        other = Celery("service-adopts", broker="memory://")
+        other.conf.lease_lock_locker = locker = Locker(HttpBackend(server.url, keys["alpha"]))
+        try:
+
+            def job(customer_id: int) -> None:
+                """Sent, never run."""
+
+            name = f"adopts-{uuid.uuid4().hex}"
+            task = other.task(
+                base=SingletonTask, lock_on_enqueue=True, lock_key="customer:{customer_id}", name=name, shared=False
+            )(job)
+            first = task.delay(1)
+            assert task.delay(1).id == first.id, "a duplicate answers with the claimed call's id"
+            assert locker.get("customer:1").held
+        finally:
+            locker.close()
+            locker.backend.close()
 
 
 def test_a_claimed_task_retried_at_once_runs_its_retry(thread_worker: None) -> None:

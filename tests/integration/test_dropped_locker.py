@@ -83,7 +83,7 @@ def test_a_dropped_locker_with_a_held_lock_stops_extending_it() -> None:
     with resource_warnings() as messages:
         # The lock object is dropped at once: nothing can read it any more. The locker goes next.
         locker.acquire("k")
-        heartbeat = locker.heartbeat
+        heartbeat = locker._heartbeat
         thread = heartbeat.thread
         assert thread is not None
         ref = weakref.ref(locker)

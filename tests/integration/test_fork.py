@@ -58,7 +58,7 @@ def test_child_copies_read_lost_forked_and_the_child_locker_works() -> None:
     events: list[LockEvent] = []
     locker = Locker(backend, on_event=events.append)
     parent_lock = locker.acquire("parent-key", ttl=30.0)
-    parent_thread = locker.heartbeat.thread
+    parent_thread = locker._heartbeat.thread
 
     def child() -> dict[str, Any]:
         events.clear()
@@ -83,8 +83,8 @@ def test_child_copies_read_lost_forked_and_the_child_locker_works() -> None:
         report["extended"] = extended.wait(15)
         report["own_state"] = own.state
         report["own_release"] = own.release()
-        report["new_thread"] = locker.heartbeat.thread is not parent_thread
-        report["thread_alive"] = bool(locker.heartbeat.thread and locker.heartbeat.thread.is_alive())
+        report["new_thread"] = locker._heartbeat.thread is not parent_thread
+        report["thread_alive"] = bool(locker._heartbeat.thread and locker._heartbeat.thread.is_alive())
         report["parent_events"] = [event.type for event in events if event.key == "parent-key"]
         report["child_events"] = child_events
         report["owner_pid"] = locker.owner.rsplit(":", 1)[1]
@@ -116,7 +116,7 @@ def test_fork_while_a_parent_thread_holds_the_heartbeat_and_clock_locks() -> Non
     done = threading.Event()
 
     def hold() -> None:
-        with locker.heartbeat._condition, locker._clock._mutex:  # type: ignore[attr-defined]
+        with locker._heartbeat._condition, locker._clock._mutex:  # type: ignore[attr-defined]
             holding.set()
             done.wait(60)
 

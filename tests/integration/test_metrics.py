@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lease_lock import Locker, LockEvent, LockHeldError, connect
+from lease_lock import Locker, LockEvent, LockHeldError, MemoryBackend, connect
 from lease_lock.contrib.metrics import DURATION_BUCKETS
 from lease_lock.contrib.opentelemetry import OpenTelemetryMetrics
 from lease_lock.contrib.prometheus import PrometheusMetrics
@@ -164,7 +164,7 @@ def test_combine_and_bad_hooks() -> None:
     with pytest.raises(ValidationError, match="callable"):
         combine([print, "not a hook"])  # type: ignore[list-item]
     with pytest.raises(ValidationError, match="on_event"):
-        Locker.check_settings(on_event=42)
+        Locker(MemoryBackend(), on_event=42)  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match="key_label"):
         PrometheusMetrics(registry=CollectorRegistry(), key_label="lock")  # type: ignore[arg-type]
 

@@ -116,8 +116,7 @@ def contend(url: str, table: str, key: str, rounds: int, hold: float, rest: floa
     never = threading.Event()
     # A waiter here looks at the key again one second after a failed attempt: the retry delay
     # bounds every wait, so only a wake can hand the key over sooner than that.
-    locker = Locker(PostgresBackend.from_url(url, table=table), ttl=30, retry=Retry(delay=1.0))
-    locker.owns_backend = True
+    locker = Locker(PostgresBackend.from_url(url, table=table), ttl=30, retry=Retry(delay=1.0), owns_backend=True)
     grants: list[float] = []
     releases: list[float] = []
     try:

@@ -2,7 +2,8 @@
 a recording memory backend, an event recorder and a Locker wired to all three.
 
 Time is injected, never slept: a test moves the :class:`FakeClock` and calls
-``locker.heartbeat.run_due()`` to do the heartbeat's due work on its own thread. A test that
+``locker.run_heartbeat()`` to do the heartbeat's due work on its own thread (its Lockers run
+without a heartbeat thread: ``heartbeat_thread=False``). A test that
 asks for ``sleeps`` gets a :class:`SleepingClock`, which the Locker's waits sleep on.
 """
 
@@ -12,27 +13,19 @@ from typing import Iterator
 
 import pytest
 from lease_lock import Locker
-from lease_lock.heartbeat import Heartbeat
 
 from .fakes import EventLog, FakeClock, RecordingBackend, SleepingClock
 
 
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> FakeClock:
+def clock(request: pytest.FixtureRequest) -> FakeClock:
     """The fake clock (a :class:`SleepingClock` when the test also asks for ``sleeps``).
 
-    While it is in use the heartbeat threads started by the test idle until stopped: a real
-    thread acting on fake time would do due work whenever it happens to wake, racing the test.
-    The test runs that same work where it chooses with ``locker.heartbeat.run_due()``. Tests of
-    the thread itself need the real clock and are in ``tests/integration/test_core_real_time.py``.
+    A Locker on it is built with ``heartbeat_thread=False``: a real thread acting on fake time
+    would do due work whenever it happens to wake, racing the test. The test runs that work
+    where it chooses with ``locker.run_heartbeat()``. Tests of the thread itself need the real
+    clock and are in ``tests/integration/test_core_real_time.py``.
     """
-
-    def idle(heartbeat: Heartbeat) -> None:
-        with heartbeat._condition:
-            while not heartbeat._stopped:
-                heartbeat._condition.wait()
-
-    monkeypatch.setattr(Heartbeat, "_run", idle)
     return SleepingClock() if "sleeps" in request.fixturenames else FakeClock()
 
 
@@ -51,7 +44,7 @@ def events() -> EventLog:
 @pytest.fixture
 def locker(backend: RecordingBackend, clock: FakeClock, events: EventLog) -> Iterator[Locker]:
     """A Locker on the fake clock: ttl 30 s (heartbeat every 10 s), max_hold one hour."""
-    locker = Locker(backend, clock=clock, on_event=events, ttl=30.0)
+    locker = Locker(backend, clock=clock, heartbeat_thread=False, on_event=events, ttl=30.0)
     yield locker
     locker.close()
 

@@ -59,7 +59,7 @@ def tries(clock: FakeClock, *, retries: float = 5, policy: Retry = DEFAULT_RETRY
 @pytest.fixture
 def lock(backend: RecordingBackend, clock: FakeClock) -> Iterator[Lock]:
     """An unheld lock on key ``k`` (its key and token are all an attempt reads)."""
-    locker = Locker(backend, clock=clock, ttl=30.0)
+    locker = Locker(backend, clock=clock, heartbeat_thread=False, ttl=30.0)
     yield locker.lock("k")
     locker.close()
 
@@ -274,7 +274,7 @@ def test_a_waiting_acquire_sleeps_each_rate_limit_out_and_counts_it_as_an_attemp
     clock: FakeClock, sleeps: list[float], events: EventLog
 ) -> None:
     backend = SlowingBackend(clock, refusals=2, retry_after=3.0)
-    locker = Locker(backend, clock=clock, on_event=events, retry=Retry(delay=0.25))
+    locker = Locker(backend, clock=clock, heartbeat_thread=False, on_event=events, retry=Retry(delay=0.25))
     lock = locker.acquire("k", timeout=30.0)
     assert lock.state == "held"
     assert sleeps == [3.0, 3.0]
@@ -287,7 +287,7 @@ def test_a_rate_limit_longer_than_the_time_left_is_cut_to_it(
     clock: FakeClock, sleeps: list[float], events: EventLog
 ) -> None:
     backend = SlowingBackend(clock, refusals=100, retry_after=60.0)
-    locker = Locker(backend, clock=clock, on_event=events)
+    locker = Locker(backend, clock=clock, heartbeat_thread=False, on_event=events)
     with pytest.raises(LockHeldError) as caught:
         locker.acquire("k", timeout=2.0)
     assert (caught.value.reason, caught.value.attempts) == ("timeout", 1)
@@ -299,7 +299,7 @@ def test_a_rate_limit_longer_than_the_time_left_is_cut_to_it(
 
 def test_a_try_acquire_raises_the_rate_limit_after_its_one_attempt(clock: FakeClock, sleeps: list[float]) -> None:
     backend = SlowingBackend(clock, refusals=1, retry_after=7.0)
-    locker = Locker(backend, clock=clock)
+    locker = Locker(backend, clock=clock, heartbeat_thread=False)
     with pytest.raises(RateLimitedError):
         locker.try_acquire("k")
     assert sleeps == []
@@ -309,7 +309,7 @@ def test_a_try_acquire_raises_the_rate_limit_after_its_one_attempt(clock: FakeCl
 
 def test_the_spent_retries_raise_the_last_rate_limit(clock: FakeClock, sleeps: list[float]) -> None:
     backend = SlowingBackend(clock, refusals=100, retry_after=1.0)
-    locker = Locker(backend, clock=clock, retry=Retry(retries=2))
+    locker = Locker(backend, clock=clock, heartbeat_thread=False, retry=Retry(retries=2))
     with pytest.raises(RateLimitedError):
         locker.acquire("k")
     assert sleeps == [1.0, 1.0]
@@ -322,7 +322,7 @@ def test_a_cancel_ends_the_wait_in_cancel_slices_of_the_fake_clock(clock: FakeCl
     backend.acquire("k", OTHER, 3600.0, "other")
     backend.calls.clear()
     cancel = threading.Event()
-    locker = Locker(backend, clock=clock, retry=Retry(delay=1.0))
+    locker = Locker(backend, clock=clock, heartbeat_thread=False, retry=Retry(delay=1.0))
     backend.hooks["acquire"] = lambda: cancel.set() if len(backend.called("acquire")) == 3 else None
     with pytest.raises(LockHeldError) as caught:
         locker.acquire("k", cancel=cancel, timeout=30.0)
@@ -337,7 +337,7 @@ def test_a_notified_wait_on_injected_time_spends_the_timeout_on_the_fake_clock(
     backend: RecordingBackend, clock: FakeClock, sleeps: list[float]
 ) -> None:
     backend.acquire("k", OTHER, 3600.0, "other")
-    locker = Locker(backend, clock=clock, retry=Retry(delay=0.25))
+    locker = Locker(backend, clock=clock, heartbeat_thread=False, retry=Retry(delay=0.25))
     with pytest.raises(LockHeldError) as caught:
         locker.acquire("k", timeout=1.0)
     assert (caught.value.reason, caught.value.attempts) == ("timeout", 4)
@@ -350,7 +350,7 @@ def test_a_release_heard_during_an_attempt_brings_the_next_one_without_a_sleep(
 ) -> None:
     backend.acquire("k", OTHER, 3600.0, "other")
     backend.calls.clear()
-    locker = Locker(backend, clock=clock, on_event=events, retry=Retry(delay=0.25))
+    locker = Locker(backend, clock=clock, heartbeat_thread=False, on_event=events, retry=Retry(delay=0.25))
     backend.hooks["acquire"] = lambda: backend.release("k", OTHER) if len(backend.called("acquire")) == 2 else None
     lock = locker.acquire("k", timeout=30.0)
     assert lock.state == "held"

@@ -32,8 +32,8 @@ class UnbatchedBackend(RecordingBackend):
 
 
 def test_close_while_an_acquire_waits_ends_the_wait(backend: RecordingBackend, clock: FakeClock) -> None:
-    holder = Locker(backend, clock=clock)
-    waiter_locker = Locker(backend, clock=clock)
+    holder = Locker(backend, clock=clock, heartbeat_thread=False)
+    waiter_locker = Locker(backend, clock=clock, heartbeat_thread=False)
     held = holder.acquire("k")
     outcome: list[object] = []
     registered = threading.Event()
@@ -68,7 +68,7 @@ def test_concurrent_releases_answer_once(clock: FakeClock) -> None:
             return super().release(key, token)
 
     events = EventLog()
-    locker = Locker(SlowRelease(clock=clock), clock=clock, on_event=events)
+    locker = Locker(SlowRelease(clock=clock), clock=clock, heartbeat_thread=False, on_event=events)
     lock = locker.acquire("k")
     answers: list[bool] = []
     first = threading.Thread(target=lambda: answers.append(lock.release()))
@@ -85,13 +85,13 @@ def test_concurrent_releases_answer_once(clock: FakeClock) -> None:
 
 def test_extensions_sent_late_in_a_beat_stay_within_max_hold(clock: FakeClock) -> None:
     backend = UnbatchedBackend(clock=clock)
-    locker = Locker(backend, clock=clock, ttl=10, max_hold=12)
+    locker = Locker(backend, clock=clock, heartbeat_thread=False, ttl=10, max_hold=12)
     locks = [locker.acquire(name) for name in ("a", "b")]
     backend.hooks["extend"] = lambda: clock.advance(0.5)  # each extension takes half a second
     deadline = START + 12
     while clock() < deadline + 0.2:
         clock.advance(0.25)
-        locker.heartbeat.run_due()
+        locker.run_heartbeat()
     for lock in locks:
         assert lock.state == "lost" and lock.lost_reason == "max-hold"
         assert not backend.inspect(lock.key).held, "the store lease must not outlive the deadline"
@@ -131,8 +131,8 @@ def test_lockset_signal_hears_every_member(locker: Locker, backend: RecordingBac
 
 def test_acquire_many_whose_first_lease_ran_out_is_contention(clock: FakeClock, sleeps: list[float]) -> None:
     backend = SilentBackend(clock=clock)
-    holder = Locker(backend, clock=clock)
-    locker = Locker(backend, clock=clock, retry=Retry(delay=0.5))
+    holder = Locker(backend, clock=clock, heartbeat_thread=False)
+    locker = Locker(backend, clock=clock, heartbeat_thread=False, retry=Retry(delay=0.5))
     # "a" (ttl 2, not extended) is taken first; "b" is busy for 5 s, so "a" lapses meanwhile.
     blocker = holder.acquire("b", ttl=5, auto_extend=False)
     with pytest.raises(LockHeldError) as caught:
@@ -154,7 +154,7 @@ def test_failed_manual_extension_does_not_start_auto_extension(
     del backend.failures["extend"]
     for _ in range(10):
         clock.advance(2)
-        locker.heartbeat.run_due()
+        locker.run_heartbeat()
     assert len(backend.called("extend")) == 1
 
 
@@ -166,14 +166,16 @@ def test_release_failure_on_exit_still_reports_the_end(
         pass
     assert events.types() == ["acquired", "release_failed"]
     clock.advance(31)
-    locker.heartbeat.run_due()  # nobody reads the lock: the heartbeat reports its end
+    locker.run_heartbeat()  # nobody reads the lock: the heartbeat reports its end
     assert events.types() == ["acquired", "release_failed", "lost"]
 
 
 def test_timedelta_retry_delay_works_in_an_acquisition(sleeps: list[float], clock: FakeClock) -> None:
     backend = SilentBackend(clock=clock)
-    holder = Locker(backend, clock=clock)
-    locker = Locker(backend, clock=clock, retry=Retry(delay=timedelta(milliseconds=250), timeout=1))
+    holder = Locker(backend, clock=clock, heartbeat_thread=False)
+    locker = Locker(
+        backend, clock=clock, heartbeat_thread=False, retry=Retry(delay=timedelta(milliseconds=250), timeout=1)
+    )
     holder.acquire("k")
     with pytest.raises(LockHeldError):
         locker.acquire("k")

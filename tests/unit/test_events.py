@@ -73,7 +73,7 @@ def test_a_whole_life_in_order_with_the_fields_of_each_type(
 def test_lost_event_fields(locker: Locker, clock: FakeClock, events: EventLog) -> None:
     lock = locker.acquire("k", ttl=10.0, auto_extend=False)
     clock.set(START + 9.9)
-    locker.heartbeat.run_due()
+    locker.run_heartbeat()
     [lost] = events.of("lost")
     assert (lost.reason, lost.held_for, lost.ttl) == ("expired", pytest.approx(9.9), 10.0)
     assert filled(lost) == EXPECTED_FIELDS["lost"]
@@ -99,7 +99,7 @@ def test_a_lock_reports_its_end_once(
     for _ in range(3):
         assert lapsed.state == "lost"
         assert lapsed.lost.is_set()
-    locker.heartbeat.run_due()
+    locker.run_heartbeat()
     assert released.release() is True
     assert lapsed.release() is False
     assert released.release() is False
@@ -125,7 +125,7 @@ def test_a_raising_hook_is_dropped(backend: RecordingBackend, clock: FakeClock) 
         calls.append(event.type)
         raise RuntimeError("broken hook")
 
-    locker = Locker(backend, clock=clock, on_event=hook)
+    locker = Locker(backend, clock=clock, heartbeat_thread=False, on_event=hook)
     lock = locker.acquire("k")
     assert lock.release() is True
     assert calls == ["acquired", "released"]
@@ -148,7 +148,7 @@ def test_the_logger_records_the_same_events_without_tokens(
 
 def test_events_of_a_prefixed_locker_carry_the_full_key(backend: RecordingBackend, clock: FakeClock) -> None:
     events = EventLog()
-    locker = Locker(backend, clock=clock, key_prefix="app:", on_event=events)
+    locker = Locker(backend, clock=clock, heartbeat_thread=False, key_prefix="app:", on_event=events)
     locker.acquire("k").release()
     assert {event.key for event in events} == {"app:k"}
     locker.close()

@@ -15,7 +15,7 @@ from typing import Optional
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lease_lock import Locker, LockEvent, LockLostError, MemoryBackend
+from lease_lock import Locker, LockEvent, LockLostError, MemoryBackend, ValidationError
 from lease_lock.heartbeat import LANES, Heartbeat, Timer
 
 from .fakes import START, EventLog, FakeClock, RecordingBackend, advance_to_beat
@@ -191,7 +191,7 @@ def test_reply_later_than_its_own_lease_reads_late_extend(
     # At 1 s the extension asks for 30 s; its answer takes 29.75 s, beyond 99% of that lease.
     backend.hooks["extend"] = lambda: clock.advance(29.75)
     clock.set(START + 1.0)
-    locker.heartbeat.run_due()
+    locker.run_heartbeat()
     assert lock.lost_reason == "late-extend"
     assert not backend.inspect("k").held
 
@@ -210,7 +210,7 @@ def test_manual_extend_answered_late_raises_and_gives_back(
 def test_max_hold_clamps_every_request_and_ends_at_the_deadline(
     backend: RecordingBackend, clock: FakeClock, events: EventLog
 ) -> None:
-    locker = Locker(backend, clock=clock, on_event=events, ttl=8.0, max_hold=25.0)
+    locker = Locker(backend, clock=clock, heartbeat_thread=False, on_event=events, ttl=8.0, max_hold=25.0)
     lock = locker.acquire("k", extend_interval=2.0)
     deadline = START + 25.0
     for beat in range(1, 13):
@@ -234,7 +234,7 @@ def test_max_hold_clamps_every_request_and_ends_at_the_deadline(
 
 
 def test_requested_lease_never_passes_the_deadline(backend: RecordingBackend, clock: FakeClock) -> None:
-    locker = Locker(backend, clock=clock, ttl=10.0, max_hold=12.0)
+    locker = Locker(backend, clock=clock, heartbeat_thread=False, ttl=10.0, max_hold=12.0)
     lock = locker.acquire("k")
     requests: list[tuple[float, float]] = []
     original = backend.extend
@@ -329,7 +329,7 @@ def test_a_released_or_lost_lock_that_is_dropped_is_no_drop(
         warnings.simplefilter("error", ResourceWarning)
         del released, lost
         gc.collect()
-    locker.heartbeat.run_due()
+    locker.run_heartbeat()
     assert backend.called("release") == [("release", "a", None)]
 
 
@@ -354,7 +354,7 @@ def test_one_heartbeat_thread_per_locker_whatever_the_lock_count() -> None:
     started = [thread for thread in threading.enumerate() if thread.ident not in before]
     assert len(started) == 2
     assert all(thread.daemon and thread.name == "lease-lock-heartbeat" for thread in started)
-    assert {first.heartbeat.thread, second.heartbeat.thread} == set(started)
+    assert {first._heartbeat.thread, second._heartbeat.thread} == set(started)
     for locker in (first, second):
         locker.close()
     assert all(lock.lost_reason == "closed" for lock in held)
@@ -399,10 +399,10 @@ def test_slowly_applied_batch_answers_are_not_late(backend: RecordingBackend, cl
         if event.type == "extended":
             clock.advance(10.0)
 
-    locker = Locker(backend, clock=clock, on_event=slow_hook, ttl=30.0)
+    locker = Locker(backend, clock=clock, heartbeat_thread=False, on_event=slow_hook, ttl=30.0)
     locks = [locker.acquire(f"batch:{index}") for index in range(3)]
     clock.advance(10.0)  # every lock's beat falls due together
-    locker.heartbeat.run_due()
+    locker.run_heartbeat()
     assert backend.batches == [3]
     # Every answer arrived 10 s into a 30 s lease: all three were extended in time.
     assert [kind for kind, _ in seen if kind in ("extended", "lost")] == ["extended"] * 3
@@ -500,9 +500,9 @@ def test_acquiring_and_releasing_at_once_leaves_no_timers_behind(locker: Locker,
         with locker.lock("k"):
             clock.advance(0.001)
     assert timers() - before <= 300
-    assert locker.heartbeat.pending() == 1
+    assert locker._heartbeat.pending() == 1
     kept.release()
-    assert locker.heartbeat.pending() == 0
+    assert locker._heartbeat.pending() == 0
 
 
 def test_many_ttls_still_extend_each_lock_on_time(locker: Locker, backend: RecordingBackend, clock: FakeClock) -> None:
@@ -510,7 +510,7 @@ def test_many_ttls_still_extend_each_lock_on_time(locker: Locker, backend: Recor
     locks = [locker.acquire(f"k{index}", ttl=3.0 * (index + 1)) for index in range(LANES + 4)]
     for index, lock in enumerate(locks):
         clock.set(START + index + 1.0)
-        locker.heartbeat.run_due()
+        locker.run_heartbeat()
         assert [ttl for _, key, ttl in backend.called("extend") if key == lock.key] == [3.0 * (index + 1)]
         assert all(lock.state == "held" for lock in locks)
 
@@ -529,9 +529,54 @@ def test_a_lock_released_before_its_first_beat_never_costs_a_timer(locker: Locke
     auto_extend_off.release()
     assert timers() == before
     held = locker.acquire("held")
-    assert locker.heartbeat.pending() == 1, "the lock still held got its timer"
+    assert locker._heartbeat.pending() == 1, "the lock still held got its timer"
     assert timers() == before + 1
     held.release()
-    assert locker.heartbeat.pending() == 0
+    assert locker._heartbeat.pending() == 0
 
 
+
+
+def test_a_locker_without_its_heartbeat_thread_starts_none_and_beats_when_told(
+    backend: RecordingBackend, clock: FakeClock
+) -> None:
+    # The supported way to drive the heartbeat from the program (tests on injected time, an
+    # event loop): no thread is ever started, and run_heartbeat() does the due work.
+    before = set(threading.enumerate())
+    locker = Locker(backend, clock=clock, heartbeat_thread=False, ttl=3.0)
+    try:
+        short = locker.acquire("short")  # its first beat 1 s away: a timer at once
+        long = locker.acquire("long", ttl=30.0)  # 10 s away: an arrival
+        dropped = locker.acquire("dropped")
+        with pytest.warns(ResourceWarning, match="lock 'dropped' was garbage-collected while held"):
+            del dropped
+        assert set(threading.enumerate()) == before, "no heartbeat thread"
+        assert backend.called("release") == []
+        clock.advance(1.0)
+        assert locker.run_heartbeat() == 1
+        assert backend.called("release") == [("release", "dropped", None)]
+        assert [call[1] for call in backend.called("extend")] == ["short"]
+        for _ in range(9):
+            clock.advance(1.0)
+            locker.run_heartbeat()
+        extended = [call[1] for call in backend.called("extend")]
+        assert extended.count("long") == 1 and extended.count("short") == 10
+        assert short.state == long.state == "held"
+        clock.advance(30.0)  # nobody ran the heartbeat meanwhile: both leases ran out
+        assert short.state == long.state == "lost"
+        assert set(threading.enumerate()) == before
+    finally:
+        locker.close()
+
+
+def test_heartbeat_thread_and_owns_backend_are_validated_options(backend: RecordingBackend) -> None:
+    with pytest.raises(ValidationError, match="heartbeat_thread"):
+        Locker(backend, heartbeat_thread="no")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="owns_backend"):
+        Locker(backend, owns_backend=1)  # type: ignore[arg-type]
+    closed: list[bool] = []
+    backend.close = lambda: closed.append(True)  # type: ignore[method-assign]
+    Locker(backend).close()
+    assert closed == []
+    Locker(backend, owns_backend=True).close()
+    assert closed == [True]

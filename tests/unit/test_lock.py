@@ -60,7 +60,7 @@ def test_acquire_non_blocking_returns_false_and_may_be_tried_again(
 def test_acquire_explicit_timeout_overrides_the_lock_options(clock: FakeClock, sleeps: list[float]) -> None:
     backend = SilentBackend(clock=clock)
     backend.acquire("k", OTHER, 3600.0, "other")
-    locker = Locker(backend, clock=clock)
+    locker = Locker(backend, clock=clock, heartbeat_thread=False)
     lock = locker.lock("k", blocking=False)
     assert lock.acquire(blocking=True, timeout=0.5) is False
     assert sum(sleeps) == 0.5
@@ -220,6 +220,8 @@ def test_release_driver_error_keeps_the_lock_and_a_later_call_retries(
 def test_locker_close_makes_held_locks_read_lost_closed(
     backend: RecordingBackend, clock: FakeClock, events: EventLog
 ) -> None:
+    # With its heartbeat thread, which closing stops (the fake clock never moves here, so the
+    # thread has no due work to race the test with).
     locker = Locker(backend, clock=clock, on_event=events)
     held = locker.acquire("a")
     released = locker.acquire("b")
@@ -231,14 +233,14 @@ def test_locker_close_makes_held_locks_read_lost_closed(
     assert events.types("a") == ["acquired", "lost"]
     assert events.of("lost")[0].reason == "closed"
     assert held.release() is False
-    thread = locker.heartbeat.thread
+    thread = locker._heartbeat.thread
     assert thread is not None and not thread.is_alive()
     locker.close()  # idempotent
     assert locker.closed
 
 
 def test_a_closed_locker_refuses_every_use(backend: RecordingBackend, clock: FakeClock) -> None:
-    locker = Locker(backend, clock=clock)
+    locker = Locker(backend, clock=clock, heartbeat_thread=False)
     unacquired = locker.lock("u")
     decorated = locker.locked("d")(lambda: 1)
     locker.close()
@@ -289,7 +291,7 @@ def test_contention_on_with_raises_lock_held(locker: Locker, backend: RecordingB
 
 def _lease(lock: Lock, locker: Locker) -> tuple[object, ...]:
     """What a cancelled renewal must leave as it was: state, TTL, local lease, pending timers."""
-    return (lock.state, lock.ttl, lock.expires_in, locker.heartbeat.pending())
+    return (lock.state, lock.ttl, lock.expires_in, locker._heartbeat.pending())
 
 
 def _extend_cancelled(lock: Lock, locker: Locker, cancel: threading.Event) -> LockHeldError:

@@ -18,7 +18,7 @@ MINE = "caller-token-0001"
 
 @pytest.fixture
 def fenced(backend: RecordingBackend, clock: FakeClock, events: EventLog) -> Iterator[Locker]:
-    locker = Locker(backend, clock=clock, on_event=events, fencing=True)
+    locker = Locker(backend, clock=clock, heartbeat_thread=False, on_event=events, fencing=True)
     yield locker
     locker.close()
 
@@ -91,7 +91,7 @@ def test_fencing_needs_a_backend_with_fences() -> None:
 def test_token_factory_makes_the_tokens(backend: RecordingBackend, clock: FakeClock) -> None:
     made = ["factory-token-0001", "factory-token-0002"]
     tokens = iter(made)
-    locker = Locker(backend, clock=clock, token_factory=lambda: next(tokens))
+    locker = Locker(backend, clock=clock, heartbeat_thread=False, token_factory=lambda: next(tokens))
     assert [locker.acquire("a").token, locker.lock("b").token] == made
     locker.close()
 
@@ -151,7 +151,7 @@ def test_acquire_many_timeout_covers_the_whole_set(
 ) -> None:
     backend = SilentBackend(clock=clock)
     backend.acquire("b", OTHER, 3600.0, "other")
-    locker = Locker(backend, clock=clock, retry=Retry(delay=0.25))
+    locker = Locker(backend, clock=clock, heartbeat_thread=False, retry=Retry(delay=0.25))
     backend.hooks["acquire"] = lambda: clock.advance(0.5)
     with pytest.raises(LockHeldError) as caught:
         locker.acquire_many(["a", "b"], timeout=2.0)
@@ -177,8 +177,8 @@ def test_lockset_lost_signal_and_state(locker: Locker, backend: RecordingBackend
 def test_get_list_and_force_release_apply_the_key_prefix(
     backend: RecordingBackend, clock: FakeClock
 ) -> None:
-    app = Locker(backend, clock=clock, key_prefix="app:", fencing=True, owner="worker-1")
-    bare = Locker(backend, clock=clock)
+    app = Locker(backend, clock=clock, heartbeat_thread=False, key_prefix="app:", fencing=True, owner="worker-1")
+    bare = Locker(backend, clock=clock, heartbeat_thread=False)
     lock = app.acquire("job")
     assert lock.key == "app:job"
     bare.acquire("job")
@@ -208,7 +208,7 @@ def test_list_needs_a_backend_that_can_scan(clock: FakeClock) -> None:
     class NoScan(MemoryBackend):
         capabilities = MemoryBackend.capabilities.__class__(scan=False)
 
-    locker = Locker(NoScan(clock=clock), clock=clock)
+    locker = Locker(NoScan(clock=clock), clock=clock, heartbeat_thread=False)
     with pytest.raises(ValidationError, match="list"):
         locker.list()
     locker.close()
@@ -226,18 +226,18 @@ def test_connect_memory_gives_a_private_store_and_owns_it() -> None:
 
 
 def test_locker_is_a_context_manager(backend: RecordingBackend, clock: FakeClock) -> None:
-    with Locker(backend, clock=clock) as locker:
+    with Locker(backend, clock=clock, heartbeat_thread=False) as locker:
         lock = locker.acquire("k")
     assert locker.closed and lock.lost_reason == "closed"
     assert "closed" in repr(locker)
 
 
 def test_infinite_max_hold_means_no_deadline(backend: RecordingBackend, clock: FakeClock) -> None:
-    locker = Locker(backend, clock=clock, ttl=10.0, max_hold=math.inf)
+    locker = Locker(backend, clock=clock, heartbeat_thread=False, ttl=10.0, max_hold=math.inf)
     lock = locker.acquire("k")
     for beat in range(1, 2000):
         clock.set(START + beat * 10.0 / 3)
-        locker.heartbeat.run_due()
+        locker.run_heartbeat()
     assert lock.state == "held" and lock.held_for > 6000
     locker.close()
 
@@ -257,7 +257,7 @@ def test_remembered_options_are_still_validated_per_type() -> None:
 
 
 def test_a_changed_key_prefix_applies_to_keys_locked_before(backend: RecordingBackend, clock: FakeClock) -> None:
-    locker = Locker(backend, clock=clock, key_prefix="a:")
+    locker = Locker(backend, clock=clock, heartbeat_thread=False, key_prefix="a:")
     locker.acquire("k").release()
     locker.key_prefix = "b:"
     lock = locker.acquire("k")

@@ -54,7 +54,7 @@ def flaky(clock: FakeClock) -> FlakyBackend:
 
 @pytest.fixture
 def flaky_locker(flaky: FlakyBackend, clock: FakeClock, events: EventLog, sleeps: list[float]) -> Locker:
-    return Locker(flaky, clock=clock, on_event=events, retry=Retry(delay=0.5, timeout=10.0))
+    return Locker(flaky, clock=clock, heartbeat_thread=False, on_event=events, retry=Retry(delay=0.5, timeout=10.0))
 
 
 def test_a_waiting_acquire_rides_out_an_outage(
@@ -107,9 +107,9 @@ def test_the_outages_driver_error_is_the_cause(clock: FakeClock, sleeps: list[fl
             except ConnectionRefusedError as driver:
                 raise BackendUnavailableError("down: Connection refused", backend="fake") from driver
 
-    with Locker(DriverDown(clock=clock), clock=clock, retry=Retry(delay=0.5)) as locker, pytest.raises(
-        BackendUnavailableError
-    ) as caught:
+    with Locker(
+        DriverDown(clock=clock), clock=clock, heartbeat_thread=False, retry=Retry(delay=0.5)
+    ) as locker, pytest.raises(BackendUnavailableError) as caught:
         locker.acquire("k", timeout=1.0)
     assert "2 attempt(s) over 1.000s" in str(caught.value)
     assert "down: Connection refused" in str(caught.value)
@@ -141,7 +141,7 @@ def test_a_spent_retry_count_raises_the_outage_not_held(flaky: FlakyBackend, fla
 def test_an_answered_attempt_after_an_outage_is_plain_contention(
     flaky: FlakyBackend, flaky_locker: Locker, clock: FakeClock
 ) -> None:
-    holder = Locker(flaky, clock=clock)
+    holder = Locker(flaky, clock=clock, heartbeat_thread=False)
     holder.acquire("k", ttl=100)
     flaky.down = 2
     with pytest.raises(LockHeldError) as caught:
@@ -192,7 +192,8 @@ def test_a_lock_granted_after_an_outage_goes_as_soon_as_it_is_dropped(
     flaky.down = down
     logging.disable(logging.CRITICAL)
     try:
-        with collector_off(), Locker(flaky, clock=clock, retry=Retry(delay=0.5, timeout=10.0)) as locker:
+        retry = Retry(delay=0.5, timeout=10.0)
+        with collector_off(), Locker(flaky, clock=clock, heartbeat_thread=False, retry=retry) as locker:
             lock = locker.acquire("k")
             assert len(flaky.raised) == down and len(sleeps) == down  # an outage ridden out
             flaky.raised.clear()  # the test's own record of the errors

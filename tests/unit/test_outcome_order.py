@@ -308,7 +308,7 @@ def test_locked_skip_with_timeout_waits_first(
 ) -> None:
     backend = SilentBackend(clock=clock)
     backend.acquire("job", OTHER, 3600.0, "other")
-    locker = Locker(backend, clock=clock)
+    locker = Locker(backend, clock=clock, heartbeat_thread=False)
     job = locker.locked("job", skip=True, timeout=1.0)(lambda: 1)
     assert job() is None
     assert sum(sleeps) == 1.0

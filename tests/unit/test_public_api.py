@@ -125,7 +125,13 @@ def test_version_is_a_string() -> None:
 #: Everything a user may call or read on a Lock (its context manager aside).
 LOCK_NAMES = {
     "acquire", "check", "expires_in", "extend", "fence", "held_for", "holds", "is_held", "key", "lost",
-    "lost_cause", "lost_reason", "on_loss", "release", "retry", "state", "thread", "token", "ttl",
+    "lost_reason", "release", "retry", "state", "thread", "token", "ttl",
+}
+#: Everything a user may call or read on a Locker's class (``ttl`` and ``key_prefix`` are
+#: attributes of each locker).
+LOCKER_NAMES = {
+    "acquire", "acquire_many", "backend", "close", "closed", "elect", "fencing", "force_release", "get", "list",
+    "lock", "locked", "max_hold", "owner", "reentrant", "retry", "run_heartbeat", "try_acquire",
 }
 
 
@@ -137,3 +143,19 @@ def test_a_lock_has_exactly_its_documented_public_names() -> None:
     for name in LOCK_NAMES:
         assert f"``{name}``" in Lock.__doc__, f"Lock's docstring does not name {name}"
     assert hasattr(Lock, "__enter__") and hasattr(Lock, "__exit__")
+
+
+def test_a_locker_has_exactly_the_names_users_call() -> None:
+    # What only the library needs is a constructor option (heartbeat_thread, owns_backend), a
+    # function of lease_lock.connect (check_locker_options) or private.
+    from lease_lock import Locker
+
+    assert {name for name in dir(Locker) if not name.startswith("_")} == LOCKER_NAMES
+    with Locker(lease_lock.MemoryBackend()) as locker:
+        assert {name for name in vars(locker) if not name.startswith("_")} == {"ttl", "key_prefix"}
+
+
+def test_the_lock_module_exports_only_what_users_name() -> None:
+    import lease_lock.lock
+
+    assert sorted(lease_lock.lock.__all__) == ["Lock", "LossSignal"]

@@ -46,7 +46,7 @@ def test_nested_with_one_grant_one_release_at_the_end(
 
 
 def test_locker_option_and_every_acquire_form(backend: RecordingBackend, clock: Any) -> None:
-    locker = Locker(backend, clock=clock, reentrant=True)
+    locker = Locker(backend, clock=clock, heartbeat_thread=False, reentrant=True)
     try:
         outer = locker.acquire("k")
         again = locker.acquire("k")
@@ -197,7 +197,7 @@ def test_the_granting_thread_is_recorded(locker: Locker) -> None:
 def test_closing_gives_back_what_is_held_even_after_many_were_dropped(
     backend: RecordingBackend, clock: Any
 ) -> None:
-    locker = Locker(backend, clock=clock)
+    locker = Locker(backend, clock=clock, heartbeat_thread=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)
         for index in range(3000):
@@ -211,3 +211,51 @@ def test_closing_gives_back_what_is_held_even_after_many_were_dropped(
     assert sorted(call[1] for call in backend.called("release")) == sorted(
         ["kept", *(f"dropped-{index}" for index in range(3000))]
     )
+
+
+def test_a_dropped_reentrant_handle_is_given_back_like_a_plain_one(backend: RecordingBackend, clock: Any) -> None:
+    # `if locker.try_acquire(key):` inside a block that holds the key joins the outer lease and
+    # drops the handle at once. Each such drop must give its hold back (with the warning a
+    # dropped plain lock gives): the outer hold keeps the key, and when it ends another process
+    # gets the key. Before, the count climbed 1, 2, 3, 4 and the key was never given back.
+    locker = Locker(backend, clock=clock, heartbeat_thread=False, reentrant=True)
+    elsewhere = Locker(backend, clock=clock, heartbeat_thread=False)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            for round_ in range(4):
+                with locker.lock("k") as outer:
+                    if locker.try_acquire("k"):
+                        pass
+                    locker.run_heartbeat()  # the library thread's turn
+                    assert (outer.state, outer.holds) == ("held", 1), f"round {round_}: the outer hold keeps the key"
+                    assert elsewhere.try_acquire("k") is None
+                assert outer.state == "released"
+                taken = elsewhere.try_acquire("k")
+                assert taken is not None, f"round {round_}: another process gets the key after the block"
+                taken.release()
+        dropped = [warning for warning in caught if issubclass(warning.category, ResourceWarning)]
+        assert len(dropped) == 4
+        assert all("'k' was garbage-collected while held" in str(warning.message) for warning in dropped)
+        # A joined handle released explicitly, then dropped, gives nothing back twice and warns not.
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ResourceWarning)
+            with locker.lock("k") as outer:
+                joined = locker.acquire("k")
+                assert outer.holds == 2 and joined.release() is True
+                del joined
+                locker.run_heartbeat()
+                assert (outer.state, outer.holds) == ("held", 1)
+            assert outer.state == "released"
+        # The last hold out being a dropped joined one: its drop gives the key back.
+        outer = locker.acquire("k")
+        joined = locker.try_acquire("k")
+        assert outer.release() is True and outer.state == "held"
+        with pytest.warns(ResourceWarning, match="garbage-collected while held"):
+            del joined
+        locker.run_heartbeat()
+        assert outer.state == "released"
+        assert elsewhere.try_acquire("k") is not None
+    finally:
+        elsewhere.close()
+        locker.close()

@@ -27,7 +27,7 @@ def paced(silent: SilentBackend, clock: FakeClock, events: EventLog, sleeps: lis
     """A locker whose waits move the fake clock, on a key held by someone else."""
     silent.acquire("busy", OTHER, 3600.0, "other")
     silent.calls.clear()
-    locker = Locker(silent, clock=clock, on_event=events)
+    locker = Locker(silent, clock=clock, heartbeat_thread=False, on_event=events)
     yield locker
     locker.close()
 
@@ -47,7 +47,7 @@ def test_fields_merge_one_by_one_builtin_then_locker_then_call(
     silent: SilentBackend, clock: FakeClock, sleeps: list[float]
 ) -> None:
     silent.acquire("busy", OTHER, 3600.0, "other")
-    locker = Locker(silent, clock=clock, retry=Retry(retries=3))
+    locker = Locker(silent, clock=clock, heartbeat_thread=False, retry=Retry(retries=3))
     assert locker.retry == Retry(retries=3, delay=0.2, timeout=10.0)
     with pytest.raises(LockHeldError) as caught:
         locker.acquire("busy", retry=Retry(delay=0.5))

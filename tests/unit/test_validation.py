@@ -104,7 +104,7 @@ def test_an_unknown_option_is_a_type_error_naming_it_and_writes_nothing(
 
 
 def test_key_prefix_counts_towards_the_key_length(quiet: RecordingBackend, clock: FakeClock) -> None:
-    locker = Locker(quiet, clock=clock, key_prefix="p" * 1000)
+    locker = Locker(quiet, clock=clock, heartbeat_thread=False, key_prefix="p" * 1000)
     with pytest.raises(ValidationError, match="1024"):
         locker.lock("k" * 25)
     locker.lock("k" * 24)
@@ -142,14 +142,16 @@ def test_backend_must_be_a_backend() -> None:
 
 
 def test_durations_accept_timedelta(quiet: RecordingBackend, clock: FakeClock) -> None:
-    locker = Locker(quiet, clock=clock, ttl=timedelta(seconds=12), max_hold=timedelta(minutes=5))
+    locker = Locker(
+        quiet, clock=clock, heartbeat_thread=False, ttl=timedelta(seconds=12), max_hold=timedelta(minutes=5)
+    )
     assert (locker.ttl, locker.max_hold) == (12.0, 300.0)
     assert locker.lock("k", ttl=timedelta(milliseconds=1500)).ttl == 1.5
     locker.close()
 
 
 def test_bad_token_from_the_factory_is_refused(quiet: RecordingBackend, clock: FakeClock) -> None:
-    locker = Locker(quiet, clock=clock, token_factory=lambda: "bad token")
+    locker = Locker(quiet, clock=clock, heartbeat_thread=False, token_factory=lambda: "bad token")
     with pytest.raises(ValidationError, match="token_factory"):
         locker.acquire("k")
     locker.close()
@@ -205,7 +207,7 @@ def test_retry_accepts_its_documented_values() -> None:
 def test_bad_delay_function_result_is_named(clock: FakeClock, sleeps: list[float]) -> None:
     backend = SilentBackend(clock=clock)
     backend.acquire("k", "o" * 32, 60.0, "other")
-    locker = Locker(backend, clock=clock)
+    locker = Locker(backend, clock=clock, heartbeat_thread=False)
     with pytest.raises(ValidationError, match="delay"):
         locker.acquire("k", retry=Retry(delay=lambda state: -1.0))
     assert sleeps == []

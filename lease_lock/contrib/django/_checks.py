@@ -7,9 +7,8 @@ from typing import Any
 
 from django.core import checks
 
-from ...connect import LOCKER_OPTIONS
+from ...connect import LOCKER_OPTIONS, check_locker_options
 from ...errors import ValidationError
-from ...locker import Locker
 from .._config import (
     LOCKER_SETTINGS,
     METRICS_SETTING,
@@ -79,7 +78,7 @@ def _value_errors(config: dict[str, Any]) -> list[checks.CheckMessage]:
     found = []
     for setting, (option, value) in settings.items():
         try:
-            Locker.check_settings(**{option: value})
+            check_locker_options(**{option: value})
         except ValidationError as error:
             found.append(_error(error, "E002", f"{setting}: "))
     return found
