@@ -22,14 +22,31 @@ mistaken for a newer one.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
-from ..line import BURST, CLAIM_MAX, FRESH_SHARE, LINE_WAITERS, Handed, Joined, LineSlots, RefreshedLine, claim_for
+from ..line import (
+    BURST,
+    CLAIM_MAX,
+    FREED,
+    FRESH_SHARE,
+    LINE_WAITERS,
+    Freed,
+    Handed,
+    Joined,
+    LineSlots,
+    RefreshedLine,
+    claim_for,
+)
 from ._connections import DirectCommands
 from ._scripts import JOIN_LINE, LEAVE_LINE
 
 __all__ = ["BURST", "CLAIM_MAX", "FRESH_SHARE", "LINE_WAITERS", "LineSlots", "RedisWaitingLine", "claim_for"]
+
+
+#: Shorter blocks than this are not worth a round trip (BLPOP takes 0 as "for ever").
+_SHORTEST_BLOCK = 0.001
 
 
 def _fence(reply: Any) -> int:
@@ -81,12 +98,28 @@ class RedisWaitingLine(RefreshedLine):
             return Joined(None, reply / 1000)
         return Joined(_fence(reply))
 
-    def _block(self, seconds: float) -> Optional[Handed]:
+    def _block(self, seconds: float) -> Union[Handed, Freed, None]:
         # On a connection this place keeps while it waits, sent and read directly: the client's
         # way round every command (a connection from the pool and back, the reply's callback,
         # its bookkeeping) came between the grant's arrival and the waiter holding the key.
         # A connection error is retried as the client's own commands are, by the connection's
         # retry policy, on a new connection.
+        deadline = time.monotonic() + seconds
+        reply = self._blpop(seconds)
+        if reply is not None and reply[1][:1] == b"!":
+            # The key went free without being handed over (released inside its holder's burst,
+            # or the waiter ahead left): ask for it when the burst ends, as a release within it
+            # hands nothing over, unless a hand-over comes first.
+            pause = min(int(reply[1][1:]) / 1000, deadline - time.monotonic())
+            reply = self._blpop(pause) if pause >= _SHORTEST_BLOCK else None
+            if reply is None or reply[1][:1] == b"!":
+                return FREED
+        if reply is None:
+            return None
+        # The release read the entry of the latest refresh (see the module docstring).
+        return Handed(_fence(reply[1]), self._sent)
+
+    def _blpop(self, seconds: float) -> Any:
         connection = self._connection
         if connection is None:
             connection = self._connection = self._commands.lend()
@@ -97,16 +130,12 @@ class RedisWaitingLine(RefreshedLine):
             return connection.read_response()
 
         try:
-            reply = connection.retry.call_with_retry(blpop, lambda _error: connection.disconnect())
+            return connection.retry.call_with_retry(blpop, lambda _error: connection.disconnect())
         except BaseException:
             # The reply may still be on its way: this connection serves no other command.
             connection.disconnect()
             self._give_back_connection()
             raise
-        if reply is None:
-            return None
-        # The release read the entry of the latest refresh (see the module docstring).
-        return Handed(_fence(reply[1]), self._sent)
 
     def _done(self) -> None:
         self._give_back_connection()
