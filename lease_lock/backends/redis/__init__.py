@@ -51,7 +51,6 @@ from ._watch import (
     RedisHandoffWatcher,
     RedisReleaseWatcher,
     Turns,
-    longest_block,
     release_channel,
 )
 
@@ -767,7 +766,6 @@ class RedisBackend(ServiceStore):
             claim=claim,
             clock=clock,
             translate=_translate_unavailable,
-            block_cap=longest_block(self.client),
             slots=self._line_slots,
         )
 
