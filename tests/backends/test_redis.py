@@ -130,7 +130,7 @@ def test_hash_tags() -> None:
     assert hash_tag("a{}b{c}") is None
     assert hash_tag("plain") is None
     assert fence_key("{orders}:42") == "{orders}:42:fence"
-    assert fence_key("orders:42") == "{orders:42}:fence"
+    assert fence_key("orders:42") == "{orders:42}/fence"
 
 
 # -- scripts ----------------------------------------------------------------------------------

@@ -51,12 +51,12 @@ from ._watch import (
     RedisHandoffWatcher,
     RedisReleaseWatcher,
     Turns,
-    longest_block,
     release_channel,
 )
 
 __all__ = [
-    "RedisBackend", "fence_key", "handoff_keys", "hash_tag", "is_fence_key", "line_keys", "store_structure",
+    "RedisBackend", "beside", "fence_key", "handoff_keys", "hash_tag", "is_fence_key", "line_keys",
+    "store_structure",
 ]
 
 #: A fence counter outlives the last grant of its key by a day (or by the lease, if longer).
@@ -76,16 +76,15 @@ def hash_tag(key: str) -> Optional[str]:
     return None
 
 
-#: The structures the backend keeps beside a key, by the suffix that names them: each is
-#: ``<key>:<suffix>`` for a key with a hash tag, ``{<key>}:<suffix>`` for any other, so that it
-#: shares the key's hash slot. A lock key named like one is refused (see
-#: :meth:`RedisBackend.check_key`); a structure added later is added here.
+#: The structures the backend keeps beside a key, by the name that ends theirs (see
+#: :func:`beside`). A lock key named like one is refused (see :meth:`RedisBackend.check_key`);
+#: a structure added later is added here.
 _BESIDE_KEY = {
-    ":fence": "fence counter",
-    ":waiting": "waiting marker",
-    ":wake": "wake list",
-    ":line": "waiting line",
-    ":entries": "waiting line's entries",
+    "fence": "fence counter",
+    "waiting": "waiting marker",
+    "wake": "wake list",
+    "line": "waiting line",
+    "entries": "waiting line's entries",
 }
 #: The structures the backend keeps under names of its own, by prefix; lock keys may not start
 #: with one.
@@ -96,8 +95,18 @@ _RESERVED_PREFIXES = {
 }
 
 
-def _beside(key: str, suffix: str) -> str:
-    return f"{key}{suffix}" if hash_tag(key) is not None else f"{{{key}}}{suffix}"
+def beside(key: str, structure: str) -> str:
+    """The name of ``key``'s ``structure`` (``"fence"``, ``"line"``...), in ``key``'s hash slot.
+
+    A key with a hash tag is followed by ``:<structure>``: the name keeps the tag. Any other key
+    is put in braces, which make it the name's tag, and followed by ``/<structure>``. No two
+    keys share a name: a name ending in ``:<structure>`` can only be ``<key>:<structure>`` of a
+    key with a tag, and one ending in ``}/<structure>`` only ``{<key>}/<structure>`` of a key
+    without, so each name gives back its one key; and each name is refused as a lock key. The
+    braces give the slot of ``key`` itself unless ``key`` contains ``}``, which a Cluster
+    therefore refuses (see :meth:`RedisBackend.check_key`).
+    """
+    return f"{key}:{structure}" if hash_tag(key) is not None else f"{{{key}}}/{structure}"
 
 
 # The names below are pure functions of the key, asked for on every call about it (a release
@@ -107,28 +116,23 @@ _NAMES_KEPT = 1024
 
 @functools.lru_cache(maxsize=_NAMES_KEPT)
 def fence_key(key: str) -> str:
-    """The name of ``key``'s fence counter, in the same hash slot as ``key``.
-
-    A key with a hash tag keeps it (``key:fence``); any other key becomes the tag
-    (``{key}:fence``). The second form lands in another slot when ``key`` contains ``}``, which
-    only matters on a Cluster (see :meth:`RedisBackend.check_key`).
-    """
-    return _beside(key, ":fence")
+    """The name of ``key``'s fence counter, in the same hash slot as ``key`` (see :func:`beside`)."""
+    return beside(key, "fence")
 
 
 @functools.lru_cache(maxsize=_NAMES_KEPT)
 def handoff_keys(key: str) -> tuple[str, str]:
     """The names of ``key``'s waiting marker and wake list, in the same hash slot as ``key``
-    (formed like :func:`fence_key`; see :mod:`lease_lock.backends.handoff`). Neither is a
-    string, so :meth:`RedisBackend.scan` never lists them."""
-    return _beside(key, ":waiting"), _beside(key, ":wake")
+    (see :func:`beside` and :mod:`lease_lock.backends.handoff`). Neither is a string, so
+    :meth:`RedisBackend.scan` never lists them."""
+    return beside(key, "waiting"), beside(key, "wake")
 
 
 @functools.lru_cache(maxsize=_NAMES_KEPT)
 def line_keys(key: str) -> tuple[str, str]:
     """The names of ``key``'s waiting line (a list of tokens) and its entries (a hash), in
-    the same hash slot as ``key`` (formed like :func:`fence_key`)."""
-    return _beside(key, ":line"), _beside(key, ":entries")
+    the same hash slot as ``key`` (see :func:`beside`)."""
+    return beside(key, "line"), beside(key, "entries")
 
 
 @functools.lru_cache(maxsize=_NAMES_KEPT)
@@ -138,20 +142,19 @@ def store_structure(key: str) -> Optional[str]:
     for prefix, what in _RESERVED_PREFIXES.items():
         if key.startswith(prefix):
             return what
-    for suffix, what in _BESIDE_KEY.items():
-        if not key.endswith(suffix):
-            continue
-        base = key[: -len(suffix)]
-        if hash_tag(base) is not None:
-            return what  # the structure of ``base`` itself
-        if base.startswith("{") and base.endswith("}") and _beside(base[1:-1], suffix) == key:
+    for structure, what in _BESIDE_KEY.items():
+        tagged = key[: -len(structure) - 1]
+        if key.endswith(":" + structure) and hash_tag(tagged) is not None:
+            return what
+        plain = key[1 : -len(structure) - 2]
+        if key.startswith("{") and key.endswith("}/" + structure) and hash_tag(plain) is None:
             return what
     return None
 
 
 def is_fence_key(key: str) -> bool:
     """``True`` if ``key`` is the name of another key's fence counter (see :func:`fence_key`)."""
-    return store_structure(key) == _BESIDE_KEY[":fence"]
+    return store_structure(key) == _BESIDE_KEY["fence"]
 
 
 _Call = TypeVar("_Call", bound=Callable[..., Any])
@@ -763,7 +766,6 @@ class RedisBackend(ServiceStore):
             claim=claim,
             clock=clock,
             translate=_translate_unavailable,
-            block_cap=longest_block(self.client),
             slots=self._line_slots,
         )
 
@@ -803,14 +805,15 @@ class RedisBackend(ServiceStore):
     # -- validation hooks ----------------------------------------------------------------------
 
     def check_key(self, key: str) -> None:
-        """Refuse keys named like one of the backend's own structures (the fence counter,
-        waiting marker or wake list of another key, a rate counter, a hand-off control list),
-        and on a Cluster keys whose fence counter could not share their hash slot."""
+        """Refuse keys named like one of the backend's own structures (a structure beside
+        another key, see :func:`beside`; a rate counter, a hand-off control list, a grant list),
+        and on a Cluster keys whose structures could not share their hash slot."""
         what = store_structure(key)
         if what is not None:
+            structures = "|".join(_BESIDE_KEY)
             raise ValidationError(
                 f"key {key!r} is the name of a {what} of lease_lock on Redis; choose a key that "
-                f"does not end in {', '.join(repr(suffix) for suffix in _BESIDE_KEY)} after a hash "
-                f"tag and does not start with {', '.join(repr(prefix) for prefix in _RESERVED_PREFIXES)}"
+                f"is neither '<key with a hash tag>:{{{structures}}}' nor '{{<key>}}/{{{structures}}}' "
+                f"and does not start with {', '.join(repr(prefix) for prefix in _RESERVED_PREFIXES)}"
             )
         self._fence_key(key)

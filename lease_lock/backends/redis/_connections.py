@@ -169,6 +169,14 @@ class DirectCommands:
         self._forget_if_forked()
         return self._take()
 
+    def send(self, connection: Any, args: tuple[Any, ...]) -> None:
+        """Send one command on a connection from :meth:`lend`, packed as :meth:`execute_command`
+        packs it, without redis-py's health check: the caller bounds the wait for the reply."""
+        if self._encoder is not None:
+            connection.send_packed_command([pack_command(args, self._encoder)], check_health=False)
+        else:
+            connection.send_command(*args, check_health=False)
+
     def take_back(self, connection: Any) -> None:
         """Take back a connection from :meth:`lend`, its last reply read in full or the
         connection disconnected (so that no later command can read a stray reply)."""

@@ -18,18 +18,49 @@ window from that send, which is how the waiter judges it (and any grant). A rele
 *before* the refresh reached Redis would have left the key held by the waiter's token, which the
 refresh itself then answers as a grant (and clears the grant list), so no older grant can be
 mistaken for a newer one.
+
+Every command of the place (its attempts, its blocks, its leaving) goes out on that one
+connection and waits for its reply no longer than it may block plus :data:`REPLY_MARGIN`: a
+server that goes silent (frozen, or cut off with the connection still open) ends the wait with
+``BackendUnavailableError`` near the time it was given, not after the client's socket timeout
+and its retries.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
-from ..line import BURST, CLAIM_MAX, FRESH_SHARE, LINE_WAITERS, Handed, Joined, LineSlots, RefreshedLine, claim_for
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ..line import (
+    BURST,
+    CLAIM_MAX,
+    FREED,
+    FRESH_SHARE,
+    LINE_WAITERS,
+    Freed,
+    Handed,
+    Joined,
+    LineSlots,
+    RefreshedLine,
+    claim_for,
+)
 from ._connections import DirectCommands
 from ._scripts import JOIN_LINE, LEAVE_LINE
 
-__all__ = ["BURST", "CLAIM_MAX", "FRESH_SHARE", "LINE_WAITERS", "LineSlots", "RedisWaitingLine", "claim_for"]
+__all__ = [
+    "BURST", "CLAIM_MAX", "FRESH_SHARE", "LINE_WAITERS", "REPLY_MARGIN", "LineSlots", "RedisWaitingLine", "claim_for",
+]
+
+#: How much longer than a command may block the place waits for its reply (seconds) before it
+#: calls the server silent: a live server answers a script, or a BLPOP whose time is up, within
+#: milliseconds, and a wait must end near the time it was given when nothing answers at all.
+REPLY_MARGIN = 0.5
+#: Shorter blocks than this are not worth a round trip (BLPOP takes 0 as "for ever").
+_SHORTEST_BLOCK = 0.001
 
 
 def _fence(reply: Any) -> int:
@@ -37,13 +68,31 @@ def _fence(reply: Any) -> int:
     return int(reply) if reply else 0
 
 
+class _Silent(Exception):
+    """No reply in time. Not a redis-py error, so that no retry policy tries again: a silent
+    server would not answer the retry either."""
+
+
+class _Within:
+    """``execute_command`` on a place's connection, each reply awaited at most ``seconds``
+    (what :class:`~._scripts.Script` calls)."""
+
+    __slots__ = ("_line", "_seconds")
+
+    def __init__(self, line: RedisWaitingLine, seconds: float) -> None:
+        self._line = line
+        self._seconds = seconds
+
+    def execute_command(self, *args: Any) -> Any:
+        return self._line._run(self._seconds, args)
+
+
 class RedisWaitingLine(RefreshedLine):
     """A waiting thread's place in one key's line (see the module docstring).
 
-    ``commands`` runs the scripts (by hash first) and lends the connection the waits block on
-    in ``BLPOP``; ``join`` and
-    ``leave`` are the keys and arguments of JOIN_LINE and LEAVE_LINE; ``granted`` names the
-    waiter's grant list; ``block_cap`` bounds one BLPOP below the socket timeout; the rest is
+    ``commands`` lends the connection the place sends its commands on (scripts by hash first,
+    and the ``BLPOP`` its waits block in); ``join`` and ``leave`` are the keys and arguments of
+    JOIN_LINE and LEAVE_LINE; ``granted`` names the waiter's grant list; the rest is
     :class:`~lease_lock.backends.line.RefreshedLine`'s.
     """
 
@@ -58,7 +107,6 @@ class RedisWaitingLine(RefreshedLine):
         claim: float,
         clock: Callable[[], float],
         translate: Callable[[BaseException], Optional[BaseException]],
-        block_cap: float,
         slots: LineSlots,
     ) -> None:
         super().__init__(ttl=ttl, claim=claim, clock=clock, translate=translate, slots=slots)
@@ -66,13 +114,17 @@ class RedisWaitingLine(RefreshedLine):
         self._join_call = join
         self._leave_call = leave
         self._granted = granted
-        self._block_cap = block_cap
-        # The connection the waits block on, from the first wait until the thread leaves.
+        self._answers = _Within(self, REPLY_MARGIN)
+        # The connection the place's commands go out on, from its first command until the
+        # thread leaves; its socket timeouts as lent; whether it was dropped since (its next
+        # socket then has the bounded timeouts _run sets, see _give_back_connection).
         self._connection: Any = None
+        self._timeouts: tuple[Any, Any] = (None, None)
+        self._dropped = False
 
     def _join(self, sent: float) -> Joined:
         keys, argv = self._join_call
-        reply = JOIN_LINE(self._commands, keys, argv)
+        reply = JOIN_LINE(self._answers, keys, argv)
         if reply is None:
             return Joined(None)
         if isinstance(reply, int):
@@ -81,41 +133,82 @@ class RedisWaitingLine(RefreshedLine):
             return Joined(None, reply / 1000)
         return Joined(_fence(reply))
 
-    def _block(self, seconds: float) -> Optional[Handed]:
+    def _block(self, seconds: float) -> Union[Handed, Freed, None]:
         # On a connection this place keeps while it waits, sent and read directly: the client's
         # way round every command (a connection from the pool and back, the reply's callback,
         # its bookkeeping) came between the grant's arrival and the waiter holding the key.
-        # A connection error is retried as the client's own commands are, by the connection's
-        # retry policy, on a new connection.
-        connection = self._connection
-        if connection is None:
-            connection = self._connection = self._commands.lend()
-        timeout = min(seconds, self._block_cap)
-
-        def blpop() -> Any:
-            connection.send_command("BLPOP", self._granted, timeout)
-            return connection.read_response()
-
-        try:
-            reply = connection.retry.call_with_retry(blpop, lambda _error: connection.disconnect())
-        except BaseException:
-            # The reply may still be on its way: this connection serves no other command.
-            connection.disconnect()
-            self._give_back_connection()
-            raise
+        deadline = time.monotonic() + seconds
+        reply = self._blpop(seconds)
+        if reply is not None and reply[1][:1] == b"!":
+            # The key went free without being handed over (released inside its holder's burst,
+            # or the waiter ahead left): ask for it when the burst ends, as a release within it
+            # hands nothing over, unless a hand-over comes first.
+            pause = min(int(reply[1][1:]) / 1000, deadline - time.monotonic())
+            reply = self._blpop(pause) if pause >= _SHORTEST_BLOCK else None
+            if reply is None or reply[1][:1] == b"!":
+                return FREED
         if reply is None:
             return None
         # The release read the entry of the latest refresh (see the module docstring).
         return Handed(_fence(reply[1]), self._sent)
+
+    def _blpop(self, seconds: float) -> Any:
+        return self._run(seconds + REPLY_MARGIN, ("BLPOP", self._granted, seconds))
+
+    def _run(self, within: float, args: tuple[Any, ...]) -> Any:
+        """Send ``args`` on the place's connection and return the reply that came within
+        ``within`` seconds. A dropped connection is tried again, by the connection's retry
+        policy as the client's own commands are, on a new connection, while time is left; a
+        silent one raises ``BackendUnavailableError`` at once."""
+        connection = self._connection
+        if connection is None:
+            connection = self._connection = self._commands.lend()
+            self._timeouts = (connection.socket_timeout, connection.socket_connect_timeout)
+        deadline = time.monotonic() + within
+
+        def attempt() -> Any:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _Silent
+            # A connection made again for this try hears no more patiently than the try.
+            connection.socket_timeout = connection.socket_connect_timeout = left
+            self._commands.send(connection, args)
+            if not connection.can_read(left):
+                raise _Silent
+            return connection.read_response()
+
+        def drop(*_error: Any) -> None:
+            self._dropped = True
+            connection.disconnect()
+
+        try:
+            return connection.retry.call_with_retry(attempt, drop)
+        except ResponseError:
+            raise  # an error reply, read in full: the connection is sound
+        except BaseException as error:
+            # The reply may still be on its way: this connection serves no other command.
+            drop()
+            self._give_back_connection()
+            if isinstance(error, _Silent):
+                silence = RedisTimeoutError(f"no reply to {args[0]} within {within:.3g}s")
+                raise (self._translate(silence) or silence) from silence
+            raise
 
     def _done(self) -> None:
         self._give_back_connection()
 
     def _give_back_connection(self) -> None:
         connection, self._connection = self._connection, None
-        if connection is not None:
-            self._commands.take_back(connection)
+        if connection is None:
+            return
+        connection.socket_timeout, connection.socket_connect_timeout = self._timeouts
+        if self._dropped:
+            # Its socket was made with the bounded timeouts of one try: the next command makes
+            # one with the client's.
+            connection.disconnect()
+            self._dropped = False
+        self._commands.take_back(connection)
 
     def _quit(self) -> None:
         keys, argv = self._leave_call
-        LEAVE_LINE(self._commands, keys, argv)
+        LEAVE_LINE(self._answers, keys, argv)

@@ -237,7 +237,8 @@ GRANTED_PREFIX = "lease_lock:granted:"
 # What a release does for the waiters in the key's line (see JOIN_LINE): KEYS[4] the key's
 # fence counter, KEYS[5] its line (a list of waiting tokens, oldest first), KEYS[6] their
 # entries (a hash: token -> "<fresh until, server ms>|<claim ms>|<1 to fence, else 0>|<burst
-# ms>|<owner>", and the field "!": the server ms before which no release hands the key over).
+# ms>|<owner>", the field "!": the server ms before which no release hands the key over, and
+# the field "?": the value of "!" whose waiter was told of a release, see below).
 # Entries gone stale (not refreshed in time: the waiter died, stopped or left) are dropped on
 # the way to the first fresh one, and the release hands that waiter the key: for its claim
 # window, with a fence from the counter, the fence pushed onto its grant list (GRANTED_PREFIX +
@@ -246,23 +247,24 @@ GRANTED_PREFIX = "lease_lock:granted:"
 # needed. The new holder then keeps the key through its releases for its burst: until "!", a
 # release leaves the key free (false), so a holder that releases and takes the key straight
 # back is not interrupted at every release by a hand-over, each of which costs a waiter's
-# wake-up; the waiter at the head of the line asks for the key itself when the burst ends.
+# wake-up. The first such release of a burst tells the waiter at the head of the line instead
+# (tell_free): it asks for the key itself when the burst ends, and so a holder that does not
+# take the key back leaves it idle for the rest of its burst only.
 _HAND_ON = (
     _NEXT_FENCE
     + """
-local function hand_on(lifetime)
-  if redis.call('TYPE', KEYS[5]).ok ~= 'list' or redis.call('TYPE', KEYS[6]).ok ~= 'hash' then
-    return false
-  end
+local function server_millis()
   local now = redis.call('TIME')
-  local millis = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  if millis < tonumber(redis.call('HGET', KEYS[6], '!') or '0') then
-    return false
-  end
+  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+end
+
+-- The first waiter in line whose entry is fresh, then its claim ms, '1' when fenced, burst ms
+-- and owner; nil when there is none. Stale entries met on the way are dropped.
+local function next_waiter(millis)
   while true do
     local waiter = redis.call('LINDEX', KEYS[5], 0)
     if not waiter then
-      return false
+      return nil
     end
     local entry = redis.call('HGET', KEYS[6], waiter)
     local fresh, claim, fenced, burst, owner
@@ -270,28 +272,61 @@ local function hand_on(lifetime)
       fresh, claim, fenced, burst, owner = string.match(entry, '^(%d+)|(%d+)|([01])|(%d+)|(.*)$')
     end
     if fresh and tonumber(fresh) > millis then
-      local fence = ''
-      if fenced == '1' then
-        fence = next_fence(KEYS[4], lifetime)
-        if not fence then
-          return false  -- no fence can be taken: the waiter asks for the key itself (and fails)
-        end
-      end
-      redis.call('LPOP', KEYS[5])
-      redis.call('HDEL', KEYS[6], waiter)
-      redis.call('HSET', KEYS[6], '!', string.format('%.0f', millis + tonumber(burst)))
-      redis.call('SET', KEYS[1], waiter .. '|' .. fence .. '|' .. owner, 'PX', claim)
-      local granted = '"""
-    + GRANTED_PREFIX
-    + """' .. waiter
-      redis.call('DEL', granted)
-      redis.call('RPUSH', granted, fence)
-      redis.call('PEXPIRE', granted, claim)
-      return true
+      return waiter, claim, fenced, burst, owner
     end
     redis.call('LPOP', KEYS[5])
     redis.call('HDEL', KEYS[6], waiter)
   end
+end
+
+-- Tells a waiter blocked on its grant list that the key is free, and in how many ms the
+-- current burst ends ("!<ms>"): it asks for the key itself then. A grant or word already on
+-- the list wakes it anyway.
+local function tell_free(waiter, claim, left)
+  local granted = '"""
+    + GRANTED_PREFIX
+    + """' .. waiter
+  if redis.call('LLEN', granted) == 0 then
+    redis.call('RPUSH', granted, '!' .. string.format('%.0f', math.max(0, left)))
+    redis.call('PEXPIRE', granted, claim)
+  end
+end
+
+local function hand_on(lifetime)
+  if redis.call('TYPE', KEYS[5]).ok ~= 'list' or redis.call('TYPE', KEYS[6]).ok ~= 'hash' then
+    return false
+  end
+  local millis = server_millis()
+  local waiter, claim, fenced, burst, owner = next_waiter(millis)
+  if not waiter then
+    return false
+  end
+  local burst_end = redis.call('HGET', KEYS[6], '!')
+  if burst_end and millis < tonumber(burst_end) then
+    if redis.call('HGET', KEYS[6], '?') ~= burst_end then
+      redis.call('HSET', KEYS[6], '?', burst_end)
+      tell_free(waiter, claim, tonumber(burst_end) - millis)
+    end
+    return false
+  end
+  local fence = ''
+  if fenced == '1' then
+    fence = next_fence(KEYS[4], lifetime)
+    if not fence then
+      return false  -- no fence can be taken: the waiter asks for the key itself (and fails)
+    end
+  end
+  redis.call('LPOP', KEYS[5])
+  redis.call('HDEL', KEYS[6], waiter)
+  redis.call('HSET', KEYS[6], '!', string.format('%.0f', millis + tonumber(burst)))
+  redis.call('SET', KEYS[1], waiter .. '|' .. fence .. '|' .. owner, 'PX', claim)
+  local granted = '"""
+    + GRANTED_PREFIX
+    + """' .. waiter
+  redis.call('DEL', granted)
+  redis.call('RPUSH', granted, fence)
+  redis.call('PEXPIRE', granted, claim)
+  return true
 end
 """
 )
@@ -393,8 +428,9 @@ redis.call('DEL', KEYS[5])
 #: ARGV[7] the token.
 #: A waiting thread that leaves without the key takes its entry out of the line; a grant that a
 #: release handed it meanwhile is released as by RELEASE (handed on, or announced), with no
-#: burst of its own in the way. Returns 1
-#: when such a grant was released, else 0.
+#: burst of its own in the way. When the key is free, the waiter now at the head of the line is
+#: told (the leaving one may have been told of a release inside a burst, see _HAND_ON). Returns
+#: 1 when such a grant was released, else 0.
 LEAVE_LINE = Script(
     _ANNOUNCE
     + _HAND_ON
@@ -407,6 +443,12 @@ if redis.call('TYPE', KEYS[5]).ok == 'list' and redis.call('TYPE', KEYS[6]).ok =
   local held = redis.call('GET', KEYS[1])
   if held and string.sub(held, 1, #ARGV[1]) == ARGV[1] then
     redis.call('HDEL', KEYS[6], '!')
+  elseif not held then
+    local millis = server_millis()
+    local waiter, claim = next_waiter(millis)
+    if waiter then
+      tell_free(waiter, claim, tonumber(redis.call('HGET', KEYS[6], '!') or '0') - millis)
+    end
   end
 end
 redis.call('DEL', KEYS[7])
