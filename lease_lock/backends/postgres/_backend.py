@@ -858,9 +858,14 @@ def _line_statements(
         seconds, kept in the key's row of the line with the empty token, which no waiter has):
         until it ends, a release hands nothing over and leaves the key free, so that a holder
         that releases and takes the key straight back is not interrupted by a hand-over, each of
-        which costs a waiter's wake-up, at every release. Without ``burst`` (a waiter that
-        leaves without using a key handed to it) a running burst is no reason to keep the key
-        back: the burst was that waiter's own."""
+        which costs a waiter's wake-up, at every release. A release that leaves the key free
+        inside a burst tells the head of the line so on its channel (``<ticket>|free``): the
+        waiter asks at once, and takes the key unless the holder took it back, in which case its
+        ask learns when the burst ends (see the ``join`` statement). The head is told once per
+        burst (the burst row's ``ticket`` names the waiter told): a holder taking the key back
+        and releasing it again wakes nobody, and the head asks at the burst's end at the latest.
+        Without ``burst`` (a waiter that leaves without using a key handed to it) a running
+        burst is no reason to keep the key back: the burst was that waiter's own."""
         # One read of the key's places (the rest reads that); each write below is skipped by
         # a one-time filter unless its case arose, so a release with nobody in line costs one
         # index probe of the line more than the plain release.
@@ -868,10 +873,11 @@ def _line_statements(
             "WITH places AS MATERIALIZED (SELECT line.token, line.owner, line.claim, line.fenced, line.channel,"
             " line.ticket, line.joined, line.fresh_until > clock_timestamp() AS fresh"
             f" FROM {q} AS line WHERE line.key = %(key)s{line_rows}),"
-            " waiter AS MATERIALIZED (SELECT token, owner, claim, fenced, channel, ticket FROM places"
-            " WHERE token <> '' AND fresh"
-            + (" AND NOT EXISTS (SELECT 1 FROM places WHERE token = '' AND fresh)" if burst else "")
-            + " ORDER BY joined, token LIMIT 1),"
+            " head AS MATERIALIZED (SELECT token, owner, claim, fenced, channel, ticket FROM places"
+            " WHERE token <> '' AND fresh ORDER BY joined, token LIMIT 1),"
+            " waiter AS MATERIALIZED (SELECT * FROM head"
+            + (" WHERE NOT EXISTS (SELECT 1 FROM places WHERE token = '' AND fresh)" if burst else "")
+            + "),"
             + draw("drawn", "waiter WHERE waiter.fenced")
             + f", handed AS (UPDATE {t} AS held SET token = waiter.token, owner = waiter.owner,"
             " expires_at = clock_timestamp() + waiter.claim * interval '1 second',"
@@ -886,7 +892,7 @@ def _line_statements(
             f" bursting AS (INSERT INTO {q} (key, token, owner, claim, fenced, channel, ticket, joined,"
             " fresh_until) SELECT %(key)s, '', '', 0, false, '', '', clock_timestamp(),"
             " clock_timestamp() + %(burst)s * interval '1 second' FROM handed"
-            " ON CONFLICT (key, token) DO UPDATE SET fresh_until = EXCLUDED.fresh_until),"
+            " ON CONFLICT (key, token) DO UPDATE SET fresh_until = EXCLUDED.fresh_until, ticket = ''),"
             f" stale AS (DELETE FROM {q} AS line WHERE line.key = %(key)s{line_rows}"
             " AND EXISTS (SELECT 1 FROM places WHERE NOT fresh)"
             " AND (line.token <> '' OR NOT EXISTS (SELECT 1 FROM handed))"
@@ -895,7 +901,14 @@ def _line_statements(
             + extra
             + f" dropped AS (DELETE FROM {t} WHERE key = %(key)s{lease_rows}"
             " AND NOT EXISTS (SELECT 1 FROM waiter) RETURNING key, expires_at > clock_timestamp() AS live)"
-            " SELECT live, pg_notify(%(channel)s, key),"
+            + (
+                f", told AS (UPDATE {q} AS burst SET ticket = head.token FROM head, dropped"
+                " WHERE burst.key = %(key)s AND burst.token = '' AND burst.fresh_until > clock_timestamp()"
+                " AND burst.ticket <> head.token RETURNING pg_notify(head.channel, head.ticket || '|free'))"
+                if burst
+                else ""
+            )
+            + " SELECT live, pg_notify(%(channel)s, key),"
             " EXISTS (SELECT 1 FROM places WHERE token <> '' AND fresh) FROM dropped"
             " UNION ALL SELECT live, pg_notify(channel, ticket || '|' || COALESCE(fence::text, '')), true"
             " FROM handed"

@@ -17,7 +17,8 @@ and the refresh left the waiter before that. A release that ran before a refresh
 held by the waiter's token, which that refresh answers as a full grant: so only the ticket of
 the latest refresh answered "in line" (or of one whose answer was lost) can come back, and a
 notification of any other ticket, or of another waiter that used the same connection before, is
-ignored.
+ignored. A release inside a holder's burst hands nothing over: it tells the head of the line, by
+the same ticket, that the key went free, and the waiter asks for it at once.
 """
 
 from __future__ import annotations
@@ -28,17 +29,20 @@ import secrets
 import select
 import threading
 import time
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 import psycopg2
 
-from ..line import Handed, Joined, LineSlots, RefreshedLine
+from ..line import FREED, Freed, Handed, Joined, LineSlots, RefreshedLine
 from ._connections import close_inherited
 from ._errors import is_connect_failure, unavailable
 from ._watch import connection_name
 
 __all__ = ["Listening", "ListeningConnections", "PostgresWaitingLine"]
 
+#: What a release that left the key free during a holder's burst sends the head of the line in
+#: place of a fence: ``<ticket>|free`` (see ``hand_on`` in :mod:`._backend`).
+_FREE = "free"
 #: Each waiting connection listens on a channel of its own: this, then 32 random hex digits
 #: (48 characters, within PostgreSQL's 63).
 CHANNEL_PREFIX = "lease_lock_line_"
@@ -189,7 +193,7 @@ class PostgresWaitingLine(RefreshedLine):
         self._tickets = {} if joined.fence is not None else {ticket: sent}
         return joined
 
-    def _block(self, seconds: float) -> Optional[Handed]:
+    def _block(self, seconds: float) -> Union[Handed, Freed, None]:
         listening = self._listening
         assert listening is not None  # the first wait joined first
         conn = listening.conn
@@ -203,14 +207,18 @@ class PostgresWaitingLine(RefreshedLine):
             if readable:
                 conn.poll()
 
-    def _handed(self, conn: Any) -> Optional[Handed]:
-        """The grant among the notifications received, if one names a ticket of this waiter."""
+    def _handed(self, conn: Any) -> Union[Handed, Freed, None]:
+        """The grant among the notifications received, if one names a ticket of this waiter,
+        or :data:`FREED` when one says the key went free during a holder's burst."""
         while conn.notifies:
             ticket, _, fence = conn.notifies.pop(0).payload.partition("|")
             sent = self._tickets.get(ticket)
-            if sent is not None:
-                self._tickets = {}
-                return Handed(int(fence) if fence else 0, sent)
+            if sent is None:
+                continue
+            if fence == _FREE:
+                return FREED  # the place stays, and so does its ticket, until the waiter asks
+            self._tickets = {}
+            return Handed(int(fence) if fence else 0, sent)
         return None
 
     def _quit(self) -> None:
