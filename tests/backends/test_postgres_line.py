@@ -22,11 +22,12 @@ from typing import Any
 
 import psycopg2
 import pytest
+from benchmarks.chaos_harness.proxy import TcpProxy
 from lease_lock import Locker, Retry
 from lease_lock.backends.handoff import LineSource
 from lease_lock.backends.line import CLAIM_MAX, LINE_WAITERS
 from lease_lock.backends.postgres import PostgresBackend, ddl
-from lease_lock.errors import LockHeldError, ValidationError
+from lease_lock.errors import BackendUnavailableError, LockHeldError, ValidationError
 from lease_lock.testing import wait_until
 
 from tests.support.events import Recorder
@@ -557,6 +558,48 @@ def test_one_shot_holders_hand_the_key_along_the_line_through_bursts(
         holder.close()
         for locker in waiters:
             locker.close()
+
+
+def test_a_silent_network_ends_a_wait_in_line_as_an_outage_in_bounded_time(
+    postgres_server: PostgresServer, table: str, key: str
+) -> None:
+    # The waiter reaches the server through a proxy that then holds every byte back: its
+    # connections stay open and nothing is answered. Its place needs a refresh every half
+    # second (a 2 s claim window), so the wait sends a statement into the silence; it must end
+    # as an outage a little after the three seconds it was given, not block for ever, and so
+    # must the leave that follows it.
+    proxy = TcpProxy(postgres_server.host, postgres_server.port)
+    silent = postgres_server.url.replace(f":{postgres_server.port}/", f":{proxy.port}/", 1)
+    holder = PostgresBackend.from_url(postgres_server.url, table=table, direct_handoff=True)
+    backend = PostgresBackend.from_url(silent, table=table, direct_handoff=True)
+    outcome: list[Any] = []
+    try:
+        assert holder.acquire(key, HOLDER, 30, "holder")
+        assert backend.acquire(f"{key}:other", HOLDER, 30, "holder")  # checks the tables
+        line = backend.join_line(key, "w" * 32, 2, "w", False, time.monotonic)
+        assert line is not None and line.ask() is None
+        proxy.stall()
+
+        def wait() -> None:
+            try:
+                outcome.append(line.wait(3))
+            except BackendUnavailableError as error:
+                outcome.append(error)
+            line.leave(False)
+            outcome.append("left")
+
+        thread = threading.Thread(target=wait, daemon=True)
+        thread.start()
+        thread.join(60)
+        assert not thread.is_alive(), "the wait in line blocked on the silent network"
+        [error, left] = outcome
+        assert isinstance(error, BackendUnavailableError) and isinstance(error.__cause__, psycopg2.Error)
+        assert left == "left"
+    finally:
+        proxy.close()
+        backend.close()
+        holder.force_release(key)
+        holder.close()
 
 
 def test_waiters_beyond_the_bound_wait_without_a_place_and_all_get_the_key(

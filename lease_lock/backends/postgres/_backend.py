@@ -7,6 +7,7 @@ import hashlib
 import logging
 import re
 import secrets
+import time
 import urllib.parse
 from datetime import timezone
 from typing import Any, Callable, ClassVar, Iterator, NamedTuple, Optional, Sequence, Union
@@ -28,7 +29,7 @@ from ..base import (
 from ..handoff import HandoffWatcher, WaitingLine
 from ..line import BURST, FRESH_SHARE, Joined, LineSlots, claim_for
 from ..service import ServiceStore, check_amount
-from ._connections import ConnectionSource, LazyPool, check_dsn
+from ._connections import ConnectionSource, LazyPool, arm_bound, check_dsn, end_bound
 from ._errors import is_connect_failure, is_connection_failure, unavailable
 from ._line import ListeningConnections, PostgresWaitingLine
 from ._sql import Names, ddl, resolve_names
@@ -256,6 +257,7 @@ class PostgresBackend(ServiceStore):
         *,
         counters: bool = False,
         write: bool = True,
+        within: Optional[float] = None,
     ) -> tuple[int, list[Any], bool]:
         """Run one statement on a borrowed connection and return its cursor's results.
 
@@ -274,7 +276,14 @@ class PostgresBackend(ServiceStore):
         A prepared statement is prepared in the same query as its first run on each session
         (a fresh connection, or one whose session reported it missing: that EXECUTE ran
         nothing, so it is simply tried again).
+
+        ``within`` bounds the statement's wait for its answer to that many seconds (tries on
+        a fresh connection included): a statement still unanswered then is cut off (see
+        :func:`._connections.arm_bound`) and ``BackendUnavailableError`` is raised, its
+        outcome unknown. Without it, a server that has gone silent is waited for as long as
+        the connection's own settings allow.
         """
+        until = None if within is None else time.monotonic() + within
         retried = False
         rechecked = False
         reprepared = False
@@ -287,17 +296,26 @@ class PostgresBackend(ServiceStore):
                 if is_connect_failure(exc):
                     raise unavailable(exc, self._listen_dsn, self.names.label) from exc
                 raise
+            bound = None
+            cut = False
             try:
-                if not self._tables_ready or (counters and not self._counters_ready):
-                    self._ensure_ready(conn, counters=counters, write=write)
-                kept = source.cursors.get(conn)
-                cursor = kept if kept is not None else source.cursor(conn)
-                if statement.name and statement.name not in cursor.prepared:
-                    cursor.execute(statement.prepare_then_sql, parameters)
-                    cursor.prepared.add(statement.name)
-                else:
-                    cursor.execute(statement.sql, parameters)
-                rows = cursor.fetchall() if cursor.description is not None else []
+                try:
+                    if until is not None:
+                        bound = arm_bound(conn, max(until - time.monotonic(), 0.0))
+                    if not self._tables_ready or (counters and not self._counters_ready):
+                        self._ensure_ready(conn, counters=counters, write=write)
+                    kept = source.cursors.get(conn)
+                    cursor = kept if kept is not None else source.cursor(conn)
+                    if statement.name and statement.name not in cursor.prepared:
+                        cursor.execute(statement.prepare_then_sql, parameters)
+                        cursor.prepared.add(statement.name)
+                    else:
+                        cursor.execute(statement.sql, parameters)
+                    rows = cursor.fetchall() if cursor.description is not None else []
+                finally:
+                    cut = bound is not None and end_bound(bound)
+                if cut:
+                    source.discard(conn)  # answered just in time, but its socket is shut
                 return cursor.rowcount, rows, retried
             except psycopg2.errors.InvalidSqlStatementName:
                 # The session lost what it had prepared (DISCARD ALL or DEALLOCATE by the
@@ -316,11 +334,11 @@ class PostgresBackend(ServiceStore):
                 rechecked = True
                 self._tables_ready = self._table_seen = self._counters_ready = False
             except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
-                if not is_connection_failure(exc, conn):
+                if not (cut or is_connection_failure(exc, conn)):
                     raise
                 source.discard(conn)
                 failures += 1
-                if failures >= source.attempts:
+                if cut or failures >= source.attempts:
                     raise unavailable(exc, self._listen_dsn, self.names.label) from exc
                 retried = True
             finally:
@@ -609,23 +627,27 @@ class PostgresBackend(ServiceStore):
             "key": key, "token": token, "channel": self.names.channel, "gate": gate, "slot": slot, "burst": BURST,
         }
 
-        def join(listen: str, ticket: str) -> Joined:
+        def join(listen: str, ticket: str, within: float) -> Joined:
             joining["listen"], joining["ticket"] = listen, ticket
-            _, rows, _ = self._run(statement, joining)
+            _, rows, _ = self._run(statement, joining, within=within)
             granted, fence, burst_left = rows[0]
             if not granted:
                 return Joined(None, None if burst_left is None else float(burst_left))
             return Joined(0 if fence is None else int(fence))
 
-        def leave(conn: Optional[Any]) -> None:
+        def leave(conn: Optional[Any], within: float) -> None:
             # On the waiter's own listening connection when it has one: leaving must work when
             # the pool cannot lend one (closed with its Locker while the thread was in line, or
             # every connection busy), or the place would linger, fresh, and be handed the key.
             if conn is None:
-                self._run(self._sql["leave_line"], leaving)
+                self._run(self._sql["leave_line"], leaving, within=within)
                 return
-            with conn.cursor() as cursor:
-                cursor.execute(self._sql["leave_line"].sql, leaving)
+            bound = arm_bound(conn, within)
+            try:
+                with conn.cursor() as cursor:
+                    cursor.execute(self._sql["leave_line"].sql, leaving)
+            finally:
+                end_bound(bound)
 
         return PostgresWaitingLine(
             join=join, leave=leave, connections=self._listening, dsn=self._listen_dsn, label=self.names.label,

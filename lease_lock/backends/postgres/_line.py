@@ -33,13 +33,18 @@ from typing import Any, Callable, NamedTuple, Optional, Union
 
 import psycopg2
 
+from ..handoff import LineGrant
 from ..line import FREED, Freed, Handed, Joined, LineSlots, RefreshedLine
-from ._connections import close_inherited
+from ._connections import arm_bound, close_inherited, end_bound
 from ._errors import is_connect_failure, unavailable
 from ._watch import connection_name
 
-__all__ = ["Listening", "ListeningConnections", "PostgresWaitingLine"]
+__all__ = ["ANSWER_MARGIN", "Listening", "ListeningConnections", "PostgresWaitingLine"]
 
+#: How long (seconds) a statement of the line may wait for its answer beyond the end of the wait
+#: it is part of (or at all, outside a wait) before it is cut off as unanswered: libpq alone would
+#: wait for a silent server for ever.
+ANSWER_MARGIN = 1.0
 #: What a release that left the key free during a holder's burst sends the head of the line in
 #: place of a fence: ``<ticket>|free`` (see ``hand_on`` in :mod:`._backend`).
 _FREE = "free"
@@ -105,8 +110,12 @@ class ListeningConnections:
             raise
         try:
             conn.autocommit = True
-            with conn.cursor() as cursor:
-                cursor.execute(f'LISTEN "{channel}"')
+            bound = arm_bound(conn, ANSWER_MARGIN)
+            try:
+                with conn.cursor() as cursor:
+                    cursor.execute(f'LISTEN "{channel}"')
+            finally:
+                end_bound(bound)
         except BaseException:
             conn.close()
             raise
@@ -140,18 +149,20 @@ class ListeningConnections:
 class PostgresWaitingLine(RefreshedLine):
     """A waiting thread's place in one key's line (see the module docstring).
 
-    ``join(channel, ticket)`` runs one attempt in line (see
-    :class:`~lease_lock.backends.line.Joined`); ``leave(conn)`` takes the place out and releases
-    a key handed over meanwhile, on ``conn`` (the listening connection, ``None`` when there is
-    no usable one); ``connections`` lends the listening connection, taken at the first attempt
-    and given back on leaving; the rest is :class:`~lease_lock.backends.line.RefreshedLine`'s.
+    ``join(channel, ticket, within)`` runs one attempt in line (see
+    :class:`~lease_lock.backends.line.Joined`); ``leave(conn, within)`` takes the place out and
+    releases a key handed over meanwhile, on ``conn`` (the listening connection, ``None`` when
+    there is no usable one); each is cut off after ``within`` seconds (see
+    :data:`ANSWER_MARGIN`). ``connections`` lends the listening connection, taken at the first
+    attempt and given back on leaving; the rest is
+    :class:`~lease_lock.backends.line.RefreshedLine`'s.
     """
 
     def __init__(
         self,
         *,
-        join: Callable[[str, str], Joined],
-        leave: Callable[[Optional[Any]], None],
+        join: Callable[[str, str, float], Joined],
+        leave: Callable[[Optional[Any], float], None],
         connections: ListeningConnections,
         dsn: Optional[str],
         label: str,
@@ -174,6 +185,23 @@ class PostgresWaitingLine(RefreshedLine):
         #: ticket -> send of its refresh, for the refreshes a release may have read (see the
         #: module docstring): the latest answered "in line", and any sent since.
         self._tickets: dict[str, float] = {}
+        #: The end (time.monotonic()) of the wait under way, which bounds its statements.
+        self._until: Optional[float] = None
+
+    def wait(self, seconds: float) -> Optional[LineGrant]:
+        """See :meth:`WaitingLine.wait`: returns, or raises ``BackendUnavailableError``, within
+        ``seconds`` and :data:`ANSWER_MARGIN`, however silent the server."""
+        self._until = time.monotonic() + seconds
+        try:
+            return super().wait(seconds)
+        finally:
+            self._until = None
+
+    def _within(self) -> float:
+        """How long the statement sent now may wait for its answer: to the end of the wait under
+        way, if any, and the margin."""
+        until = self._until
+        return ANSWER_MARGIN + (0.0 if until is None else max(until - time.monotonic(), 0.0))
 
     def _unavailable(self, exc: BaseException) -> Optional[BaseException]:
         # Statements run through the backend, which raises BackendUnavailableError itself; what
@@ -189,7 +217,7 @@ class PostgresWaitingLine(RefreshedLine):
         self._count += 1
         ticket = f"{self._id}.{self._count}"
         self._tickets[ticket] = sent
-        joined = self._join_call(self._listening.channel, ticket)
+        joined = self._join_call(self._listening.channel, ticket, self._within())
         self._tickets = {} if joined.fence is not None else {ticket: sent}
         return joined
 
@@ -223,7 +251,7 @@ class PostgresWaitingLine(RefreshedLine):
 
     def _quit(self) -> None:
         listening = self._listening
-        self._leave_call(None if listening is None or self._broken else listening.conn)
+        self._leave_call(None if listening is None or self._broken else listening.conn, ANSWER_MARGIN)
 
     def _done(self) -> None:
         listening, self._listening = self._listening, None
