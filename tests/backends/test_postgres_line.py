@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg2
+import psycopg2.pool
 import pytest
 from benchmarks.chaos_harness.proxy import TcpProxy
 from lease_lock import Locker, Retry
@@ -560,24 +561,38 @@ def test_one_shot_holders_hand_the_key_along_the_line_through_bursts(
             locker.close()
 
 
+@pytest.mark.parametrize(
+    ("joined", "pooled"), [(True, False), (False, False), (False, True)],
+    ids=["in line", "first wait", "first wait, caller's pool"],
+)
 def test_a_silent_network_ends_a_wait_in_line_as_an_outage_in_bounded_time(
-    postgres_server: PostgresServer, table: str, key: str
+    postgres_server: PostgresServer, table: str, key: str, joined: bool, pooled: bool
 ) -> None:
     # The waiter reaches the server through a proxy that then holds every byte back: its
     # connections stay open and nothing is answered. Its place needs a refresh every half
     # second (a 2 s claim window), so the wait sends a statement into the silence; it must end
     # as an outage a little after the three seconds it was given, not block for ever, and so
-    # must the leave that follows it.
+    # must the leave that follows it. A waiter whose first wait meets the silence has its
+    # listening connection still to open: the statement before it meets the silence, and the
+    # leave then has nothing to take out (a caller's pool, which would open a connection of its
+    # own without any connect_timeout, is not asked for one).
     proxy = TcpProxy(postgres_server.host, postgres_server.port)
     silent = postgres_server.url.replace(f":{postgres_server.port}/", f":{proxy.port}/", 1)
     holder = PostgresBackend.from_url(postgres_server.url, table=table, direct_handoff=True)
-    backend = PostgresBackend.from_url(silent, table=table, direct_handoff=True)
+    pool = psycopg2.pool.ThreadedConnectionPool(1, 4, silent) if pooled else None
+    backend = (
+        PostgresBackend(pool, table=table, direct_handoff=True)
+        if pool is not None
+        else PostgresBackend.from_url(silent, table=table, direct_handoff=True)
+    )
     outcome: list[Any] = []
     try:
         assert holder.acquire(key, HOLDER, 30, "holder")
         assert backend.acquire(f"{key}:other", HOLDER, 30, "holder")  # checks the tables
         line = backend.join_line(key, "w" * 32, 2, "w", False, time.monotonic)
-        assert line is not None and line.ask() is None
+        assert line is not None
+        if joined:
+            assert line.ask() is None
         proxy.stall()
 
         def wait() -> None:
@@ -598,6 +613,8 @@ def test_a_silent_network_ends_a_wait_in_line_as_an_outage_in_bounded_time(
     finally:
         proxy.close()
         backend.close()
+        if pool is not None:
+            pool.closeall()
         holder.force_release(key)
         holder.close()
 

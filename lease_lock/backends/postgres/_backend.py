@@ -567,10 +567,11 @@ class PostgresBackend(ServiceStore):
         count, remaining = rows[0]
         return int(count), max(0.0, float(remaining))
 
-    def _listen_parameters(self) -> dict[str, str]:
-        """How a watcher opens its own connection."""
+    def _listen_parameters(self, within: Optional[float] = None) -> dict[str, str]:
+        """How a watcher or a waiter in line opens its own connection; ``within`` bounds the
+        statement this runs (see :meth:`_run`)."""
         # The table must exist before anyone waits on it; this also fails fast on a bad setup.
-        self._run(_statement("", "", "SELECT 1"), {})
+        self._run(_statement("", "", "SELECT 1"), {}, within=within)
         if self._listen_dsn is not None:
             return {"dsn": self._listen_dsn}
         try:

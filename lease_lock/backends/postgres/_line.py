@@ -71,7 +71,7 @@ class ListeningConnections:
     """
 
     def __init__(
-        self, parameters: Callable[[], dict[str, str]], dsn: Callable[[], Optional[str]], label: str
+        self, parameters: Callable[[float], dict[str, str]], dsn: Callable[[], Optional[str]], label: str
     ) -> None:
         self._parameters_of = parameters
         self._parameters: Optional[dict[str, str]] = None
@@ -87,9 +87,11 @@ class ListeningConnections:
         """Whether :meth:`close` ran (the backend is closed: no new waiter takes a place)."""
         return self._closed
 
-    def take(self) -> Listening:
+    def take(self, within: float) -> Listening:
         """An idle listening connection, or a new one. Raises ``BackendUnavailableError`` when
-        the server cannot be reached; a refused login passes through as the driver's error."""
+        the server cannot be reached, or does not answer the statements of opening one within
+        ``within`` seconds each (the connection itself waits as long as ``connect_timeout``
+        allows); a refused login passes through as the driver's error."""
         with self._mutex:
             if self._pid != os.getpid():
                 # The parent's connections: closing them here must not end its sessions.
@@ -99,7 +101,7 @@ class ListeningConnections:
             if self._idle:
                 return self._idle.pop()
         if self._parameters is None:
-            parameters = dict(self._parameters_of())
+            parameters = dict(self._parameters_of(within))
             self._parameters = dict(parameters, application_name=connection_name(parameters, "line"))
         channel = CHANNEL_PREFIX + secrets.token_hex(16)
         try:
@@ -110,7 +112,7 @@ class ListeningConnections:
             raise
         try:
             conn.autocommit = True
-            bound = arm_bound(conn, ANSWER_MARGIN)
+            bound = arm_bound(conn, within)
             try:
                 with conn.cursor() as cursor:
                     cursor.execute(f'LISTEN "{channel}"')
@@ -213,7 +215,7 @@ class PostgresWaitingLine(RefreshedLine):
 
     def _join(self, sent: float) -> Joined:
         if self._listening is None:
-            self._listening = self._connections.take()
+            self._listening = self._connections.take(self._within())
         self._count += 1
         ticket = f"{self._id}.{self._count}"
         self._tickets[ticket] = sent
@@ -251,7 +253,9 @@ class PostgresWaitingLine(RefreshedLine):
 
     def _quit(self) -> None:
         listening = self._listening
-        self._leave_call(None if listening is None or self._broken else listening.conn, ANSWER_MARGIN)
+        if listening is None:
+            return  # no attempt was sent (the first needs the connection): no place to take out
+        self._leave_call(None if self._broken else listening.conn, ANSWER_MARGIN)
 
     def _done(self) -> None:
         listening, self._listening = self._listening, None
