@@ -795,13 +795,16 @@ class HttpBackend(Backend, RequestIdCarrier):
             sent[wire.HEADER_PREFER] = f"wait={wire.wait_text(left)}"
             return send("POST", url, headers=sent, json=body, timeout=self._held(left))
 
+        def spent() -> bool:
+            return end is not None and end - time.monotonic() < _SHORTEST_WAIT
+
         try:
             response = post(self._send)
         except (requests.ConnectionError, requests.Timeout) as exc:
-            if end is not None and end - time.monotonic() < _SHORTEST_WAIT:
+            if spent():
                 raise self._unavailable(exc) from exc
             return post(self._call)
-        if response.status_code == 503 and not (end is not None and end - time.monotonic() < _SHORTEST_WAIT):
+        if response.status_code == 503 and not spent():
             return post(self._call)
         return response
 
