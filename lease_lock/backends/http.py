@@ -103,6 +103,11 @@ _CLAIM_SLACK = wire.TAKEOVER_GRACE / 10
 #: server (see HttpBackend.join_line), each on one pooled connection; further waiters are woken
 #: through the shared watcher.
 LINE_WAITERS = 2
+#: Seconds a request the service holds (``Prefer: wait``) may take beyond its wait before it is
+#: given up as unanswered: the service's last look at its store, and the way back.
+ANSWER_MARGIN = 1.0
+#: A wait shorter than this is not asked for (the wire carries milliseconds).
+_SHORTEST_WAIT = 0.001
 
 
 class _Answer(NamedTuple):
@@ -381,7 +386,10 @@ class _HeldAcquisition(WaitingLine):
         self._backend._line_slots.give()
         if not granted and self._unsure:
             with contextlib.suppress(Exception):
-                self._backend.release(self._key, self._token)
+                # Bounded: the thread leaving may be on its way out of a wait that met a silent
+                # service, and the lease runs out without this anyway.
+                backend = self._backend
+                backend._release(self._key, self._token, min(backend.timeout, ANSWER_MARGIN))
 
 
 def _forget_after(now: float, ttl: float) -> float:
@@ -729,12 +737,8 @@ class HttpBackend(Backend, RequestIdCarrier):
             headers[wire.HEADER_OWNER] = owner_header
         url = self._url(key, lease=True)
         body = {"ttl_seconds": wire_ttl}
-        timeout: Any = None
-        if wait is not None:
-            headers[wire.HEADER_PREFER] = f"wait={wire.wait_text(wait)}"
-            timeout = (self.timeout, self.timeout + wait)
         sent = time.monotonic()
-        response = self._post_twice(url, headers, body, timeout)
+        response = self._post_twice(url, headers, body, wait)
         applied = wire.HEADER_PREFERENCE_APPLIED in response.headers
         if response.status_code == 409:
             if watch:
@@ -771,23 +775,46 @@ class HttpBackend(Backend, RequestIdCarrier):
         return fence
 
     def _post_twice(
-        self, url: str, headers: dict[str, str], body: dict[str, Any], timeout: Any = None
+        self, url: str, headers: dict[str, str], body: dict[str, Any], wait: Optional[float] = None
     ) -> requests.Response:
         """A POST, sent once more (same headers: same token and request id) after a transport
-        failure or a 503; the second failure raises ``BackendUnavailableError``."""
-        timeout = self.timeout if timeout is None else timeout
+        failure or a 503; the second failure raises ``BackendUnavailableError``.
+
+        With ``wait``, the seconds the service may hold the request (``Prefer: wait``), both
+        tries together end by the end of that wait and the answer's margin (see
+        :meth:`_held`): the repeat asks to be held only for what is left of the wait, and
+        is not sent when nothing is left (a service that did not answer in time is silent)."""
+        end = None if wait is None else time.monotonic() + wait
 
         def post(send: Callable[..., requests.Response]) -> requests.Response:
             # A copy each time: sending adds the credential to the headers it is given.
-            return send("POST", url, headers=dict(headers), json=body, timeout=timeout)
+            sent = dict(headers)
+            if end is None:
+                return send("POST", url, headers=sent, json=body, timeout=self.timeout)
+            left = end - time.monotonic()
+            sent[wire.HEADER_PREFER] = f"wait={wire.wait_text(left)}"
+            return send("POST", url, headers=sent, json=body, timeout=self._held(left))
+
+        def spent() -> bool:
+            return end is not None and end - time.monotonic() < _SHORTEST_WAIT
 
         try:
             response = post(self._send)
-        except (requests.ConnectionError, requests.Timeout):
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            if spent():
+                raise self._unavailable(exc) from exc
             return post(self._call)
-        if response.status_code == 503:
+        if response.status_code == 503 and not spent():
             return post(self._call)
         return response
+
+    def _held(self, wait: float) -> tuple[float, float]:
+        """The (connect, read) timeouts of a request the service may hold ``wait`` seconds: its
+        answer is due then, after the service's last look at the store, which
+        :data:`ANSWER_MARGIN` (or the request timeout, if shorter) covers. A request that the
+        service does not answer by then meets a silent network, not a busy key."""
+        bound = wait + min(self.timeout, ANSWER_MARGIN)
+        return min(self.timeout, bound), bound
 
     @staticmethod
     def _fence_of(response: requests.Response) -> int:
@@ -854,9 +881,15 @@ class HttpBackend(Backend, RequestIdCarrier):
 
     def release(self, key: str, token: str) -> bool:
         """Drop our lease (``DELETE /locks/{key}/lease``); ``True`` when one was dropped."""
+        return self._release(key, token, self.timeout)
+
+    def _release(self, key: str, token: str, timeout: float) -> bool:
+        """:meth:`release`, its request given up after ``timeout`` seconds."""
         self.check_key(key)
         self.check_token(token)
-        response = self._call("DELETE", self._url(key, lease=True), headers={wire.HEADER_TOKEN: token})
+        response = self._call(
+            "DELETE", self._url(key, lease=True), headers={wire.HEADER_TOKEN: token}, timeout=timeout
+        )
         if response.status_code == 409:
             return False
         self._raise_for(response, 204)
@@ -1064,7 +1097,7 @@ class HttpBackend(Backend, RequestIdCarrier):
                 self._url(key, lease=True),
                 headers={**refused.headers, wire.HEADER_PREFER: f"wait={wait}"},
                 json={"ttl_seconds": refused.wire_ttl},
-                timeout=(self.timeout, self.timeout + wait),
+                timeout=self._held(wait),
             )
             if response.status_code == 201:
                 return self._keep(key, refused, response, sent)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -240,3 +241,50 @@ def test_a_ca_bundle_that_is_not_there_is_the_sessions_own_error(
             backend.inspect("job")
     finally:
         backend.close()
+
+
+@pytest.mark.parametrize("session", [False, True], ids=["direct", "caller's session"])
+def test_a_silent_network_ends_a_wait_in_line_as_an_outage_in_bounded_time(
+    session: bool, service: Any, no_environment_settings: None
+) -> None:
+    # The waiter reaches the service through a proxy that then holds every byte back: the
+    # connection stays open and nothing is answered. Its requests may take five minutes each,
+    # but a wait of three seconds must end as an outage a little after them, not wait out the
+    # request timeout (twice: an acquisition is sent again after a transport failure), and so
+    # must the leave after it, which gives back what the unanswered request may have won.
+    _seen, server, keys = service
+    proxy = TcpProxy("127.0.0.1", int(server.url.rsplit(":", 1)[1]))
+    caller = requests.Session() if session else None
+    backend = HttpBackend(f"http://127.0.0.1:{proxy.port}", keys["alpha"], timeout=300, session=caller)
+    holder = HttpBackend(server.url, keys["alpha"])
+    holder_token, token = holder.new_token(), backend.new_token()
+    outcome: list[Any] = []
+    try:
+        assert holder.acquire_fenced("job", holder_token, 30, "holder") is not None
+        assert backend.acquire_fenced("job", token, 30, "waiter") is None  # learns the wait offered
+        line = backend.join_line("job", token, 30, "waiter", True, time.monotonic)
+        assert line is not None
+        proxy.stall()
+
+        def wait() -> None:
+            try:
+                outcome.append(line.wait(3))
+            except BackendUnavailableError as error:
+                outcome.append(error)
+            line.leave(False)
+            outcome.append("left")
+
+        thread = threading.Thread(target=wait, daemon=True)
+        thread.start()
+        thread.join(60)
+        assert not thread.is_alive(), "the wait in line blocked on the silent network"
+        [error, left] = outcome
+        assert isinstance(error, BackendUnavailableError) and isinstance(error.__cause__, requests.Timeout)
+        assert left == "left"
+    finally:
+        proxy.close()
+        backend.close()
+        holder.force_release("job")
+        holder.close()
+        if caller is not None:
+            caller.close()

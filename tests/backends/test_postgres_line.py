@@ -21,12 +21,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg2
+import psycopg2.pool
 import pytest
+from benchmarks.chaos_harness.proxy import TcpProxy
 from lease_lock import Locker, Retry
 from lease_lock.backends.handoff import LineSource
 from lease_lock.backends.line import CLAIM_MAX, LINE_WAITERS
 from lease_lock.backends.postgres import PostgresBackend, ddl
-from lease_lock.errors import LockHeldError, ValidationError
+from lease_lock.errors import BackendUnavailableError, LockHeldError, ValidationError
 from lease_lock.testing import wait_until
 
 from tests.support.events import Recorder
@@ -464,6 +466,156 @@ def test_releases_during_a_holders_burst_leave_the_key_free_and_the_head_of_the_
     finally:
         backend.force_release(key)
         backend.close()
+
+
+def _long_claims(monkeypatch: pytest.MonkeyPatch, burst: float = 0.0) -> None:
+    """Claim windows as long as the lease asked for, so that a waiter's own refresh (a quarter of
+    its window) comes minutes later and only a word from a release can bring its next ask; with
+    ``burst``, every hand-over gives a burst that long, so that the releases after it surely
+    come inside it."""
+    monkeypatch.setattr("lease_lock.backends.postgres._backend.claim_for", lambda ttl: ttl)
+    if burst:
+        monkeypatch.setattr("lease_lock.backends.postgres._backend.BURST", burst)
+
+
+def test_a_release_during_a_burst_tells_the_head_of_the_line_once(
+    postgres_server: PostgresServer, admin: Any, table: str, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _long_claims(monkeypatch)
+    backend = PostgresBackend.from_url(postgres_server.url, table=table, direct_handoff=True)
+    waiter = "w" * 32
+    try:
+        assert backend.acquire(key, HOLDER, 600, "holder")
+        line = backend.join_line(key, waiter, 600, "waiter", False, time.monotonic)
+        assert line is not None and line.ask() is None
+        [(channel,)] = _rows(admin, f'SELECT channel FROM "{table}_queue" WHERE key = %s AND token = %s', key, waiter)
+        _rows(admin, f'LISTEN "{channel}"')
+        # A hand-over gave the holder a burst that runs another ten minutes.
+        _rows(
+            admin,
+            f"INSERT INTO \"{table}_queue\" VALUES (%s, '', '', 0, false, '', '', clock_timestamp(),"
+            " clock_timestamp() + interval '600 seconds')",
+            key,
+        )
+        for _ in range(3):
+            # The holder releases and takes the key straight back: only the first release tells
+            # the head of the line that the key went free (it then asks, and learns when the
+            # burst ends); the holder's next ones wake nobody.
+            assert backend.release(key, HOLDER)
+            assert backend.acquire(key, HOLDER, 600, "holder")
+        _rows(admin, "SELECT pg_notify(%s, 'end')", channel)
+        payloads: list[str] = []
+        while "end" not in payloads:
+            assert wait_until(lambda: bool(admin.poll() or admin.notifies), 30)
+            payloads += [note.payload for note in admin.notifies]
+            admin.notifies.clear()
+        assert len(payloads) == 2, payloads
+        # Released for good inside the burst: the head of the line, told, asks at once and takes
+        # the key, though its own refresh is minutes away.
+        _rows(admin, f'UNLISTEN "{channel}"')
+        assert backend.release(key, HOLDER)
+        grant = line.wait(60)
+        assert grant is not None and not grant.claimed
+        line.leave(True)
+        assert backend.inspect(key).owner == "waiter"
+    finally:
+        backend.force_release(key)
+        backend.close()
+
+
+def test_one_shot_holders_hand_the_key_along_the_line_through_bursts(
+    postgres_server: PostgresServer, admin: Any, table: str, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every release below comes inside the burst of a hand-over, and no waiter asks again by
+    # itself for minutes: a release that told nobody would leave the rest of the line to time out.
+    _long_claims(monkeypatch, burst=600)
+    patient = Retry(delay=600, timeout=1200)
+    holder = _locker(postgres_server.url, table, ttl=600)
+    waiters = [_locker(postgres_server.url, table, ttl=600, retry=patient) for _ in range(4)]
+    taken: list[str] = []
+    errors: list[BaseException] = []
+
+    def take_once(locker: Locker) -> None:
+        try:
+            with locker.lock(key, timeout=20) as lock:
+                taken.append(lock.token)
+        except BaseException as error:  # noqa: BLE001 - handed to the test thread
+            errors.append(error)
+
+    try:
+        held = holder.acquire(key)
+        threads = [threading.Thread(target=take_once, args=(locker,), daemon=True) for locker in waiters]
+        for thread in threads:
+            thread.start()
+        assert wait_until(lambda: _in_line(admin, table, key) == len(waiters), 30)
+        held.release()
+        for thread in threads:
+            thread.join(120)
+        assert errors == [] and len(set(taken)) == len(waiters)
+        assert not holder.backend.inspect(key).held
+        assert _in_line(admin, table, key) == 0
+    finally:
+        holder.close()
+        for locker in waiters:
+            locker.close()
+
+
+@pytest.mark.parametrize(
+    ("joined", "pooled"), [(True, False), (False, False), (False, True)],
+    ids=["in line", "first wait", "first wait, caller's pool"],
+)
+def test_a_silent_network_ends_a_wait_in_line_as_an_outage_in_bounded_time(
+    postgres_server: PostgresServer, table: str, key: str, joined: bool, pooled: bool
+) -> None:
+    # The waiter reaches the server through a proxy that then holds every byte back: its
+    # connections stay open and nothing is answered. Its place needs a refresh every half
+    # second (a 2 s claim window), so the wait sends a statement into the silence; it must end
+    # as an outage a little after the three seconds it was given, not block for ever, and so
+    # must the leave that follows it. A waiter whose first wait meets the silence has its
+    # listening connection still to open: the statement before it meets the silence, and the
+    # leave then has nothing to take out (a caller's pool, which would open a connection of its
+    # own without any connect_timeout, is not asked for one).
+    proxy = TcpProxy(postgres_server.host, postgres_server.port)
+    silent = postgres_server.url.replace(f":{postgres_server.port}/", f":{proxy.port}/", 1)
+    holder = PostgresBackend.from_url(postgres_server.url, table=table, direct_handoff=True)
+    pool = psycopg2.pool.ThreadedConnectionPool(1, 4, silent) if pooled else None
+    backend = (
+        PostgresBackend(pool, table=table, direct_handoff=True)
+        if pool is not None
+        else PostgresBackend.from_url(silent, table=table, direct_handoff=True)
+    )
+    outcome: list[Any] = []
+    try:
+        assert holder.acquire(key, HOLDER, 30, "holder")
+        assert backend.acquire(f"{key}:other", HOLDER, 30, "holder")  # checks the tables
+        line = backend.join_line(key, "w" * 32, 2, "w", False, time.monotonic)
+        assert line is not None
+        if joined:
+            assert line.ask() is None
+        proxy.stall()
+
+        def wait() -> None:
+            try:
+                outcome.append(line.wait(3))
+            except BackendUnavailableError as error:
+                outcome.append(error)
+            line.leave(False)
+            outcome.append("left")
+
+        thread = threading.Thread(target=wait, daemon=True)
+        thread.start()
+        thread.join(60)
+        assert not thread.is_alive(), "the wait in line blocked on the silent network"
+        [error, left] = outcome
+        assert isinstance(error, BackendUnavailableError) and isinstance(error.__cause__, psycopg2.Error)
+        assert left == "left"
+    finally:
+        proxy.close()
+        backend.close()
+        if pool is not None:
+            pool.closeall()
+        holder.force_release(key)
+        holder.close()
 
 
 def test_waiters_beyond_the_bound_wait_without_a_place_and_all_get_the_key(

@@ -247,3 +247,41 @@ def test_many_requests_waiting_in_line_and_beyond_it_each_get_the_key_once_with_
             thread.join(60)
     assert not failures
     assert len(fences) == 12 and fences == sorted(fences) and len(set(fences)) == 12
+
+
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
+def test_one_shot_holders_hand_the_key_along_the_stores_line_through_bursts(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every release below comes inside the burst of a hand-over, and the store's line never
+    # asks by itself before the requests' waits end: a release that told nobody would leave the
+    # rest of the line to be served only when their waits end, by then one at a time (the first
+    # to ask takes the key; the others are answered 409).
+    monkeypatch.setattr("lease_lock.backends.postgres._backend.claim_for", lambda ttl: ttl)
+    monkeypatch.setattr("lease_lock.backends.postgres._backend.BURST", 600.0)
+    keys_file = tmp_path / "keys.toml"
+    keys = make_keys(keys_file)
+    app = create_app(store.backend, keys_file, rate_limit=100_000, max_waits=12, max_wait=120)
+    answers: list[Any] = []
+
+    def take_once(session: requests.Session) -> None:
+        token = str(uuid.uuid4())
+        answer = _acquire(session, url, key, token, ttl=600, Prefer="wait=30")
+        answers.append(answer)
+        if answer.status_code == 201:
+            _release(session, url, key, token)
+
+    with ThreadedServer(app, threads=16) as server, contextlib.ExitStack() as sessions:
+        url = server.url
+        with _held(url, keys, ttl=600) as (key, holder, first, _grant, _waiter):
+            waiters = [sessions.enter_context(_session(keys["alpha"])) for _ in range(4)]
+            threads = [threading.Thread(target=take_once, args=(session,), daemon=True) for session in waiters]
+            for thread in threads:
+                thread.start()
+            assert wait_until(lambda: store.in_line(_store_key(key)) == len(waiters), 30)
+            _release(holder, url, key, first)
+            for thread in threads:
+                thread.join(120)
+        assert [answer.status_code for answer in answers] == [201] * len(waiters), [a.text for a in answers]
+        assert not store.backend.inspect(_store_key(key)).held
+    app.close()

@@ -7,6 +7,7 @@ import hashlib
 import logging
 import re
 import secrets
+import time
 import urllib.parse
 from datetime import timezone
 from typing import Any, Callable, ClassVar, Iterator, NamedTuple, Optional, Sequence, Union
@@ -28,7 +29,7 @@ from ..base import (
 from ..handoff import HandoffWatcher, WaitingLine
 from ..line import BURST, FRESH_SHARE, Joined, LineSlots, claim_for
 from ..service import ServiceStore, check_amount
-from ._connections import ConnectionSource, LazyPool, check_dsn
+from ._connections import ConnectionSource, LazyPool, arm_bound, check_dsn, end_bound
 from ._errors import is_connect_failure, is_connection_failure, unavailable
 from ._line import ListeningConnections, PostgresWaitingLine
 from ._sql import Names, ddl, resolve_names
@@ -256,6 +257,7 @@ class PostgresBackend(ServiceStore):
         *,
         counters: bool = False,
         write: bool = True,
+        within: Optional[float] = None,
     ) -> tuple[int, list[Any], bool]:
         """Run one statement on a borrowed connection and return its cursor's results.
 
@@ -274,7 +276,14 @@ class PostgresBackend(ServiceStore):
         A prepared statement is prepared in the same query as its first run on each session
         (a fresh connection, or one whose session reported it missing: that EXECUTE ran
         nothing, so it is simply tried again).
+
+        ``within`` bounds the statement's wait for its answer to that many seconds (tries on
+        a fresh connection included): a statement still unanswered then is cut off (see
+        :func:`._connections.arm_bound`) and ``BackendUnavailableError`` is raised, its
+        outcome unknown. Without it, a server that has gone silent is waited for as long as
+        the connection's own settings allow.
         """
+        until = None if within is None else time.monotonic() + within
         retried = False
         rechecked = False
         reprepared = False
@@ -287,17 +296,26 @@ class PostgresBackend(ServiceStore):
                 if is_connect_failure(exc):
                     raise unavailable(exc, self._listen_dsn, self.names.label) from exc
                 raise
+            bound = None
+            cut = False
             try:
-                if not self._tables_ready or (counters and not self._counters_ready):
-                    self._ensure_ready(conn, counters=counters, write=write)
-                kept = source.cursors.get(conn)
-                cursor = kept if kept is not None else source.cursor(conn)
-                if statement.name and statement.name not in cursor.prepared:
-                    cursor.execute(statement.prepare_then_sql, parameters)
-                    cursor.prepared.add(statement.name)
-                else:
-                    cursor.execute(statement.sql, parameters)
-                rows = cursor.fetchall() if cursor.description is not None else []
+                try:
+                    if until is not None:
+                        bound = arm_bound(conn, max(until - time.monotonic(), 0.0))
+                    if not self._tables_ready or (counters and not self._counters_ready):
+                        self._ensure_ready(conn, counters=counters, write=write)
+                    kept = source.cursors.get(conn)
+                    cursor = kept if kept is not None else source.cursor(conn)
+                    if statement.name and statement.name not in cursor.prepared:
+                        cursor.execute(statement.prepare_then_sql, parameters)
+                        cursor.prepared.add(statement.name)
+                    else:
+                        cursor.execute(statement.sql, parameters)
+                    rows = cursor.fetchall() if cursor.description is not None else []
+                finally:
+                    cut = bound is not None and end_bound(bound)
+                if cut:
+                    source.discard(conn)  # answered just in time, but its socket is shut
                 return cursor.rowcount, rows, retried
             except psycopg2.errors.InvalidSqlStatementName:
                 # The session lost what it had prepared (DISCARD ALL or DEALLOCATE by the
@@ -316,11 +334,11 @@ class PostgresBackend(ServiceStore):
                 rechecked = True
                 self._tables_ready = self._table_seen = self._counters_ready = False
             except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
-                if not is_connection_failure(exc, conn):
+                if not (cut or is_connection_failure(exc, conn)):
                     raise
                 source.discard(conn)
                 failures += 1
-                if failures >= source.attempts:
+                if cut or failures >= source.attempts:
                     raise unavailable(exc, self._listen_dsn, self.names.label) from exc
                 retried = True
             finally:
@@ -549,10 +567,11 @@ class PostgresBackend(ServiceStore):
         count, remaining = rows[0]
         return int(count), max(0.0, float(remaining))
 
-    def _listen_parameters(self) -> dict[str, str]:
-        """How a watcher opens its own connection."""
+    def _listen_parameters(self, within: Optional[float] = None) -> dict[str, str]:
+        """How a watcher or a waiter in line opens its own connection; ``within`` bounds the
+        statement this runs (see :meth:`_run`)."""
         # The table must exist before anyone waits on it; this also fails fast on a bad setup.
-        self._run(_statement("", "", "SELECT 1"), {})
+        self._run(_statement("", "", "SELECT 1"), {}, within=within)
         if self._listen_dsn is not None:
             return {"dsn": self._listen_dsn}
         try:
@@ -609,23 +628,27 @@ class PostgresBackend(ServiceStore):
             "key": key, "token": token, "channel": self.names.channel, "gate": gate, "slot": slot, "burst": BURST,
         }
 
-        def join(listen: str, ticket: str) -> Joined:
+        def join(listen: str, ticket: str, within: float) -> Joined:
             joining["listen"], joining["ticket"] = listen, ticket
-            _, rows, _ = self._run(statement, joining)
+            _, rows, _ = self._run(statement, joining, within=within)
             granted, fence, burst_left = rows[0]
             if not granted:
                 return Joined(None, None if burst_left is None else float(burst_left))
             return Joined(0 if fence is None else int(fence))
 
-        def leave(conn: Optional[Any]) -> None:
+        def leave(conn: Optional[Any], within: float) -> None:
             # On the waiter's own listening connection when it has one: leaving must work when
             # the pool cannot lend one (closed with its Locker while the thread was in line, or
             # every connection busy), or the place would linger, fresh, and be handed the key.
             if conn is None:
-                self._run(self._sql["leave_line"], leaving)
+                self._run(self._sql["leave_line"], leaving, within=within)
                 return
-            with conn.cursor() as cursor:
-                cursor.execute(self._sql["leave_line"].sql, leaving)
+            bound = arm_bound(conn, within)
+            try:
+                with conn.cursor() as cursor:
+                    cursor.execute(self._sql["leave_line"].sql, leaving)
+            finally:
+                end_bound(bound)
 
         return PostgresWaitingLine(
             join=join, leave=leave, connections=self._listening, dsn=self._listen_dsn, label=self.names.label,
@@ -858,9 +881,14 @@ def _line_statements(
         seconds, kept in the key's row of the line with the empty token, which no waiter has):
         until it ends, a release hands nothing over and leaves the key free, so that a holder
         that releases and takes the key straight back is not interrupted by a hand-over, each of
-        which costs a waiter's wake-up, at every release. Without ``burst`` (a waiter that
-        leaves without using a key handed to it) a running burst is no reason to keep the key
-        back: the burst was that waiter's own."""
+        which costs a waiter's wake-up, at every release. A release that leaves the key free
+        inside a burst tells the head of the line so on its channel (``<ticket>|free``): the
+        waiter asks at once, and takes the key unless the holder took it back, in which case its
+        ask learns when the burst ends (see the ``join`` statement). The head is told once per
+        burst (the burst row's ``ticket`` names the waiter told): a holder taking the key back
+        and releasing it again wakes nobody, and the head asks at the burst's end at the latest.
+        Without ``burst`` (a waiter that leaves without using a key handed to it) a running
+        burst is no reason to keep the key back: the burst was that waiter's own."""
         # One read of the key's places (the rest reads that); each write below is skipped by
         # a one-time filter unless its case arose, so a release with nobody in line costs one
         # index probe of the line more than the plain release.
@@ -868,10 +896,11 @@ def _line_statements(
             "WITH places AS MATERIALIZED (SELECT line.token, line.owner, line.claim, line.fenced, line.channel,"
             " line.ticket, line.joined, line.fresh_until > clock_timestamp() AS fresh"
             f" FROM {q} AS line WHERE line.key = %(key)s{line_rows}),"
-            " waiter AS MATERIALIZED (SELECT token, owner, claim, fenced, channel, ticket FROM places"
-            " WHERE token <> '' AND fresh"
-            + (" AND NOT EXISTS (SELECT 1 FROM places WHERE token = '' AND fresh)" if burst else "")
-            + " ORDER BY joined, token LIMIT 1),"
+            " head AS MATERIALIZED (SELECT token, owner, claim, fenced, channel, ticket FROM places"
+            " WHERE token <> '' AND fresh ORDER BY joined, token LIMIT 1),"
+            " waiter AS MATERIALIZED (SELECT * FROM head"
+            + (" WHERE NOT EXISTS (SELECT 1 FROM places WHERE token = '' AND fresh)" if burst else "")
+            + "),"
             + draw("drawn", "waiter WHERE waiter.fenced")
             + f", handed AS (UPDATE {t} AS held SET token = waiter.token, owner = waiter.owner,"
             " expires_at = clock_timestamp() + waiter.claim * interval '1 second',"
@@ -886,7 +915,7 @@ def _line_statements(
             f" bursting AS (INSERT INTO {q} (key, token, owner, claim, fenced, channel, ticket, joined,"
             " fresh_until) SELECT %(key)s, '', '', 0, false, '', '', clock_timestamp(),"
             " clock_timestamp() + %(burst)s * interval '1 second' FROM handed"
-            " ON CONFLICT (key, token) DO UPDATE SET fresh_until = EXCLUDED.fresh_until),"
+            " ON CONFLICT (key, token) DO UPDATE SET fresh_until = EXCLUDED.fresh_until, ticket = ''),"
             f" stale AS (DELETE FROM {q} AS line WHERE line.key = %(key)s{line_rows}"
             " AND EXISTS (SELECT 1 FROM places WHERE NOT fresh)"
             " AND (line.token <> '' OR NOT EXISTS (SELECT 1 FROM handed))"
@@ -895,7 +924,14 @@ def _line_statements(
             + extra
             + f" dropped AS (DELETE FROM {t} WHERE key = %(key)s{lease_rows}"
             " AND NOT EXISTS (SELECT 1 FROM waiter) RETURNING key, expires_at > clock_timestamp() AS live)"
-            " SELECT live, pg_notify(%(channel)s, key),"
+            + (
+                f", told AS (UPDATE {q} AS burst SET ticket = head.token FROM head, dropped"
+                " WHERE burst.key = %(key)s AND burst.token = '' AND burst.fresh_until > clock_timestamp()"
+                " AND burst.ticket <> head.token RETURNING pg_notify(head.channel, head.ticket || '|free'))"
+                if burst
+                else ""
+            )
+            + " SELECT live, pg_notify(%(channel)s, key),"
             " EXISTS (SELECT 1 FROM places WHERE token <> '' AND fresh) FROM dropped"
             " UNION ALL SELECT live, pg_notify(channel, ticket || '|' || COALESCE(fence::text, '')), true"
             " FROM handed"

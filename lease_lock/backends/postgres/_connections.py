@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import heapq
+import itertools
 import os
 import queue
+import socket
 import threading
+import time
 import weakref
 from typing import Any, Callable, Iterator, Union
 
@@ -18,7 +22,10 @@ from ...errors import ValidationError
 from ...validation import redact_url
 from ._errors import scrub
 
-__all__ = ["ConnectionSource", "KeptCursor", "LazyPool", "check_dsn", "close_inherited", "connect_parameters"]
+__all__ = [
+    "ConnectionSource", "KeptCursor", "LazyPool", "arm_bound", "check_dsn", "close_inherited", "connect_parameters",
+    "end_bound",
+]
 
 _IDLE = psycopg2.extensions.TRANSACTION_STATUS_IDLE
 
@@ -332,7 +339,85 @@ class ConnectionSource:
             return connect_parameters(conn)
 
 
+class _Cutter:
+    """One thread that cuts the connections whose statements outlast their bound (see
+    :func:`arm_bound`). libpq waits for a statement's answer without a timeout of its own, and a
+    silent server (stopped, or behind a network that holds every byte back) is still
+    acknowledged by its host's TCP stack, so neither keepalives nor ``tcp_user_timeout`` end
+    that wait: shutting the socket down does, at once, with the driver's "server closed the
+    connection" error. A forked child starts a thread of its own at its first bound."""
+
+    def __init__(self) -> None:
+        self._start()
+
+    def _start(self) -> None:
+        """Empty, without a thread (one starts at the first bound); also in a forked child,
+        where the parent's thread does not exist and may have held the lock at the fork."""
+        self._changed = threading.Condition(threading.Lock())
+        #: (deadline on time.monotonic(), order, socket descriptor, entry): entry[0] is
+        #: "armed" until the statement ends ("done") or the socket is cut ("cut").
+        self._due: list[tuple[float, int, int, list[str]]] = []
+        self._order = itertools.count()
+        self._pid = 0
+
+    def arm(self, fd: int, seconds: float) -> list[str]:
+        entry = ["armed"]
+        with self._changed:
+            if self._pid != os.getpid():
+                self._pid, self._due = os.getpid(), []
+                threading.Thread(target=self._run, name="lease-lock-postgres-bounds", daemon=True).start()
+            heapq.heappush(self._due, (time.monotonic() + seconds, next(self._order), fd, entry))
+            if self._due[0][3] is entry:
+                self._changed.notify()
+        return entry
+
+    def disarm(self, entry: list[str]) -> bool:
+        """End the bound of ``entry``; ``True`` when its socket was cut."""
+        with self._changed:
+            cut = entry[0] == "cut"
+            entry[0] = "done"
+        return cut
+
+    def _run(self) -> None:
+        pid = os.getpid()
+        with self._changed:
+            while self._pid == pid:
+                while self._due and self._due[0][3][0] == "done":
+                    heapq.heappop(self._due)
+                if not self._due:
+                    self._changed.wait()
+                    continue
+                deadline, _, fd, entry = self._due[0]
+                left = deadline - time.monotonic()
+                if left > 0:
+                    self._changed.wait(left)
+                    continue
+                heapq.heappop(self._due)
+                entry[0] = "cut"
+                # Under the lock: the statement's thread cannot end its bound, give the
+                # connection back and let its descriptor be reused meanwhile.
+                with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as duplicate:
+                    duplicate.shutdown(socket.SHUT_RDWR)
+
+
+_CUTTER = _Cutter()
+
+
+def arm_bound(conn: Any, seconds: float) -> list[str]:
+    """Bound what runs on ``conn`` from now on to ``seconds``: a statement still waiting for
+    its answer then fails as on a connection the server closed, and the connection is dead.
+    :func:`end_bound` ends the bound."""
+    return _CUTTER.arm(conn.fileno(), seconds)
+
+
+def end_bound(bound: list[str]) -> bool:
+    """End a bound from :func:`arm_bound`; ``True`` when it cut the connection (which must then
+    be closed, even if its statement did answer)."""
+    return _CUTTER.disarm(bound)
+
+
 def _after_fork_in_child() -> None:
+    _CUTTER._start()
     for item in list(_LIVE):
         item._after_fork()
 

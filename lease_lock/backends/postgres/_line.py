@@ -17,7 +17,8 @@ and the refresh left the waiter before that. A release that ran before a refresh
 held by the waiter's token, which that refresh answers as a full grant: so only the ticket of
 the latest refresh answered "in line" (or of one whose answer was lost) can come back, and a
 notification of any other ticket, or of another waiter that used the same connection before, is
-ignored.
+ignored. A release inside a holder's burst hands nothing over: it tells the head of the line, by
+the same ticket, that the key went free, and the waiter asks for it at once.
 """
 
 from __future__ import annotations
@@ -28,17 +29,25 @@ import secrets
 import select
 import threading
 import time
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 import psycopg2
 
-from ..line import Handed, Joined, LineSlots, RefreshedLine
-from ._connections import close_inherited
+from ..handoff import LineGrant
+from ..line import FREED, Freed, Handed, Joined, LineSlots, RefreshedLine
+from ._connections import arm_bound, close_inherited, end_bound
 from ._errors import is_connect_failure, unavailable
 from ._watch import connection_name
 
-__all__ = ["Listening", "ListeningConnections", "PostgresWaitingLine"]
+__all__ = ["ANSWER_MARGIN", "Listening", "ListeningConnections", "PostgresWaitingLine"]
 
+#: How long (seconds) a statement of the line may wait for its answer beyond the end of the wait
+#: it is part of (or at all, outside a wait) before it is cut off as unanswered: libpq alone would
+#: wait for a silent server for ever.
+ANSWER_MARGIN = 1.0
+#: What a release that left the key free during a holder's burst sends the head of the line in
+#: place of a fence: ``<ticket>|free`` (see ``hand_on`` in :mod:`._backend`).
+_FREE = "free"
 #: Each waiting connection listens on a channel of its own: this, then 32 random hex digits
 #: (48 characters, within PostgreSQL's 63).
 CHANNEL_PREFIX = "lease_lock_line_"
@@ -62,7 +71,7 @@ class ListeningConnections:
     """
 
     def __init__(
-        self, parameters: Callable[[], dict[str, str]], dsn: Callable[[], Optional[str]], label: str
+        self, parameters: Callable[[float], dict[str, str]], dsn: Callable[[], Optional[str]], label: str
     ) -> None:
         self._parameters_of = parameters
         self._parameters: Optional[dict[str, str]] = None
@@ -78,9 +87,11 @@ class ListeningConnections:
         """Whether :meth:`close` ran (the backend is closed: no new waiter takes a place)."""
         return self._closed
 
-    def take(self) -> Listening:
+    def take(self, within: float) -> Listening:
         """An idle listening connection, or a new one. Raises ``BackendUnavailableError`` when
-        the server cannot be reached; a refused login passes through as the driver's error."""
+        the server cannot be reached, or does not answer the statements of opening one within
+        ``within`` seconds each (the connection itself waits as long as ``connect_timeout``
+        allows); a refused login passes through as the driver's error."""
         with self._mutex:
             if self._pid != os.getpid():
                 # The parent's connections: closing them here must not end its sessions.
@@ -90,7 +101,7 @@ class ListeningConnections:
             if self._idle:
                 return self._idle.pop()
         if self._parameters is None:
-            parameters = dict(self._parameters_of())
+            parameters = dict(self._parameters_of(within))
             self._parameters = dict(parameters, application_name=connection_name(parameters, "line"))
         channel = CHANNEL_PREFIX + secrets.token_hex(16)
         try:
@@ -101,8 +112,12 @@ class ListeningConnections:
             raise
         try:
             conn.autocommit = True
-            with conn.cursor() as cursor:
-                cursor.execute(f'LISTEN "{channel}"')
+            bound = arm_bound(conn, within)
+            try:
+                with conn.cursor() as cursor:
+                    cursor.execute(f'LISTEN "{channel}"')
+            finally:
+                end_bound(bound)
         except BaseException:
             conn.close()
             raise
@@ -136,18 +151,20 @@ class ListeningConnections:
 class PostgresWaitingLine(RefreshedLine):
     """A waiting thread's place in one key's line (see the module docstring).
 
-    ``join(channel, ticket)`` runs one attempt in line (see
-    :class:`~lease_lock.backends.line.Joined`); ``leave(conn)`` takes the place out and releases
-    a key handed over meanwhile, on ``conn`` (the listening connection, ``None`` when there is
-    no usable one); ``connections`` lends the listening connection, taken at the first attempt
-    and given back on leaving; the rest is :class:`~lease_lock.backends.line.RefreshedLine`'s.
+    ``join(channel, ticket, within)`` runs one attempt in line (see
+    :class:`~lease_lock.backends.line.Joined`); ``leave(conn, within)`` takes the place out and
+    releases a key handed over meanwhile, on ``conn`` (the listening connection, ``None`` when
+    there is no usable one); each is cut off after ``within`` seconds (see
+    :data:`ANSWER_MARGIN`). ``connections`` lends the listening connection, taken at the first
+    attempt and given back on leaving; the rest is
+    :class:`~lease_lock.backends.line.RefreshedLine`'s.
     """
 
     def __init__(
         self,
         *,
-        join: Callable[[str, str], Joined],
-        leave: Callable[[Optional[Any]], None],
+        join: Callable[[str, str, float], Joined],
+        leave: Callable[[Optional[Any], float], None],
         connections: ListeningConnections,
         dsn: Optional[str],
         label: str,
@@ -170,6 +187,23 @@ class PostgresWaitingLine(RefreshedLine):
         #: ticket -> send of its refresh, for the refreshes a release may have read (see the
         #: module docstring): the latest answered "in line", and any sent since.
         self._tickets: dict[str, float] = {}
+        #: The end (time.monotonic()) of the wait under way, which bounds its statements.
+        self._until: Optional[float] = None
+
+    def wait(self, seconds: float) -> Optional[LineGrant]:
+        """See :meth:`WaitingLine.wait`: returns, or raises ``BackendUnavailableError``, within
+        ``seconds`` and :data:`ANSWER_MARGIN`, however silent the server."""
+        self._until = time.monotonic() + seconds
+        try:
+            return super().wait(seconds)
+        finally:
+            self._until = None
+
+    def _within(self) -> float:
+        """How long the statement sent now may wait for its answer: to the end of the wait under
+        way, if any, and the margin."""
+        until = self._until
+        return ANSWER_MARGIN + (0.0 if until is None else max(until - time.monotonic(), 0.0))
 
     def _unavailable(self, exc: BaseException) -> Optional[BaseException]:
         # Statements run through the backend, which raises BackendUnavailableError itself; what
@@ -181,15 +215,15 @@ class PostgresWaitingLine(RefreshedLine):
 
     def _join(self, sent: float) -> Joined:
         if self._listening is None:
-            self._listening = self._connections.take()
+            self._listening = self._connections.take(self._within())
         self._count += 1
         ticket = f"{self._id}.{self._count}"
         self._tickets[ticket] = sent
-        joined = self._join_call(self._listening.channel, ticket)
+        joined = self._join_call(self._listening.channel, ticket, self._within())
         self._tickets = {} if joined.fence is not None else {ticket: sent}
         return joined
 
-    def _block(self, seconds: float) -> Optional[Handed]:
+    def _block(self, seconds: float) -> Union[Handed, Freed, None]:
         listening = self._listening
         assert listening is not None  # the first wait joined first
         conn = listening.conn
@@ -203,19 +237,25 @@ class PostgresWaitingLine(RefreshedLine):
             if readable:
                 conn.poll()
 
-    def _handed(self, conn: Any) -> Optional[Handed]:
-        """The grant among the notifications received, if one names a ticket of this waiter."""
+    def _handed(self, conn: Any) -> Union[Handed, Freed, None]:
+        """The grant among the notifications received, if one names a ticket of this waiter,
+        or :data:`FREED` when one says the key went free during a holder's burst."""
         while conn.notifies:
             ticket, _, fence = conn.notifies.pop(0).payload.partition("|")
             sent = self._tickets.get(ticket)
-            if sent is not None:
-                self._tickets = {}
-                return Handed(int(fence) if fence else 0, sent)
+            if sent is None:
+                continue
+            if fence == _FREE:
+                return FREED  # the place stays, and so does its ticket, until the waiter asks
+            self._tickets = {}
+            return Handed(int(fence) if fence else 0, sent)
         return None
 
     def _quit(self) -> None:
         listening = self._listening
-        self._leave_call(None if listening is None or self._broken else listening.conn)
+        if listening is None:
+            return  # no attempt was sent (the first needs the connection): no place to take out
+        self._leave_call(None if self._broken else listening.conn, ANSWER_MARGIN)
 
     def _done(self) -> None:
         listening, self._listening = self._listening, None
