@@ -51,7 +51,6 @@ from .validation import (
     check_token,
     check_ttl,
 )
-from .waiting import ReleaseDispatcher
 
 __all__ = ["Locker"]
 
@@ -104,20 +103,18 @@ class _Resources:
     """What a locker must free when it is closed or dropped: everything but the locker itself,
     so that a finalizer can hold it without keeping the locker alive."""
 
-    def __init__(self, heartbeat: Heartbeat, dispatcher: ReleaseDispatcher, backend: Backend) -> None:
+    def __init__(self, heartbeat: Heartbeat, backend: Backend) -> None:
         self.heartbeat = heartbeat
-        self.dispatcher = dispatcher
         self.backend = backend
         self.owns_backend = False
 
     @property
     def holds_anything(self) -> bool:
-        """Whether freeing would end a thread, a subscription or a connection."""
-        return self.owns_backend or self.heartbeat.thread is not None or self.dispatcher.watching
+        """Whether freeing would end a thread or a connection."""
+        return self.owns_backend or self.heartbeat.thread is not None
 
     def free(self, *, wait: bool) -> None:
         self.heartbeat.stop(wait=wait)
-        self.dispatcher.close()
         if self.owns_backend:
             self.backend.close()
 
@@ -202,8 +199,7 @@ class Locker:
             on_event=settings.get("on_event"),
         )
         self._heartbeat = self._acquisition.heartbeat
-        self._dispatcher = self._acquisition.dispatcher
-        self._resources = _Resources(self._heartbeat, self._dispatcher, backend)
+        self._resources = _Resources(self._heartbeat, backend)
         # Holds the resources, never the locker: the heartbeat thread, the watcher and the
         # backend do not keep a dropped locker alive, and dropping it frees them.
         self._finalizer = weakref.finalize(self, _dropped, self._resources, repr(self))
@@ -662,7 +658,6 @@ class Locker:
         self._acquisition.closed = True
         self._finalizer.detach()
         self._heartbeat.stop()
-        self._dispatcher.close()
         for lock in self._acquisition.take_held():
             lock.locker_closed()
         # Locks collected while held whose leases the heartbeat had not given back yet.

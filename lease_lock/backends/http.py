@@ -45,9 +45,8 @@ from requests.utils import DEFAULT_CA_BUNDLE_PATH, get_encoding_from_headers, se
 from .. import wire
 from ..errors import AccessDeniedError, BackendUnavailableError, RateLimitedError, ValidationError
 from ..validation import redact_url
-from .base import Backend, Capabilities, LockState, ReleaseWatcher, parse_url_options
-from .handoff import LineGrant, WaitingLine
-from .line import LineSlots
+from .base import Backend, Capabilities, LineGrant, LockState, ReleaseWatcher, WaitingLine, parse_url_options
+from .line import AnnouncedLine, Announcements, LineSlots
 from .service import RequestIdCarrier
 
 __all__ = ["HttpBackend"]
@@ -304,6 +303,8 @@ class _HeldAcquisition(WaitingLine):
     """One waiting thread's line (see :meth:`HttpBackend.join_line`): every wait is the
     thread's acquisition, held by the server for that long while the key is held."""
 
+    direct = True
+
     def __init__(
         self,
         backend: HttpBackend,
@@ -460,6 +461,8 @@ class HttpBackend(Backend, RequestIdCarrier):
         self._wait_offered = 0
         self._wait_step = 0.0
         self._line_slots = LineSlots(LINE_WAITERS)
+        #: The shared watcher of the waiters without a held acquisition (see join_line).
+        self._announcements = Announcements(self)
         self._watchers: list[_WaitWatcher] = []
         self._interest: dict[str, _Refused] = {}
         self._watching: set[str] = set()
@@ -952,11 +955,12 @@ class HttpBackend(Backend, RequestIdCarrier):
 
         Offered while the server announces waits to the millisecond (``X-Lease-Lock-Wait-Step``,
         a lease_lock server; a key's pause is mostly a fraction of a second), to at most
-        :data:`LINE_WAITERS` threads of this backend at once; ``None`` otherwise (the thread
-        is woken through :meth:`watch_releases`). Asks the server nothing.
+        :data:`LINE_WAITERS` threads of this backend at once; other threads are woken through
+        :meth:`watch_releases` (see :class:`~lease_lock.backends.line.AnnouncedLine`). Asks the
+        server nothing.
         """
         if self._wait_offered <= 0 or not self._wait_step or not self._line_slots.take():
-            return None
+            return AnnouncedLine(self._announcements, self, key, token, ttl, owner, fenced, clock)
         return _HeldAcquisition(self, key, token, ttl, owner, fenced, clock)
 
     # -- release notifications through the wait extension -------------------------------------
@@ -1116,6 +1120,7 @@ class HttpBackend(Backend, RequestIdCarrier):
 
     def close(self) -> None:
         """Close the session if this backend created it."""
+        self._announcements.close()
         with self._mutex:
             watchers, self._watchers = self._watchers, []
             unclaimed = list(self._won.items())

@@ -16,8 +16,8 @@ from benchmarks.chaos_harness.proxy import TcpProxy
 from lease_lock import BackendUnavailableError, ExtendRequest, ValidationError
 from lease_lock.backends import backend_from_url
 from lease_lock.backends.etcd import EtcdBackend, EtcdError, lease_seconds
+from lease_lock.backends.line import Announcements as ReleaseDispatcher
 from lease_lock.testing import BackendContract, ServiceStoreContract, wait_until
-from lease_lock.waiting import ReleaseDispatcher
 
 from tests.support.children import check_forked_children_beside_the_parent, exit_codes, fork_children
 from tests.support.cycles import errors_left_in_cycles

@@ -23,8 +23,8 @@ from benchmarks.chaos_harness.proxy import TcpProxy
 from lease_lock import Locker, Retry
 from lease_lock.backends.etcd import READY_MARGIN, EtcdBackend
 from lease_lock.backends.handoff import HandoffSource, HandoffWatcher
+from lease_lock.backends.line import Announcements as ReleaseDispatcher
 from lease_lock.testing import wait_until
-from lease_lock.waiting import ReleaseDispatcher
 
 from tests.support.etcd_server import EtcdCluster, EtcdFactory, queue_entries
 from tests.support.handoff import WakeCounter, hand_key_round

@@ -98,8 +98,8 @@ def contend(url: str, table: str, key: str, rounds: int, hold: float, rest: floa
     import json
     import time
 
+    from lease_lock.backends.line import Announcements as ReleaseDispatcher
     from lease_lock.backends.postgres import PostgresBackend
-    from lease_lock.waiting import ReleaseDispatcher
 
     wakes: list[float] = []
     deliver = ReleaseDispatcher._on_handoff
