@@ -160,6 +160,8 @@ class RefreshedLine(WaitingLine):
         #: the lease read last ends.
         self._read_lease: Optional[Callable[[], Optional[float]]] = None
         self._holder_end = -math.inf
+        #: Whether a block for a handed grant failed: the store may have fallen silent.
+        self._silent = False
 
     def watch_lease(self, read: Callable[[], Optional[float]]) -> None:
         """Ask for the key when the holder's lease ends, read with ``read`` (seconds left,
@@ -242,7 +244,11 @@ class RefreshedLine(WaitingLine):
             block = min(deadline, self._refresh_due) - now
             if block < _SHORTEST_BLOCK:
                 continue  # the refresh is due
-            handed = self._block(block)
+            try:
+                handed = self._block(block)
+            except Exception:
+                self._silent = True
+                raise
             if isinstance(handed, Freed):
                 self._refresh_due = -math.inf
                 continue
@@ -259,6 +265,12 @@ class RefreshedLine(WaitingLine):
         self._left = True
         self._slots.give()
         if granted:
+            self._done()
+            return
+        if self._silent:
+            # The store stopped answering while the waiter blocked: quitting would block the
+            # caller for the client's timeouts again, past the wait's own timeout. The place
+            # goes stale, and a claim handed over meanwhile lapses within its claim window.
             self._done()
             return
         try:
