@@ -364,6 +364,8 @@ class _HeldAcquisition(WaitingLine):
             sent = self._clock()
             answer = self._acquire(wait)
             if answer.fence is not None:
+                # Won: leaving without holding it gives it back (see leave).
+                self._unsure = True
                 return LineGrant(self._fence(answer.fence), sent + answer.held_back, self._ttl, False)
             if answer.applied:
                 self._refused = True
@@ -374,8 +376,8 @@ class _HeldAcquisition(WaitingLine):
         return None
 
     def leave(self, granted: bool) -> None:
-        """See :meth:`WaitingLine.leave`: a key that a request whose answer was lost may have
-        won is released (best effort: it runs out with its lease otherwise)."""
+        """See :meth:`WaitingLine.leave`: a key that a wait won, or that a request whose answer
+        was lost may have won, is released (best effort: it runs out with its lease otherwise)."""
         if self._left:
             return
         self._left = True
