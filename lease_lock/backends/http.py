@@ -102,6 +102,8 @@ _CLAIM_SLACK = wire.TAKEOVER_GRACE / 10
 #: server (see HttpBackend.join_line), each on one pooled connection; further waiters are woken
 #: through the shared watcher.
 LINE_WAITERS = 2
+#: ``_wait_offered`` before the server's first answer.
+_NOT_HEARD = -1
 
 
 class _Answer(NamedTuple):
@@ -262,19 +264,22 @@ class _WaitWatcher(ReleaseWatcher):
     server holds it until the key is free and grants it in the same request. The grant is kept
     for the waiting acquisition, which is woken and takes it without another request (see
     :meth:`HttpBackend.acquire_fenced`). Threads run only while the server announces the
-    extension. The watcher reports itself active in any case: a waiting Locker sleeps its retry
-    delay, and a notification cuts that sleep short when the server offers one.
+    extension (``announced``), and the watcher is active only then: without it, releases made
+    elsewhere are announced to nobody here, and a waiter asks at its quiet pace.
     """
 
-    def __init__(self, callback: Callable[[str], None], waiting: Callable[[str, int], None]) -> None:
+    def __init__(
+        self, callback: Callable[[str], None], waiting: Callable[[str, int], None], announced: Callable[[], bool]
+    ) -> None:
         self._callback = callback
         self._waiting = waiting
+        self._announced = announced
         self._closed = threading.Event()
 
     @property
     def active(self) -> bool:
-        """``True`` until closed (see the class documentation)."""
-        return not self._closed.is_set()
+        """``True`` until closed while the server announces its wait extension."""
+        return not self._closed.is_set() and self._announced()
 
     def closed(self) -> bool:
         """Whether :meth:`close` ran."""
@@ -460,7 +465,7 @@ class HttpBackend(Backend, RequestIdCarrier):
         self._inherited: list[object] = []
         # The longest wait the server offers (0 until it announced the extension), and the
         # finest (0.0 unless it announced waits to a fraction of a second).
-        self._wait_offered = 0
+        self._wait_offered = _NOT_HEARD
         self._wait_step = 0.0
         self._line_slots = LineSlots(LINE_WAITERS)
         #: The shared watcher of the waiters without a held acquisition (see join_line).
@@ -566,6 +571,8 @@ class HttpBackend(Backend, RequestIdCarrier):
         if offered is not None:
             self._wait_offered = int(offered) if offered.isdigit() else 0
             self._wait_step = _wait_step(response.headers.get(wire.HEADER_WAIT_STEP))
+        elif self._wait_offered == _NOT_HEARD:
+            self._wait_offered = 0  # a server that does not offer the extension
         return response
 
     def _send_prepared(
@@ -974,7 +981,8 @@ class HttpBackend(Backend, RequestIdCarrier):
         server announces it (``X-Lease-Lock-Wait``), and a key is watched from its first refused
         acquisition until a few seconds after the last one.
         """
-        watcher = _WaitWatcher(callback, self._count_waiters)
+        # Active until the server's first answer says it offers no waits (then at its offer).
+        watcher = _WaitWatcher(callback, self._count_waiters, lambda: self._wait_offered != 0)
         with self._mutex:
             self._watchers = [w for w in self._watchers if not w.closed()] + [watcher]
             # The refusal that made the caller start watching came just before: watch its key now.
