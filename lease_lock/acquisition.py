@@ -2,7 +2,7 @@
 
 One :class:`Acquisition` serves one Locker. It owns everything between a caller's ``acquire``
 and the backend's answer: joining a re-entrant hold, the attempts paced by the retry policy,
-waiting for a release notification, a cancel event, the timeout, riding out an unreachable
+waiting in the backend's line, a cancel event, the timeout, riding out an unreachable
 store, judging a grant that came back too late (:func:`lease_lock.lease.local_end`), and the set
 of locks currently held (which closing and forking need).
 
@@ -174,7 +174,8 @@ class Acquisition:
     (``time.sleep`` and ``time.monotonic``), so a lease clock that stands still cannot stretch
     them. A ``clock`` that has a ``sleep(seconds)`` method of its own (a test's fake clock) is
     injected time for the waits as well: they sleep with that method and pass on that clock
-    alone, taking no real time (a release notification is looked for before each sleep).
+    alone, taking no real time; such a wait joins no line (a thread blocked on the store could
+    not follow injected time) and sleeps out its retry pause.
     """
 
     __slots__ = (

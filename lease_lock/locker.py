@@ -200,7 +200,7 @@ class Locker:
         )
         self._heartbeat = self._acquisition.heartbeat
         self._resources = _Resources(self._heartbeat, backend)
-        # Holds the resources, never the locker: the heartbeat thread, the watcher and the
+        # Holds the resources, never the locker: the heartbeat thread and the
         # backend do not keep a dropped locker alive, and dropping it frees them.
         self._finalizer = weakref.finalize(self, _dropped, self._resources, repr(self))
         # Like an unclosed file, a locker still open when the interpreter exits is not reported.
