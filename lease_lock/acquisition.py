@@ -2,9 +2,14 @@
 
 One :class:`Acquisition` serves one Locker. It owns everything between a caller's ``acquire``
 and the backend's answer: joining a re-entrant hold, the attempts paced by the retry policy,
-waiting for a release notification, a cancel event, the timeout, riding out an unreachable
+waiting in the backend's line, a cancel event, the timeout, riding out an unreachable
 store, judging a grant that came back too late (:func:`lease_lock.lease.local_end`), and the set
 of locks currently held (which closing and forking need).
+
+Waiting for a busy key has one seam: the backend's waiting line
+(:meth:`~lease_lock.backends.base.Backend.join_line`), joined after the first refused attempt.
+How a line is woken (a grant handed over in the store, an announced release, the holder's lease
+end) is the backend's; without a line the waiter sleeps out its retry pause.
 
 An acquisition that no cancel event can stop sends its first attempt before any of the loop
 is set up (``Acquisition._first_try``): a grant in time is held at once, and any other
@@ -24,8 +29,7 @@ import time
 from typing import Any, Callable, Literal, NoReturn, Optional, Union
 
 from ._lease import Lease
-from .backends.base import Backend
-from .backends.handoff import LineGrant, LineSource, WaitingLine
+from .backends.base import Backend, LineGrant, WaitingLine
 from .backends.service import SlowDown, ask_grant
 from .clock import LeaseClock
 from .errors import BackendUnavailableError, HeldReason, LockHeldError, LockStateError
@@ -34,19 +38,16 @@ from .heartbeat import Heartbeat
 from .lease import give_back, local_end
 from .options import LockOptions
 from .reentry import ThreadHolds
-from .retry import Retry, RetryState
-from .waiting import ReleaseDispatcher
+from .retry import QUIET_DELAY, Retry, RetryState
 
 __all__ = [
-    "GRANTED", "HELD", "LATE", "NOTIFIED_WAIT_CAP", "RATE_LIMITED", "UNREACHABLE", "Acquisition", "Attempts",
-    "Outcome", "pick_pause",
+    "GRANTED", "HELD", "LATE", "RATE_LIMITED", "UNREACHABLE", "Acquisition", "Attempts", "Outcome", "pick_pause",
 ]
 
-#: The longest a waiter sleeps between looks at a key while release notifications flow (the
-#: retry delay, the holder's remaining lease when known, or this, whichever is shortest).
-NOTIFIED_WAIT_CAP = 1.0
 #: How often a wait re-checks a cancel event.
 _CANCEL_SLICE = 0.05
+#: How often a wait in line looks whether its Locker was closed meanwhile.
+_CLOSE_SLICE = 1.0
 
 
 #: See Acquisition._plan_for.
@@ -83,7 +84,6 @@ class Attempts:
     __slots__ = (
         "asked", "attempts", "claim", "end", "fence", "handed", "line", "max_hold", "outage", "policy",
         "previous_delay", "reason", "received", "requested", "retries", "sent", "start", "timeout", "unreachable",
-        "wake",
     )
 
     def __init__(
@@ -112,38 +112,37 @@ class Attempts:
         #: The local end and the fence of a grant in time.
         self.end = start
         self.fence: Optional[int] = None
-        #: Set by a release notification of the key, once registered for them.
-        self.wake: Optional[threading.Event] = None
-        #: The waiter's place in the key's line in the store, when it waits in one; a grant
-        #: that reached it there and is yet to be judged; the claim window of a grant in time
-        #: that a release handed over (``None`` for a grant of the full lease).
+        #: The waiter's line (see Backend.join_line), once it waits in one; a grant that
+        #: reached it there and is yet to be judged; the claim window of a grant in time that
+        #: a release handed over (``None`` for a grant of the full lease).
         self.line: Optional[WaitingLine] = None
         self.handed: Optional[LineGrant] = None
         self.claim: Optional[float] = None
 
 
-def pick_pause(
-    tries: Attempts, outcome: Outcome, elapsed: float, notifying: bool, lease_left: Callable[[], Optional[float]]
-) -> tuple[float, bool]:
-    """How long to wait after a refused attempt, and whether a release notification may end the
-    wait early: ``(seconds, interruptible)``, before the cut to the time left.
+def pick_pause(tries: Attempts, outcome: Outcome, elapsed: float) -> tuple[float, bool]:
+    """How long to wait after a refused attempt, and whether the waiter's line (when it has
+    one) may end the wait early: ``(seconds, in_line)``, before the cut to the time left.
 
-    - After ``rate-limited``: the pause the store asked for, waited out in full.
-    - Otherwise the retry policy's delay for this attempt (remembered as the next one's
-      ``previous_delay``), which bounds every wait. While notifications flow (``notifying``) a
-      release only brings the next attempt sooner, and so may what is known without a round
-      trip: after ``held``, the holder's remaining lease (``lease_left()``, when the watcher
-      knows it); after ``late``, the key is worth trying again at once. After ``unreachable``
-      the delay stands.
+    The waiting rule: with the retry ``delay`` unset, a waiter in a line waits until the line
+    brings the key (an announced release, a grant handed over, the holder's lease end), never
+    polling, and a waiter without one pauses :data:`~lease_lock.retry.QUIET_DELAY`. A delay
+    (or delay function) that is set bounds every pause, and the line ends a pause early.
+
+    - After ``rate-limited``: the pause the store asked for, waited out in full, out of line.
+    - After ``unreachable``: the delay, or the quiet pause when unset, out of line.
+    - After ``late``: at once in a line (the key was free), else the delay.
     """
     if outcome == RATE_LIMITED:
         return tries.asked, False
-    pause = tries.previous_delay = tries.policy.delay_for(RetryState(tries.attempts, elapsed, tries.previous_delay))
-    if notifying and outcome != UNREACHABLE and pause > 0:
-        sooner = lease_left() if outcome == HELD else 0.0
-        if sooner is not None:
-            pause = min(pause, sooner)
-    return pause, True
+    in_line = tries.line is not None and outcome != UNREACHABLE
+    policy = tries.policy
+    if policy.delay is None:
+        return (math.inf if outcome != LATE else 0.0) if in_line else QUIET_DELAY, in_line
+    pause = tries.previous_delay = policy.delay_for(RetryState(tries.attempts, elapsed, tries.previous_delay))
+    if in_line and outcome == LATE:
+        pause = 0.0
+    return pause, in_line
 
 
 def _unreachable(key: str, attempts: int, elapsed: float, last: BackendUnavailableError) -> BackendUnavailableError:
@@ -175,12 +174,13 @@ class Acquisition:
     (``time.sleep`` and ``time.monotonic``), so a lease clock that stands still cannot stretch
     them. A ``clock`` that has a ``sleep(seconds)`` method of its own (a test's fake clock) is
     injected time for the waits as well: they sleep with that method and pass on that clock
-    alone, taking no real time (a release notification is looked for before each sleep).
+    alone, taking no real time; such a wait joins no line (a thread blocked on the store could
+    not follow injected time) and sleeps out its retry pause.
     """
 
     __slots__ = (
-        "_plans", "backend", "clock", "closed", "dispatcher", "fake_time", "fencing", "heartbeat", "holds", "lines",
-        "max_hold", "on_event", "owner", "real_clock", "reentrant", "retry", "sleep",
+        "_plans", "backend", "clock", "closed", "fake_time", "fencing", "heartbeat", "holds", "max_hold", "on_event",
+        "owner", "real_clock", "reentrant", "retry", "sleep",
     )
 
     def __init__(
@@ -206,9 +206,6 @@ class Acquisition:
         self.sleep: Callable[[float], None] = own_sleep or time.sleep
         self.real_clock: Callable[[], float] = clock if self.fake_time else time.monotonic
         self.heartbeat = Heartbeat(backend, clock)
-        self.dispatcher = ReleaseDispatcher(backend)
-        #: Where a waiting thread may take a place in line instead (see _wait_in_line).
-        self.lines: Optional[LineSource] = backend if isinstance(backend, LineSource) else None
         self.retry = retry
         self.max_hold = max_hold
         self.fencing = fencing
@@ -243,7 +240,6 @@ class Acquisition:
         held = self.holds.take()
         self.holds = ThreadHolds(self.heartbeat.give_back_dropped)
         self.heartbeat.after_fork()
-        self.dispatcher.after_fork()
         return held
 
     def check_open(self) -> None:
@@ -336,7 +332,8 @@ class Acquisition:
     def _plan_for(self, options: LockOptions) -> _Plan:
         """What ``options`` make of this acquisition's policy: the merged retry policy, the
         retries and the timeout of the attempt loop, the hold deadline, and whether to wait
-        for release notifications.
+        in the backend's line (not with injected time, which a thread blocked on the store
+        cannot follow).
 
         Most calls of a program pass one of a few options objects (the defaults, try_acquire's,
         or options remembered by ``lock_options``), so the plans of the latest few are kept
@@ -346,8 +343,8 @@ class Acquisition:
         retries = policy.retries if options.blocking else 0
         assert retries is not None and policy.timeout is not None
         timeout = policy.timeout if options.blocking else math.inf
-        notify = self.dispatcher.available and options.blocking and retries > 0
-        plan = (policy, retries, timeout, self._max_hold_for(options), notify)
+        in_line = options.blocking and retries > 0 and not self.fake_time
+        plan = (policy, retries, timeout, self._max_hold_for(options), in_line)
         if len(self._plans) >= _PLANS:
             self._plans = {}
         self._plans[id(options)] = (options, self.retry, plan)
@@ -360,7 +357,7 @@ class Acquisition:
         Returns on a grant. Otherwise raises what the last attempt saw: ``LockHeldError`` when
         the store answered (or the wait was cancelled), ``BackendUnavailableError`` when it
         could not be reached."""
-        policy, retries, timeout, max_hold, notify = plan
+        policy, retries, timeout, max_hold, in_line = plan
         requested = min(lock.ttl, max_hold) if max_hold is not None else lock.ttl
         cancel = options.cancel
         outcome: Optional[Outcome] = None
@@ -387,12 +384,10 @@ class Acquisition:
                         return
                     break
                 self._refused(lock, tries, outcome)
-                if not self._wait(lock, tries, outcome, notify, cancel):
+                if not self._wait(lock, tries, outcome, in_line, cancel):
                     break
                 outcome = None
         finally:
-            if tries.wake is not None:
-                self.dispatcher.unregister(lock.key, tries.wake)
             if tries.line is not None:
                 tries.line.leave(granted)
         self._give_up(lock, tries)
@@ -407,20 +402,15 @@ class Acquisition:
         instead: a single attempt's unreachable store, and a rate limit on the last attempt
         allowed (the store's own error, as it is).
         """
-        if tries.wake is not None:
-            tries.wake.clear()
         if tries.attempts:
             tries.sent = self.clock()
         tries.attempts += 1
         answer: _Answer
         try:
-            if tries.line is not None:
-                # In line, every attempt keeps the waiter's place, and a grant takes it out.
-                answer = tries.line.ask()
-            else:
-                answer = ask_grant(
-                    self.backend, lock.key, lock.token, tries.requested, self.owner, self.fencing, request_id
-                )
+            # In line, the line asks: it keeps the waiter's place, and a grant takes it out.
+            answer = ask_grant(
+                self.backend, lock.key, lock.token, tries.requested, self.owner, self.fencing, request_id, tries.line
+            )
         except BackendUnavailableError as error:
             answer = error
         try:
@@ -540,7 +530,7 @@ class Acquisition:
             self._emit(lock, "contended", attempt=tries.attempts, elapsed=elapsed, reason="held")
 
     def _wait(
-        self, lock: Lease, tries: Attempts, outcome: Outcome, notify: bool, cancel: Optional[threading.Event]
+        self, lock: Lease, tries: Attempts, outcome: Outcome, in_line: bool, cancel: Optional[threading.Event]
     ) -> bool:
         """Wait before the next attempt; ``False`` when none may follow (the retries are spent,
         or the timeout came)."""
@@ -551,83 +541,59 @@ class Acquisition:
         if left <= 0:
             tries.reason = "timeout"
             return False
-        if notify and tries.wake is None and tries.line is None and cancel is None:
-            self._join_line(lock, tries)
-        if tries.line is not None:
-            return self._wait_in_line(lock, tries, outcome, elapsed, left)
-        if notify and tries.wake is None:
-            self._register(lock, tries)
-        notifying = tries.wake is not None and self.dispatcher.active
-        pause, interruptible = pick_pause(tries, outcome, elapsed, notifying, lambda: self._sooner(lock.key))
-        notified = self._pause(min(pause, left), tries.wake if interruptible else None, cancel)
-        if not notified and self.clock() - tries.start >= tries.timeout:
+        if in_line and tries.line is None and outcome in (HELD, LATE):
+            # Joined once the key was found busy, which keeps uncontended acquisitions cheap.
+            tries.line = self.backend.join_line(
+                lock.key, lock.token, tries.requested, self.owner, self.fencing, self.clock
+            )
+        pause, waits_in_line = pick_pause(tries, outcome, elapsed)
+        pause = min(pause, left)
+        if waits_in_line:
+            self._wait_in_line(lock, tries, pause, cancel)
+            if tries.handed is not None:
+                return True
+        else:
+            self._pause(pause, cancel)
+        if self.clock() - tries.start >= tries.timeout:
             # The last wait is cut to the time left, and no attempt starts after the timeout.
             tries.reason = "timeout"
             return False
         return True
 
-    def _join_line(self, lock: Lease, tries: Attempts) -> None:
-        """Take a place in the key's line in the store, where the backend offers one (see
-        :class:`~lease_lock.backends.handoff.LineSource`): a release then hands this waiter the
-        key itself. Not with injected time, which a thread blocked on the store cannot follow,
-        nor with a cancel event, which it could not see while blocked."""
-        if self.lines is not None and not self.fake_time:
-            tries.line = self.lines.join_line(
-                lock.key, lock.token, tries.requested, self.owner, self.fencing, self.clock
-            )
+    def _wait_in_line(
+        self, lock: Lease, tries: Attempts, seconds: float, cancel: Optional[threading.Event]
+    ) -> None:
+        """Wait up to ``seconds`` in the waiter's line: ``tries.handed`` is the grant that
+        reached it there, if any. The wait looks at a cancel event and at the Locker's close
+        between slices of it.
 
-    def _wait_in_line(self, lock: Lease, tries: Attempts, outcome: Outcome, elapsed: float, left: float) -> bool:
-        """The wait before the next attempt, blocked in the key's line: ``True`` when a grant
-        reached the waiter there (``tries.handed``) or the pause ended; ``False`` at the timeout.
-
-        The pause is the retry policy's (a release hands the key over sooner). When the line
-        cannot reach the store, the waiter leaves it and pauses as without it; the next wait
-        takes a place again."""
+        A line that cannot reach the store is left, and the wait counts as an attempt that
+        could not: a wait that ends that way ends as ``BackendUnavailableError``, never as
+        "held". The next wait joins a line again."""
         line = tries.line
         assert line is not None
-        pause, _ = pick_pause(tries, outcome, elapsed, True, lambda: None)
+        slice_ = _CLOSE_SLICE if cancel is None else _CANCEL_SLICE
+        deadline = self.real_clock() + seconds
         try:
-            tries.handed = self._block_in_line(line, min(pause, left))
+            while True:
+                left = deadline - self.real_clock()
+                if left <= 0 or self.closed or (cancel is not None and cancel.is_set()):
+                    return
+                handed = line.wait(min(left, slice_))
+                if handed is not None:
+                    tries.handed = handed
+                    tries.received = self.clock()
+                    return
         except BackendUnavailableError as error:
             line.leave(False)
             tries.line = None
             if tries.outage is None:
                 _log_outage(lock.key, error)
             tries.outage = error
-            self._pause(min(pause, left), None, None)
-        if tries.handed is not None:
-            tries.received = self.clock()
-            return True
-        if self.clock() - tries.start >= tries.timeout:
-            tries.reason = "timeout"
-            return False
-        return True
-
-    def _block_in_line(self, line: WaitingLine, seconds: float) -> Optional[LineGrant]:
-        """Wait in line for up to ``seconds``, a second at a time, so that a Locker closed
-        meanwhile is seen within a second (its next look raises)."""
-        deadline = self.real_clock() + seconds
-        while True:
-            left = deadline - self.real_clock()
-            handed = line.wait(max(0.0, min(left, NOTIFIED_WAIT_CAP)))
-            if handed is not None or self.closed or left <= NOTIFIED_WAIT_CAP:
-                return handed
-
-    def _register(self, lock: Lease, tries: Attempts) -> None:
-        """Start hearing of releases of ``lock``'s key.
-
-        Registered only once the first attempt failed, which keeps uncontended acquisitions
-        cheap. A release between that attempt and registering wakes nobody here, but the wait
-        is bounded by the retry delay (and a wake-one watcher answers such a release as it
-        queues the waiter)."""
-        try:
-            tries.wake = self.dispatcher.register(lock.key)
-        except BackendUnavailableError as error:
-            # No notifications while the store is down: pace by the retry delay and try to
-            # subscribe again after the next failed attempt.
-            if tries.outage is None:
-                _log_outage(lock.key, error)
-            tries.outage = error
+            tries.unreachable = True
+            tries.reason = "unavailable"
+            # Paced as after an attempt that could not reach the store, within the time left.
+            self._pause(min(max(deadline - self.real_clock(), 0.0), QUIET_DELAY), cancel)
 
     def _give_up(self, lock: Lease, tries: Attempts) -> NoReturn:
         """Raise what ends an acquisition without a grant (after its ``timed_out`` event)."""
@@ -643,32 +609,16 @@ class Acquisition:
         assert tries.reason != "unavailable"
         raise LockHeldError(lock.key, attempts=tries.attempts, elapsed=elapsed, reason=tries.reason) from tries.outage
 
-    def _sooner(self, key: str) -> Optional[float]:
-        """How soon the next attempt may come while notifications flow, when the wake-one
-        watcher knows it without a round trip (the holder's lease ending, or a kept turn),
-        else ``None``."""
-        known = self.dispatcher.lease_left(key)
-        if known is None:
-            return None
-        return min(NOTIFIED_WAIT_CAP, max(known, 0.0))
-
-    def _pause(self, seconds: float, wake: Optional[threading.Event], cancel: Optional[threading.Event]) -> bool:
-        """Wait ``seconds`` on the lease clock (bounded on the waits' own clock too); ``True`` if
-        a release notification ended the wait early."""
+    def _pause(self, seconds: float, cancel: Optional[threading.Event]) -> None:
+        """Wait ``seconds`` on the lease clock (bounded on the waits' own clock too)."""
         target = self.clock() + seconds
         real_deadline = self.real_clock() + seconds
         while True:
             left = min(target - self.clock(), real_deadline - self.real_clock())
             if left <= 0:
-                return False
+                return
             if cancel is not None:
                 if cancel.is_set():
-                    return False
+                    return
                 left = min(left, _CANCEL_SLICE)
-            if wake is None or self.fake_time:
-                # Injected time cannot also wait for the event: it looks at it before each sleep.
-                if wake is not None and wake.is_set():
-                    return True
-                self.sleep(left)
-            elif wake.wait(left):
-                return True
+            self.sleep(left)

@@ -44,8 +44,12 @@ from .options import (
     lock_options,
 )
 from .retry import DEFAULT_RETRY, Retry
-from .validation import check_bool, check_key, check_token, check_ttl
-from .waiting import ReleaseDispatcher
+from .validation import (
+    check_bool,
+    check_key,
+    check_token,
+    check_ttl,
+)
 
 __all__ = ["Locker"]
 
@@ -98,22 +102,18 @@ class _Resources:
     """What a locker must free when it is closed or dropped: everything but the locker itself,
     so that a finalizer can hold it without keeping the locker alive."""
 
-    def __init__(
-        self, heartbeat: Heartbeat, dispatcher: ReleaseDispatcher, backend: Backend, owns_backend: bool
-    ) -> None:
+    def __init__(self, heartbeat: Heartbeat, backend: Backend, owns_backend: bool) -> None:
         self.heartbeat = heartbeat
-        self.dispatcher = dispatcher
         self.backend = backend
         self.owns_backend = owns_backend
 
     @property
     def holds_anything(self) -> bool:
-        """Whether freeing would end a thread, a subscription or a connection."""
-        return self.owns_backend or self.heartbeat.thread is not None or self.dispatcher.watching
+        """Whether freeing would end a thread or a connection."""
+        return self.owns_backend or self.heartbeat.thread is not None
 
     def free(self, *, wait: bool) -> None:
         self.heartbeat.stop(wait=wait)
-        self.dispatcher.close()
         if self.owns_backend:
             self.backend.close()
 
@@ -210,9 +210,8 @@ class Locker:
         self._heartbeat = self._acquisition.heartbeat
         # Set before any lock exists: the thread starts with the first lock to look after.
         self._heartbeat.threaded = settings["heartbeat_thread"]
-        self._dispatcher = self._acquisition.dispatcher
-        self._resources = _Resources(self._heartbeat, self._dispatcher, backend, owns_backend)
-        # Holds the resources, never the locker: the heartbeat thread, the watcher and the
+        self._resources = _Resources(self._heartbeat, backend, owns_backend)
+        # Holds the resources, never the locker: the heartbeat thread and the
         # backend do not keep a dropped locker alive, and dropping it frees them.
         self._finalizer = weakref.finalize(self, _dropped, self._resources, repr(self))
         # Like an unclosed file, a locker still open when the interpreter exits is not reported.
@@ -627,7 +626,6 @@ class Locker:
         self._acquisition.closed = True
         self._finalizer.detach()
         self._heartbeat.stop()
-        self._dispatcher.close()
         for lock in self._acquisition.take_held():
             lock.locker_closed()
         # Locks collected while held whose leases the heartbeat had not given back yet.

@@ -3,6 +3,12 @@
 A :class:`Retry` says how many attempts an acquisition may make after its first, how long to
 wait between them and how long the whole acquisition may take. Unset fields (``None``) inherit,
 field by field: built-in default <- locker's policy <- call's policy.
+
+The waiting rule: with ``delay`` left unset, a waiter on a store that announces releases pauses
+until the announcement or the holder's lease end (never polling); on a store that announces
+nothing it pauses :data:`QUIET_DELAY` (0.2 s). A ``delay`` (or delay function) the caller or the
+Locker sets is honoured as written: it bounds every pause, and an announcement ends a pause
+early. ``retries`` and ``timeout`` bound every wait on every store.
 """
 
 from __future__ import annotations
@@ -12,10 +18,14 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
+from .backends.line import QUIET_PAUSE
 from .errors import ValidationError
 from .validation import check_bool, check_duration
 
-__all__ = ["DEFAULT_RETRY", "Delay", "Retry", "RetryState", "exponential_backoff"]
+__all__ = ["DEFAULT_RETRY", "QUIET_DELAY", "Delay", "Retry", "RetryState", "exponential_backoff"]
+
+#: The pause between attempts, with ``delay`` unset, on a store that announces no release.
+QUIET_DELAY = QUIET_PAUSE
 
 
 @dataclass(frozen=True)
@@ -38,8 +48,10 @@ class Retry:
 
     - ``retries``: attempts after the first; ``math.inf`` for no limit but the timeout.
     - ``delay``: seconds between attempts, or a callable of :class:`RetryState` (called once
-      before each wait). It bounds every wait on every backend: a release notification only
-      ends a wait early, never makes it longer.
+      before each wait). When set it bounds every wait on every backend: an announced release
+      only ends a wait early, never makes it longer. Unset (``None``, the default), a waiter
+      waits for the announcement or the holder's lease end where the store announces
+      releases, and :data:`QUIET_DELAY` between attempts where it does not.
     - ``timeout``: seconds the whole acquisition may take; ``math.inf`` waits for ever.
     """
 
@@ -72,17 +84,19 @@ class Retry:
         )
 
     def delay_for(self, state: RetryState) -> float:
-        """The wait before the next attempt, validated when it comes from a callable."""
+        """The wait before the next attempt, validated when it comes from a callable;
+        :data:`QUIET_DELAY` when unset."""
         delay = self.delay
         if delay is None:
-            return 0.0
+            return QUIET_DELAY
         if callable(delay):
             return check_duration(delay(state), "retry.delay() result", allow_zero=True)
         return float(delay)
 
 
-#: The built-in policy: retry every 0.2 s for up to ten seconds.
-DEFAULT_RETRY = Retry(retries=math.inf, delay=0.2, timeout=10.0)
+#: The built-in policy: retry until ten seconds have passed, paced by the waiting rule (the
+#: delay unset; see the module docstring).
+DEFAULT_RETRY = Retry(retries=math.inf, delay=None, timeout=10.0)
 
 
 def exponential_backoff(

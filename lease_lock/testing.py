@@ -34,7 +34,7 @@ from typing import Callable, Iterator, Optional
 
 import pytest
 
-from .backends.base import Backend, ExtendRequest, LockState
+from .backends.base import Backend, ExtendRequest, LineGrant, LockState, WaitingLine
 from .backends.service import ServiceStore
 from .errors import ValidationError
 from .locker import Locker
@@ -462,6 +462,98 @@ class BackendContract:
         finally:
             watcher.close()
         assert not watcher.active
+
+    # -- the waiting line (optional) -------------------------------------------------------------
+
+    def joined(self, backend: Backend, key: str, token: str) -> WaitingLine:
+        """A waiting line of ``backend`` for ``token`` (a long lease, fenced when the backend
+        fences). A backend whose ``join_line`` offers none announces nothing: its waiters sleep
+        out their retry pause, and the line tests are skipped, naming that."""
+        line = backend.join_line(
+            key, token, self.long_ttl(backend), self.owner, backend.capabilities.fencing, time.monotonic
+        )
+        if line is None:
+            pytest.skip(f"{type(backend).__name__} offers no waiting line (join_line answers None)")
+        return line
+
+    def held_by_another(self, backend: Backend, key: str) -> str:
+        """Grant ``key`` to a fresh token for a long lease; the token."""
+        holder = self.token(backend)
+        assert self.grant(backend, key, holder, self.long_ttl(backend))
+        return holder
+
+    def test_line_ask_takes_a_free_key(self, backend: Backend, key: str) -> None:
+        token = self.token(backend)
+        line = self.joined(backend, key, token)
+        try:
+            assert line.ask() is not None
+            assert backend.is_held(key, token)
+        finally:
+            line.leave(True)
+        assert backend.is_held(key, token)
+        assert backend.release(key, token)
+
+    def test_line_release_reaches_a_waiter_in_line(self, backend: Backend, key: str) -> None:
+        holder = self.held_by_another(backend, key)
+        waiter = self.token(backend)
+        line = self.joined(backend, key, waiter)
+        granted = False
+        try:
+            assert line.ask() is None
+            grants: list[Optional[LineGrant]] = []
+            thread = threading.Thread(target=lambda: grants.append(line.wait(60)))
+            thread.start()
+            assert backend.release(key, holder)
+            thread.join(90)
+            assert not thread.is_alive()
+            (grant,) = grants
+            assert grant is not None, "the release never reached the waiter in line"
+            granted = True
+            if backend.capabilities.fencing:
+                assert grant.fence == backend.inspect(key).fence
+            assert backend.is_held(key, waiter)
+        finally:
+            line.leave(granted)
+        assert backend.release(key, waiter)
+
+    def test_line_wait_ends_empty_while_the_key_stays_held(self, backend: Backend, key: str) -> None:
+        holder = self.held_by_another(backend, key)
+        line = self.joined(backend, key, self.token(backend))
+        try:
+            assert line.ask() is None
+            assert line.wait(0.3) is None
+        finally:
+            line.leave(False)
+        assert backend.is_held(key, holder)
+        assert backend.release(key, holder)
+
+    def test_a_waiter_that_leaves_gives_nothing_away(self, backend: Backend, key: str) -> None:
+        holder = self.held_by_another(backend, key)
+        line = self.joined(backend, key, self.token(backend))
+        assert line.ask() is None
+        line.leave(False)
+        # Its holder keeps the key, and once released the key goes to whoever asks next, not
+        # to the waiter that left.
+        assert backend.is_held(key, holder)
+        assert backend.release(key, holder)
+        after = self.token(backend)
+        assert wait_until(lambda: self.grant(backend, key, after, self.long_ttl(backend)), 30)
+        assert backend.release(key, after)
+
+    def test_a_grant_the_waiter_leaves_unused_goes_back(self, backend: Backend, key: str) -> None:
+        holder = self.held_by_another(backend, key)
+        waiter = self.token(backend)
+        line = self.joined(backend, key, waiter)
+        try:
+            assert line.ask() is None
+            assert backend.release(key, holder)
+            assert line.wait(60) is not None
+        finally:
+            line.leave(False)
+        assert not backend.is_held(key, waiter)
+        after = self.token(backend)
+        assert wait_until(lambda: self.grant(backend, key, after, self.long_ttl(backend)), 30)
+        assert backend.release(key, after)
 
     # -- adopting a claim ----------------------------------------------------------------------
 

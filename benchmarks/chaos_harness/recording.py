@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Callable, ContextManager, Iterator, Optional, Sequence, TypeVar
 
-from lease_lock.backends.base import Backend, ExtendRequest, LockState, ReleaseWatcher
+from lease_lock.backends.base import Backend, ExtendRequest, LockState, ReleaseWatcher, WaitingLine
+from lease_lock.backends.line import AnnouncedLine, Announcements
 
 from .eventlog import EventLog, host_now
 
@@ -28,6 +29,10 @@ class RecordingBackend(Backend):
         # The core reads capabilities from the backend object, so the wrapper must show the
         # wrapped backend's (batch extension, release notification, fencing).
         self.capabilities = inner.capabilities  # type: ignore[misc]
+        # Waiters are woken by the wrapped backend's release notifications, and every attempt
+        # of theirs goes through this wrapper, so that it is logged (the wrapped backend's own
+        # line would ask the store behind the log's back).
+        self._announcements = Announcements(self)
 
     def _call(self, op: str, key: str, token: str, ttl: Optional[float], run: Callable[[], _Answer]) -> _Answer:
         hold = self._holds.get(token, "?")
@@ -87,6 +92,7 @@ class RecordingBackend(Backend):
 
     def close(self) -> None:
         """Closes the wrapped backend."""
+        self._announcements.close()
         self.inner.close()
 
     def scan(self, prefix: str) -> Iterator[LockState]:
@@ -96,6 +102,15 @@ class RecordingBackend(Backend):
     def watch_releases(self, callback: Callable[[str], None]) -> ReleaseWatcher:
         """Passed through."""
         return self.inner.watch_releases(callback)
+
+    def join_line(
+        self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float]
+    ) -> Optional[WaitingLine]:
+        """A line woken by the wrapped backend's release notifications, asking through this
+        wrapper; none for a backend without them."""
+        if not self.capabilities.release_notify:
+            return None
+        return AnnouncedLine(self._announcements, self, key, token, ttl, owner, fenced, clock)
 
     def check_key(self, key: str) -> None:
         """Passed through."""

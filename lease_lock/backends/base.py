@@ -22,7 +22,7 @@ import os
 import urllib.parse
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Mapping, NamedTuple, Optional, Sequence
 
 from ..errors import ValidationError
 from ..validation import describe_token, is_secret_option, unknown_option_error
@@ -31,8 +31,10 @@ __all__ = [
     "Backend",
     "Capabilities",
     "ExtendRequest",
+    "LineGrant",
     "LockState",
     "ReleaseWatcher",
+    "WaitingLine",
     "parse_bool",
     "parse_url_options",
 ]
@@ -128,6 +130,61 @@ class ReleaseWatcher(abc.ABC):
         back what it holds for that wait; the default does nothing."""
 
 
+class LineGrant(NamedTuple):
+    """A grant that reached a waiting thread through its place in line.
+
+    ``fence`` is the grant's fence (``0`` when none was asked for). ``sent`` is when (on the
+    clock the line was given) a request left that the store served before it made the grant,
+    and ``lease`` the seconds the store's lease runs from the grant at least, so that the waiter
+    can judge its lease as it judges any grant: ``sent + lease``, never longer. ``claimed`` is
+    ``True`` for a key a release handed over: its lease is the claim window, which the waiter
+    must extend to a full lease before it ends; ``False`` for a key the waiter's own request
+    took (a full lease of the TTL asked for).
+    """
+
+    fence: int
+    sent: float
+    lease: float
+    claimed: bool
+
+
+class WaitingLine(abc.ABC):
+    """One waiting thread's wait for one busy key: the only way the core is woken.
+
+    Made by :meth:`Backend.join_line` once an attempt found the key held, used by that thread
+    alone, and left with :meth:`leave`. How the thread is woken stays behind it: a release may
+    hand the key over in the store (a direct line), announce itself to one waiting process or to
+    all of them, or the line may look at the key itself when the holder's lease ends.
+    """
+
+    #: ``True`` for a direct line: the waiter blocks on a connection or request of its own, and
+    #: a release grants it the key there, without another attempt (in the store's own step, or
+    #: by the lock service). ``False`` for a line woken by a watcher the backend shares, whose
+    #: own attempt then takes the key.
+    direct: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def ask(self) -> Optional[int]:
+        """One attempt at the key, as :meth:`Backend.acquire_fenced` makes it (a line that
+        keeps a place in the store keeps it fresh with the same request): the fence (``0``
+        when none was asked for) of a full grant, else ``None``. Raises
+        ``BackendUnavailableError`` when the store cannot be reached."""
+
+    @abc.abstractmethod
+    def wait(self, seconds: float) -> Optional[LineGrant]:
+        """Block up to ``seconds`` until the key reaches this waiter: the grant, or ``None``
+        when the time ran out first. A line takes the key itself (with :meth:`ask`) when it
+        learns that the key went free: a release was announced, or the holder's lease ended.
+        It never polls the store more often than the holder's lease requires. Raises
+        ``BackendUnavailableError`` when the store cannot be reached."""
+
+    @abc.abstractmethod
+    def leave(self, granted: bool) -> None:
+        """Stop waiting. Unless ``granted`` (the acquisition holds the key), a key that reached
+        this waiter meanwhile goes on to the next one. Best effort: never raises; what the line
+        left in the store goes stale on its own."""
+
+
 class Backend(abc.ABC):
     """Base class of every backend. Subclasses implement the abstract primitives.
 
@@ -208,6 +265,21 @@ class Backend(abc.ABC):
         round trip override it and set ``capabilities.batch_extend``.
         """
         return [self.extend(item.key, item.token, item.ttl) for item in requests]
+
+    def join_line(
+        self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float]
+    ) -> Optional[WaitingLine]:
+        """A waiting line for a thread that found ``key`` held and waits for it with ``token``
+        (a lease of ``ttl`` seconds labelled ``owner``, fenced when ``fenced``), timed on
+        ``clock``; asks the store nothing.
+
+        The default is ``None``: this store announces nothing, and the waiter sleeps out its
+        retry pause between attempts. A backend that announces releases returns a line
+        (:class:`~lease_lock.backends.line.AnnouncedLine` adapts a :meth:`watch_releases`
+        watcher into one), and one that can hand a released key to the next waiter in the
+        store's own step returns a direct line.
+        """
+        return None
 
     def watch_releases(self, callback: Callable[[str], None]) -> ReleaseWatcher:
         """Start delivering release notifications to ``callback`` (``release_notify``)."""

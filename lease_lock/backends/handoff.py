@@ -20,9 +20,9 @@ a waiter that died, stopped or left before it could do so loses the key when the
 from __future__ import annotations
 
 import abc
-from typing import Callable, NamedTuple, Optional, Protocol, runtime_checkable
+from typing import Callable, Optional, Protocol, runtime_checkable
 
-__all__ = ["HandoffSource", "HandoffWatcher", "LineGrant", "LineSource", "WaitingLine"]
+__all__ = ["HandoffSource", "HandoffWatcher"]
 
 
 class HandoffWatcher(abc.ABC):
@@ -82,59 +82,3 @@ class HandoffSource(Protocol):
 
     def watch_handoffs(self, callback: Callable[[str], bool]) -> HandoffWatcher:
         """Start a wake-one watcher calling ``callback(key)`` (see :class:`HandoffWatcher`)."""
-
-
-class LineGrant(NamedTuple):
-    """A grant that reached a waiting thread through its place in line.
-
-    ``fence`` is the grant's fence (``0`` when none was asked for). ``sent`` is when (on the
-    clock the line was given) a request left that the store served before it made the grant,
-    and ``lease`` the seconds the store's lease runs from the grant at least, so that the waiter
-    can judge its lease as it judges any grant: ``sent + lease``, never longer. ``claimed`` is
-    ``True`` for a key a release handed over: its lease is the claim window, which the waiter
-    must extend to a full lease before it ends; ``False`` for a key the waiter's own request
-    took (a full lease of the TTL asked for).
-    """
-
-    fence: int
-    sent: float
-    lease: float
-    claimed: bool
-
-
-class WaitingLine(abc.ABC):
-    """One waiting thread's place in the line of one key: one connection, blocked only while
-    :meth:`wait` runs. Made by :meth:`LineSource.join_line`; used by that thread alone."""
-
-    @abc.abstractmethod
-    def ask(self) -> Optional[int]:
-        """One attempt at the key that keeps this waiter's place: the fence (``0`` when none
-        was asked for) of a full grant when the key was free or already this waiter's (its
-        place then goes with the grant), else ``None``, with its place taken or refreshed.
-        Raises ``BackendUnavailableError`` when the store cannot be reached."""
-
-    @abc.abstractmethod
-    def wait(self, seconds: float) -> Optional[LineGrant]:
-        """Keep this waiter's place in line for up to ``seconds`` and block until a release
-        hands it the key: the grant, or ``None`` when the time ran out first. A place not taken
-        yet, or due for its refresh, is taken with :meth:`ask` first, which a free key answers
-        with a full grant. Raises ``BackendUnavailableError`` when the store cannot be reached."""
-
-    @abc.abstractmethod
-    def leave(self, granted: bool) -> None:
-        """Give up the place in line. Unless ``granted`` (the acquisition holds the key, its
-        place gone with the grant), a key handed over meanwhile is released again, to the next
-        waiter. Best effort: never raises; a place left behind goes stale on its own."""
-
-
-@runtime_checkable
-class LineSource(Protocol):
-    """A backend that can hand a released key straight to the next waiter in line."""
-
-    def join_line(
-        self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float]
-    ) -> Optional[WaitingLine]:
-        """A place in ``key``'s line for a thread waiting with ``token`` for a lease of ``ttl``
-        seconds, timed on ``clock``; ``None`` when no place can be had now (the backend's bound
-        on waiting connections is reached, or its configuration allows none). Asks the store
-        nothing: the first :meth:`WaitingLine.wait` does."""

@@ -45,9 +45,8 @@ from requests.utils import DEFAULT_CA_BUNDLE_PATH, get_encoding_from_headers, se
 from .. import wire
 from ..errors import AccessDeniedError, BackendUnavailableError, RateLimitedError, ValidationError
 from ..validation import redact_url
-from .base import Backend, Capabilities, LockState, ReleaseWatcher, parse_url_options
-from .handoff import LineGrant, WaitingLine
-from .line import LineSlots
+from .base import Backend, Capabilities, LineGrant, LockState, ReleaseWatcher, WaitingLine, parse_url_options
+from .line import AnnouncedLine, Announcements, LineSlots
 from .service import RequestIdCarrier
 
 __all__ = ["HttpBackend"]
@@ -108,6 +107,8 @@ LINE_WAITERS = 2
 ANSWER_MARGIN = 1.0
 #: A wait shorter than this is not asked for (the wire carries milliseconds).
 _SHORTEST_WAIT = 0.001
+#: ``_wait_offered`` before the server's first answer.
+_NOT_HEARD = -1
 
 
 class _Answer(NamedTuple):
@@ -268,19 +269,22 @@ class _WaitWatcher(ReleaseWatcher):
     server holds it until the key is free and grants it in the same request. The grant is kept
     for the waiting acquisition, which is woken and takes it without another request (see
     :meth:`HttpBackend.acquire_fenced`). Threads run only while the server announces the
-    extension. The watcher reports itself active in any case: a waiting Locker sleeps its retry
-    delay, and a notification cuts that sleep short when the server offers one.
+    extension (``announced``), and the watcher is active only then: without it, releases made
+    elsewhere are announced to nobody here, and a waiter asks at its quiet pace.
     """
 
-    def __init__(self, callback: Callable[[str], None], waiting: Callable[[str, int], None]) -> None:
+    def __init__(
+        self, callback: Callable[[str], None], waiting: Callable[[str, int], None], announced: Callable[[], bool]
+    ) -> None:
         self._callback = callback
         self._waiting = waiting
+        self._announced = announced
         self._closed = threading.Event()
 
     @property
     def active(self) -> bool:
-        """``True`` until closed (see the class documentation)."""
-        return not self._closed.is_set()
+        """``True`` until closed while the server announces its wait extension."""
+        return not self._closed.is_set() and self._announced()
 
     def closed(self) -> bool:
         """Whether :meth:`close` ran."""
@@ -308,6 +312,8 @@ class _WaitWatcher(ReleaseWatcher):
 class _HeldAcquisition(WaitingLine):
     """One waiting thread's line (see :meth:`HttpBackend.join_line`): every wait is the
     thread's acquisition, held by the server for that long while the key is held."""
+
+    direct = True
 
     def __init__(
         self,
@@ -368,6 +374,8 @@ class _HeldAcquisition(WaitingLine):
             sent = self._clock()
             answer = self._acquire(wait)
             if answer.fence is not None:
+                # Won: leaving without holding it gives it back (see leave).
+                self._unsure = True
                 return LineGrant(self._fence(answer.fence), sent + answer.held_back, self._ttl, False)
             if answer.applied:
                 self._refused = True
@@ -378,8 +386,8 @@ class _HeldAcquisition(WaitingLine):
         return None
 
     def leave(self, granted: bool) -> None:
-        """See :meth:`WaitingLine.leave`: a key that a request whose answer was lost may have
-        won is released (best effort: it runs out with its lease otherwise)."""
+        """See :meth:`WaitingLine.leave`: a key that a wait won, or that a request whose answer
+        was lost may have won, is released (best effort: it runs out with its lease otherwise)."""
         if self._left:
             return
         self._left = True
@@ -465,9 +473,11 @@ class HttpBackend(Backend, RequestIdCarrier):
         self._inherited: list[object] = []
         # The longest wait the server offers (0 until it announced the extension), and the
         # finest (0.0 unless it announced waits to a fraction of a second).
-        self._wait_offered = 0
+        self._wait_offered = _NOT_HEARD
         self._wait_step = 0.0
         self._line_slots = LineSlots(LINE_WAITERS)
+        #: The shared watcher of the waiters without a held acquisition (see join_line).
+        self._announcements = Announcements(self)
         self._watchers: list[_WaitWatcher] = []
         self._interest: dict[str, _Refused] = {}
         self._watching: set[str] = set()
@@ -569,6 +579,8 @@ class HttpBackend(Backend, RequestIdCarrier):
         if offered is not None:
             self._wait_offered = int(offered) if offered.isdigit() else 0
             self._wait_step = _wait_step(response.headers.get(wire.HEADER_WAIT_STEP))
+        elif self._wait_offered == _NOT_HEARD:
+            self._wait_offered = 0  # a server that does not offer the extension
         return response
 
     def _send_prepared(
@@ -985,11 +997,12 @@ class HttpBackend(Backend, RequestIdCarrier):
 
         Offered while the server announces waits to the millisecond (``X-Lease-Lock-Wait-Step``,
         a lease_lock server; a key's pause is mostly a fraction of a second), to at most
-        :data:`LINE_WAITERS` threads of this backend at once; ``None`` otherwise (the thread
-        is woken through :meth:`watch_releases`). Asks the server nothing.
+        :data:`LINE_WAITERS` threads of this backend at once; other threads are woken through
+        :meth:`watch_releases` (see :class:`~lease_lock.backends.line.AnnouncedLine`). Asks the
+        server nothing.
         """
         if self._wait_offered <= 0 or not self._wait_step or not self._line_slots.take():
-            return None
+            return AnnouncedLine(self._announcements, self, key, token, ttl, owner, fenced, clock)
         return _HeldAcquisition(self, key, token, ttl, owner, fenced, clock)
 
     # -- release notifications through the wait extension -------------------------------------
@@ -1001,7 +1014,8 @@ class HttpBackend(Backend, RequestIdCarrier):
         server announces it (``X-Lease-Lock-Wait``), and a key is watched from its first refused
         acquisition until a few seconds after the last one.
         """
-        watcher = _WaitWatcher(callback, self._count_waiters)
+        # Active until the server's first answer says it offers no waits (then at its offer).
+        watcher = _WaitWatcher(callback, self._count_waiters, lambda: self._wait_offered != 0)
         with self._mutex:
             self._watchers = [w for w in self._watchers if not w.closed()] + [watcher]
             # The refusal that made the caller start watching came just before: watch its key now.
@@ -1149,6 +1163,7 @@ class HttpBackend(Backend, RequestIdCarrier):
 
     def close(self) -> None:
         """Close the session if this backend created it."""
+        self._announcements.close()
         with self._mutex:
             watchers, self._watchers = self._watchers, []
             unclaimed = list(self._won.items())

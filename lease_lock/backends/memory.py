@@ -14,7 +14,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, ClassVar, Iterator, Optional, Union
 
 from .. import forksafe
-from .base import Capabilities, LockState, ReleaseWatcher, parse_url_options
+from .base import Capabilities, LockState, ReleaseWatcher, WaitingLine, parse_url_options
+from .line import AnnouncedLine, Announcements
 from .service import ServiceStore, check_amount
 
 __all__ = ["MemoryBackend"]
@@ -70,6 +71,7 @@ class MemoryBackend(ServiceStore, forksafe.MutexForkGuard):
         self._fences: dict[str, int] = {}
         self._watchers: list[_MemoryWatcher] = []
         self._counters: dict[str, tuple[int, int]] = {}
+        self._announcements = Announcements(self)
         forksafe.register(self)
 
     @classmethod
@@ -221,6 +223,13 @@ class MemoryBackend(ServiceStore, forksafe.MutexForkGuard):
             self._leases.clear()
         for key in keys:
             self._notify(key)
+
+    def join_line(
+        self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float]
+    ) -> Optional[WaitingLine]:
+        """A line woken by this backend's release notifications (see
+        :class:`~lease_lock.backends.line.AnnouncedLine`)."""
+        return AnnouncedLine(self._announcements, self, key, token, ttl, owner, fenced, clock)
 
     def watch_releases(self, callback: Callable[[str], None]) -> ReleaseWatcher:
         """Call ``callback(key)`` on every release and force release."""

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import ContextManager, Optional, Union
 
 from ..errors import RateLimitedError, ValidationError
-from .base import Backend, LockState
+from .base import Backend, LockState, WaitingLine
 
 __all__ = ["RequestIdCarrier", "ServiceStore", "SlowDown", "ask_grant", "check_amount", "request_id_scope"]
 
@@ -109,20 +109,30 @@ class SlowDown:
 
 
 def ask_grant(
-    backend: Backend, key: str, token: str, ttl: float, owner: str, fenced: bool, request_id: Optional[str]
+    backend: Backend,
+    key: str,
+    token: str,
+    ttl: float,
+    owner: str,
+    fenced: bool,
+    request_id: Optional[str],
+    line: Optional[WaitingLine] = None,
 ) -> Union[int, SlowDown, None]:
     """One grant request of an acquisition: the answer, whichever backend it goes to.
 
     Returns the grant's fence (``0`` for a grant asked without one, ``fenced=False``), ``None``
     when the key is held, or a :class:`SlowDown` when the store asked the caller to wait first.
     ``request_id`` travels with the request when the backend is a :class:`RequestIdCarrier`
-    and is ignored otherwise. An unreachable store raises ``BackendUnavailableError``, as every
-    primitive does.
+    and is ignored otherwise. A waiter's ``line`` (see :meth:`Backend.join_line`) asks in its
+    place, as :meth:`WaitingLine.ask`. An unreachable store raises ``BackendUnavailableError``,
+    as every primitive does.
     """
     try:
         if request_id is not None:
             with request_id_scope(backend, request_id):
-                return ask_grant(backend, key, token, ttl, owner, fenced, None)
+                return ask_grant(backend, key, token, ttl, owner, fenced, None, line)
+        if line is not None:
+            return line.ask()
         if fenced:
             return backend.acquire_fenced(key, token, ttl, owner)
         return 0 if backend.acquire(key, token, ttl, owner) else None

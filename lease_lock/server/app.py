@@ -34,8 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional, Union
 
 from ..backends import backend_from_url
-from ..backends.base import Backend
-from ..backends.handoff import LineGrant
+from ..backends.base import Backend, LineGrant
 from ..backends.service import ServiceStore
 from ..errors import BackendUnavailableError
 from ..validation import check_owner

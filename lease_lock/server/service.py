@@ -36,8 +36,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable, Iterator, Optional
 
-from ..backends.base import LockState
-from ..backends.handoff import LineGrant, LineSource, WaitingLine
+from ..backends.base import LineGrant, LockState, WaitingLine
 from ..backends.service import ServiceStore
 from ..errors import ValidationError
 from ..wire import MAX_LIFETIME, RENEW_MARGIN, TAKEOVER_GRACE
@@ -227,12 +226,16 @@ class LockService:
         writes, with a deadline counted from now: the deadline of a handed grant is at most
         a wait earlier than a grant made after the wait would have, the safe direction.
         """
-        if not isinstance(self.backend, LineSource):
-            return None
         label = _label_text(self._clock() + MAX_LIFETIME, _digest(token), owner)
-        return self.backend.join_line(
+        line = self.backend.join_line(
             self.store_key(project, key), token, self.store_lease(ttl), label, True, time.monotonic
         )
+        if line is not None and not line.direct:
+            # Only a direct line is one here: the service's own wait room hears announced
+            # releases for every waiting request of the process at once.
+            line.leave(False)
+            return None
+        return line
 
     @staticmethod
     def store_lease(ttl: int) -> float:

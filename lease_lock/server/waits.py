@@ -32,9 +32,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Generic, Optional, TypeVar
 
-from ..backends.base import Backend
-from ..backends.handoff import LineGrant, WaitingLine
-from ..waiting import ReleaseDispatcher
+from ..backends.base import Backend, LineGrant, WaitingLine
+from ..backends.line import Announcements
 
 __all__ = ["WAIT_STEP", "InLine", "WaitRoom", "parse_wait_preference"]
 
@@ -100,7 +99,7 @@ class WaitRoom:
         self.max_waits = max_waits
         self.max_wait = max_wait
         self._slots = threading.BoundedSemaphore(max_waits) if max_waits > 0 else None
-        self._dispatcher = ReleaseDispatcher(backend) if backend.capabilities.release_notify else None
+        self._dispatcher = Announcements(backend) if backend.capabilities.release_notify else None
         self._mutex = threading.Lock()
         self._waiting = 0
         # store key -> the requests waiting for it here, oldest first.

@@ -19,12 +19,12 @@ from lease_lock.backends import backend_from_url
 from lease_lock.backends.base import Backend
 from lease_lock.backends.etcd import EtcdBackend, EtcdError, lease_seconds
 from lease_lock.testing import BackendContract, ServiceStoreContract, wait_until
-from lease_lock.waiting import ReleaseDispatcher
 
 from tests.support.children import check_forked_children_beside_the_parent, exit_codes, fork_children
 from tests.support.cycles import errors_left_in_cycles
 from tests.support.etcd_nested import INNER, nested_namespaces
 from tests.support.etcd_server import CountingSession, EtcdCluster, EtcdFactory, queue_entries
+from tests.support.handoff import note_taken_wakes
 from tests.support.ports import free_port
 
 OWNER = "etcd-test:1"
@@ -581,25 +581,16 @@ def test_tls_with_client_certificates(etcd_factory: EtcdFactory, key: str) -> No
 
 
 def test_a_waiter_is_woken_through_its_one_watch_stream(
-    etcd_server: EtcdCluster, key: str, monkeypatch: pytest.MonkeyPatch
+    etcd_server: EtcdCluster, key: str
 ) -> None:
     holder = lease_lock.connect(etcd_server.url, ttl=30)
     session = CountingSession()
     woken: list[str] = []
-    deliver = ReleaseDispatcher._on_handoff
-
-    def noted(self: ReleaseDispatcher, name: str) -> bool:
-        taken = deliver(self, name)
-        if taken:
-            woken.append(name)
-        return taken
-
-    monkeypatch.setattr(ReleaseDispatcher, "_on_handoff", noted)
+    backend = EtcdBackend(etcd_server.endpoints, session=session)
+    note_taken_wakes(backend, woken.append)
     # The retry delay bounds every wait; one this long leaves the waiter only the release's wake
     # and the core's own look once a second.
-    waiter = lease_lock.Locker(
-        EtcdBackend(etcd_server.endpoints, session=session), ttl=30, retry=lease_lock.Retry(delay=600)
-    )
+    waiter = lease_lock.Locker(backend, ttl=30, retry=lease_lock.Retry(delay=600))
     try:
         lock = holder.acquire(key)
         got = threading.Event()

@@ -24,10 +24,9 @@ from lease_lock import Locker, Retry
 from lease_lock.backends.etcd import READY_MARGIN, EtcdBackend
 from lease_lock.backends.handoff import HandoffSource, HandoffWatcher
 from lease_lock.testing import wait_until
-from lease_lock.waiting import ReleaseDispatcher
 
 from tests.support.etcd_server import EtcdCluster, EtcdFactory, queue_entries
-from tests.support.handoff import WakeCounter, hand_key_round
+from tests.support.handoff import WakeCounter, hand_key_round, note_taken_wakes
 
 TOKEN = "t" * 32
 ROOT = Path(__file__).resolve().parents[2]
@@ -178,29 +177,18 @@ def test_lockers_hand_a_key_round_without_losing_a_release(etcd_server: EtcdClus
 
 
 def test_one_release_wakes_one_waiting_locker_and_every_one_gets_the_key(
-    etcd_server: EtcdCluster, holder: EtcdBackend, key: str, monkeypatch: pytest.MonkeyPatch
+    etcd_server: EtcdCluster, holder: EtcdBackend, key: str
 ) -> None:
     # Four lockers wait for the key, each taking it once; every release wakes one of them (the
-    # holder's and the first three waiters'), never every waiting one.
+    # holder's and the first three waiters'), never every waiting one (no broadcast is heard).
     wakes: list[str] = []
-    deliver_one, deliver_all = ReleaseDispatcher._on_handoff, ReleaseDispatcher._on_release
-
-    def one(self: ReleaseDispatcher, name: str) -> bool:
-        taken = deliver_one(self, name)
-        if taken:
-            wakes.append(name)
-        return taken
-
-    def every(self: ReleaseDispatcher, name: str) -> None:
-        # A broadcast reaches each waiting locker: each one counts as a wake.
-        if self._waiters.get(name):
-            wakes.append(name)
-        deliver_all(self, name)
-
-    monkeypatch.setattr(ReleaseDispatcher, "_on_handoff", one)
-    monkeypatch.setattr(ReleaseDispatcher, "_on_release", every)
-    # A retry delay this long leaves a waiter only the core's once-a-second look of its own.
-    lockers = [Locker(EtcdBackend.from_url(etcd_server.url), ttl=30, retry=Retry(delay=600)) for _ in range(4)]
+    broadcasts: list[object] = []
+    backends = [EtcdBackend.from_url(etcd_server.url) for _ in range(4)]
+    for backend in backends:
+        note_taken_wakes(backend, wakes.append)
+        backend.watch_releases = broadcasts.append  # type: ignore[method-assign,assignment]
+    # A retry delay this long leaves a waiter only the wake and the holder's lease end.
+    lockers = [Locker(backend, ttl=30, retry=Retry(delay=600)) for backend in backends]
     order: list[int] = []
     errors: list[BaseException] = []
 
@@ -222,6 +210,7 @@ def test_one_release_wakes_one_waiting_locker_and_every_one_gets_the_key(
             thread.join(120)
         assert errors == [] and sorted(order) == [0, 1, 2, 3]
         assert wakes == [key] * 4
+        assert broadcasts == []
     finally:
         for locker in lockers:
             locker.close()

@@ -26,8 +26,8 @@ import requests
 from benchmarks.chaos_harness.proxy import TcpProxy
 from lease_lock import BackendUnavailableError, Lock, Locker, Retry, ValidationError
 from lease_lock.backends import backend_from_url
+from lease_lock.backends.base import LineGrant, WaitingLine
 from lease_lock.backends.etcd import EtcdBackend
-from lease_lock.backends.handoff import LineGrant, WaitingLine
 from lease_lock.testing import BackendContract, wait_until
 
 from tests.support.answer_proxy import AnswerDroppingProxy
@@ -88,7 +88,7 @@ def _take_in_thread_with(locker: Locker, key: str, **options: Any) -> tuple[thre
 
 def test_direct_handoff_is_off_unless_asked_for_and_checked(etcd_server: EtcdCluster, plain: EtcdBackend) -> None:
     assert plain.direct_handoff is False
-    assert plain.join_line("k", "t" * 32, 5.0, "o", True, time.monotonic) is None
+    assert not _direct(plain.join_line("k", "t" * 32, 5.0, "o", True, time.monotonic))
     with pytest.raises(ValidationError, match="direct_handoff"):
         backend_from_url(etcd_server.url + "?direct_handoff=maybe")
     with pytest.raises(ValidationError, match="direct_handoff"):
@@ -508,3 +508,12 @@ class TestEtcdDirectHandoff(BackendContract):
         backend = direct(etcd_server)
         yield backend
         backend.close()
+
+
+def _direct(line: Optional[WaitingLine]) -> bool:
+    """Whether ``line`` is a direct one (a release hands it the key in the store's step); an
+    announced line offered instead is left at once."""
+    if line is None:
+        return False
+    line.leave(False)
+    return line.direct

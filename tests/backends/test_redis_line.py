@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 import redis
 from lease_lock import Locker, LockHeldError, Retry
-from lease_lock.backends.handoff import LineSource
 from lease_lock.backends.redis import RedisBackend, line_keys
 from lease_lock.backends.redis._line import CLAIM_MAX, LINE_WAITERS
 from lease_lock.errors import ValidationError
@@ -66,7 +65,9 @@ def _waiting_thread(locker: Locker, key: str, out: list[Any], **options: Any) ->
 def test_redis_backend_offers_a_line(redis_server: RedisServer) -> None:
     backend = RedisBackend.from_url(redis_server.url)
     try:
-        assert isinstance(backend, LineSource)
+        line = backend.join_line("k", "w" * 32, 30, "w", False, time.monotonic)
+        assert line is not None and line.direct
+        line.leave(False)
     finally:
         backend.close()
 

@@ -135,4 +135,4 @@ def test_a_failed_subscription_while_waiting_is_retried_not_raised() -> None:
         assert "error" not in outcome, outcome
         assert getattr(outcome["lock"], "state", None) == "held"
         # Nothing stayed registered for the failed subscription.
-        assert waiter._dispatcher._waiters == {}
+        assert backend._announcements._waiters == {}

@@ -99,24 +99,16 @@ def contend(url: str, table: str, key: str, rounds: int, hold: float, rest: floa
     import time
 
     from lease_lock.backends.postgres import PostgresBackend
-    from lease_lock.waiting import ReleaseDispatcher
 
     wakes: list[float] = []
-    deliver = ReleaseDispatcher._on_handoff
-
-    def noted(self: ReleaseDispatcher, name: str) -> bool:
-        taken = deliver(self, name)
-        if taken:
-            wakes.append(time.time())
-        return taken
-
-    ReleaseDispatcher._on_handoff = noted  # type: ignore[method-assign]
     # A wait with a cancel event waits through the locker's wake-one listener (the subject
     # here), never in the key's line.
     never = threading.Event()
     # A waiter here looks at the key again one second after a failed attempt: the retry delay
     # bounds every wait, so only a wake can hand the key over sooner than that.
-    locker = Locker(PostgresBackend.from_url(url, table=table), ttl=30, retry=Retry(delay=1.0), owns_backend=True)
+    backend = PostgresBackend.from_url(url, table=table)
+    note_taken_wakes(backend, lambda _name: wakes.append(time.time()))
+    locker = Locker(backend, ttl=30, retry=Retry(delay=1.0), owns_backend=True)
     grants: list[float] = []
     releases: list[float] = []
     try:
@@ -139,6 +131,24 @@ def wait_forever(url: str, table: str, key: str) -> None:
 
     locker = Locker(PostgresBackend.from_url(url, table=table), ttl=30)
     locker.acquire(key, timeout=600, cancel=threading.Event())
+
+
+def note_taken_wakes(backend: Any, noted: Callable[[str], None]) -> None:
+    """Have every wake-one watcher ``backend`` starts call ``noted(key)`` for each wake that a
+    waiting thread of this process took: its public ``watch_handoffs``, wrapped on this one
+    instance."""
+    start = backend.watch_handoffs
+
+    def watch_handoffs(callback: Callable[[str], bool]) -> Any:
+        def deliver(name: str) -> bool:
+            taken = callback(name)
+            if taken:
+                noted(name)
+            return taken
+
+        return start(deliver)
+
+    backend.watch_handoffs = watch_handoffs
 
 
 if __name__ == "__main__":  # pragma: no cover - run as a child process by the tests

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any, Callable, ClassVar, Optional, Sequence
 
 from lease_lock import Locker, LockEvent, MemoryBackend
-from lease_lock.backends.base import Capabilities, ExtendRequest
+from lease_lock.backends.base import Capabilities, ExtendRequest, WaitingLine
 
 __all__ = ["START", "EventLog", "FakeClock", "RecordingBackend", "SilentBackend", "SleepingClock", "advance_to_beat"]
 
@@ -130,9 +130,15 @@ class RecordingBackend(MemoryBackend):
 
 
 class SilentBackend(RecordingBackend):
-    """A recording memory backend without release notifications: waiters pace by ``delay``."""
+    """A recording memory backend that announces nothing: it offers no waiting line, and
+    waiters sleep out their retry pause."""
 
     capabilities: ClassVar[Capabilities] = replace(MemoryBackend.capabilities, release_notify=False)
+
+    def join_line(
+        self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float]
+    ) -> Optional[WaitingLine]:
+        return None
 
 
 class EventLog(list[LockEvent]):

@@ -4,8 +4,9 @@ joins them, on fake time (waits sleep on the fake clock; latency is counted in a
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
-from typing import Callable, ContextManager, Iterator, Optional
+from typing import ContextManager, Iterator, Optional
 
 import pytest
 from lease_lock import BackendUnavailableError, Locker, LockHeldError, MemoryBackend, RateLimitedError, Retry
@@ -20,10 +21,11 @@ from lease_lock.acquisition import (
     Outcome,
     pick_pause,
 )
+from lease_lock.backends.base import WaitingLine
 from lease_lock.backends.service import RequestIdCarrier, SlowDown, ask_grant
 from lease_lock.lease import local_end
 from lease_lock.lock import Lock
-from lease_lock.retry import DEFAULT_RETRY, RetryState
+from lease_lock.retry import DEFAULT_RETRY, QUIET_DELAY, RetryState
 
 from .fakes import EventLog, FakeClock, RecordingBackend, SilentBackend
 
@@ -195,76 +197,74 @@ def test_ask_grant_turns_a_rate_limit_into_a_pause(clock: FakeClock) -> None:
 # -- the pause picker --------------------------------------------------------------------------
 
 
-def counted(value: Optional[float]) -> tuple[list[int], Callable[[], Optional[float]]]:
-    """A ``lease_left`` that answers ``value`` and counts its calls."""
-    calls: list[int] = []
+class _Line(WaitingLine):
+    """A line that is never woken: what pick_pause reads is only whether there is one."""
 
-    def lease_left() -> Optional[float]:
-        calls.append(1)
-        return value
+    def ask(self) -> Optional[int]:
+        return None
 
-    return calls, lease_left
+    def wait(self, seconds: float) -> None:
+        return None
+
+    def leave(self, granted: bool) -> None:
+        pass
+
+
+def in_line(state: Attempts) -> Attempts:
+    state.line = _Line()
+    return state
 
 
 def test_a_rate_limit_is_waited_in_full_and_spends_no_retry_delay(clock: FakeClock) -> None:
     asked: list[RetryState] = []
-    state = tries(clock, policy=DEFAULT_RETRY.merged(Retry(delay=lambda retry: asked.append(retry) or 0.25)))
+    state = in_line(tries(clock, policy=DEFAULT_RETRY.merged(Retry(delay=lambda retry: asked.append(retry) or 0.25))))
     state.asked = 7.0
-    calls, lease_left = counted(0.0)
-    assert pick_pause(state, RATE_LIMITED, 1.0, True, lease_left) == (7.0, False)
-    assert (asked, calls, state.previous_delay) == ([], [], None)
+    assert pick_pause(state, RATE_LIMITED, 1.0) == (7.0, False)
+    assert (asked, state.previous_delay) == ([], None)
 
 
 @pytest.mark.parametrize("outcome", [HELD, LATE, UNREACHABLE])
-def test_without_notifications_the_retry_delay_is_the_pause(clock: FakeClock, outcome: Outcome) -> None:
+def test_without_a_line_the_retry_delay_is_the_pause(clock: FakeClock, outcome: Outcome) -> None:
     state = tries(clock, policy=DEFAULT_RETRY.merged(Retry(delay=0.5)))
-    calls, lease_left = counted(0.0)
-    assert pick_pause(state, outcome, 1.0, False, lease_left) == (0.5, True)
+    assert pick_pause(state, outcome, 1.0) == (0.5, False)
     assert state.previous_delay == 0.5
-    assert calls == []
+
+
+@pytest.mark.parametrize("outcome", [HELD, LATE, UNREACHABLE])
+def test_without_a_line_and_a_delay_the_pause_is_the_quiet_one(clock: FakeClock, outcome: Outcome) -> None:
+    assert DEFAULT_RETRY.delay is None
+    assert pick_pause(tries(clock), outcome, 1.0) == (QUIET_DELAY, False)
 
 
 def test_the_retry_delay_hears_the_attempt_the_elapsed_time_and_the_previous_delay(clock: FakeClock) -> None:
     asked: list[RetryState] = []
     state = tries(clock, policy=DEFAULT_RETRY.merged(Retry(delay=lambda retry: asked.append(retry) or 0.25)))
     state.attempts = 1
-    pick_pause(state, HELD, 0.5, False, counted(None)[1])
+    pick_pause(state, HELD, 0.5)
     state.attempts = 2
-    pick_pause(state, HELD, 1.0, False, counted(None)[1])
+    pick_pause(in_line(state), HELD, 1.0)
     assert asked == [RetryState(1, 0.5, None), RetryState(2, 1.0, 0.25)]
 
 
-@pytest.mark.parametrize(("known", "pause"), [(0.125, 0.125), (5.0, 0.5), (None, 0.5), (-1.0, 0.0)])
-def test_while_notified_a_refusal_waits_no_longer_than_the_holders_known_lease(
-    clock: FakeClock, known: Optional[float], pause: float
+@pytest.mark.parametrize(("outcome", "pause"), [(HELD, math.inf), (LATE, 0.0)])
+def test_in_line_without_a_delay_the_line_alone_ends_the_pause(
+    clock: FakeClock, outcome: Outcome, pause: float
 ) -> None:
-    state = tries(clock, policy=DEFAULT_RETRY.merged(Retry(delay=0.5)))
-    calls, lease_left = counted(None if known is None else max(known, 0.0))
-    assert pick_pause(state, HELD, 1.0, True, lease_left) == (pause, True)
-    assert len(calls) == 1
+    assert pick_pause(in_line(tries(clock)), outcome, 1.0) == (pause, True)
+
+
+@pytest.mark.parametrize(("outcome", "pause"), [(HELD, 0.5), (LATE, 0.0)])
+def test_in_line_a_set_delay_bounds_the_pause(clock: FakeClock, outcome: Outcome, pause: float) -> None:
+    state = in_line(tries(clock, policy=DEFAULT_RETRY.merged(Retry(delay=0.5))))
+    assert pick_pause(state, outcome, 1.0) == (pause, True)
     # The delay is what the next attempt's policy hears, not the shortened wait.
     assert state.previous_delay == 0.5
 
 
-def test_while_notified_a_late_grant_tries_again_at_once(clock: FakeClock) -> None:
-    state = tries(clock, policy=DEFAULT_RETRY.merged(Retry(delay=0.5)))
-    calls, lease_left = counted(0.25)
-    assert pick_pause(state, LATE, 1.0, True, lease_left) == (0.0, True)
-    assert calls == []
-
-
-def test_while_notified_an_outage_keeps_the_retry_delay(clock: FakeClock) -> None:
-    state = tries(clock, policy=DEFAULT_RETRY.merged(Retry(delay=0.5)))
-    calls, lease_left = counted(0.0)
-    assert pick_pause(state, UNREACHABLE, 1.0, True, lease_left) == (0.5, True)
-    assert calls == []
-
-
-def test_a_zero_delay_asks_the_watcher_nothing(clock: FakeClock) -> None:
-    state = tries(clock, policy=DEFAULT_RETRY.merged(Retry(delay=0.0)))
-    calls, lease_left = counted(0.0)
-    assert pick_pause(state, HELD, 1.0, True, lease_left) == (0.0, True)
-    assert calls == []
+@pytest.mark.parametrize(("delay", "pause"), [(None, QUIET_DELAY), (0.5, 0.5)])
+def test_in_line_an_outage_waits_out_of_line(clock: FakeClock, delay: Optional[float], pause: float) -> None:
+    state = in_line(tries(clock, policy=DEFAULT_RETRY.merged(Retry(delay=delay))))
+    assert pick_pause(state, UNREACHABLE, 1.0) == (pause, False)
 
 
 # -- the loop that joins them ------------------------------------------------------------------
@@ -342,18 +342,4 @@ def test_a_notified_wait_on_injected_time_spends_the_timeout_on_the_fake_clock(
         locker.acquire("k", timeout=1.0)
     assert (caught.value.reason, caught.value.attempts) == ("timeout", 4)
     assert sleeps == [0.25, 0.25, 0.25, 0.25]
-    locker.close()
-
-
-def test_a_release_heard_during_an_attempt_brings_the_next_one_without_a_sleep(
-    backend: RecordingBackend, clock: FakeClock, sleeps: list[float], events: EventLog
-) -> None:
-    backend.acquire("k", OTHER, 3600.0, "other")
-    backend.calls.clear()
-    locker = Locker(backend, clock=clock, heartbeat_thread=False, on_event=events, retry=Retry(delay=0.25))
-    backend.hooks["acquire"] = lambda: backend.release("k", OTHER) if len(backend.called("acquire")) == 2 else None
-    lock = locker.acquire("k", timeout=30.0)
-    assert lock.state == "held"
-    assert events.of("acquired")[0].attempts == 3
-    assert sleeps == [0.25]
     locker.close()

@@ -34,7 +34,6 @@ CORE_MODULES = [
     "lease_lock.retry",
     "lease_lock.testing",
     "lease_lock.validation",
-    "lease_lock.waiting",
 ]
 #: The names the documented API promises at the top level.
 PROMISED_NAMES = {

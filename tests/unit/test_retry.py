@@ -39,8 +39,21 @@ def attempts_made(backend: RecordingBackend, key: str = "busy") -> int:
 # -- merging --------------------------------------------------------------------------------------
 
 
-def test_builtin_default_waits_ten_seconds_every_fifth_of_a_second() -> None:
-    assert Retry(retries=math.inf, delay=0.2, timeout=10.0) == DEFAULT_RETRY
+def test_builtin_default_waits_ten_seconds_with_the_delay_unset() -> None:
+    # Unset, the delay follows the waiting rule: the line's announcement, or the quiet pause.
+    assert Retry(retries=math.inf, delay=None, timeout=10.0) == DEFAULT_RETRY
+    assert DEFAULT_RETRY.delay_for(RetryState(1, 0.0, None)) == 0.2
+
+
+def test_a_store_that_announces_nothing_is_asked_every_fifth_of_a_second(
+    silent: SilentBackend, clock: FakeClock, sleeps: list[float]
+) -> None:
+    silent.acquire("busy", OTHER, 3600.0, "other")
+    locker = Locker(silent, clock=clock, retry=Retry(retries=3))
+    with pytest.raises(LockHeldError):
+        locker.acquire("busy")
+    assert sleeps == pytest.approx([0.2, 0.2, 0.2])
+    locker.close()
 
 
 def test_fields_merge_one_by_one_builtin_then_locker_then_call(
@@ -48,7 +61,7 @@ def test_fields_merge_one_by_one_builtin_then_locker_then_call(
 ) -> None:
     silent.acquire("busy", OTHER, 3600.0, "other")
     locker = Locker(silent, clock=clock, heartbeat_thread=False, retry=Retry(retries=3))
-    assert locker.retry == Retry(retries=3, delay=0.2, timeout=10.0)
+    assert locker.retry == Retry(retries=3, delay=None, timeout=10.0)
     with pytest.raises(LockHeldError) as caught:
         locker.acquire("busy", retry=Retry(delay=0.5))
     # retries from the locker, delay from the call, timeout from the built-in default.

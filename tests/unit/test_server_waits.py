@@ -9,8 +9,7 @@ import time
 from typing import Callable, Optional
 
 import pytest
-from lease_lock.backends.base import ReleaseWatcher
-from lease_lock.backends.handoff import LineGrant, WaitingLine
+from lease_lock.backends.base import LineGrant, ReleaseWatcher, WaitingLine
 from lease_lock.backends.memory import MemoryBackend
 from lease_lock.errors import BackendUnavailableError
 from lease_lock.server.waits import InLine, WaitRoom, parse_wait_preference

@@ -66,9 +66,8 @@ import requests
 from ... import forksafe
 from ...errors import BackendUnavailableError, ValidationError
 from ...validation import check_bool, check_duration
-from ..base import Capabilities, ExtendRequest, LockState, ReleaseWatcher, parse_bool, parse_url_options
-from ..handoff import WaitingLine
-from ..line import LineSlots, claim_for
+from ..base import Capabilities, ExtendRequest, LockState, ReleaseWatcher, WaitingLine, parse_bool, parse_url_options
+from ..line import AnnouncedLine, Announcements, LineSlots, claim_for
 from ..service import ServiceStore
 from ._client import CODE_NOT_FOUND, EtcdClient, EtcdError, b64, prefix_end, unb64
 from ._counters import count_in_window
@@ -219,6 +218,8 @@ class EtcdBackend(ServiceStore):
         # The lease length of the latest attempt that found its key held (see _expect_wait).
         self._lost_length: Optional[int] = None
         self._line_slots = LineSlots()
+        #: The shared watcher of the waiters beyond the line (see join_line).
+        self._announcements = Announcements(self)
         self._line_watcher: Optional[EtcdLineWatcher] = None
         self._line_mutex = threading.Lock()
         self._closed = False
@@ -775,15 +776,18 @@ class EtcdBackend(ServiceStore):
     def join_line(
         self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float]
     ) -> Optional[WaitingLine]:
-        """A place in ``key``'s line for a waiting thread, with ``direct_handoff`` (see
-        :mod:`lease_lock.backends.handoff`): a release hands the key straight to the oldest place
-        in line, on that place's claim lease, and the waiter hears it on the backend's line
-        watcher (one watch stream for all its waiters). At most
+        """A waiting line for ``key`` (see :meth:`Backend.join_line`).
+
+        With ``direct_handoff``, a direct line: a release hands the key straight to the oldest
+        place in line, on that place's claim lease, and the waiter hears it on the backend's
+        line watcher (one watch stream for all its waiters). At most
         :data:`~lease_lock.backends.line.LINE_WAITERS` threads of one backend wait this way at
-        once (``None`` beyond that, without ``direct_handoff``, or once the backend is closed).
+        once. Other waiters (and every one without ``direct_handoff``, or once the backend is
+        closed) are woken by the backend's shared wake-one watcher (see
+        :class:`~lease_lock.backends.line.AnnouncedLine`).
         """
         if not self.direct_handoff or self._closed or not self._line_slots.take():
-            return None
+            return AnnouncedLine(self._announcements, self, key, token, ttl, owner, fenced, clock)
         name = self._name(key)
         claim = claim_for(ttl)
 
@@ -799,11 +803,13 @@ class EtcdBackend(ServiceStore):
             release=lambda: self.release(key, token), keep_spare=keep_spare, revoke=self._revoke,
             timeout=self._client.timeout,
         )
-        return EtcdWaitingLine(
+        line = EtcdWaitingLine(
             name=name, prefix=self._prefix, token=token, owner=owner, fenced=fenced, seconds=lease_seconds(ttl),
             claim_seconds=lease_seconds(claim), calls=calls, watcher=self._lines(), ttl=ttl, claim=claim,
             clock=clock, slots=self._line_slots,
         )
+        line.watch_lease(lambda: self.inspect(key).expires_in)
+        return line
 
     def _lines(self) -> EtcdLineWatcher:
         """The watcher of the waiting lines, started on first need."""
@@ -821,6 +827,7 @@ class EtcdBackend(ServiceStore):
     def close(self) -> None:
         """Stop the watchers, revoke the spare leases, and close the session if the backend opened it."""
         self._closed = True
+        self._announcements.close()
         for watcher in self._watchers:
             watcher.close()
         self._watchers = []

@@ -23,11 +23,12 @@ from ..base import (
     ExtendRequest,
     LockState,
     ReleaseWatcher,
+    WaitingLine,
     parse_bool,
     parse_url_options,
 )
-from ..handoff import HandoffWatcher, WaitingLine
-from ..line import BURST, FRESH_SHARE, Joined, LineSlots, claim_for
+from ..handoff import HandoffWatcher
+from ..line import BURST, FRESH_SHARE, AnnouncedLine, Announcements, Joined, LineSlots, claim_for
 from ..service import ServiceStore, check_amount
 from ._connections import ConnectionSource, LazyPool, arm_bound, check_dsn, end_bound
 from ._errors import is_connect_failure, is_connection_failure, unavailable
@@ -188,6 +189,8 @@ class PostgresBackend(ServiceStore):
         #: Keys whose latest release here found somebody in line (see _hand_on_in_line).
         self._queued: set[str] = set()
         self._line_slots = LineSlots()
+        #: The shared watcher of the waiters beyond the line (see join_line).
+        self._announcements = Announcements(self)
         self._listening = ListeningConnections(self._listen_parameters, lambda: self._listen_dsn, self.names.label)
         self._sql = _statements(self.names, "" if synchronous_commit else _ASYNC_COMMIT)
 
@@ -607,16 +610,18 @@ class PostgresBackend(ServiceStore):
     def join_line(
         self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float]
     ) -> Optional[WaitingLine]:
-        """A place in ``key``'s line for a waiting thread (see :mod:`lease_lock.backends.handoff`
-        and :mod:`._line`): a release hands the key straight to the oldest fresh waiter in
-        ``<table>_queue``, which is blocked on a listening connection of its own. At most
-        :data:`~lease_lock.backends.line.LINE_WAITERS` threads of one backend wait this way at
-        once (``None`` beyond that), and none before the first write checked the tables, when
-        the line's table cannot be used (see :meth:`_line_usable`), or once the backend is
-        closed.
+        """A waiting line for ``key`` (see :meth:`Backend.join_line`).
+
+        A direct line where it can be had (see :mod:`._line`): a release hands the key straight
+        to the oldest fresh waiter in ``<table>_queue``, which is blocked on a listening
+        connection of its own. At most :data:`~lease_lock.backends.line.LINE_WAITERS` threads
+        of one backend wait this way at once, and none before the first write checked the
+        tables, when the line's table cannot be used (see :meth:`_line_usable`), or once the
+        backend is closed. Other waiters are woken by the backend's shared wake-one watcher
+        (see :class:`~lease_lock.backends.line.AnnouncedLine`).
         """
         if not self._lines_ok or self._listening.closed or not self._line_slots.take():
-            return None
+            return AnnouncedLine(self._announcements, self, key, token, ttl, owner, fenced, clock)
         claim = claim_for(ttl)
         gate, slot = self.names.gate, _key_slot(key)
         joining = {
@@ -650,14 +655,17 @@ class PostgresBackend(ServiceStore):
             finally:
                 end_bound(bound)
 
-        return PostgresWaitingLine(
+        line = PostgresWaitingLine(
             join=join, leave=leave, connections=self._listening, dsn=self._listen_dsn, label=self.names.label,
             ttl=ttl, claim=claim, clock=clock, slots=self._line_slots,
         )
+        line.watch_lease(lambda: self.inspect(key).expires_in)
+        return line
 
     def close(self) -> None:
         """Stop the watchers this backend started, close the listening connections of its
         line, and close the pool it opened itself."""
+        self._announcements.close()
         self._listening.close()
         watchers, self._watchers = self._watchers, []
         for watcher in watchers:

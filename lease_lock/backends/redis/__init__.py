@@ -28,10 +28,11 @@ from ..base import (
     ExtendRequest,
     LockState,
     ReleaseWatcher,
+    WaitingLine,
     parse_url_options,
 )
-from ..handoff import HandoffWatcher, WaitingLine
-from ..line import FRESH_SHARE, LineSlots, claim_for
+from ..handoff import HandoffWatcher
+from ..line import FRESH_SHARE, AnnouncedLine, Announcements, LineSlots, claim_for
 from ..service import ServiceStore, check_amount
 from . import _scripts
 from ._connections import DirectCommands
@@ -354,6 +355,8 @@ class RedisBackend(ServiceStore):
         #: (``None``: not asked yet).
         self._line_slots = LineSlots()
         self._lines_ok: Optional[bool] = None
+        #: The shared watcher of the waiters beyond the line (see join_line).
+        self._announcements = Announcements(self)
         # Whether the client counts its failed tries (only the clients from_url builds do): a
         # release then reads its answer in that light, and other clients skip the counting.
         self._counts_retries = False
@@ -658,6 +661,7 @@ class RedisBackend(ServiceStore):
 
     def close(self) -> None:
         """Stop the watchers this backend started; close the client if it built it."""
+        self._announcements.close()
         with self._watchers_lock:
             watchers, self._watchers = self._watchers, []
         for watcher in watchers:
@@ -738,16 +742,18 @@ class RedisBackend(ServiceStore):
     def join_line(
         self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float]
     ) -> Optional[WaitingLine]:
-        """A place in ``key``'s line for a waiting thread (see :mod:`lease_lock.backends.handoff`):
-        a release hands the key straight to the first live waiter in line, who is blocked in
-        ``BLPOP`` on a connection of the client's pool. At most
-        :data:`~lease_lock.backends.line.LINE_WAITERS` threads of one backend wait this
-        way at once (``None`` beyond that), and none on a Cluster (one grant list per waiter
-        cannot share every key's hash slot) or on a server older than Redis 6 (``BLPOP`` takes
-        whole seconds there).
+        """A waiting line for ``key`` (see :meth:`Backend.join_line`).
+
+        A direct line where it can be had: a release hands the key straight to the first live
+        waiter in line, who is blocked in ``BLPOP`` on a connection of the client's pool. At
+        most :data:`~lease_lock.backends.line.LINE_WAITERS` threads of one backend wait this
+        way at once, and none on a Cluster (one grant list per waiter cannot share every key's
+        hash slot) or on a server older than Redis 6 (``BLPOP`` takes whole seconds there).
+        Other waiters are woken by the backend's shared watcher (wake-one, or the release
+        channel on a Cluster; see :class:`~lease_lock.backends.line.AnnouncedLine`).
         """
         if not self._lines_usable() or not self._line_slots.take():
-            return None
+            return AnnouncedLine(self._announcements, self, key, token, ttl, owner, fenced, clock)
         claim = claim_for(ttl)
         ms, claim_ms = _millis(ttl), _millis(claim)
         granted = GRANTED_PREFIX + token
@@ -757,7 +763,7 @@ class RedisBackend(ServiceStore):
             _millis(claim * FRESH_SHARE), token, _millis(BURST),
         ]
         leave_keys, leave_argv = self._release_call(key, token)
-        return RedisWaitingLine(
+        line = RedisWaitingLine(
             self._commands,
             join=(join_keys, join_argv),
             leave=([*leave_keys, granted], [*leave_argv, token]),
@@ -768,6 +774,8 @@ class RedisBackend(ServiceStore):
             translate=_translate_unavailable,
             slots=self._line_slots,
         )
+        line.watch_lease(lambda: self.inspect(key).expires_in)
+        return line
 
     def _lines_usable(self) -> bool:
         usable = self._lines_ok
