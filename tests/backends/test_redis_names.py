@@ -110,12 +110,10 @@ def test_a_release_of_a_key_never_hands_a_look_alike_key_to_its_waiter(redis_ser
     base = f"names-{uuid.uuid4().hex}"
     plain, tagged = base, "{" + base + "}"
     lockers = [
-        Locker(RedisBackend.from_url(redis_server.url), ttl=30, fencing=True, owner=owner)
+        Locker(RedisBackend.from_url(redis_server.url), ttl=30, fencing=True, owner=owner, owns_backend=True)
         for owner in ("first", "waiter", "second")
     ]
     first, waiter, second = lockers
-    for locker in lockers:
-        locker.owns_backend = True
     client = first.backend.client
     got: list[Any] = []
     a_released = threading.Event()
@@ -157,9 +155,10 @@ def test_listing_and_prefix_release_see_only_lock_keys_under_nested_prefixes(red
     names = ["a", "{t}:b", "c:line", "{t}", "d/fence"]
 
     def locker(prefix: str, owner: str) -> Locker:
-        made = Locker(RedisBackend.from_url(redis_server.url), ttl=30, fencing=True, key_prefix=prefix, owner=owner)
-        made.owns_backend = True
-        return made
+        return Locker(
+            RedisBackend.from_url(redis_server.url), ttl=30, fencing=True, key_prefix=prefix, owner=owner,
+            owns_backend=True,
+        )
 
     outer, inner, admin = locker(outer_prefix, "outer"), locker(inner_prefix, "inner"), locker("", "admin")
     waiters = [locker(outer_prefix, "w-outer"), locker(inner_prefix, "w-inner")]

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
 
 from ...errors import BackendUnavailableError
-from ..handoff import LineGrant
+from ..base import LineGrant
 from ..line import FREED, Freed, Handed, Joined, LineSlots, RefreshedLine
 from ._client import CODE_NOT_FOUND, EtcdClient, EtcdError, b64, prefix_end, unb64
 from ._watch import RESERVED, WatchStream

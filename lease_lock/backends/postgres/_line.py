@@ -33,7 +33,7 @@ from typing import Any, Callable, NamedTuple, Optional, Union
 
 import psycopg2
 
-from ..handoff import LineGrant
+from ..base import LineGrant
 from ..line import FREED, Freed, Handed, Joined, LineSlots, RefreshedLine
 from ._connections import arm_bound, close_inherited, end_bound
 from ._errors import is_connect_failure, unavailable
