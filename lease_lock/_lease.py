@@ -6,7 +6,7 @@ acquire or extend request *left* and ends 1% of the TTL early, so the holder bel
 the key for a little less than the backend does. Reading its state consults the clock: a lease
 that ran out reads lost at once, whether or not the heartbeat thread has run.
 
-The acquisition (:mod:`lease_lock.acquisition`), the heartbeat (through its ``Beating``
+The acquisition (:mod:`lease_lock._acquisition`), the heartbeat (through its ``Beating``
 protocol) and the Locker drive a lease through the methods here; none of them is part of the
 user's API, which is why this module is private. Re-entrant holds are more handles over one
 lease: each has a :class:`Hold`, and the lease counts the holds still out, giving the key back
@@ -31,7 +31,6 @@ from .backends.service import request_id_scope
 from .errors import LockHeldError, LockLostError, LockStateError, LostReason
 from .events import EventHook, EventType, LockEvent, emit, logger, wanted
 from .heartbeat import ARRIVAL_LEAD, Heartbeat, Timer, beat_interval, clamp_to_deadline, next_beat
-from .lease import give_back, local_end
 from .options import LockOptions, check_extend_interval, check_request_id
 from .retry import Retry
 from .validation import check_cancel, check_ttl, describe_token
@@ -40,12 +39,32 @@ if TYPE_CHECKING:
     from types import TracebackType
 
 __all__ = [
-    "WAIT_SLICE", "GuardedBlock", "Hold", "JoinedHandles", "Lease", "Lock", "LockHost", "LossSignal",
-    "acquire_or_raise", "give_up", "lost_cause", "on_loss", "run_guarded", "wait_for_loss",
+    "LEASE_MARGIN", "WAIT_SLICE", "GuardedBlock", "Hold", "JoinedHandles", "Lease", "Lock", "LockHost", "LossSignal",
+    "acquire_or_raise", "give_back", "give_up", "local_end", "lost_cause", "on_loss", "run_guarded", "wait_for_loss",
 ]
+
 #: The longest real-time wait before the clock is read again (waits are sliced so that an
 #: injected or pause-adjusted clock is honoured).
 WAIT_SLICE = 1.0
+
+#: The local lease ends this fraction of the TTL early, to absorb clock rate differences.
+LEASE_MARGIN = 0.01
+
+
+def local_end(sent: float, requested: float, received: float) -> Optional[float]:
+    """The local end of a lease of ``requested`` seconds asked for by a request that left at
+    ``sent``, or ``None`` when its answer (at ``received``) came back too late to rely on."""
+    end = sent + requested * (1 - LEASE_MARGIN)
+    return end if received < end else None
+
+
+def give_back(backend: Backend, key: str, token: str) -> None:
+    """Return a lease nobody can rely on (a late or unwanted grant); best effort: a lease that
+    cannot be given back runs out on its own."""
+    try:
+        backend.release(key, token)
+    except Exception:  # noqa: BLE001 - the lease runs out on its own; nothing to report to
+        logger.debug("giving back the lease of %r failed", key, exc_info=True)
 
 #: The events that report how long the lock was held.
 _EVENTS_WITH_HELD_FOR = frozenset({"lost", "extended", "extend_failed", "released", "release_failed"})
@@ -355,7 +374,7 @@ class Lease(Hold):
             self._cancel_timer()
             signal = self._lost_signal
             listeners = list(self._loss_listeners or ())
-        # A lost lock has no lease to give back when it is dropped (see ThreadHolds).
+        # A lost lock has no lease to give back when it is dropped (see HeldLeases).
         self._host.forget(self)
         if signal is not None:
             signal._fire()
@@ -426,7 +445,7 @@ class Lease(Hold):
     ) -> None:
         """Library side (the acquisition calls it): record a grant of ``requested`` seconds whose
         request left at ``sent`` and whose local lease ends at ``end`` (see
-        :func:`lease_lock.lease.local_end`)."""
+        :func:`local_end`)."""
         thread = threading.current_thread()
         options = self._options
         interval = beat_interval(self.ttl, options.extend_interval)

@@ -1,11 +1,11 @@
 """The :class:`Locker`: configuration, building locks, and lifecycle.
 
 A Locker validates its settings and each call's key and options, makes tokens and
-:class:`~lease_lock.Lock` objects, and hands them to its :class:`~lease_lock.acquisition.Acquisition`,
+:class:`~lease_lock.Lock` objects, and hands them to its :class:`~lease_lock._acquisition.Acquisition`,
 which asks the backend (retry, waiting, timeouts, outages) and serves each lock its clock,
 heartbeat and events. A ``ttl`` goes from :meth:`Locker.acquire` into the ``Lock``, to the
 acquisition's request to the backend, and from the grant (judged by
-:func:`lease_lock.lease.local_end`) to the lock's heartbeat timer (:mod:`lease_lock.heartbeat`).
+:func:`lease_lock._lease.local_end`) to the lock's heartbeat timer (:mod:`lease_lock.heartbeat`).
 Backends only answer atomic primitives (see :mod:`lease_lock.backends.base`).
 """
 
@@ -22,8 +22,8 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVar, Union, cast
 
+from ._acquisition import Acquisition
 from ._lease import Lock, acquire_or_raise, give_up, run_guarded
-from .acquisition import Acquisition
 from .backends.base import Backend, LockState
 from .backends.service import request_id_scope
 from .clock import LeaseClock

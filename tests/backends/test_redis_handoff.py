@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 import pytest
 from lease_lock import Locker
 from lease_lock.backends.handoff import HandoffSource
-from lease_lock.backends.line import Announcements as ReleaseDispatcher
+from lease_lock.backends.line import Announcements
 from lease_lock.backends.redis import RedisBackend, handoff_keys
 from lease_lock.backends.redis._watch import TURN_RETRIES, TURN_RETRY_MS
 from lease_lock.errors import LockHeldError, ValidationError
@@ -123,7 +123,7 @@ def test_want_reads_the_lease_left(backend: RedisBackend, key: str) -> None:
 
 
 def test_dispatcher_wakes_at_once_for_a_key_freed_before_queueing(backend: RedisBackend, key: str) -> None:
-    dispatcher = ReleaseDispatcher(backend)
+    dispatcher = Announcements(backend)
     try:
         event = dispatcher.register(key)
         assert event.is_set()
@@ -145,13 +145,13 @@ def test_dispatcher_wakes_at_once_for_a_key_freed_before_queueing(backend: Redis
 @contextmanager
 def _after_a_lost_woken_attempt(
     backend: RedisBackend, key: str
-) -> Iterator[tuple[RedisBackend, ReleaseDispatcher, threading.Event]]:
+) -> Iterator[tuple[RedisBackend, Announcements, threading.Event]]:
     """A waiter of ``backend``'s process was woken for ``key`` and lost to a holder that took it
     back: yields the holder, the waiter's dispatcher and its registered event."""
     _wake_taken(backend, key)
     holder = RedisBackend(backend.client)
     assert holder.acquire(key, TOKEN_A, 30, "holder")
-    dispatcher = ReleaseDispatcher(backend)
+    dispatcher = Announcements(backend)
     try:
         waiting = dispatcher.register(key)
         backend._turns.woken(key)
@@ -188,7 +188,7 @@ def test_a_turn_kept_for_a_waiter_that_leaves_is_passed_on(backend: RedisBackend
 
 
 def test_an_unused_wake_is_passed_on_when_its_waiter_leaves(backend: RedisBackend, key: str) -> None:
-    first, second = ReleaseDispatcher(backend), ReleaseDispatcher(backend)
+    first, second = Announcements(backend), Announcements(backend)
     try:
         assert backend.acquire(key, TOKEN_A, 30, "holder")
         events = {first: first.register(key), second: second.register(key)}

@@ -10,7 +10,7 @@ from typing import ContextManager, Iterator, Optional
 
 import pytest
 from lease_lock import BackendUnavailableError, Locker, LockHeldError, MemoryBackend, RateLimitedError, Retry
-from lease_lock.acquisition import (
+from lease_lock._acquisition import (
     GRANTED,
     HELD,
     LATE,
@@ -21,9 +21,9 @@ from lease_lock.acquisition import (
     Outcome,
     pick_pause,
 )
+from lease_lock._lease import local_end
 from lease_lock.backends.base import WaitingLine
 from lease_lock.backends.service import RequestIdCarrier, SlowDown, ask_grant
-from lease_lock.lease import local_end
 from lease_lock.lock import Lock
 from lease_lock.retry import DEFAULT_RETRY, QUIET_DELAY, RetryState
 

@@ -2,7 +2,7 @@
 give back or drop the held locks, re-entrant holds join them, and a thread waiting for itself is
 told so.
 
-A :class:`ThreadHolds` keeps every granted lock under a weak reference, so that a lock dropped
+A :class:`HeldLeases` keeps every granted lock under a weak reference, so that a lock dropped
 while held is collected (and stops being extended). Its collection is reported: the reference's
 callback, which runs inside the garbage collector, only hands the lease's key and token to be
 given back by a library thread (the heartbeat's) and warns with a ``ResourceWarning``, as an
@@ -30,7 +30,7 @@ from .errors import LockHeldError
 if TYPE_CHECKING:
     from ._lease import Hold, Lease
 
-__all__ = ["Dropped", "ThreadHolds"]
+__all__ = ["Dropped", "HeldLeases"]
 
 #: Size at which entries of collected locks are first swept.
 _FIRST_SWEEP = 1024
@@ -68,7 +68,7 @@ class Dropped(Protocol):
         joined handle's hold); never blocks, never reaches the store."""
 
 
-class ThreadHolds:
+class HeldLeases:
     """The locks granted through one Locker, and by thread and key once asked. Thread-safe.
 
     ``dropped(key, token)`` is called, inside the garbage collector, for a lock collected while

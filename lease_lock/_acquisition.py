@@ -3,7 +3,7 @@
 One :class:`Acquisition` serves one Locker. It owns everything between a caller's ``acquire``
 and the backend's answer: joining a re-entrant hold, the attempts paced by the retry policy,
 waiting in the backend's line, a cancel event, the timeout, riding out an unreachable
-store, judging a grant that came back too late (:func:`lease_lock.lease.local_end`), and the set
+store, judging a grant that came back too late (:func:`lease_lock._lease.local_end`), and the set
 of locks currently held (which closing and forking need).
 
 Waiting for a busy key has one seam: the backend's waiting line
@@ -28,16 +28,15 @@ import threading
 import time
 from typing import Any, Callable, Literal, NoReturn, Optional, Union
 
-from ._lease import Lease
+from ._held import HeldLeases
+from ._lease import Lease, give_back, local_end
 from .backends.base import Backend, LineGrant, WaitingLine
 from .backends.service import SlowDown, ask_grant
 from .clock import LeaseClock
 from .errors import BackendUnavailableError, HeldReason, LockHeldError, LockStateError
 from .events import EventHook, EventType, LockEvent, emit, logger, wanted
 from .heartbeat import Heartbeat
-from .lease import give_back, local_end
 from .options import LockOptions
-from .reentry import ThreadHolds
 from .retry import QUIET_DELAY, Retry, RetryState
 
 __all__ = [
@@ -215,7 +214,7 @@ class Acquisition:
         #: Set by the Locker's close(): no attempt starts, and a grant in flight goes back.
         self.closed = False
         #: The locks held, and by thread and key once asked (re-entrant joins, "this very thread").
-        self.holds = ThreadHolds(self.heartbeat.give_back_dropped)
+        self.holds = HeldLeases(self.heartbeat.give_back_dropped)
         # The attempt plans of the options recently acquired with, by id (see _plan_for).
         self._plans: dict[int, tuple[LockOptions, Retry, _Plan]] = {}
 
@@ -238,7 +237,7 @@ class Acquisition:
         """In a forked child: fresh mutexes, no thread's holds, and the locks a parent thread
         held at the fork (returned, emptying the set), which the child must never use."""
         held = self.holds.take()
-        self.holds = ThreadHolds(self.heartbeat.give_back_dropped)
+        self.holds = HeldLeases(self.heartbeat.give_back_dropped)
         self.heartbeat.after_fork()
         return held
 
