@@ -21,7 +21,10 @@ The model (:class:`ExclusionModel`) checks every grant against what it knows:
 - once every Locker is closed, every key can be had again within a lease and a claim window.
 
 Each parametrization runs a seeded, bounded search (see :data:`SEARCH`) on one store, with and
-without the direct hand-off line where the store has one.
+without the direct hand-off line where the store has one; the search checks the model at the end
+of each example. A waiter that takes a place in line says so (:class:`AnnouncedLine`) before the
+next step, so that a release in that step meets it in line. Interleavings the search meets only
+now and then are replayed as plain tests through the same machine.
 """
 
 from __future__ import annotations
@@ -427,9 +430,9 @@ def announce_places_in_line(backend: Backend) -> None:
 
 PROCESS = st.integers(0, PROCESSES - 1)
 PICK = st.integers(0, 30)
-#: A key of the example's focus, by index (see ``focus``).
+#: A key of the example's focus, by index (see ``ExclusionMachine.choose_focus``).
 FOCUSED = st.integers(0, 2)
-#: Waits, as shares of the store's ttl: shorter than a lease, about one, and past its end.
+#: Waits, as shares of the store's ttl: within a lease, past one, and past a few.
 SHARE = st.sampled_from((0.5, 1.5, 3.0))
 
 
@@ -452,7 +455,7 @@ def accepted_keys(store: Store) -> tuple[str, ...]:
 
 class ExclusionMachine(RuleBasedStateMachine):
     """The steps, drawn by Hypothesis, and the end of an example; :func:`exclusion_machine`
-    binds it to a self.store."""
+    binds it to a store."""
 
     store: ClassVar[Store]
     #: The keys of :data:`KEYS` the store accepts.
