@@ -32,12 +32,12 @@ from ._held import HeldLeases
 from ._lease import Lease, give_back, local_end
 from .backends.base import Backend, LineGrant, WaitingLine
 from .backends.service import SlowDown, ask_grant
-from .clock import LeaseClock
+from .clock import QUIET_PAUSE, LeaseClock
 from .errors import BackendUnavailableError, HeldReason, LockHeldError, LockStateError
 from .events import EventHook, EventType, LockEvent, emit, logger, wanted
 from .heartbeat import Heartbeat
 from .options import LockOptions
-from .retry import QUIET_DELAY, Retry, RetryState
+from .retry import Retry, RetryState
 
 __all__ = [
     "GRANTED", "HELD", "LATE", "RATE_LIMITED", "UNREACHABLE", "Acquisition", "Attempts", "Outcome", "pick_pause",
@@ -125,7 +125,7 @@ def pick_pause(tries: Attempts, outcome: Outcome, elapsed: float) -> tuple[float
 
     The waiting rule: with the retry ``delay`` unset, a waiter in a line waits until the line
     brings the key (an announced release, a grant handed over, the holder's lease end), never
-    polling, and a waiter without one pauses :data:`~lease_lock.retry.QUIET_DELAY`. A delay
+    polling, and a waiter without one pauses :data:`~lease_lock.clock.QUIET_PAUSE`. A delay
     (or delay function) that is set bounds every pause, and the line ends a pause early.
 
     - After ``rate-limited``: the pause the store asked for, waited out in full, out of line.
@@ -137,7 +137,7 @@ def pick_pause(tries: Attempts, outcome: Outcome, elapsed: float) -> tuple[float
     in_line = tries.line is not None and outcome != UNREACHABLE
     policy = tries.policy
     if policy.delay is None:
-        return (math.inf if outcome != LATE else 0.0) if in_line else QUIET_DELAY, in_line
+        return (math.inf if outcome != LATE else 0.0) if in_line else QUIET_PAUSE, in_line
     pause = tries.previous_delay = policy.delay_for(RetryState(tries.attempts, elapsed, tries.previous_delay))
     if in_line and outcome == LATE:
         pause = 0.0
@@ -592,7 +592,7 @@ class Acquisition:
             tries.unreachable = True
             tries.reason = "unavailable"
             # Paced as after an attempt that could not reach the store, within the time left.
-            self._pause(min(max(deadline - self.real_clock(), 0.0), QUIET_DELAY), cancel)
+            self._pause(min(max(deadline - self.real_clock(), 0.0), QUIET_PAUSE), cancel)
 
     def _give_up(self, lock: Lease, tries: Attempts) -> NoReturn:
         """Raise what ends an acquisition without a grant (after its ``timed_out`` event)."""

@@ -19,11 +19,15 @@ import threading
 import time
 from typing import Callable, Optional
 
-__all__ = ["PAUSE_THRESHOLD", "LeaseClock", "monotonic_source"]
+__all__ = ["PAUSE_THRESHOLD", "QUIET_PAUSE", "LeaseClock", "monotonic_source"]
 
 #: Forward wall-clock jumps beyond the monotonic advance smaller than this are noise (NTP slew,
 #: scheduling jitter) and are not counted as pauses.
 PAUSE_THRESHOLD = 0.05
+#: How often a waiter looks at a key while nothing announces its release (seconds): the pause
+#: between attempts on a store that announces nothing (with the retry delay unset), and an
+#: announcing line's while its watcher is down.
+QUIET_PAUSE = 0.2
 
 
 def monotonic_source() -> Callable[[], float]:

@@ -6,7 +6,7 @@ field by field: built-in default <- locker's policy <- call's policy.
 
 The waiting rule: with ``delay`` left unset, a waiter on a store that announces releases pauses
 until the announcement or the holder's lease end (never polling); on a store that announces
-nothing it pauses :data:`QUIET_DELAY` (0.2 s). A ``delay`` (or delay function) the caller or the
+nothing it pauses :data:`~lease_lock.clock.QUIET_PAUSE` (0.2 s). A ``delay`` (or delay function) the caller or the
 Locker sets is honoured as written: it bounds every pause, and an announcement ends a pause
 early. ``retries`` and ``timeout`` bound every wait on every store.
 """
@@ -18,14 +18,11 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
-from .backends.line import QUIET_PAUSE
+from .clock import QUIET_PAUSE
 from .errors import ValidationError
 from .validation import check_bool, check_duration
 
-__all__ = ["DEFAULT_RETRY", "QUIET_DELAY", "Delay", "Retry", "RetryState", "exponential_backoff"]
-
-#: The pause between attempts, with ``delay`` unset, on a store that announces no release.
-QUIET_DELAY = QUIET_PAUSE
+__all__ = ["DEFAULT_RETRY", "Delay", "Retry", "RetryState", "exponential_backoff"]
 
 
 @dataclass(frozen=True)
@@ -51,7 +48,7 @@ class Retry:
       before each wait). When set it bounds every wait on every backend: an announced release
       only ends a wait early, never makes it longer. Unset (``None``, the default), a waiter
       waits for the announcement or the holder's lease end where the store announces
-      releases, and :data:`QUIET_DELAY` between attempts where it does not.
+      releases, and :data:`~lease_lock.clock.QUIET_PAUSE` between attempts where it does not.
     - ``timeout``: seconds the whole acquisition may take; ``math.inf`` waits for ever.
     """
 
@@ -85,10 +82,10 @@ class Retry:
 
     def delay_for(self, state: RetryState) -> float:
         """The wait before the next attempt, validated when it comes from a callable;
-        :data:`QUIET_DELAY` when unset."""
+        :data:`~lease_lock.clock.QUIET_PAUSE` when unset."""
         delay = self.delay
         if delay is None:
-            return QUIET_DELAY
+            return QUIET_PAUSE
         if callable(delay):
             return check_duration(delay(state), "retry.delay() result", allow_zero=True)
         return float(delay)

@@ -29,12 +29,13 @@ import threading
 import time
 from typing import Callable, NamedTuple, Optional, TypeVar, Union
 
+from ..clock import QUIET_PAUSE
 from ..errors import RateLimitedError
 from .base import Backend, LineGrant, ReleaseWatcher, WaitingLine
 from .handoff import HandoffSource, HandoffWatcher
 
 __all__ = [
-    "BURST", "CLAIM_MAX", "FREED", "FRESH_SHARE", "LINE_WAITERS", "QUIET_PAUSE", "REFRESH_SHARE", "AnnouncedLine",
+    "BURST", "CLAIM_MAX", "FREED", "FRESH_SHARE", "LINE_WAITERS", "REFRESH_SHARE", "AnnouncedLine",
     "Announcements", "Freed", "Handed", "Joined", "LineSlots", "RefreshedLine", "claim_for",
 ]
 
@@ -59,9 +60,6 @@ BURST = 0.005
 LINE_WAITERS = 8
 #: Shorter blocks than this are not worth a call into the store's client.
 _SHORTEST_BLOCK = 0.001
-#: How often a waiter looks at a key while nothing announces its release (seconds): the retry
-#: pause on a store that announces nothing, and an announcing line's while its watcher is down.
-QUIET_PAUSE = 0.2
 #: The least a line waits for a holder's lease end it read (seconds): a lease read as ending
 #: now, but still held at the next attempt, is not asked about in a tight loop.
 _LEAST_LEASE_WAIT = 0.005
@@ -456,7 +454,7 @@ class AnnouncedLine(WaitingLine):
     Its :meth:`wait` blocks until a release of the key is announced, or until the holder's
     lease ends (read once per lease, as the wake-one watcher saw it or with ``inspect``), and
     then takes the key with an ordinary attempt; it never polls while announcements flow.
-    While the watcher is down it looks at the key every :data:`QUIET_PAUSE` instead.
+    While the watcher is down it looks at the key every :data:`~lease_lock.clock.QUIET_PAUSE` instead.
     """
 
     def __init__(

@@ -22,7 +22,7 @@ The model (:class:`ExclusionModel`) checks every grant against what it knows:
 
 Each parametrization runs a seeded, bounded search (see :data:`SEARCH`) on one store, with and
 without the direct hand-off line where the store has one; the search checks the model at the end
-of each example. A waiter that takes a place in line says so (:class:`AnnouncedLine`) before the
+of each example. A waiter that takes a place in line says so (:class:`ReportedLine`) before the
 next step, so that a release in that step meets it in line. Interleavings the search meets only
 now and then are replayed as plain tests through the same machine.
 """
@@ -48,8 +48,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 from lease_lock import Lock, Locker, LockHeldError, ValidationError
-from lease_lock.backends.base import Backend
-from lease_lock.backends.handoff import LineGrant, WaitingLine
+from lease_lock.backends.base import Backend, LineGrant, WaitingLine
 from lease_lock.events import LockEvent
 
 pytestmark = [
@@ -107,11 +106,12 @@ def _redis_without_line() -> type[Backend]:
     from lease_lock.backends.redis import RedisBackend
 
     class RedisWithoutLine(RedisBackend):
-        """A Redis backend that offers no place in line: its waiters are woken as on a store
-        without the direct hand-off."""
+        """A Redis backend whose waiters never get a place in the store's line: they are woken
+        one process at a time through the shared watcher, as the waiters past the bound of the
+        direct line are."""
 
-        def join_line(self, *args: Any, **kwargs: Any) -> None:
-            return None
+        def _lines_usable(self) -> bool:
+            return False
 
     return RedisWithoutLine
 
@@ -322,7 +322,7 @@ class ExclusionModel:
 class Waiter(threading.Thread):
     """A blocking acquire on a thread of its own. ``settled`` is set once it really waits: its
     first attempt was answered and, where it takes a place in the key's line, that place is
-    taken (see :class:`AnnouncedLine`); or once it ended. The test goes on from there, so that a
+    taken (see :class:`ReportedLine`); or once it ended. The test goes on from there, so that a
     release in the next step meets a waiter that is waiting, in line or not."""
 
     def __init__(
@@ -367,13 +367,13 @@ class Waiter(threading.Thread):
 
 def _on_event(event: LockEvent) -> None:
     # The first answer to a waiter's attempt tells the test that it now waits, unless it is
-    # about to take a place in line (AnnouncedLine tells when it has).
+    # about to take a place in line (ReportedLine tells when it has).
     thread = threading.current_thread()
     if isinstance(thread, Waiter) and not thread.joins_line and event.type in ("contended", "attempt_failed"):
         thread.settled.set()
 
 
-class AnnouncedLine(WaitingLine):
+class ReportedLine(WaitingLine):
     """A waiting thread's place in line that tells its :class:`Waiter` once it is taken.
 
     Its first ``wait`` takes the place with a wait of no time (which the line contract makes an
@@ -420,7 +420,7 @@ def announce_places_in_line(backend: Backend) -> None:
         if line is None:
             _settle_waiter()  # no place to be had: the waiter waits as on a store without a line
             return None
-        return AnnouncedLine(line)
+        return ReportedLine(line)
 
     backend.join_line = announced  # type: ignore[attr-defined]
 

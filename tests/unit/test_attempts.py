@@ -24,8 +24,9 @@ from lease_lock._acquisition import (
 from lease_lock._lease import local_end
 from lease_lock.backends.base import WaitingLine
 from lease_lock.backends.service import RequestIdCarrier, SlowDown, ask_grant
+from lease_lock.clock import QUIET_PAUSE
 from lease_lock.lock import Lock
-from lease_lock.retry import DEFAULT_RETRY, QUIET_DELAY, RetryState
+from lease_lock.retry import DEFAULT_RETRY, RetryState
 
 from .fakes import EventLog, FakeClock, RecordingBackend, SilentBackend
 
@@ -233,7 +234,7 @@ def test_without_a_line_the_retry_delay_is_the_pause(clock: FakeClock, outcome: 
 @pytest.mark.parametrize("outcome", [HELD, LATE, UNREACHABLE])
 def test_without_a_line_and_a_delay_the_pause_is_the_quiet_one(clock: FakeClock, outcome: Outcome) -> None:
     assert DEFAULT_RETRY.delay is None
-    assert pick_pause(tries(clock), outcome, 1.0) == (QUIET_DELAY, False)
+    assert pick_pause(tries(clock), outcome, 1.0) == (QUIET_PAUSE, False)
 
 
 def test_the_retry_delay_hears_the_attempt_the_elapsed_time_and_the_previous_delay(clock: FakeClock) -> None:
@@ -261,7 +262,7 @@ def test_in_line_a_set_delay_bounds_the_pause(clock: FakeClock, outcome: Outcome
     assert state.previous_delay == 0.5
 
 
-@pytest.mark.parametrize(("delay", "pause"), [(None, QUIET_DELAY), (0.5, 0.5)])
+@pytest.mark.parametrize(("delay", "pause"), [(None, QUIET_PAUSE), (0.5, 0.5)])
 def test_in_line_an_outage_waits_out_of_line(clock: FakeClock, delay: Optional[float], pause: float) -> None:
     state = in_line(tries(clock, policy=DEFAULT_RETRY.merged(Retry(delay=delay))))
     assert pick_pause(state, UNREACHABLE, 1.0) == (pause, False)
