@@ -147,22 +147,22 @@ def test_listener_reconnects_after_its_session_is_killed(
     assert not watcher.active and watcher.backend_pid is None
 
 
-# A wait with a cancel event waits through the locker's listener; one without waits in the
-# key's line, on a listening connection of its own ("line").
+# Without the direct hand-off a waiter is woken through the backend's listener; with it, it waits
+# in the key's line, on a listening connection of its own ("line").
 @pytest.mark.parametrize("connection", ["listener", "line"])
 def test_waiter_gets_the_key_when_its_waiting_connection_was_killed(
     postgres_server: PostgresServer, app_name: str, connection: str
 ) -> None:
-    url = f"{postgres_server.url}?application_name={app_name}&direct_handoff=true"
+    direct = "true" if connection == "line" else "false"
+    url = f"{postgres_server.url}?application_name={app_name}&direct_handoff={direct}"
     holder_locker = lease_lock.connect(url, ttl=30)
     waiter_locker = lease_lock.connect(url, ttl=30)
     key = f"handoff:{uuid.uuid4().hex}"
-    cancel = threading.Event() if connection == "listener" else None
     try:
         lock = holder_locker.acquire(key)
         outcome: list[Any] = []
         waiter = threading.Thread(
-            target=lambda: outcome.append(waiter_locker.acquire(key, timeout=60, cancel=cancel)), daemon=True
+            target=lambda: outcome.append(waiter_locker.acquire(key, timeout=60)), daemon=True
         )
         waiter.start()
         # The waiter connects before its first wait; kill that session mid-wait.
