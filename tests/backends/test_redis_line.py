@@ -187,10 +187,16 @@ def test_a_waiter_whose_connection_is_cut_while_it_waits_in_line_still_gets_the_
         got: list[Any] = []
         thread = _waiting_thread(waiter, key, got, retry=Retry(delay=0.05))
         assert wait_until(lambda: _in_line(admin, key) == 1, 30)
-        assert wait_until(lambda: any(found.get("cmd") == "blpop" for found in admin.client_list()), 30)
-        for found in admin.client_list():
-            if found.get("name") == "line-cut":
-                admin.client_kill_filter(_id=found["id"])
+
+        def blocked() -> list[str]:
+            # Only the connection blocked in BLPOP ("b" flag): the pool's idle ones stay alive, so
+            # what the waiter does next does not depend on which of them it draws.
+            return [found["id"] for found in admin.client_list()
+                    if found.get("name") == "line-cut" and "b" in found.get("flags", "")]
+
+        assert wait_until(lambda: len(blocked()) == 1, 30)
+        [cut] = blocked()
+        assert admin.client_kill_filter(_id=cut) == 1
         held.release()
         thread.join(60)
         [lock] = got
