@@ -94,7 +94,8 @@ def contend(url: str, table: str, key: str, rounds: int, hold: float, rest: floa
     """A process taking ``key`` ``rounds`` times from the PostgreSQL table ``table``: it holds
     each grant ``hold`` seconds and rests ``rest`` seconds after each release, then prints one
     JSON line: its grant and release times and the times a hand-off wake reached a waiter here
-    (all ``time.time()``, comparable between the processes of one host)."""
+    (all ``time.time()``, comparable between the processes of one host). Before that it prints
+    ``waiting`` once its first wait has registered for the key's releases."""
     import json
     import time
 
@@ -111,6 +112,17 @@ def contend(url: str, table: str, key: str, rounds: int, hold: float, rest: floa
         return taken
 
     ReleaseDispatcher._on_handoff = noted  # type: ignore[method-assign]
+    register = ReleaseDispatcher.register
+    said = threading.Event()
+
+    def registered(self: ReleaseDispatcher, key: str) -> threading.Event:
+        event = register(self, key)
+        if not said.is_set():
+            said.set()
+            print("waiting", flush=True)
+        return event
+
+    ReleaseDispatcher.register = registered  # type: ignore[method-assign]
     # A wait with a cancel event waits through the locker's wake-one listener (the subject
     # here), never in the key's line.
     never = threading.Event()
