@@ -853,8 +853,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except LeaseLockError as error:
         _error(f"{error.code}: {error}")
         return 1
-    except KeyboardInterrupt:
-        return 128 + signal.SIGINT
     except Exception as error:
         if os.environ.get("LEASE_LOCK_DEBUG"):
             raise

@@ -1,5 +1,6 @@
 """The install the README documents works for type checkers: ``mypy --strict`` on a user's file
-finds the package, and its types, after a strict editable install; ``py.typed`` ships."""
+finds the package, and its types, after a strict editable install; ``py.typed`` ships; and the
+typed lock options make a type checker refuse a misspelt option or a bad value."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import venv
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -36,15 +38,21 @@ def _copy_project(target: Path) -> None:
     shutil.copytree(ROOT / "lease_lock", target / "lease_lock", ignore=shutil.ignore_patterns("__pycache__"))
 
 
-def _mypy(python: Path, source: Path) -> subprocess.CompletedProcess[str]:
+def _mypy(*sources: Path, python: Optional[Path] = None) -> subprocess.CompletedProcess[str]:
+    """``mypy --strict`` on ``sources``: as a user of the install in ``python``'s environment, or,
+    without ``python``, against this checkout's package and with the project's own settings."""
+    # The user's environment, not this checkout's: no PYTHONPATH or MYPYPATH leading mypy to the source.
+    env = {name: value for name, value in os.environ.items() if name not in ("PYTHONPATH", "MYPYPATH")}
+    options = ["--python-executable", str(python)] if python is not None else []
+    if python is None:
+        env["MYPYPATH"] = str(ROOT)
     return subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--python-executable", str(python), str(source)],
-        cwd=source.parent,
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", *options, *map(str, sources)],
+        cwd=sources[0].parent if python is not None else ROOT,
         capture_output=True,
         text=True,
         timeout=600,
-        # The user's environment, not this checkout's: no PYTHONPATH leading mypy to the source.
-        env={name: value for name, value in os.environ.items() if name not in ("PYTHONPATH", "MYPYPATH")},
+        env=env,
         check=False,
     )
 
@@ -72,12 +80,51 @@ def test_mypy_sees_the_strict_editable_install(tmp_path: Path) -> None:
     user = tmp_path / "user"
     user.mkdir()
     (user / "app.py").write_text(USER_FILE, encoding="utf-8")
-    checked = _mypy(python, user / "app.py")
+    checked = _mypy(user / "app.py", python=python)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     # It really read the package's annotations: a wrong type is caught.
     (user / "wrong.py").write_text(WRONG_USER_FILE, encoding="utf-8")
-    wrong = _mypy(python, user / "wrong.py")
+    wrong = _mypy(user / "wrong.py", python=python)
     assert wrong.returncode == 1 and "Incompatible types in assignment" in wrong.stdout, wrong.stdout
+
+
+OPTIONS_RIGHT = """\
+import math
+from datetime import timedelta
+
+import lease_lock
+
+locker = lease_lock.connect("memory://")
+locker.acquire("report", 30, timeout=timedelta(seconds=1), max_hold=math.inf, auto_extend=False)
+locker.try_acquire("report", request_id="job-1")
+locker.acquire_many(["a", "b"], timeout=2.5)
+try:
+    locker.lock("report", blocking=False).acquire()
+except lease_lock.LockHeldError as error:
+    waited_out: bool = error.reason == "timeout"
+"""
+
+OPTIONS_WRONG = """\
+import lease_lock
+
+locker = lease_lock.connect("memory://")
+locker.acquire("report", ttl_seconds=30)
+locker.try_acquire("report", timeout=1)
+locker.lock("report", blocking="no")
+locker.acquire_many(["a"], token="t" * 20)
+reason: lease_lock.LostReason = "expird"
+"""
+
+
+def test_a_type_checker_refuses_a_misspelt_option_and_a_bad_value(tmp_path: Path) -> None:
+    (tmp_path / "right.py").write_text(OPTIONS_RIGHT, encoding="utf-8")
+    (tmp_path / "wrong.py").write_text(OPTIONS_WRONG, encoding="utf-8")
+    checked = _mypy(tmp_path / "right.py", tmp_path / "wrong.py")
+    errors = [line for line in checked.stdout.splitlines() if ": error: " in line]
+    assert all(line.startswith(str(tmp_path / "wrong.py")) for line in errors), checked.stdout
+    assert [int(line.split(":")[1]) for line in errors] == [4, 5, 6, 7, 8], checked.stdout + checked.stderr
+    assert 'Unexpected keyword argument "ttl_seconds"' in checked.stdout
+    assert 'Unexpected keyword argument "timeout" for "try_acquire"' in checked.stdout
 
 
 def test_py_typed_ships() -> None:

@@ -456,12 +456,13 @@ def test_a_waiter_stopped_past_its_claim_window_does_not_keep_the_key(
         try:
             assert holder.release(key, HOLDER)
             # Handed to the stopped waiter; its claim lease ends, and the key goes to another.
-            assert wait_until(lambda: holder.acquire(key, "n" * 32, 4, "next"), 15)
+            assert wait_until(lambda: holder.acquire(key, "n" * 32, 30, "next"), 15)
         finally:
             os.kill(child.pid, signal.SIGCONT)
         # The resumed waiter finds its grant came too late: it neither takes the key from the
-        # new holder nor holds it until the key is released again, and then it does.
-        time.sleep(1.0)
+        # new holder nor holds it until the key is released again, and then it does. The
+        # hand-off used up its place in the line; back in the line, it has looked.
+        assert wait_until(lambda: len(line_places(etcd_server, key)) == 1, 30)
         assert holder.inspect(key).owner == "next"
         assert holder.release(key, "n" * 32)
         assert child.stdout is not None and child.stdout.readline().strip() == "held"

@@ -15,6 +15,7 @@ from lease_lock.backends.postgres import PostgresBackend
 from lease_lock.errors import BackendUnavailableError
 from lease_lock.testing import wait_until
 
+from tests.support.events import Recorder
 from tests.support.postgres_server import PostgresServer
 
 TOKEN = "t" * 32
@@ -205,15 +206,20 @@ def test_locker_lock_survives_restart_or_reads_lost(
     postgres_private_server: PostgresServer,
 ) -> None:
     server = postgres_private_server
-    locker = lease_lock.connect(server.url, ttl=3, fencing=True)
+    events = Recorder()
+    locker = lease_lock.connect(server.url, ttl=3, fencing=True, on_event=events)
     rival = PostgresBackend.from_url(server.url)
     key = f"restart:{uuid.uuid4().hex}"
     try:
         lock = locker.acquire(key)
         server.restart()
-        # Give the heartbeat time to renew (or fail to) across the outage, and let the rival's
-        # pool replace the connection the restart cut.
-        time.sleep(1.5)
+        restarted = len(events.events)
+        # The heartbeat has renewed (or failed to) across the outage; the rival's pool replaces
+        # the connection the restart cut as it asks.
+        assert wait_until(
+            lambda: any(event.type in ("extended", "extend_failed", "lost") for event in events.events[restarted:]),
+            60,
+        )
         assert wait_until(lambda: _answer(lambda: rival.inspect(key)) is not None, 30)
         grabbed = rival.acquire(key, OTHER, 30, "rival")
         if lock.state == "held":

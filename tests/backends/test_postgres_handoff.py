@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -217,9 +216,12 @@ def test_a_paused_waiter_holding_the_turn_holds_nobody_back_for_long(postgres_se
                 cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE '%% listener'")
                 return int(cursor.fetchone()[0])
 
-        # Both contenders wait (each runs a listener beside the paused one's).
+        # Both contenders wait (each runs a listener beside the paused one's, and says when its
+        # wait has registered for the key's releases).
         assert wait_until(lambda: listeners() >= 3, 60, interval=0.1)
-        time.sleep(0.5)  # not a timing assertion: lets both register as waiters first
+        for contender in contenders:
+            assert contender.stdout is not None
+            assert contender.stdout.readline() == "waiting\n"
         released_at = time.time()
         assert holder.release(key, TOKEN)
         reports = []
@@ -260,6 +262,3 @@ def test_a_paused_waiter_holding_the_turn_holds_nobody_back_for_long(postgres_se
     # up to two of six may come by polling instead.
     assert woken >= len(handoffs) - 2, (handoffs, reports)
     print("hand-offs past a paused turn holder (s):", [round(handoff, 3) for handoff in handoffs])
-    # A wake after at most the bound (0.25 s) plus a grant: generous for a loaded machine, and
-    # only a sanity bound (the wakes above are what tells the mechanism from polling).
-    assert statistics.median(handoffs) < 0.6, handoffs

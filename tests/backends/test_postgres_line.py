@@ -676,6 +676,7 @@ def test_a_database_made_by_an_older_release_keeps_working_without_the_line(
     role = f"r_{uuid.uuid4().hex[:8]}"
     _rows(admin, f"CREATE ROLE {role} LOGIN PASSWORD 'secret-pw'")
     lockers: list[Locker] = []
+    events = Recorder()
     try:
         _rows(admin, f'GRANT SELECT, INSERT, UPDATE, DELETE ON "{table}", "{table}_count" TO {role}')
         _rows(admin, f'GRANT USAGE ON SEQUENCE "{table}_fence" TO {role}')
@@ -685,6 +686,7 @@ def test_a_database_made_by_an_older_release_keeps_working_without_the_line(
                 Locker(
                     PostgresBackend(psycopg2.connect(dsn), table=table, create_table=False, direct_handoff=True),
                     ttl=30,
+                    on_event=events,
                     owns_backend=True,
                 )
                 for _ in range(2)
@@ -695,7 +697,7 @@ def test_a_database_made_by_an_older_release_keeps_working_without_the_line(
         # Waiters are handed the key through the listener, as before.
         got: list[Any] = []
         thread = _waiting_thread(lockers[1], key, got)
-        time.sleep(0.3)  # not a timing assertion: the waiter has queued, or not
+        assert events.wait_for("contended")  # the waiter found the key held, and waits
         held.release()
         thread.join(60)
         assert len(got) == 1 and got[0].state == "held"

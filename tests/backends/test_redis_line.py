@@ -184,10 +184,26 @@ def test_a_waiter_whose_connection_is_cut_while_it_waits_in_line_still_gets_the_
         got: list[Any] = []
         thread = _waiting_thread(waiter, key, got, retry=Retry(delay=0.05))
         assert wait_until(lambda: _in_line(admin, key) == 1, 30)
-        assert wait_until(lambda: any(found.get("cmd") == "blpop" for found in admin.client_list()), 30)
-        for found in admin.client_list():
-            if found.get("name") == "line-cut":
-                admin.client_kill_filter(_id=found["id"])
+
+        def lent() -> list[str]:
+            # The connection lent to the wait for its BLPOPs, kept out of the pool until the wait
+            # ends (between two BLPOPs too): the pool's idle ones stay alive.
+            return [found["id"] for found in admin.client_list()
+                    if found.get("name") == "line-cut" and found.get("cmd") == "blpop"]
+
+        seen: list[str] = []
+
+        def one_lent() -> bool:
+            seen[:] = lent()
+            return len(seen) == 1
+
+        assert wait_until(one_lent, 30)
+        [cut] = seen
+        assert admin.client_kill_filter(_id=cut) == 1
+        # The wait has dropped the cut connection and blocks over a new one. Released before
+        # that, the key could reach the waiter by its own look, and the cut connection, cut
+        # between two BLPOPs, would go back to the pool to fail whatever call drew it next.
+        assert wait_until(lambda: any(other != cut for other in lent()), 30)
         held.release()
         thread.join(60)
         [lock] = got

@@ -15,7 +15,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -548,7 +548,7 @@ def test_a_redelivery_after_its_run_died_takes_the_key(redis_server: Any, celery
 
 
 def test_a_second_delivery_meets_its_first_before_the_first_names_its_job(
-    redis_server: Any, thread_worker: None
+    redis_server: Any, thread_worker: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A run that adopted its claim writes the job id into the owner label one step after its
     # grant. A second delivery arriving in between must still see its own first delivery,
@@ -559,10 +559,19 @@ def test_a_second_delivery_meets_its_first_before_the_first_names_its_job(
     locker = task_locker(app)
     key = labelled_late.lease_lock_key((flags, url), {})
     task_id = str(uuid.uuid4())
+    looked = threading.Event()
+    read = locker.get
+
+    def get(*args: Any, **kwargs: Any) -> LockState:
+        state = read(*args, **kwargs)
+        looked.set()
+        return state
+
+    # The worker runs in this process on the same locker: its reads of the holder can be seen.
+    monkeypatch.setattr(locker, "get", get)
     with locker.lock(key, 60) as first_run:  # the first delivery's run, not labelled yet
         app.send_task(labelled_late.name, (flags, url), task_id=task_id)
-        wait_until(lambda: client.llen(f"{flags}:delivered") == 1, "the second delivery to start")
-        time.sleep(0.3)  # the delivery has found the key held by now, on an idle machine
+        wait_until(looked.is_set, "the second delivery to find the key held by an unlabelled run")
         assert locker.backend.acquire(first_run.key, first_run.token, 60, f"{locker.owner} job={task_id}")
         wait_until(lambda: client.llen(f"{flags}:handled") == 1, "the second delivery to be handled")
     assert client.lrange(f"{flags}:handled", 0, -1) == [b"IGNORED:Ignore"]

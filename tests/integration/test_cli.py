@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,10 +32,14 @@ class Cli:
         self.workdir = workdir
         self.env = dict(os.environ, LEASE_LOCK_URL=url, XDG_STATE_HOME=str(workdir / "state"))
         self.env.pop("LEASE_LOCK_DEBUG", None)
+        self.started: list[subprocess.Popen[str]] = []
 
-    def start(self, *args: str, stdin: Optional[int] = subprocess.DEVNULL) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [sys.executable, "-m", "lease_lock", *args],
+    def start(
+        self, *args: str, stdin: Optional[int] = subprocess.DEVNULL, python: Optional[list[str]] = None
+    ) -> subprocess.Popen[str]:
+        """``python -m lease_lock ARGS``, or ``python PYTHON ARGS`` (another way into the command)."""
+        process = subprocess.Popen(
+            [sys.executable, *(python or ["-m", "lease_lock"]), *args],
             env=self.env,
             cwd=self.workdir,
             stdin=stdin,
@@ -42,6 +47,15 @@ class Cli:
             stderr=subprocess.PIPE,
             text=True,
         )
+        self.started.append(process)
+        return process
+
+    def close(self) -> None:
+        """Kill what a failed test left running and close its pipes, so no later test inherits them."""
+        for process in self.started:
+            if process.poll() is None:
+                process.kill()
+            process.communicate()
 
     def run(self, *args: str, input: Optional[str] = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -118,15 +132,19 @@ def backend_url(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> st
 
 
 @pytest.fixture(params=["sqlite", "redis", "postgres"])
-def any_cli(request: pytest.FixtureRequest, tmp_path: Path) -> Cli:
+def any_cli(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cli]:
     """The command on each backend, for the behaviours that depend on the backend."""
-    return Cli(backend_url(request.param, request, tmp_path), tmp_path)
+    cli = Cli(backend_url(request.param, request, tmp_path), tmp_path)
+    yield cli
+    cli.close()
 
 
 @pytest.fixture
-def cli(request: pytest.FixtureRequest, tmp_path: Path) -> Cli:
+def cli(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cli]:
     """The command on SQLite, for behaviours of the command itself (signals, errors, ...)."""
-    return Cli(backend_url("sqlite", request, tmp_path), tmp_path)
+    cli = Cli(backend_url("sqlite", request, tmp_path), tmp_path)
+    yield cli
+    cli.close()
 
 
 @pytest.fixture
@@ -279,17 +297,71 @@ def test_signals_are_forwarded_and_the_key_released(
     assert cli.status(key)[0]["held"] is False
 
 
-def test_interrupt_while_waiting_runs_nothing(cli: Cli, key: str) -> None:
+def catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler of its own for ``signum`` (Linux's SigCgt mask)."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as handle:
+        caught = next(line for line in handle if line.startswith("SigCgt:")).split()[1]
+    return bool(int(caught, 16) & 1 << (signum - 1))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_while_waiting_runs_nothing(cli: Cli, key: str, signum: int) -> None:
     ran = cli.workdir / "ran"
     with holding(cli, key):
         waiter = cli.start("run", key, "--wait", "--", "sh", "-c", f"echo > {ran}")
-        # Give it time to start waiting; an earlier signal is handled the same way.
-        assert not wait_until(lambda: waiter.poll() is not None, 1.0)
-        waiter.send_signal(signal.SIGINT)
+        # SIGHUP is only ever caught by run's own handlers: it is waiting for the key, or about to.
+        assert wait_until(lambda: waiter.poll() is None and catches(waiter.pid, signal.SIGHUP), DEADLINE)
+        waiter.send_signal(signum)
         code, _, err = finish(waiter)
-        assert code == 128 + signal.SIGINT
+        assert code == 128 + signum, err
         assert "interrupted" in one_line_error(err)
         assert not ran.exists()
+
+
+def console_script() -> str:
+    """The ``module:function`` that the installed ``lease-lock`` script calls (from setup.cfg)."""
+    text = (Path(__file__).parents[2] / "setup.cfg").read_text(encoding="utf-8")
+    match = re.search(r"^\s*lease-lock\s*=\s*([\w.]+:\w+)\s*$", text, flags=re.MULTILINE)
+    assert match is not None, "no lease-lock console script in setup.cfg"
+    return match.group(1)
+
+
+def held_at_the_heavy_import(entry: str) -> list[str]:
+    """Python code (for ``python -c``) that enters the command as ``entry`` does, and stops it
+    when it starts importing ``lease_lock.cli``: it prints ``importing`` and waits for a signal."""
+    if entry == "console script":
+        module, function = console_script().split(":")
+        start = f"from {module} import {function} as main; sys.exit(main())"
+    else:
+        start = "import runpy; runpy.run_module('lease_lock', run_name='__main__', alter_sys=True)"
+    return [
+        "-c",
+        "import sys, time\n"
+        "class Gate:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'lease_lock.cli':\n"
+        "            sys.meta_path.remove(self)\n"
+        "            print('importing', flush=True)\n"
+        "            while True: time.sleep(60)\n"
+        "sys.meta_path.insert(0, Gate())\n"
+        f"{start}\n",
+    ]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("entry", ["console script", "python -m"])
+def test_a_signal_while_the_command_still_imports_gives_one_line(
+    cli: Cli, key: str, entry: str, signum: int
+) -> None:
+    ran = cli.workdir / "ran"
+    starting = cli.start("run", key, "--", "sh", "-c", f"echo > {ran}", python=held_at_the_heavy_import(entry))
+    assert starting.stdout is not None
+    assert starting.stdout.readline() == "importing\n"
+    starting.send_signal(signum)
+    code, _, err = finish(starting)
+    assert code == 128 + signum, err
+    assert one_line_error(err) == f"lease-lock: interrupted by {signal.Signals(signum).name}"
+    assert not ran.exists()
 
 
 # -- status and force-release ----------------------------------------------------------------------

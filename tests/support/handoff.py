@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from lease_lock import Locker, Retry
 from lease_lock.errors import LockHeldError, LockStateError
@@ -94,20 +94,28 @@ def contend(url: str, table: str, key: str, rounds: int, hold: float, rest: floa
     """A process taking ``key`` ``rounds`` times from the PostgreSQL table ``table``: it holds
     each grant ``hold`` seconds and rests ``rest`` seconds after each release, then prints one
     JSON line: its grant and release times and the times a hand-off wake reached a waiter here
-    (all ``time.time()``, comparable between the processes of one host)."""
+    (all ``time.time()``, comparable between the processes of one host). Before that it prints
+    ``waiting`` once its first wait has registered for the key's releases."""
     import json
     import time
 
     from lease_lock.backends.postgres import PostgresBackend
 
     wakes: list[float] = []
-    # A wait with a cancel event waits through the locker's wake-one listener (the subject
-    # here), never in the key's line.
+    # Without the direct hand-off a waiter waits through the backend's wake-one listener (the
+    # subject here).
     never = threading.Event()
     # A waiter here looks at the key again one second after a failed attempt: the retry delay
     # bounds every wait, so only a wake can hand the key over sooner than that.
     backend = PostgresBackend.from_url(url, table=table)
-    note_taken_wakes(backend, lambda _name: wakes.append(time.time()))
+    said = threading.Event()
+
+    def queued(_name: str) -> None:
+        if not said.is_set():
+            said.set()
+            print("waiting", flush=True)
+
+    note_taken_wakes(backend, lambda _name: wakes.append(time.time()), queued)
     locker = Locker(backend, ttl=30, retry=Retry(delay=1.0), owns_backend=True)
     grants: list[float] = []
     releases: list[float] = []
@@ -126,17 +134,19 @@ def contend(url: str, table: str, key: str, rounds: int, hold: float, rest: floa
 
 def wait_forever(url: str, table: str, key: str) -> None:
     """A process waiting for ``key`` (until it is stopped or killed), through its locker's
-    wake-one listener (a wait with a cancel event never waits in the key's line)."""
+    wake-one listener (the table has no direct hand-off)."""
     from lease_lock.backends.postgres import PostgresBackend
 
     locker = Locker(PostgresBackend.from_url(url, table=table), ttl=30)
     locker.acquire(key, timeout=600, cancel=threading.Event())
 
 
-def note_taken_wakes(backend: Any, noted: Callable[[str], None]) -> None:
+def note_taken_wakes(
+    backend: Any, noted: Callable[[str], None], queued: Optional[Callable[[str], None]] = None
+) -> None:
     """Have every wake-one watcher ``backend`` starts call ``noted(key)`` for each wake that a
-    waiting thread of this process took: its public ``watch_handoffs``, wrapped on this one
-    instance."""
+    waiting thread of this process took, and ``queued(key)`` once the watcher is queued for a
+    key's releases: its public ``watch_handoffs``, wrapped on this one instance."""
     start = backend.watch_handoffs
 
     def watch_handoffs(callback: Callable[[str], bool]) -> Any:
@@ -146,7 +156,17 @@ def note_taken_wakes(backend: Any, noted: Callable[[str], None]) -> None:
                 noted(name)
             return taken
 
-        return start(deliver)
+        watcher = start(deliver)
+        if queued is not None:
+            want = watcher.want
+
+            def wanted(name: str) -> Any:
+                left = want(name)
+                queued(name)
+                return left
+
+            watcher.want = wanted
+        return watcher
 
     backend.watch_handoffs = watch_handoffs
 

@@ -1,14 +1,11 @@
 """The typed surface of lock options and reasons: each Locker call's keyword-only options are
 ``LockOptions``' (so the signatures cannot drift from the validation), the ``Literal`` types list
-what the library really uses, and a type checker refuses a misspelt option or reason."""
+what the library really uses (tests/test_packaging.py runs a type checker over them)."""
 
 from __future__ import annotations
 
 import inspect
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Callable, get_args
 
@@ -71,55 +68,3 @@ def test_the_lost_reason_literal_lists_the_documented_reasons() -> None:
 def test_the_held_reason_literal_lists_the_reasons_the_error_names() -> None:
     described = set(re.findall(r'``"([a-z-]+)"``', lease_lock.LockHeldError.__doc__ or ""))
     assert set(get_args(lease_lock.HeldReason)) == described
-
-
-RIGHT = """\
-import math
-from datetime import timedelta
-
-import lease_lock
-
-locker = lease_lock.connect("memory://")
-locker.acquire("report", 30, timeout=timedelta(seconds=1), max_hold=math.inf, auto_extend=False)
-locker.try_acquire("report", request_id="job-1")
-locker.acquire_many(["a", "b"], timeout=2.5)
-try:
-    locker.lock("report", blocking=False).acquire()
-except lease_lock.LockHeldError as error:
-    waited_out: bool = error.reason == "timeout"
-"""
-
-WRONG = """\
-import lease_lock
-
-locker = lease_lock.connect("memory://")
-locker.acquire("report", ttl_seconds=30)
-locker.try_acquire("report", timeout=1)
-locker.lock("report", blocking="no")
-locker.acquire_many(["a"], token="t" * 20)
-reason: lease_lock.LostReason = "expird"
-"""
-
-
-def _mypy(source: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(source)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "MYPYPATH": str(ROOT)},
-        check=False,
-    )
-
-
-def test_a_type_checker_refuses_a_misspelt_option_and_a_bad_value(tmp_path: Path) -> None:
-    (tmp_path / "right.py").write_text(RIGHT, encoding="utf-8")
-    right = _mypy(tmp_path / "right.py")
-    assert right.returncode == 0, right.stdout + right.stderr
-    (tmp_path / "wrong.py").write_text(WRONG, encoding="utf-8")
-    wrong = _mypy(tmp_path / "wrong.py")
-    errors = [line for line in wrong.stdout.splitlines() if ": error: " in line]
-    assert [int(line.split(":")[1]) for line in errors] == [4, 5, 6, 7, 8], wrong.stdout
-    assert 'Unexpected keyword argument "ttl_seconds"' in wrong.stdout
-    assert 'Unexpected keyword argument "timeout" for "try_acquire"' in wrong.stdout
