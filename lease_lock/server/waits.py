@@ -8,11 +8,11 @@ whichever comes first, and answers as usual, with ``Preference-Applied: wait=N``
 key again at each wake-up; an acquisition tries the grant itself, so that a release becomes its
 grant in one store round trip, and its answer says how long it was held
 (``X-Lease-Lock-Waited``). The waiting is driven by the store's release notifications when
-it has them (memory, Redis, PostgreSQL); otherwise the request looks again every quarter second
+it has them (memory, Redis, PostgreSQL, etcd); otherwise the request looks again every quarter second
 until the holder's lease would end. A release made through the same process wakes its waiter at
 once, without waiting for the store's notification.
 
-On a store that keeps a line of waiters (:class:`~lease_lock.backends.handoff.LineSource`), a
+On a store that offers a waiting line (:meth:`~lease_lock.backends.base.Backend.join_line`), a
 waiting acquisition takes a place in the key's line instead (:meth:`WaitRoom.wait_in_line`):
 the release hands it the key in the same atomic step as it drops its own lease, so the request
 wakes up holding the key, with no store round trip between the release and its grant.
