@@ -24,8 +24,9 @@ def capabilities() -> str:
     from lease_lock.backends.base import Capabilities
     from lease_lock.backends.service import ServiceStore
 
-    fields = [field.name for field in dataclasses.fields(Capabilities) if field.name != "clock"]
-    header = ["backend", "class", *fields, "service store", "clock that judges expiry"]
+    described = {"clock", "wake"}
+    fields = [field.name for field in dataclasses.fields(Capabilities) if field.name not in described]
+    header = ["backend", "class", *fields, "service store", "clock that judges expiry", "how a waiter is woken"]
     lines = [
         "# Backend capabilities",
         "",
@@ -49,7 +50,7 @@ def capabilities() -> str:
         entry = SCHEMES[scheme]
         public = entry.replace(":", ".") if isinstance(entry, str) else f"{backend.__module__}.{backend.__name__}"
         name = f"`{public}`"
-        lines.append(f"| `{scheme}://` | {name} | " + " | ".join(cells) + f" | {caps.clock} |")
+        lines.append(f"| `{scheme}://` | {name} | " + " | ".join(cells) + f" | {caps.clock} | {caps.wake} |")
     return "\n".join(lines) + "\n"
 
 

@@ -156,11 +156,12 @@ _FIRST_TIME_FENCE = 946_684_800_000_000
 def held_for(state: LockState) -> Optional[float]:
     """How long the current holder has held the key, in seconds, or ``None`` when unknown.
 
-    Every built-in store makes a fence at least its clock at the grant in microseconds since
-    the epoch (and a renewal keeps the fence), so a fenced grant tells when its holder first
-    took the key. The store's "now" is its own expiry minus the lease left, so this host's
-    clock plays no part. A grant without a fence, or a fence that is a plain counter (another
-    service), gives ``None``.
+    The memory, SQLite, Redis and PostgreSQL stores (and a lease_lock server over one) make a
+    fence at least their clock at the grant in microseconds since the epoch (and a renewal keeps
+    the fence), so such a grant tells when its holder first took the key. The store's "now" is
+    its own expiry minus the lease left, so this host's clock plays no part. A grant without a
+    fence, or a fence that is a counter (etcd's fences are revisions; another service's may be
+    plain counters), gives ``None``.
     """
     if state.fence is None or state.fence < _FIRST_TIME_FENCE:
         return None

@@ -79,6 +79,7 @@ class Capabilities:
     - ``batch_extend``: ``extend_many`` extends several leases in one round trip.
     - ``min_ttl``: the shortest lease the backend grants; the contract suite scales to it.
     - ``clock``: a short description of the clock that judges expiry, for the docs.
+    - ``wake``: a short description of how a waiter learns the key is free, for the docs.
     """
 
     server_clock: bool = False
@@ -89,6 +90,7 @@ class Capabilities:
     batch_extend: bool = False
     min_ttl: float = 0.0
     clock: str = "not declared"
+    wake: str = "not declared"
 
 
 @dataclass(frozen=True)

@@ -426,6 +426,7 @@ class HttpBackend(Backend, RequestIdCarrier):
         batch_extend=False,
         min_ttl=float(wire.MIN_TTL),
         clock="the lock service's clock (its store's clock for a lease_lock server)",
+        wake="the service holds the request (Prefer: wait), else the backend's release watcher",
     )
     url_options: ClassVar[Mapping[str, Callable[[str], Any]]] = {
         "api_key": str,

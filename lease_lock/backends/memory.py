@@ -62,6 +62,7 @@ class MemoryBackend(ServiceStore, forksafe.MutexForkGuard):
         replica_wait=False,
         min_ttl=0.0,
         clock="this process's monotonic clock",
+        wake="releases are announced in this process",
     )
 
     def __init__(self, *, clock: Optional[Callable[[], float]] = None) -> None:

@@ -226,6 +226,7 @@ class SqliteBackend(ServiceStore, forksafe.MutexForkGuard):
         replica_wait=False,
         min_ttl=0.0,
         clock="CLOCK_BOOTTIME of the host with its boot id (the wall clock where unavailable)",
+        wake="none: waiters pause 0.2 s between attempts",
     )
     url_options: ClassVar[Mapping[str, Callable[[str], Any]]] = {
         "busy_timeout": _parse_busy_timeout,

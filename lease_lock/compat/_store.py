@@ -158,6 +158,7 @@ class PeerRedisBackend(Backend):
         batch_extend=False,
         min_ttl=0.0,
         clock="the Redis server's clock (key expiry)",
+        wake="none: waiters pause 0.2 s between attempts",
     )
 
     def __init__(

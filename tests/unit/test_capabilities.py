@@ -17,9 +17,10 @@ FIELDS = {field.name for field in dataclasses.fields(Capabilities)}
 
 def test_capabilities_claim_nothing_by_default() -> None:
     claims = Capabilities()
-    assert [name for name in sorted(FIELDS - {"min_ttl", "clock"}) if getattr(claims, name)] == []
+    assert [name for name in sorted(FIELDS - {"min_ttl", "clock", "wake"}) if getattr(claims, name)] == []
     assert claims.min_ttl == 0.0
     assert claims.clock == "not declared"
+    assert claims.wake == "not declared"
 
 
 class Undeclared(MemoryBackend):

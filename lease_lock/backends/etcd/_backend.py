@@ -169,6 +169,7 @@ class EtcdBackend(ServiceStore):
         replica_wait=False,
         min_ttl=float(MIN_TTL),
         clock="the etcd leader's lease clock (whole seconds; a leader change restarts every lease)",
+        wake="a wake-one queue over one watch stream; a direct line with direct_handoff=True",
     )
     url_options: ClassVar[Mapping[str, Callable[[str], Any]]] = {
         "namespace": str,

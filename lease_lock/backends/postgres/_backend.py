@@ -148,6 +148,7 @@ class PostgresBackend(ServiceStore):
         replica_wait=False,
         min_ttl=0.0,
         clock="the PostgreSQL server's clock_timestamp()",
+        wake="LISTEN/NOTIFY wake-one; a direct line in the store with direct_handoff=True",
     )
     url_options: ClassVar[dict[str, Callable[[str], Any]]] = {
         "table": str,

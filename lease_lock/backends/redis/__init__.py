@@ -324,6 +324,10 @@ class RedisBackend(ServiceStore):
         batch_extend=True,
         min_ttl=0.0,
         clock="the Redis server's clock (key expiry and TIME)",
+        wake=(
+            "a direct line in the store (up to 8 threads of a backend), else wake-one through a"
+            " shared BLPOP watcher; pub/sub on a Cluster"
+        ),
     )
     url_options: ClassVar[Mapping[str, Callable[[str], Any]]] = URL_OPTIONS
 
