@@ -406,10 +406,14 @@ class Acquisition:
         tries.attempts += 1
         answer: _Answer
         try:
-            # In line, the line asks: it keeps the waiter's place, and a grant takes it out.
-            answer = ask_grant(
-                self.backend, lock.key, lock.token, tries.requested, self.owner, self.fencing, request_id, tries.line
-            )
+            # Bounded by the time the wait has left, so that a silent store ends the wait at
+            # its timeout; in line, the line asks: it keeps the waiter's place, and a grant
+            # takes it out.
+            with self.backend.call_budget(max(tries.timeout - (tries.sent - tries.start), 0.0)):
+                answer = ask_grant(
+                    self.backend, lock.key, lock.token, tries.requested, self.owner, self.fencing, request_id,
+                    tries.line,
+                )
         except BackendUnavailableError as error:
             answer = error
         try:

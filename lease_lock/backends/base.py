@@ -18,11 +18,12 @@ counters, request ids) are not part of this contract: they are the optional inte
 from __future__ import annotations
 
 import abc
+import contextlib
 import os
 import urllib.parse
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable, ClassVar, Iterator, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Callable, ClassVar, ContextManager, Iterator, Mapping, NamedTuple, Optional, Sequence
 
 from ..errors import ValidationError
 from ..validation import describe_token, is_secret_option, unknown_option_error
@@ -265,6 +266,18 @@ class Backend(abc.ABC):
         round trip override it and set ``capabilities.batch_extend``.
         """
         return [self.extend(item.key, item.token, item.ttl) for item in requests]
+
+    def call_budget(self, seconds: float) -> ContextManager[None]:
+        """Bound the store calls this thread makes inside the block to about ``seconds`` (plus a
+        small margin of the backend's own): a call that gets no answer by then raises
+        ``BackendUnavailableError``, so that a store that falls silent (connections open,
+        nothing answered) ends a caller's wait at its timeout rather than after the driver's
+        own timeouts and retries. The core enters it around every attempt of a wait with the
+        time the wait has left (``math.inf``, which bounds nothing, when it has no timeout).
+
+        The default bounds nothing: calls wait as long as the driver's own timeouts say.
+        """
+        return contextlib.nullcontext()
 
     def join_line(
         self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float]
