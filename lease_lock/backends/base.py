@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import math
 import os
+import threading
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -30,6 +33,7 @@ from ..validation import describe_token, is_secret_option, unknown_option_error
 
 __all__ = [
     "Backend",
+    "CallBudget",
     "Capabilities",
     "ExtendRequest",
     "LineGrant",
@@ -186,6 +190,35 @@ class WaitingLine(abc.ABC):
         left in the store goes stale on its own."""
 
 
+class CallBudget(threading.local):
+    """The deadline of a thread's store calls inside :meth:`Backend.call_budget` blocks, for a
+    backend to bound them by: ``deadline`` is a ``time.monotonic()`` reading (the budget plus
+    ``margin``, the backend's allowance for a live store's answer), ``None`` outside every
+    block. Reading it is the whole cost on a call outside one."""
+
+    #: ``None`` outside every block (the class attribute: a thread that never entered one).
+    deadline: Optional[float] = None
+
+    def __init__(self, margin: float) -> None:
+        self.margin = margin
+
+    def block(self, seconds: float) -> ContextManager[None]:
+        """What :meth:`Backend.call_budget` returns: ``seconds`` from now (``math.inf``: no bound)."""
+        if math.isinf(seconds):
+            return contextlib.nullcontext()
+        return self._until(time.monotonic() + max(seconds, 0.0) + self.margin)
+
+    @contextlib.contextmanager
+    def _until(self, deadline: float) -> Iterator[None]:
+        outer = self.deadline
+        # A block inside another lends its calls no more time than the outer one has left.
+        self.deadline = deadline if outer is None else min(outer, deadline)
+        try:
+            yield
+        finally:
+            self.deadline = outer
+
+
 class Backend(abc.ABC):
     """Base class of every backend. Subclasses implement the abstract primitives.
 
@@ -276,6 +309,7 @@ class Backend(abc.ABC):
         time the wait has left (``math.inf``, which bounds nothing, when it has no timeout).
 
         The default bounds nothing: calls wait as long as the driver's own timeouts say.
+        :class:`CallBudget` keeps the deadline of such blocks for a backend that bounds them.
         """
         return contextlib.nullcontext()
 

@@ -35,7 +35,7 @@ from ..handoff import HandoffWatcher
 from ..line import FRESH_SHARE, AnnouncedLine, Announcements, LineSlots, claim_for
 from ..service import ServiceStore, check_amount
 from . import _scripts
-from ._connections import DirectCommands, call_budget
+from ._connections import DirectCommands
 from ._line import BURST, RedisWaitingLine
 from ._scripts import GRANTED_PREFIX, Script
 from ._url import (
@@ -745,7 +745,7 @@ class RedisBackend(ServiceStore):
         ``BackendUnavailableError``. Clients whose commands go through ``execute_command``
         (a Cluster, RESP3, a single-connection or caching client) and the ``WAIT`` batch of
         ``wait_for_replicas`` keep their own socket timeouts."""
-        return call_budget(seconds)
+        return self._commands.budget.block(seconds)
 
     def join_line(
         self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float]

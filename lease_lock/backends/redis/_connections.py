@@ -27,27 +27,26 @@ sent are the same (see :func:`pack_command`).
 Clients this cannot serve the same way (a Cluster, a single-connection client, a client-side
 cache, RESP3 with its push messages) go through ``execute_command`` unchanged.
 
-Inside :func:`call_budget` a thread's commands wait for their replies no longer than the budget
-plus :data:`REPLY_MARGIN`, through :meth:`DirectCommands.reply_within`, the one bounded way of
-sending that the waiting line uses too: a server gone silent then ends a caller's wait at its
-timeout, not after the client's socket timeouts and its retries. Outside one a call costs a
-thread-local read more.
+Inside a block of :attr:`DirectCommands.budget` (the backend's ``call_budget``) a thread's
+commands wait for their replies no longer than the budget plus :data:`REPLY_MARGIN`, through
+:meth:`DirectCommands.reply_within`, the one bounded way of sending that the waiting line uses
+too: a server gone silent then ends a caller's wait at its timeout, not after the client's
+socket timeouts and its retries. Outside one a call costs a thread-local read more.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import math
 import os
-import threading
 import time
-from typing import Any, Callable, ContextManager, Iterator, Optional
+from typing import Any, Callable, Optional
 
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["IDLE_RECHECK", "KEEP", "REPLY_MARGIN", "DirectCommands", "NoReply", "call_budget", "pack_command"]
+from ..base import CallBudget
+
+__all__ = ["IDLE_RECHECK", "KEEP", "REPLY_MARGIN", "DirectCommands", "NoReply", "pack_command"]
 
 #: A kept connection idle this long is checked out through the pool again (see module notes).
 IDLE_RECHECK = 1.0
@@ -57,34 +56,6 @@ KEEP = 8
 #: waits for its reply (seconds) before it calls the server silent: a live server answers a
 #: script, or a BLPOP whose time is up, within milliseconds.
 REPLY_MARGIN = 0.5
-
-
-class _Budget(threading.local):
-    #: The clock reading (``time.monotonic``) by which this thread's commands must be answered,
-    #: :data:`REPLY_MARGIN` included; ``None`` outside every :func:`call_budget` block.
-    deadline: Optional[float] = None
-
-
-_BUDGET = _Budget()
-
-
-def call_budget(seconds: float) -> ContextManager[None]:
-    """Bound the replies to this thread's commands inside the block to ``seconds`` plus
-    :data:`REPLY_MARGIN` in all (``math.inf``: bound nothing); see ``Backend.call_budget``."""
-    if math.isinf(seconds):
-        return contextlib.nullcontext()
-    return _bounded(time.monotonic() + max(seconds, 0.0) + REPLY_MARGIN)
-
-
-@contextlib.contextmanager
-def _bounded(deadline: float) -> Iterator[None]:
-    outer = _BUDGET.deadline
-    # A block inside another never lends its calls more time than the outer one has left.
-    _BUDGET.deadline = deadline if outer is None else min(outer, deadline)
-    try:
-        yield
-    finally:
-        _BUDGET.deadline = outer
 
 
 class NoReply(RedisTimeoutError):
@@ -161,7 +132,7 @@ class DirectCommands:
     ``list.append`` are atomic), or from the pool when the list is empty.
     """
 
-    __slots__ = ("_checkout", "_client", "_direct", "_encoder", "_free", "_pid", "_pool")
+    __slots__ = ("_checkout", "_client", "_direct", "_encoder", "_free", "_pid", "_pool", "budget")
 
     def __init__(self, client: Any) -> None:
         self._client = client
@@ -173,6 +144,9 @@ class DirectCommands:
         #: Kept connections with the clock reading of their last reply.
         self._free: list[tuple[Any, float]] = []
         self._pid = os.getpid()
+        #: The backend's call_budget: inside a block, commands wait for their replies no
+        #: longer than its deadline (commands through ``execute_command`` excepted).
+        self.budget = CallBudget(REPLY_MARGIN)
 
     @property
     def direct(self) -> bool:
@@ -189,7 +163,7 @@ class DirectCommands:
         if not self._direct:
             return self._client.execute_command(*args)
         self._forget_if_forked()
-        deadline = _BUDGET.deadline
+        deadline = self.budget.deadline
         if deadline is not None:
             return self._execute_within(args, deadline - time.monotonic())
         # Packed before a connection is taken: an argument the encoder refuses takes none.
