@@ -203,10 +203,10 @@ class DirectCommands:
         """Send ``args`` on ``connection`` (a kept or lent one) and return the reply that came
         within ``within`` seconds. A dropped connection is tried again, by the connection's
         retry policy as every command is, on a new socket that hears no more patiently than the
-        time left (``dropped`` is called first: the caller restores the connection's socket
-        timeouts, and then drops that socket); silence raises :class:`NoReply` at once. On any
-        error but an error reply the connection is left disconnected (a reply may still be on
-        its way)."""
+        time left; silence raises :class:`NoReply` at once. ``dropped`` is called whenever the
+        connection is dropped: the caller, once done, restores the connection's socket timeouts
+        and drops the socket made with the bounded ones. On any error but an error reply the
+        connection is left disconnected (a reply may still be on its way)."""
         deadline = time.monotonic() + within
 
         def attempt() -> Any:
