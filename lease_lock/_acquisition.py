@@ -406,10 +406,14 @@ class Acquisition:
         tries.attempts += 1
         answer: _Answer
         try:
-            # In line, the line asks: it keeps the waiter's place, and a grant takes it out.
-            answer = ask_grant(
-                self.backend, lock.key, lock.token, tries.requested, self.owner, self.fencing, request_id, tries.line
-            )
+            # Bounded by the time the wait has left, so that a silent store ends the wait at
+            # its timeout; in line, the line asks: it keeps the waiter's place, and a grant
+            # takes it out.
+            with self.backend.call_budget(max(tries.timeout - (tries.sent - tries.start), 0.0)):
+                answer = ask_grant(
+                    self.backend, lock.key, lock.token, tries.requested, self.owner, self.fencing, request_id,
+                    tries.line,
+                )
         except BackendUnavailableError as error:
             answer = error
         try:
@@ -578,7 +582,11 @@ class Acquisition:
                 left = deadline - self.real_clock()
                 if left <= 0 or self.closed or (cancel is not None and cancel.is_set()):
                     return
-                handed = line.wait(min(left, slice_))
+                seconds = min(left, slice_)
+                # The store calls of a wait (a line's refresh, an announced waiter's attempt)
+                # end with it, as an attempt's do.
+                with self.backend.call_budget(seconds):
+                    handed = line.wait(seconds)
                 if handed is not None:
                     tries.handed = handed
                     tries.received = self.clock()

@@ -18,17 +18,22 @@ counters, request ids) are not part of this contract: they are the optional inte
 from __future__ import annotations
 
 import abc
+import contextlib
+import math
 import os
+import threading
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable, ClassVar, Iterator, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Callable, ClassVar, ContextManager, Iterator, Mapping, NamedTuple, Optional, Sequence
 
 from ..errors import ValidationError
 from ..validation import describe_token, is_secret_option, unknown_option_error
 
 __all__ = [
     "Backend",
+    "CallBudget",
     "Capabilities",
     "ExtendRequest",
     "LineGrant",
@@ -187,6 +192,35 @@ class WaitingLine(abc.ABC):
         left in the store goes stale on its own."""
 
 
+class CallBudget(threading.local):
+    """The deadline of a thread's store calls inside :meth:`Backend.call_budget` blocks, for a
+    backend to bound them by: ``deadline`` is a ``time.monotonic()`` reading (the budget plus
+    ``margin``, the backend's allowance for a live store's answer), ``None`` outside every
+    block. Reading it is the whole cost on a call outside one."""
+
+    #: ``None`` outside every block (the class attribute: a thread that never entered one).
+    deadline: Optional[float] = None
+
+    def __init__(self, margin: float) -> None:
+        self.margin = margin
+
+    def block(self, seconds: float) -> ContextManager[None]:
+        """What :meth:`Backend.call_budget` returns: ``seconds`` from now (``math.inf``: no bound)."""
+        if math.isinf(seconds):
+            return contextlib.nullcontext()
+        return self._until(time.monotonic() + max(seconds, 0.0) + self.margin)
+
+    @contextlib.contextmanager
+    def _until(self, deadline: float) -> Iterator[None]:
+        outer = self.deadline
+        # A block inside another lends its calls no more time than the outer one has left.
+        self.deadline = deadline if outer is None else min(outer, deadline)
+        try:
+            yield
+        finally:
+            self.deadline = outer
+
+
 class Backend(abc.ABC):
     """Base class of every backend. Subclasses implement the abstract primitives.
 
@@ -267,6 +301,19 @@ class Backend(abc.ABC):
         round trip override it and set ``capabilities.batch_extend``.
         """
         return [self.extend(item.key, item.token, item.ttl) for item in requests]
+
+    def call_budget(self, seconds: float) -> ContextManager[None]:
+        """Bound the store calls this thread makes inside the block to about ``seconds`` (plus a
+        small margin of the backend's own): a call that gets no answer by then raises
+        ``BackendUnavailableError``, so that a store that falls silent (connections open,
+        nothing answered) ends a caller's wait at its timeout rather than after the driver's
+        own timeouts and retries. The core enters it around every attempt of a wait with the
+        time the wait has left (``math.inf``, which bounds nothing, when it has no timeout).
+
+        The default bounds nothing: calls wait as long as the driver's own timeouts say.
+        :class:`CallBudget` keeps the deadline of such blocks for a backend that bounds them.
+        """
+        return contextlib.nullcontext()
 
     def join_line(
         self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float]

@@ -45,7 +45,16 @@ from requests.utils import DEFAULT_CA_BUNDLE_PATH, get_encoding_from_headers, se
 from .. import wire
 from ..errors import AccessDeniedError, BackendUnavailableError, RateLimitedError, ValidationError
 from ..validation import redact_url
-from .base import Backend, Capabilities, LineGrant, LockState, ReleaseWatcher, WaitingLine, parse_url_options
+from .base import (
+    Backend,
+    CallBudget,
+    Capabilities,
+    LineGrant,
+    LockState,
+    ReleaseWatcher,
+    WaitingLine,
+    parse_url_options,
+)
 from .line import AnnouncedLine, Announcements, LineSlots
 from .service import RequestIdCarrier
 
@@ -134,6 +143,16 @@ def _held_back(response: requests.Response, sent: float) -> float:
 def _json_body(value: Any) -> bytes:
     """``value`` as JSON, encoded as ``requests`` encodes a ``json=`` body."""
     return json.dumps(value, allow_nan=False).encode("utf-8")
+
+
+def _within(timeout: Any, left: float) -> Any:
+    """A request's timeout (seconds, or a (connect, read) pair) cut to the ``left`` seconds of a
+    call budget: a request sent with nothing left still gets a moment, so that what ends it is
+    the transport's own timeout."""
+    left = max(left, _SHORTEST_WAIT)
+    if isinstance(timeout, tuple):
+        return tuple(min(part, left) for part in timeout)
+    return min(timeout, left)
 
 
 def _wait_step(text: Optional[str]) -> float:
@@ -467,6 +486,8 @@ class HttpBackend(Backend, RequestIdCarrier):
         self._authorization = f"Bearer {api_key}"
         self._mutex = threading.Lock()
         self._scope = threading.local()
+        # Inside call_budget blocks, every request's timeouts end by the budget's deadline.
+        self._budget = CallBudget(ANSWER_MARGIN)
         # (key, token) -> (fence, monotonic time after which the grant surely ended)
         self._fences: dict[tuple[str, str], tuple[int, float]] = {}
         # A parent's sessions and direct pools, kept referenced in a forked child: closing them
@@ -570,6 +591,9 @@ class HttpBackend(Backend, RequestIdCarrier):
             # Inside request_id_scope() every request of the block carries the caller's id.
             headers[wire.HEADER_REQUEST_ID] = getattr(self._scope, "request_id", None) or str(uuid.uuid4())
         timeout = kwargs.pop("timeout", self.timeout)
+        deadline = self._budget.deadline
+        if deadline is not None:
+            timeout = _within(timeout, deadline - time.monotonic())
         if self._own_session:
             response = self._send_prepared(method, url, headers, timeout, **kwargs)
         else:
@@ -684,6 +708,13 @@ class HttpBackend(Backend, RequestIdCarrier):
     # -- primitives ------------------------------------------------------------------------------
     # acquire is the base class's: the service fences every grant, so a plain grant is a fenced
     # one (POST /locks/{key}/lease) with the fence dropped.
+
+    def call_budget(self, seconds: float) -> ContextManager[None]:
+        """Bound the requests this thread sends inside the block, the one retry after a
+        transport failure included, to ``seconds`` plus :data:`ANSWER_MARGIN` in all: a
+        request with no answer by then raises ``BackendUnavailableError`` (from the transport's
+        timeout)."""
+        return self._budget.block(seconds)
 
     def request_id_scope(self, request_id: Optional[str]) -> ContextManager[None]:
         """Send ``request_id`` (a UUID) with every request this thread makes inside the block

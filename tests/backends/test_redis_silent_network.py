@@ -2,7 +2,9 @@
 
 A private redis-server is paused with SIGSTOP while a thread waits for a held key, blocked in
 the key's line: the wait ends as ``BackendUnavailableError`` with the driver's error as its
-cause, never as ``LockHeldError`` (nobody answered that the key is held).
+cause, never as ``LockHeldError`` (nobody answered that the key is held), at its timeout
+rather than after the client's socket timeouts and retries. The same holds for one call
+inside ``call_budget``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from typing import Any
 
 import pytest
 from lease_lock import BackendUnavailableError, LockEvent, connect
+from lease_lock.backends.redis import RedisBackend
 from lease_lock.testing import wait_until
+from redis.exceptions import RedisError
 
 from tests.support.redis_server import RedisFactory, RedisServer
 
@@ -43,10 +47,9 @@ def test_a_wait_in_line_on_a_silent_store_ends_as_unavailable(server: RedisServe
         if event.type == "contended":
             contended.set()
 
-    # Each call of the store's client is bounded by its socket timeout (a second here); the
-    # core cuts every wait to the time left, and what the silence ends it with is the outage.
-    url = f"{server.url}?socket_timeout=1&socket_connect_timeout=1"
-    with connect(url) as holder, connect(url, on_event=on_event) as waiter:
+    # The default URL: the client's own socket timeouts (seconds) and retries are longer than
+    # the wait; the core bounds every attempt by the time the wait has left (call_budget).
+    with connect(server.url) as holder, connect(server.url, on_event=on_event) as waiter:
         held = holder.acquire(key, ttl=60)
         outcome: list[BaseException] = []
         started = time.monotonic()
@@ -75,5 +78,25 @@ def test_a_wait_in_line_on_a_silent_store_ends_as_unavailable(server: RedisServe
         assert len(outcome) == 1
         (error,) = outcome
         assert isinstance(error, BackendUnavailableError), repr(error)
-        assert error.__cause__ is not None and not isinstance(error.__cause__, BackendUnavailableError)
+        assert isinstance(error.__cause__, RedisError), repr(error.__cause__)
         held.release()
+
+
+def test_a_call_within_its_budget_on_a_silent_store_ends_as_unavailable(server: RedisServer) -> None:
+    backend = RedisBackend.from_url(server.url)  # the default socket timeouts: 5 s, and retries
+    try:
+        assert backend.acquire("budget-warm", "t", 60, "o")  # a kept connection, already open
+        os.kill(server.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(BackendUnavailableError) as raised, backend.call_budget(1.0):
+                backend.acquire("budget-silent", "t", 60, "o")
+            # A liveness bound only: near the budget, not after the socket timeout.
+            assert time.monotonic() - started < 1 + 3
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        assert isinstance(raised.value.__cause__, RedisError), repr(raised.value.__cause__)
+        # Outside a block the same backend answers as before, on the client's own timeouts.
+        assert backend.acquire("budget-after", "t", 60, "o")
+    finally:
+        backend.close()

@@ -19,7 +19,7 @@ import functools
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any, Callable, ClassVar, Optional, TypeVar, Union, cast
+from typing import Any, Callable, ClassVar, ContextManager, Optional, TypeVar, Union, cast
 
 from ...errors import BackendUnavailableError, ReplicationError, ValidationError
 from ...validation import check_duration
@@ -742,6 +742,14 @@ class RedisBackend(ServiceStore):
         with self._watchers_lock:
             self._watchers = [item for item in self._watchers if not item.closed] + [watcher]
         return watcher
+
+    def call_budget(self, seconds: float) -> ContextManager[None]:
+        """Bound this thread's commands inside the block to ``seconds`` plus ``REPLY_MARGIN``
+        (0.5 s) in all, retries and reconnects included: a command with no reply by then raises
+        ``BackendUnavailableError``. Clients whose commands go through ``execute_command``
+        (a Cluster, RESP3, a single-connection or caching client) and the ``WAIT`` batch of
+        ``wait_for_replicas`` keep their own socket timeouts."""
+        return self._commands.budget.block(seconds)
 
     def join_line(
         self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float]

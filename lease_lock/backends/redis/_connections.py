@@ -26,6 +26,12 @@ sent are the same (see :func:`pack_command`).
 
 Clients this cannot serve the same way (a Cluster, a single-connection client, a client-side
 cache, RESP3 with its push messages) go through ``execute_command`` unchanged.
+
+Inside a block of :attr:`DirectCommands.budget` (the backend's ``call_budget``) a thread's
+commands wait for their replies no longer than the budget plus :data:`REPLY_MARGIN`, through
+:meth:`DirectCommands.reply_within`, the one bounded way of sending that the waiting line uses
+too: a server gone silent then ends a caller's wait at its timeout, not after the client's
+socket timeouts and its retries. Outside one a call costs a thread-local read more.
 """
 
 from __future__ import annotations
@@ -36,13 +42,30 @@ import time
 from typing import Any, Callable, Optional
 
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["IDLE_RECHECK", "KEEP", "DirectCommands", "pack_command"]
+from ..base import CallBudget
+
+__all__ = ["IDLE_RECHECK", "KEEP", "REPLY_MARGIN", "DirectCommands", "NoReply", "pack_command"]
 
 #: A kept connection idle this long is checked out through the pool again (see module notes).
 IDLE_RECHECK = 1.0
 #: The most connections kept between calls: about the threads that lock at the same moment.
 KEEP = 8
+#: How much longer than a command may take (its block, or the budget left) a bounded call
+#: waits for its reply (seconds) before it calls the server silent: a live server answers a
+#: script, or a BLPOP whose time is up, within milliseconds.
+REPLY_MARGIN = 0.5
+
+
+class NoReply(RedisTimeoutError):
+    """No reply within a bounded call's time: a redis-py timeout, so that the backend reports
+    the store unavailable, raised after the retry policy is done (a silent server would not
+    answer a retry either)."""
+
+
+class _Silent(Exception):
+    """No reply in time, inside the retry policy: not a redis-py error, so that it tries no more."""
 
 
 def _serves_directly(client: Any) -> bool:
@@ -109,7 +132,7 @@ class DirectCommands:
     ``list.append`` are atomic), or from the pool when the list is empty.
     """
 
-    __slots__ = ("_checkout", "_client", "_direct", "_encoder", "_free", "_pid", "_pool")
+    __slots__ = ("_checkout", "_client", "_direct", "_encoder", "_free", "_pid", "_pool", "budget")
 
     def __init__(self, client: Any) -> None:
         self._client = client
@@ -121,6 +144,9 @@ class DirectCommands:
         #: Kept connections with the clock reading of their last reply.
         self._free: list[tuple[Any, float]] = []
         self._pid = os.getpid()
+        #: The backend's call_budget: inside a block, commands wait for their replies no
+        #: longer than its deadline (commands through ``execute_command`` excepted).
+        self.budget = CallBudget(REPLY_MARGIN)
 
     @property
     def direct(self) -> bool:
@@ -137,6 +163,9 @@ class DirectCommands:
         if not self._direct:
             return self._client.execute_command(*args)
         self._forget_if_forked()
+        deadline = self.budget.deadline
+        if deadline is not None:
+            return self._execute_within(args, deadline - time.monotonic())
         # Packed before a connection is taken: an argument the encoder refuses takes none.
         packed = pack_command(args, self._encoder) if self._encoder is not None else None
         connection = self._take()
@@ -155,6 +184,54 @@ class DirectCommands:
             raise
         finally:
             self._keep(connection)
+
+    def _execute_within(self, args: tuple[Any, ...], within: float) -> Any:
+        connection = self._take()
+        timeouts = (connection.socket_timeout, connection.socket_connect_timeout)
+        dropped: list[bool] = []
+        try:
+            return self.reply_within(connection, args, within, lambda: dropped.append(True))
+        finally:
+            connection.socket_timeout, connection.socket_connect_timeout = timeouts
+            if dropped:
+                # Its socket was made with the bounded timeouts of one try: the next command
+                # makes one with the client's.
+                connection.disconnect()
+            self._keep(connection)
+
+    def reply_within(self, connection: Any, args: tuple[Any, ...], within: float, dropped: Callable[[], None]) -> Any:
+        """Send ``args`` on ``connection`` (a kept or lent one) and return the reply that came
+        within ``within`` seconds. A dropped connection is tried again, by the connection's
+        retry policy as every command is, on a new socket that hears no more patiently than the
+        time left; silence raises :class:`NoReply` at once. ``dropped`` is called whenever the
+        connection is dropped: the caller, once done, restores the connection's socket timeouts
+        and drops the socket made with the bounded ones. On any error but an error reply the
+        connection is left disconnected (a reply may still be on its way)."""
+        deadline = time.monotonic() + within
+
+        def attempt() -> Any:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _Silent
+            connection.socket_timeout = connection.socket_connect_timeout = left
+            self.send(connection, args)
+            if not connection.can_read(left):
+                raise _Silent
+            return connection.read_response()
+
+        def drop(*_error: Any) -> None:
+            dropped()
+            connection.disconnect()
+
+        try:
+            return connection.retry.call_with_retry(attempt, drop)
+        except ResponseError:
+            raise  # an error reply, read in full: the connection is sound
+        except BaseException as error:
+            drop()
+            if isinstance(error, _Silent):
+                raise NoReply(f"no reply to {args[0]} within {max(within, 0.0):.3g}s") from None
+            raise
 
     def lend(self) -> Any:
         """A connection for one caller's blocking commands (a waiter's ``BLPOP``), which it

@@ -33,7 +33,6 @@ from collections.abc import Sequence
 from typing import Any, Callable, Optional, Union
 
 from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..line import (
     BURST,
@@ -48,17 +47,13 @@ from ..line import (
     RefreshedLine,
     claim_for,
 )
-from ._connections import DirectCommands
+from ._connections import REPLY_MARGIN, DirectCommands, NoReply
 from ._scripts import JOIN_LINE, LEAVE_LINE
 
 __all__ = [
     "BURST", "CLAIM_MAX", "FRESH_SHARE", "LINE_WAITERS", "REPLY_MARGIN", "LineSlots", "RedisWaitingLine", "claim_for",
 ]
 
-#: How much longer than a command may block the place waits for its reply (seconds) before it
-#: calls the server silent: a live server answers a script, or a BLPOP whose time is up, within
-#: milliseconds, and a wait must end near the time it was given when nothing answers at all.
-REPLY_MARGIN = 0.5
 #: Shorter blocks than this are not worth a round trip (BLPOP takes 0 as "for ever").
 _SHORTEST_BLOCK = 0.001
 
@@ -66,11 +61,6 @@ _SHORTEST_BLOCK = 0.001
 def _fence(reply: Any) -> int:
     # Fences travel as text; an unfenced grant's is empty.
     return int(reply) if reply else 0
-
-
-class _Silent(Exception):
-    """No reply in time. Not a redis-py error, so that no retry policy tries again: a silent
-    server would not answer the retry either."""
 
 
 class _Within:
@@ -157,42 +147,24 @@ class RedisWaitingLine(RefreshedLine):
 
     def _run(self, within: float, args: tuple[Any, ...]) -> Any:
         """Send ``args`` on the place's connection and return the reply that came within
-        ``within`` seconds. A dropped connection is tried again, by the connection's retry
-        policy as the client's own commands are, on a new connection, while time is left; a
-        silent one raises ``BackendUnavailableError`` at once."""
+        ``within`` seconds (see ``DirectCommands.reply_within``)."""
         connection = self._connection
         if connection is None:
             connection = self._connection = self._commands.lend()
             self._timeouts = (connection.socket_timeout, connection.socket_connect_timeout)
-        deadline = time.monotonic() + within
-
-        def attempt() -> Any:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise _Silent
-            # A connection made again for this try hears no more patiently than the try.
-            connection.socket_timeout = connection.socket_connect_timeout = left
-            self._commands.send(connection, args)
-            if not connection.can_read(left):
-                raise _Silent
-            return connection.read_response()
-
-        def drop(*_error: Any) -> None:
-            self._dropped = True
-            connection.disconnect()
-
         try:
-            return connection.retry.call_with_retry(attempt, drop)
+            return self._commands.reply_within(connection, args, within, self._drop)
         except ResponseError:
             raise  # an error reply, read in full: the connection is sound
         except BaseException as error:
             # The reply may still be on its way: this connection serves no other command.
-            drop()
             self._give_back_connection()
-            if isinstance(error, _Silent):
-                silence = RedisTimeoutError(f"no reply to {args[0]} within {within:.3g}s")
-                raise (self._translate(silence) or silence) from silence
+            if isinstance(error, NoReply):
+                raise (self._translate(error) or error) from error
             raise
+
+    def _drop(self) -> None:
+        self._dropped = True
 
     def _done(self) -> None:
         self._give_back_connection()
