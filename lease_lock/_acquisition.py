@@ -582,7 +582,11 @@ class Acquisition:
                 left = deadline - self.real_clock()
                 if left <= 0 or self.closed or (cancel is not None and cancel.is_set()):
                     return
-                handed = line.wait(min(left, slice_))
+                seconds = min(left, slice_)
+                # The store calls of a wait (a line's refresh, an announced waiter's attempt)
+                # end with it, as an attempt's do.
+                with self.backend.call_budget(seconds):
+                    handed = line.wait(seconds)
                 if handed is not None:
                     tries.handed = handed
                     tries.received = self.clock()
