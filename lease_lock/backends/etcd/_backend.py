@@ -59,7 +59,7 @@ import math
 import threading
 import urllib.parse
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Callable, ClassVar, ContextManager, Iterator, Mapping, Optional, Sequence, TypeVar
 
 import requests
 
@@ -74,6 +74,7 @@ from ._counters import count_in_window
 from ._handoff import EtcdHandoffWatcher, ReadyLease
 from ._leases import SpareLeases
 from ._line import (
+    LEAST_WITHIN,
     UNKNOWN,
     EtcdLineWatcher,
     EtcdWaitingLine,
@@ -305,6 +306,13 @@ class EtcdBackend(ServiceStore):
 
     def _call(self, path: str, body: dict[str, Any], within: Optional[float] = None) -> dict[str, Any]:
         return self._client.call(path, body, within)
+
+    def call_budget(self, seconds: float) -> ContextManager[None]:
+        """Bound the requests this thread sends inside the block (see
+        :meth:`Backend.call_budget`): each ends by ``seconds`` and :data:`~._line.LEAST_WITHIN`
+        from now, sooner than its ``timeout`` when that is shorter, and failing over to the
+        next member only while time is left; the call then raises ``BackendUnavailableError``."""
+        return self._client.budget(seconds + LEAST_WITHIN)
 
     def _txn(
         self,

@@ -16,7 +16,9 @@ and the request sent again.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import math
 import random
 import threading
 import time
@@ -83,13 +85,19 @@ class _TryElsewhere(Exception):
     """This member cannot serve the request now; the next one may."""
 
 
+class _Budget(threading.local):
+    """When (``time.monotonic()``) the calls this thread makes now must end, or ``None``."""
+
+    until: Optional[float] = None
+
+
 class EtcdClient:
     """POSTs JSON to a list of etcd members, failing over between them.
 
     ``endpoints`` are base URLs (``http://127.0.0.1:2379``); ``session`` carries TLS settings
     (``verify``, ``cert``) and pooling; ``timeout`` bounds each request's connect and each read
-    (half of it for keep-alives). A call given ``within`` seconds also ends by then, failing
-    over to the next member only while time is left.
+    (half of it for keep-alives). A call given ``within`` seconds, or made inside a
+    :meth:`budget`, also ends by then, failing over to the next member only while time is left.
     """
 
     def __init__(
@@ -111,6 +119,30 @@ class EtcdClient:
         self._token: Optional[str] = None
         #: Endpoint -> the session's settings from the environment for it (see send).
         self._settings: dict[str, dict[str, Any]] = {}
+        self._budget = _Budget()
+
+    @contextlib.contextmanager
+    def budget(self, seconds: float) -> Iterator[None]:
+        """End the calls and keep-alives this thread makes inside the block by ``seconds`` from
+        now (``math.inf``: no sooner than their own timeouts say)."""
+        budget = self._budget
+        outer = budget.until
+        if seconds < math.inf:
+            until = time.monotonic() + seconds
+            if outer is None or until < outer:
+                budget.until = until
+        try:
+            yield
+        finally:
+            budget.until = outer
+
+    def _deadline(self, within: Optional[float]) -> Optional[float]:
+        """When a call given ``within`` seconds (``None``: its timeouts alone) must end."""
+        until = self._budget.until
+        if within is None:
+            return until
+        asked = time.monotonic() + within
+        return asked if until is None else min(until, asked)
 
     def reset_after_fork(self, session: requests.Session) -> None:
         """In a forked child: a session of its own and fresh locks (the parent's may be held)."""
@@ -138,7 +170,7 @@ class EtcdClient:
     def call(self, path: str, body: dict[str, Any], within: Optional[float] = None) -> dict[str, Any]:
         """POST ``body`` to ``path`` on the first member that serves it; its decoded answer.
         With ``within``, the call ends by that many seconds from now."""
-        deadline = None if within is None else time.monotonic() + within
+        deadline = self._deadline(within)
         last: Optional[BaseException] = None
         try:
             for endpoint in self.order():
@@ -237,7 +269,7 @@ class EtcdClient:
         round. Renewing a lease twice is harmless; a round that answers nothing counts as a
         failure of that member.
         """
-        deadline = None if within is None else time.monotonic() + within
+        deadline = self._deadline(within)
         left: dict[str, int] = {}
         pending = list(dict.fromkeys(leases))
         last: Optional[BaseException] = None

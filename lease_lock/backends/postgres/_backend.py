@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
+import math
 import re
 import secrets
 import time
@@ -30,9 +32,9 @@ from ..base import (
 from ..handoff import HandoffWatcher
 from ..line import BURST, FRESH_SHARE, AnnouncedLine, Announcements, Joined, LineSlots, claim_for
 from ..service import ServiceStore, check_amount
-from ._connections import ConnectionSource, LazyPool, arm_bound, check_dsn, end_bound
+from ._connections import CallBudget, ConnectionSource, LazyPool, arm_bound, check_dsn, end_bound
 from ._errors import is_connect_failure, is_connection_failure, unavailable
-from ._line import ListeningConnections, PostgresWaitingLine
+from ._line import ANSWER_MARGIN, ListeningConnections, PostgresWaitingLine
 from ._sql import Names, ddl, resolve_names
 from ._watch import PostgresHandoffWatcher, PostgresReleaseWatcher
 
@@ -192,7 +194,11 @@ class PostgresBackend(ServiceStore):
         self._line_slots = LineSlots()
         #: The shared watcher of the waiters beyond the line (see join_line).
         self._announcements = Announcements(self)
-        self._listening = ListeningConnections(self._listen_parameters, lambda: self._listen_dsn, self.names.label)
+        #: The end of the call budget each thread is in (see call_budget).
+        self._budget = CallBudget()
+        self._listening = ListeningConnections(
+            self._listen_parameters, lambda: self._listen_dsn, self.names.label, self._budget
+        )
         self._sql = _statements(self.names, "" if synchronous_commit else _ASYNC_COMMIT)
 
     @classmethod
@@ -284,10 +290,11 @@ class PostgresBackend(ServiceStore):
         ``within`` bounds the statement's wait for its answer to that many seconds (tries on
         a fresh connection included): a statement still unanswered then is cut off (see
         :func:`._connections.arm_bound`) and ``BackendUnavailableError`` is raised, its
-        outcome unknown. Without it, a server that has gone silent is waited for as long as
+        outcome unknown. Inside :meth:`call_budget` the budget bounds it too, and a connection
+        opened for it. Without either, a server that has gone silent is waited for as long as
         the connection's own settings allow.
         """
-        until = None if within is None else time.monotonic() + within
+        until = self._budget.until if within is None else self._until(within)
         retried = False
         rechecked = False
         reprepared = False
@@ -295,7 +302,7 @@ class PostgresBackend(ServiceStore):
         source = self._source
         while True:
             try:
-                conn, switched = source.take()
+                conn, switched = source.take(until)
             except psycopg2.Error as exc:
                 if is_connect_failure(exc):
                     raise unavailable(exc, self._listen_dsn, self.names.label) from exc
@@ -347,6 +354,32 @@ class PostgresBackend(ServiceStore):
                 retried = True
             finally:
                 source.give_back(conn, switched)
+
+    def _until(self, within: float) -> float:
+        """When a statement given ``within`` seconds must be answered by, inside the thread's
+        call budget."""
+        until = time.monotonic() + within
+        budget = self._budget.until
+        return until if budget is None else min(until, budget)
+
+    @contextlib.contextmanager
+    def call_budget(self, seconds: float) -> Iterator[None]:
+        """Bound the statements this thread runs inside the block (see
+        :meth:`Backend.call_budget`): one still unanswered :data:`~._line.ANSWER_MARGIN` past
+        the budget is cut off (its connection is shut down and closed) and raises
+        ``BackendUnavailableError``, and a connection opened for one waits for the server no
+        longer than the budget allows (libpq's least ``connect_timeout``, 2 s, at the least).
+        A connection of a caller's own pool is opened as that pool says."""
+        budget = self._budget
+        outer = budget.until
+        if seconds < math.inf:
+            until = time.monotonic() + seconds + ANSWER_MARGIN
+            if outer is None or until < outer:
+                budget.until = until
+        try:
+            yield
+        finally:
+            budget.until = outer
 
     def _ensure_ready(self, conn: Any, *, counters: bool, write: bool = True) -> None:
         # Called by _run only while something is left to check.

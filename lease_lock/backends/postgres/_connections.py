@@ -6,13 +6,14 @@ import contextlib
 import functools
 import heapq
 import itertools
+import math
 import os
 import queue
 import socket
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterator, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 import psycopg2
 import psycopg2.extensions
@@ -23,8 +24,8 @@ from ...validation import redact_url
 from ._errors import scrub
 
 __all__ = [
-    "ConnectionSource", "KeptCursor", "LazyPool", "arm_bound", "check_dsn", "close_inherited", "connect_parameters",
-    "end_bound",
+    "CallBudget", "ConnectionSource", "KeptCursor", "LazyPool", "arm_bound", "check_dsn", "close_inherited",
+    "connect_parameters", "end_bound", "open_connection",
 ]
 
 _IDLE = psycopg2.extensions.TRANSACTION_STATUS_IDLE
@@ -42,6 +43,43 @@ def _refuse_busy(conn: Any, origin: str) -> None:
             f"{origin} is inside a transaction; lease_lock needs an idle connection it can "
             "use in autocommit mode (commit or roll back first, or give it its own connection)"
         )
+
+
+class CallBudget(threading.local):
+    """When (``time.monotonic()``) the store calls this thread makes now must be answered by,
+    or ``None``: unbounded (see ``PostgresBackend.call_budget``). A statement reads it as the
+    bound of its wait for an answer (see :func:`arm_bound`), and a connection opened for it
+    as its ``connect_timeout`` (see :func:`open_connection`)."""
+
+    until: Optional[float] = None
+
+
+#: libpq's least ``connect_timeout`` (seconds): it reads a smaller one as this.
+_LEAST_CONNECT_TIMEOUT = 2
+
+
+def open_connection(until: Optional[float], **parameters: Any) -> Any:
+    """``psycopg2.connect(**parameters)``, its ``connect_timeout`` cut to what is left before
+    ``until`` (on ``time.monotonic()``) when given, but to no less than libpq's least: a
+    silent server (one whose host accepts the connection and never answers) is otherwise
+    waited for as long as the parameters say, for ever when they say nothing."""
+    if until is not None:
+        seconds = max(_LEAST_CONNECT_TIMEOUT, math.ceil(until - time.monotonic()))
+        given = _connect_timeout(parameters)
+        if given <= 0 or seconds < given:
+            parameters = dict(parameters, connect_timeout=str(seconds))
+    return psycopg2.connect(**parameters)
+
+
+def _connect_timeout(parameters: dict[str, Any]) -> int:
+    """The ``connect_timeout`` of ``parameters`` (a ``dsn`` among them), ``0`` for none."""
+    value = parameters.get("connect_timeout")
+    if value is None and "dsn" in parameters:
+        value = psycopg2.extensions.parse_dsn(parameters["dsn"]).get("connect_timeout")
+    try:
+        return int(value) if value is not None else 0
+    except ValueError:
+        return 0
 
 
 class _Slots:
@@ -91,14 +129,14 @@ class LazyPool:
         self._lock = threading.Lock()
         _LIVE.add(self)
 
-    def getconn(self) -> Any:
-        """An idle connection, or a new one."""
+    def getconn(self, until: Optional[float] = None) -> Any:
+        """An idle connection, or a new one (opened by ``until``: see :func:`open_connection`)."""
         with self._lock:
             if self.closed:
                 raise psycopg2.pool.PoolError("connection pool is closed")
             if self._idle:
                 return self._idle.pop()
-        return psycopg2.connect(self.dsn)
+        return open_connection(until, dsn=self.dsn)
 
     def putconn(self, conn: Any, close: bool = False) -> None:
         """Take ``conn`` back; a broken one (or ``close=True``) is closed instead of kept."""
@@ -268,8 +306,9 @@ class ConnectionSource:
             cursors[conn] = cursor
         return cursor
 
-    def take(self) -> tuple[Any, bool]:
-        """An idle connection in autocommit mode, lent until :meth:`give_back`.
+    def take(self, until: Optional[float] = None) -> tuple[Any, bool]:
+        """An idle connection in autocommit mode, lent until :meth:`give_back`; a new one of a
+        :class:`LazyPool` is opened by ``until`` (see :func:`open_connection`).
 
         Returns the connection and whether autocommit was switched on for the loan (to be
         switched off again on return). The hot path calls this pair instead of :meth:`borrow`
@@ -280,7 +319,7 @@ class ConnectionSource:
         try:
             conn = self.connection
             if conn is None or self._inherited:
-                conn = self._take()
+                conn = self._take(until)
             if conn.closed or (conn.autocommit and conn.get_transaction_status() == _IDLE):
                 # A closed connection is the driver's business: its first use raises its error.
                 return conn, False
@@ -314,7 +353,7 @@ class ConnectionSource:
         finally:
             self.give_back(conn, switched)
 
-    def _take(self) -> Any:
+    def _take(self, until: Optional[float]) -> Any:
         if self.pool is None:
             if self._inherited:
                 raise ValidationError(
@@ -325,7 +364,8 @@ class ConnectionSource:
                 )
             return self.connection
         with self._pool_lock:
-            return self.pool.getconn()
+            # Another pool opens its connections as its own arguments say.
+            return self.pool.getconn(until) if isinstance(self.pool, LazyPool) else self.pool.getconn()
 
     def _give_back(self, conn: Any) -> None:
         if self.pool is None:

@@ -35,7 +35,7 @@ import psycopg2
 
 from ..base import LineGrant
 from ..line import FREED, Freed, Handed, Joined, LineSlots, RefreshedLine
-from ._connections import arm_bound, close_inherited, end_bound
+from ._connections import CallBudget, arm_bound, close_inherited, end_bound, open_connection
 from ._errors import is_connect_failure, unavailable
 from ._watch import connection_name
 
@@ -65,15 +65,21 @@ class ListeningConnections:
 
     ``parameters`` gives the libpq parameters (asked once, at the first connection); ``dsn()``
     (the URL the backend was built from, if any: its password is kept out of errors) and
-    ``label`` name the server and table in errors. At most as many are open as threads
+    ``label`` name the server and table in errors; a connection is opened within the thread's
+    ``budget`` (see :func:`._connections.open_connection`). At most as many are open as threads
     may wait in line (see :class:`~lease_lock.backends.line.LineSlots`). A forked child closes
     its copies of the parent's idle connections without ending the parent's sessions.
     """
 
     def __init__(
-        self, parameters: Callable[[float], dict[str, str]], dsn: Callable[[], Optional[str]], label: str
+        self,
+        parameters: Callable[[float], dict[str, str]],
+        dsn: Callable[[], Optional[str]],
+        label: str,
+        budget: CallBudget,
     ) -> None:
         self._parameters_of = parameters
+        self._budget = budget
         self._parameters: Optional[dict[str, str]] = None
         self._dsn = dsn
         self._label = label
@@ -91,7 +97,8 @@ class ListeningConnections:
         """An idle listening connection, or a new one. Raises ``BackendUnavailableError`` when
         the server cannot be reached, or does not answer the statements of opening one within
         ``within`` seconds each (the connection itself waits as long as ``connect_timeout``
-        allows); a refused login passes through as the driver's error."""
+        and the thread's call budget allow); a refused login passes through as the driver's
+        error."""
         with self._mutex:
             if self._pid != os.getpid():
                 # The parent's connections: closing them here must not end its sessions.
@@ -105,7 +112,7 @@ class ListeningConnections:
             self._parameters = dict(parameters, application_name=connection_name(parameters, "line"))
         channel = CHANNEL_PREFIX + secrets.token_hex(16)
         try:
-            conn = psycopg2.connect(**self._parameters)
+            conn = open_connection(self._budget.until, **self._parameters)
         except psycopg2.Error as exc:
             if is_connect_failure(exc):
                 raise unavailable(exc, self._dsn(), self._label) from exc
