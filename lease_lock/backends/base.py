@@ -307,8 +307,9 @@ class Backend(abc.ABC):
         small margin of the backend's own): a call that gets no answer by then raises
         ``BackendUnavailableError``, so that a store that falls silent (connections open,
         nothing answered) ends a caller's wait at its timeout rather than after the driver's
-        own timeouts and retries. The core enters it around every attempt of a wait with the
-        time the wait has left (``math.inf``, which bounds nothing, when it has no timeout).
+        own timeouts and retries. The core enters it around every attempt and every wait in
+        line of a wait, with the time the wait has left (``math.inf``, which bounds nothing,
+        when it has no timeout).
 
         The default bounds nothing: calls wait as long as the driver's own timeouts say.
         :class:`CallBudget` keeps the deadline of such blocks for a backend that bounds them.

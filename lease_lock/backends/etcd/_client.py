@@ -16,17 +16,16 @@ and the request sent again.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
-import math
 import random
 import threading
 import time
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, ContextManager, Iterator, Optional, Sequence
 
 import requests
 
 from ...errors import BackendUnavailableError
+from ..base import CallBudget
 
 __all__ = ["CODE_NOT_FOUND", "EtcdClient", "EtcdError", "b64", "prefix_end", "unb64"]
 
@@ -85,12 +84,6 @@ class _TryElsewhere(Exception):
     """This member cannot serve the request now; the next one may."""
 
 
-class _Budget(threading.local):
-    """When (``time.monotonic()``) the calls this thread makes now must end, or ``None``."""
-
-    until: Optional[float] = None
-
-
 class EtcdClient:
     """POSTs JSON to a list of etcd members, failing over between them.
 
@@ -119,26 +112,16 @@ class EtcdClient:
         self._token: Optional[str] = None
         #: Endpoint -> the session's settings from the environment for it (see send).
         self._settings: dict[str, dict[str, Any]] = {}
-        self._budget = _Budget()
+        self._budget = CallBudget(0.0)
 
-    @contextlib.contextmanager
-    def budget(self, seconds: float) -> Iterator[None]:
+    def budget(self, seconds: float) -> ContextManager[None]:
         """End the calls and keep-alives this thread makes inside the block by ``seconds`` from
         now (``math.inf``: no sooner than their own timeouts say)."""
-        budget = self._budget
-        outer = budget.until
-        if seconds < math.inf:
-            until = time.monotonic() + seconds
-            if outer is None or until < outer:
-                budget.until = until
-        try:
-            yield
-        finally:
-            budget.until = outer
+        return self._budget.block(seconds)
 
     def _deadline(self, within: Optional[float]) -> Optional[float]:
         """When a call given ``within`` seconds (``None``: its timeouts alone) must end."""
-        until = self._budget.until
+        until = self._budget.deadline
         if within is None:
             return until
         asked = time.monotonic() + within

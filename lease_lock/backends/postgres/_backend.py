@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import logging
-import math
 import re
 import secrets
 import time
 import urllib.parse
 from datetime import timezone
-from typing import Any, Callable, ClassVar, Iterator, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, ClassVar, ContextManager, Iterator, NamedTuple, Optional, Sequence, Union
 
 import psycopg2
 import psycopg2.errors
@@ -21,6 +19,7 @@ import psycopg2.extensions
 from ...errors import ValidationError
 from ...validation import check_bool
 from ..base import (
+    CallBudget,
     Capabilities,
     ExtendRequest,
     LockState,
@@ -32,7 +31,7 @@ from ..base import (
 from ..handoff import HandoffWatcher
 from ..line import BURST, FRESH_SHARE, AnnouncedLine, Announcements, Joined, LineSlots, claim_for
 from ..service import ServiceStore, check_amount
-from ._connections import CallBudget, ConnectionSource, LazyPool, arm_bound, check_dsn, end_bound
+from ._connections import ConnectionSource, LazyPool, arm_bound, check_dsn, end_bound
 from ._errors import is_connect_failure, is_connection_failure, unavailable
 from ._line import ANSWER_MARGIN, ListeningConnections, PostgresWaitingLine
 from ._sql import Names, ddl, resolve_names
@@ -195,7 +194,7 @@ class PostgresBackend(ServiceStore):
         #: The shared watcher of the waiters beyond the line (see join_line).
         self._announcements = Announcements(self)
         #: The end of the call budget each thread is in (see call_budget).
-        self._budget = CallBudget()
+        self._budget = CallBudget(ANSWER_MARGIN)
         self._listening = ListeningConnections(
             self._listen_parameters, lambda: self._listen_dsn, self.names.label, self._budget
         )
@@ -294,7 +293,7 @@ class PostgresBackend(ServiceStore):
         opened for it. Without either, a server that has gone silent is waited for as long as
         the connection's own settings allow.
         """
-        until = self._budget.until if within is None else self._until(within)
+        until = self._budget.deadline if within is None else self._until(within)
         retried = False
         rechecked = False
         reprepared = False
@@ -359,27 +358,17 @@ class PostgresBackend(ServiceStore):
         """When a statement given ``within`` seconds must be answered by, inside the thread's
         call budget."""
         until = time.monotonic() + within
-        budget = self._budget.until
+        budget = self._budget.deadline
         return until if budget is None else min(until, budget)
 
-    @contextlib.contextmanager
-    def call_budget(self, seconds: float) -> Iterator[None]:
+    def call_budget(self, seconds: float) -> ContextManager[None]:
         """Bound the statements this thread runs inside the block (see
         :meth:`Backend.call_budget`): one still unanswered :data:`~._line.ANSWER_MARGIN` past
         the budget is cut off (its connection is shut down and closed) and raises
         ``BackendUnavailableError``, and a connection opened for one waits for the server no
         longer than the budget allows (libpq's least ``connect_timeout``, 2 s, at the least).
         A connection of a caller's own pool is opened as that pool says."""
-        budget = self._budget
-        outer = budget.until
-        if seconds < math.inf:
-            until = time.monotonic() + seconds + ANSWER_MARGIN
-            if outer is None or until < outer:
-                budget.until = until
-        try:
-            yield
-        finally:
-            budget.until = outer
+        return self._budget.block(seconds)
 
     def _ensure_ready(self, conn: Any, *, counters: bool, write: bool = True) -> None:
         # Called by _run only while something is left to check.

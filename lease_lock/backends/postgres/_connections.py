@@ -24,7 +24,7 @@ from ...validation import redact_url
 from ._errors import scrub
 
 __all__ = [
-    "CallBudget", "ConnectionSource", "KeptCursor", "LazyPool", "arm_bound", "check_dsn", "close_inherited",
+    "ConnectionSource", "KeptCursor", "LazyPool", "arm_bound", "check_dsn", "close_inherited",
     "connect_parameters", "end_bound", "open_connection",
 ]
 
@@ -43,15 +43,6 @@ def _refuse_busy(conn: Any, origin: str) -> None:
             f"{origin} is inside a transaction; lease_lock needs an idle connection it can "
             "use in autocommit mode (commit or roll back first, or give it its own connection)"
         )
-
-
-class CallBudget(threading.local):
-    """When (``time.monotonic()``) the store calls this thread makes now must be answered by,
-    or ``None``: unbounded (see ``PostgresBackend.call_budget``). A statement reads it as the
-    bound of its wait for an answer (see :func:`arm_bound`), and a connection opened for it
-    as its ``connect_timeout`` (see :func:`open_connection`)."""
-
-    until: Optional[float] = None
 
 
 #: libpq's least ``connect_timeout`` (seconds): it reads a smaller one as this.

@@ -33,9 +33,9 @@ from typing import Any, Callable, NamedTuple, Optional, Union
 
 import psycopg2
 
-from ..base import LineGrant
+from ..base import CallBudget, LineGrant
 from ..line import FREED, Freed, Handed, Joined, LineSlots, RefreshedLine
-from ._connections import CallBudget, arm_bound, close_inherited, end_bound, open_connection
+from ._connections import arm_bound, close_inherited, end_bound, open_connection
 from ._errors import is_connect_failure, unavailable
 from ._watch import connection_name
 
@@ -112,7 +112,7 @@ class ListeningConnections:
             self._parameters = dict(parameters, application_name=connection_name(parameters, "line"))
         channel = CHANNEL_PREFIX + secrets.token_hex(16)
         try:
-            conn = open_connection(self._budget.until, **self._parameters)
+            conn = open_connection(self._budget.deadline, **self._parameters)
         except psycopg2.Error as exc:
             if is_connect_failure(exc):
                 raise unavailable(exc, self._dsn(), self._label) from exc
