@@ -13,6 +13,7 @@ from .connect import connect
 from .errors import (
     AccessDeniedError,
     BackendUnavailableError,
+    DroppedLockWarning,
     HeldReason,
     LeaseLockError,
     LockHeldError,
@@ -42,6 +43,7 @@ __all__ = [
     "Backend",
     "BackendUnavailableError",
     "Capabilities",
+    "DroppedLockWarning",
     "EventType",
     "ExtendRequest",
     "HeldReason",

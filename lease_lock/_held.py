@@ -5,10 +5,12 @@ told so.
 A :class:`HeldLeases` keeps every granted lock under a weak reference, so that a lock dropped
 while held is collected (and stops being extended). Its collection is reported: the reference's
 callback, which runs inside the garbage collector, only hands the lease's key and token to be
-given back by a library thread (the heartbeat's) and warns with a ``ResourceWarning``, as an
-unclosed file does. A handle that joined another lease (a re-entrant acquire) is kept the same
-way, and its drop is given back the same way: the library thread lets go of its hold, which
-gives the key back only when it was the last one.
+given back by a library thread (the heartbeat's) and warns with a
+:class:`~lease_lock.errors.DroppedLockWarning`: a ``RuntimeWarning``, which Python shows by
+default, since the code meant to run under the lock now runs without it. A handle that joined
+another lease (a re-entrant acquire) is kept the same way, and its drop is given back the same
+way: the library thread lets go of its hold, which gives the key back only when it was the last
+one.
 
 Finding the lock a thread holds on a key goes through an index of ``(thread, key)``, which is
 built only once something asks (a re-entrant acquire, or a contention error to explain): a
@@ -25,7 +27,7 @@ import warnings
 import weakref
 from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
-from .errors import LockHeldError
+from .errors import DroppedLockWarning, LockHeldError
 
 if TYPE_CHECKING:
     from ._lease import Hold, Lease
@@ -46,9 +48,10 @@ else:
 class _Held(_LockRef):
     """A held lock's weak reference, carrying what giving its lease back needs once it is gone."""
 
-    __slots__ = ("key", "token")
+    __slots__ = ("key", "made_by", "token")
     key: str
     token: str
+    made_by: str
 
 
 class _Joined(_HandleRef):
@@ -104,6 +107,7 @@ class HeldLeases:
         reference = _Held(lock, self._collected)
         reference.key = lock.key
         reference.token = lock.token
+        reference.made_by = lock.made_by
         self._held.add(reference)
         if len(self._held) >= self._held_sweep_at:
             self._sweep_held()
@@ -129,7 +133,7 @@ class HeldLeases:
             return
         held.discard(reference)
         self._dropped(reference.key, reference.token)
-        _warn_dropped(reference.key)
+        _warn_dropped(reference.key, reference.made_by)
 
     def joined(self, handle: object, hold: Hold, lease: Lease) -> None:
         """``handle`` just joined ``lease`` (a re-entrant acquire) with ``hold``: if it is
@@ -150,7 +154,8 @@ class HeldLeases:
         if hold.let_go:
             return
         self._dropped(lease.key, lease.token, functools.partial(lease.release, hold))
-        _warn_dropped(lease.key)
+        # The handle's own hold remembers the call that returned the handle.
+        _warn_dropped(lease.key, hold.made_by)
 
     def forget(self, lock: Lease) -> None:
         """``lock`` was released or lost: closing the locker has nothing left to give back for
@@ -229,12 +234,14 @@ class HeldLeases:
         )
 
 
-def _warn_dropped(key: str) -> None:
+def _warn_dropped(key: str, made_by: str) -> None:
     # Called once the work is queued: the warning may be turned into an error.
+    handle = "LockSet" if made_by == "acquire_many" else "Lock"
     warnings.warn(
-        f"lock {key!r} was garbage-collected while held; its lease is given back now. Keep the "
-        "Lock that acquire() or try_acquire() returned and release it, or use it in 'with'",
-        ResourceWarning,
+        f"the {handle} on {key!r} that Locker.{made_by}() returned was dropped while held, so the "
+        f"key is given back now and the code meant to run under it runs unprotected: keep the "
+        f"returned {handle} in a variable and release it, or use it in 'with'",
+        DroppedLockWarning,
         stacklevel=3,
     )
 

@@ -190,6 +190,9 @@ class Hold:
 
     # A class-level default, written on the instance only when the handle lets go.
     let_go = False
+    #: The Locker method that made the handle (``"acquire"``, ``"try_acquire"``, ...): what the
+    #: warning for a handle dropped while held names.
+    made_by: str
 
 
 class Lease(Hold):
@@ -228,9 +231,11 @@ class Lease(Hold):
     _holds = 0
 
     def __init__(
-        self, host: LockHost, key: str, ttl: float, options: LockOptions, token: str, owner: object = None
+        self, host: LockHost, key: str, ttl: float, options: LockOptions, token: str, owner: object = None,
+        made_by: str = "lock",
     ) -> None:
         self._host = host
+        self.made_by = made_by
         # The Locker that made this lock: kept alive while the lock lives, so that dropping the
         # Locker while holding one of its locks does not stop their heartbeat.
         self._locker = owner
@@ -941,11 +946,12 @@ class Lock(GuardedBlock):
     __slots__ = ("__weakref__", "_hold", "_lease")
 
     def __init__(
-        self, host: LockHost, key: str, ttl: float, options: LockOptions, token: str, owner: object = None
+        self, host: LockHost, key: str, ttl: float, options: LockOptions, token: str, owner: object = None,
+        made_by: str = "lock",
     ) -> None:
         # The lease made for this handle is its hold too, also after a re-entrant acquire has
         # joined it to another lease (see Hold).
-        self._lease = self._hold = Lease(host, key, ttl, options, token, owner)
+        self._lease = self._hold = Lease(host, key, ttl, options, token, owner, made_by)
 
     # -- reading -------------------------------------------------------------------------------
 

@@ -22,6 +22,9 @@ The tree::
 
 All errors pickle and unpickle with their attributes, so they survive multiprocessing and
 task queues.
+
+One warning: :class:`DroppedLockWarning`, a ``RuntimeWarning`` (shown by Python's default
+warning filters), for a held lock that the program dropped.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any, Literal
 __all__ = [
     "AccessDeniedError",
     "BackendUnavailableError",
+    "DroppedLockWarning",
     "HeldReason",
     "LeaseLockError",
     "LockHeldError",
@@ -223,3 +227,14 @@ class BackendUnavailableError(LeaseLockError):
 
     def __init__(self, message: str, *, backend: str) -> None:
         super().__init__(message, backend=backend)
+
+
+class DroppedLockWarning(RuntimeWarning):
+    """A held lock was garbage-collected: the program dropped the ``Lock`` it was given.
+
+    ``if locker.try_acquire(key): work()`` drops the returned lock at once, so its lease is
+    given back at once and ``work()`` runs without it. A ``RuntimeWarning`` rather than a
+    ``ResourceWarning`` because the program's own code lost its protection, not just a
+    resource: Python's default filters show it. The message names the key and the call that
+    returned the lock.
+    """

@@ -17,9 +17,11 @@ from .errors import ValidationError
 
 __all__ = ["EVENT_TYPES", "EventHook", "EventType", "LockEvent", "combine", "emit", "logger", "wanted"]
 
+# No NullHandler: in a program that configured no logging, Python's last-resort handler prints
+# WARNING and above to stderr, as it does for the standard library's own loggers. A lost lock,
+# a skipped job or a store private to one host is something the user must see, and a worker or
+# app that configured only its framework's logger (RQ's, Flask's) configured nothing above it.
 logger = logging.getLogger("lease_lock")
-# A library must not print through the last-resort handler; applications configure logging.
-logger.addHandler(logging.NullHandler())
 
 #: What happened to a lock: :attr:`LockEvent.type` (the keys of :data:`EVENT_TYPES`).
 EventType = Literal[

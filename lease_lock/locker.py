@@ -332,7 +332,7 @@ class Locker:
         )
         return self._make_lock(key, ttl, options)
 
-    def _make_lock(self, key: str, ttl: Optional[Seconds], options: LockOptions) -> Lock:
+    def _make_lock(self, key: str, ttl: Optional[Seconds], options: LockOptions, made_by: str = "lock") -> Lock:
         if self._acquisition.closed:
             self._check_open()
         full_key = self._full_key(key)
@@ -346,7 +346,7 @@ class Locker:
             token = self._backend.new_token()
         else:
             token = self._factory_token()
-        return Lock(self._acquisition, full_key, lease, options, token, self)
+        return Lock(self._acquisition, full_key, lease, options, token, self, made_by)
 
     def acquire(
         self,
@@ -390,7 +390,7 @@ class Locker:
         options = _lock_options(
             retry, timeout, blocking, cancel, auto_extend, max_hold, extend_interval, token, request_id, reentrant
         )
-        lock = self._make_lock(key, ttl, options)
+        lock = self._make_lock(key, ttl, options, "acquire")
         acquire_or_raise(lock, options)
         return lock
 
@@ -427,7 +427,7 @@ class Locker:
             options = _ONE_ATTEMPT
         else:
             options = replace(LockOptions.from_kwargs(_GIVEN_TO_TRY(locals())), blocking=False)
-        lock = self._make_lock(key, ttl, options)
+        lock = self._make_lock(key, ttl, options, "try_acquire")
         try:
             acquire_or_raise(lock, options)
         except LockHeldError as error:
@@ -477,7 +477,7 @@ class Locker:
             @functools.wraps(function)
             def guarded(*args: Any, **kwargs: Any) -> Any:
                 name = key(*args, **kwargs) if callable(key) else key
-                lock = self._make_lock(name, lease, options)
+                lock = self._make_lock(name, lease, options, "locked")
                 try:
                     acquire_or_raise(lock, options)
                 except LockHeldError as error:
@@ -529,7 +529,7 @@ class Locker:
         names = sorted(set(wanted))
         if not names:
             raise ValidationError("keys must not be empty")
-        locks = [self._make_lock(name, ttl, options) for name in names]
+        locks = [self._make_lock(name, ttl, options, "acquire_many") for name in names]
         policy = self.retry.merged(options.retry)
         budget = policy.timeout if policy.timeout is not None else math.inf
         start = self._clock()

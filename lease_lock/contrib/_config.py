@@ -108,7 +108,7 @@ _warned_mutex = threading.Lock()
 
 
 def resolve_url(
-    own: object, own_name: str, framework: Callable[[], Optional[str]], *, add: str
+    own: object, own_name: str, framework: Callable[[], Optional[str]], *, add: str, warn: bool = True
 ) -> str:
     """The lock store URL of an integration, in the one order they all follow.
 
@@ -116,7 +116,8 @@ def resolve_url(
     ``LEASE_LOCK_URL`` environment variable; then ``framework()``, the URL of the framework's
     own store or ``None``. When none gives a URL this raises ``ValidationError`` naming the
     settings to add (``add``), so a deployment never falls back to a store private to one host.
-    A SQLite URL is logged once at WARNING: it coordinates the processes of one host only.
+    A SQLite URL is logged once at WARNING (unless ``warn`` is false): it coordinates the
+    processes of one host only.
     """
     if own is not None and not isinstance(own, str):
         raise ValidationError(f"{own_name} must be a str, not {type(own).__name__}")
@@ -126,7 +127,8 @@ def resolve_url(
             f"no lock store configured: set {add}, or the {ENV_URL} environment variable "
             "(for example redis://host:6379/0 or postgresql://host/db)"
         )
-    warn_if_one_host(url)
+    if warn:
+        warn_if_one_host(url)
     return url
 
 

@@ -192,9 +192,7 @@ def configure_logging(log_format: str = "text", level: Optional[str] = None) -> 
     only a ``level`` given on purpose is applied to it.
     """
     logger = logging.getLogger("lease_lock")
-    configured = [*logger.handlers, *logging.getLogger().handlers]
-    # The library's own NullHandler does not count: it only keeps Python's last-resort output away.
-    if any(not isinstance(handler, logging.NullHandler) for handler in configured):
+    if logger.handlers or logging.getLogger().handlers:
         if level is not None:
             logger.setLevel(level.upper())
         return

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from lease_lock import Locker, LockEvent, LockHeldError, MemoryBackend, Retry, RetryState, connect
+from lease_lock import DroppedLockWarning, Locker, LockEvent, LockHeldError, MemoryBackend, Retry, RetryState, connect
 
 from tests.support.http_server import ServiceInfo
 from tests.support.postgres_server import PostgresServer
@@ -148,7 +148,8 @@ def test_a_held_lock_that_is_dropped_is_warned_about_and_given_back(lockers: Loc
     key = _key()
     holder, other = lockers(), lockers()
     # The pattern the warning is for: the Lock that try_acquire() returned is dropped at once.
-    with pytest.warns(ResourceWarning, match=re.escape(f"lock {key!r} was garbage-collected while held")):
+    said = re.escape(f"{key!r} that Locker.try_acquire() returned was dropped while held")
+    with pytest.warns(DroppedLockWarning, match=said):
         assert holder.try_acquire(key, ttl=600)
     # Given back by the library (a 600 s lease cannot have run out): another holder takes it
     # well within the wait it is given.
@@ -160,7 +161,7 @@ def test_a_held_lock_that_is_dropped_is_warned_about_and_given_back(lockers: Loc
 def test_closing_gives_back_a_dropped_held_lock(lockers: Lockers) -> None:
     key = _key()
     holder, other = lockers(), lockers()
-    with pytest.warns(ResourceWarning, match=re.escape(repr(key))):
+    with pytest.warns(DroppedLockWarning, match=re.escape(repr(key))):
         assert holder.try_acquire(key, ttl=600) is not None
     holder.close()
     assert not other.get(key).held
@@ -178,7 +179,7 @@ def test_a_dropped_held_lock_is_given_back_on_the_heartbeat_thread() -> None:
 
     backend = Watched()
     with Locker(backend) as holder, Locker(backend) as other:
-        with pytest.warns(ResourceWarning, match="'job'"):
+        with pytest.warns(DroppedLockWarning, match="'job'"):
             assert holder.try_acquire("job", ttl=600) is not None
         # Released by the library, not left to run out: the other holder gets it at once.
         lock = other.acquire("job", timeout=30)

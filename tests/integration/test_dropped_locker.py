@@ -1,5 +1,6 @@
 """A ``Locker`` dropped without ``close()`` frees its heartbeat thread and its connection, with a
-``ResourceWarning`` like an unclosed file.
+``ResourceWarning`` like an unclosed file (a held lock dropped before it warns with a
+``DroppedLockWarning``).
 
 Regression: 50 dropped SQLite lockers left 50 heartbeat threads and 101 file descriptors behind
 (threads 1 -> 51, fds 6 -> 107), for ever.
@@ -16,7 +17,7 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
-from lease_lock import Locker, MemoryBackend, connect
+from lease_lock import DroppedLockWarning, Locker, MemoryBackend, connect
 from lease_lock.testing import wait_until
 
 DROPPED = 50
@@ -25,12 +26,14 @@ DEADLINE = 30.0
 
 @contextlib.contextmanager
 def resource_warnings() -> Iterator[list[str]]:
-    """Collect the ResourceWarning messages raised inside the block (from any thread)."""
+    """Collect the ResourceWarning and DroppedLockWarning messages raised inside the block (from
+    any thread), in order."""
+    kinds = (ResourceWarning, DroppedLockWarning)
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ResourceWarning)
+        warnings.simplefilter("always")
         messages: list[str] = []
         yield messages
-    messages.extend(str(item.message) for item in caught if issubclass(item.category, ResourceWarning))
+    messages.extend(str(item.message) for item in caught if issubclass(item.category, kinds))
 
 
 def _fds_under(directory: Path) -> int:
@@ -91,7 +94,7 @@ def test_a_dropped_locker_with_a_held_lock_stops_extending_it() -> None:
         gc.collect()
         assert wait_until(lambda: ref() is None, DEADLINE)
     assert len(messages) == 2
-    assert messages[0].startswith("lock 'k' was garbage-collected while held")
+    assert messages[0].startswith("the Lock on 'k' that Locker.acquire() returned was dropped while held")
     assert messages[1].startswith("unclosed <Locker MemoryBackend")
     thread.join(DEADLINE)
     assert not thread.is_alive()

@@ -54,7 +54,7 @@ from lease_lock.events import LockEvent
 pytestmark = [
     pytest.mark.slow,
     # Dropping a held lock is one of the steps: the library warns about it, as it should.
-    pytest.mark.filterwarnings("ignore:lock '.*' was garbage-collected while held:ResourceWarning"),
+    pytest.mark.filterwarnings("ignore::lease_lock.errors.DroppedLockWarning"),
 ]
 
 #: Keys that a store deriving auxiliary names from the key (hash tags, suffixes) may confuse.

@@ -4,6 +4,9 @@ the tests' Redis server)."""
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import urllib.parse
 import uuid
 from pathlib import Path
@@ -147,6 +150,27 @@ def test_a_sqlite_file_uri_is_used_from_the_instance_folder_with_one_warning(
     finally:
         for app in apps:
             app.extensions["lease_lock"].close()
+
+
+def test_the_one_host_warning_reaches_a_default_apps_log(tmp_path: Path) -> None:
+    # A plain interpreter and an app that configured no logging, as `flask run` starts one: the
+    # WARNING must reach its error output, not a handler that swallows it.
+    root = Path(__file__).resolve().parents[2]
+    environment = {**os.environ, "PYTHONPATH": str(root), "LEASE_LOCK_URL": f"sqlite:///{tmp_path / 'locks.db'}"}
+    program = (
+        "from flask import Flask\n"
+        "from lease_lock.contrib.flask import LeaseLock, locker\n"
+        "app = Flask('shop')\n"
+        "LeaseLock(app)\n"
+        "with app.app_context(), locker.lock('order:1'):\n"
+        "    pass\n"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", program], cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert "this host only" in completed.stderr and str(tmp_path / "locks.db") in completed.stderr
 
 
 def test_no_store_anywhere_fails_init_app_naming_the_settings(no_env_url: None) -> None:

@@ -7,6 +7,7 @@ early (at 29.7 s). Fake time starts at START.
 from __future__ import annotations
 
 import gc
+import re
 import threading
 import warnings
 import weakref
@@ -15,7 +16,7 @@ from typing import Optional
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lease_lock import Locker, LockEvent, LockLostError, MemoryBackend, ValidationError
+from lease_lock import DroppedLockWarning, Locker, LockEvent, LockLostError, MemoryBackend, ValidationError
 from lease_lock.heartbeat import LANES, Heartbeat, Timer
 
 from .fakes import START, EventLog, FakeClock, RecordingBackend, advance_to_beat
@@ -302,7 +303,7 @@ def test_garbage_collected_lock_stops_being_extended_and_is_given_back_by_the_he
     lock = locker.acquire("k")
     reference = weakref.ref(lock)
     lost_signal = lock.lost  # callers often keep the event; it must not keep the lock alive
-    with pytest.warns(ResourceWarning, match="lock 'k' was garbage-collected while held"):
+    with pytest.warns(DroppedLockWarning, match=re.escape("'k' that Locker.acquire() returned was dropped while held")):
         del lock
     gc.collect()
     assert reference() is None
@@ -326,7 +327,7 @@ def test_a_released_or_lost_lock_that_is_dropped_is_no_drop(
     clock.advance(2.0)
     assert lost.state == "lost"
     with warnings.catch_warnings():
-        warnings.simplefilter("error", ResourceWarning)
+        warnings.simplefilter("error", DroppedLockWarning)
         del released, lost
         gc.collect()
     locker.run_heartbeat()
@@ -336,7 +337,7 @@ def test_a_released_or_lost_lock_that_is_dropped_is_no_drop(
 def test_closing_gives_back_dropped_leases_the_heartbeat_has_not(
     locker: Locker, backend: RecordingBackend
 ) -> None:
-    with pytest.warns(ResourceWarning, match="'k'"):
+    with pytest.warns(DroppedLockWarning, match="'k'"):
         assert locker.try_acquire("k") is not None
     assert backend.called("release") == []
     locker.close()
@@ -548,7 +549,8 @@ def test_a_locker_without_its_heartbeat_thread_starts_none_and_beats_when_told(
         short = locker.acquire("short")  # its first beat 1 s away: a timer at once
         long = locker.acquire("long", ttl=30.0)  # 10 s away: an arrival
         dropped = locker.acquire("dropped")
-        with pytest.warns(ResourceWarning, match="lock 'dropped' was garbage-collected while held"):
+        dropped_message = re.escape("'dropped' that Locker.acquire() returned was dropped while held")
+        with pytest.warns(DroppedLockWarning, match=dropped_message):
             del dropped
         assert set(threading.enumerate()) == before, "no heartbeat thread"
         assert backend.called("release") == []

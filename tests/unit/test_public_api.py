@@ -37,7 +37,7 @@ CORE_MODULES = [
 ]
 #: The names the documented API promises at the top level.
 PROMISED_NAMES = {
-    "AccessDeniedError", "LeaseLockError", "Lock", "LockEvent", "LockHeldError", "LockLostError",
+    "AccessDeniedError", "DroppedLockWarning", "LeaseLockError", "Lock", "LockEvent", "LockHeldError", "LockLostError",
     "LockSet", "LockState", "LockStateError", "Locker", "MemoryBackend", "RateLimitedError",
     "ReplicationError", "Retry", "RetryState", "ValidationError", "connect", "exponential_backoff",
 }

@@ -12,7 +12,7 @@ import warnings
 from typing import Any
 
 import pytest
-from lease_lock import Locker, LockHeldError, LockLostError, LockStateError, ValidationError
+from lease_lock import DroppedLockWarning, Locker, LockHeldError, LockLostError, LockStateError, ValidationError
 
 from ..support.polling import wait_until
 from .fakes import EventLog, RecordingBackend
@@ -199,7 +199,7 @@ def test_closing_gives_back_what_is_held_even_after_many_were_dropped(
 ) -> None:
     locker = Locker(backend, clock=clock, heartbeat_thread=False)
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ResourceWarning)
+        warnings.simplefilter("always", DroppedLockWarning)
         for index in range(3000):
             locker.acquire(f"dropped-{index}")  # dropped while held: collected, queued to go back
     assert len(caught) == 3000
@@ -222,7 +222,7 @@ def test_a_dropped_reentrant_handle_is_given_back_like_a_plain_one(backend: Reco
     elsewhere = Locker(backend, clock=clock, heartbeat_thread=False)
     try:
         with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", ResourceWarning)
+            warnings.simplefilter("always", DroppedLockWarning)
             for round_ in range(4):
                 with locker.lock("k") as outer:
                     if locker.try_acquire("k"):
@@ -234,12 +234,13 @@ def test_a_dropped_reentrant_handle_is_given_back_like_a_plain_one(backend: Reco
                 taken = elsewhere.try_acquire("k")
                 assert taken is not None, f"round {round_}: another process gets the key after the block"
                 taken.release()
-        dropped = [warning for warning in caught if issubclass(warning.category, ResourceWarning)]
+        dropped = [warning for warning in caught if issubclass(warning.category, DroppedLockWarning)]
         assert len(dropped) == 4
-        assert all("'k' was garbage-collected while held" in str(warning.message) for warning in dropped)
+        said = "'k' that Locker.try_acquire() returned was dropped while held"
+        assert all(said in str(warning.message) for warning in dropped)
         # A joined handle released explicitly, then dropped, gives nothing back twice and warns not.
         with warnings.catch_warnings():
-            warnings.simplefilter("error", ResourceWarning)
+            warnings.simplefilter("error", DroppedLockWarning)
             with locker.lock("k") as outer:
                 joined = locker.acquire("k")
                 assert outer.holds == 2 and joined.release() is True
@@ -251,7 +252,7 @@ def test_a_dropped_reentrant_handle_is_given_back_like_a_plain_one(backend: Reco
         outer = locker.acquire("k")
         joined = locker.try_acquire("k")
         assert outer.release() is True and outer.state == "held"
-        with pytest.warns(ResourceWarning, match="garbage-collected while held"):
+        with pytest.warns(DroppedLockWarning, match="dropped while held"):
             del joined
         locker.run_heartbeat()
         assert outer.state == "released"

@@ -14,7 +14,7 @@ from typing import Any
 from ...backends import Backend, backend_from_url
 from ...errors import ValidationError
 from .._config import warn_if_one_host
-from ._settings import cache_url, database_url
+from ._settings import cache_url, database_url, one_host_silenced
 
 __all__ = ["DjangoCache", "DjangoDatabase", "resolve_django_url"]
 
@@ -47,7 +47,8 @@ class DjangoDatabase(Backend):
     def from_url(cls, url: str, **options: Any) -> Backend:
         """The backend of the database alias the URL names."""
         resolved = resolve_django_url(url)
-        warn_if_one_host(resolved)
+        if not one_host_silenced():
+            warn_if_one_host(resolved)
         return backend_from_url(resolved, **options)
 
 

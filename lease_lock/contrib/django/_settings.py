@@ -23,6 +23,7 @@ __all__ = [
     "lock_table",
     "lock_url",
     "locker_from_settings",
+    "one_host_silenced",
 ]
 
 DJANGO_SCHEME = "django://"
@@ -64,11 +65,23 @@ def lock_url(config: Optional[Mapping[str, Any]] = None) -> str:
     ``django://default`` when that database is PostgreSQL or a SQLite file.
 
     Nothing usable is a ``ValidationError`` naming the setting to add; a SQLite store is logged
-    once at WARNING (it coordinates one host only). ``django://`` and ``django-cache://`` URLs
-    are returned as they are (``connect()`` resolves them).
+    once at WARNING (it coordinates one host only) unless the site silenced that check (see
+    :func:`one_host_silenced`). ``django://`` and ``django-cache://`` URLs are returned as they
+    are (``connect()`` resolves them).
     """
     config = lock_settings() if config is None else config
-    return resolve_url(config.get("URL"), 'settings.LEASE_LOCK["URL"]', _default_database, add=_SETTINGS_TO_ADD)
+    return resolve_url(
+        config.get("URL"), 'settings.LEASE_LOCK["URL"]', _default_database, add=_SETTINGS_TO_ADD,
+        warn=not one_host_silenced(),
+    )
+
+
+def one_host_silenced() -> bool:
+    """Whether the site silenced the one-host check (``lease_lock.W001`` in
+    ``SILENCED_SYSTEM_CHECKS``): it runs on one host, so the log need not say it either."""
+    from django.conf import settings
+
+    return "lease_lock.W001" in getattr(settings, "SILENCED_SYSTEM_CHECKS", ())
 
 
 def _default_database() -> Optional[str]:
