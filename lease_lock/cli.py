@@ -48,7 +48,7 @@ from .admin import (
     release_prefix,
     state_json,
 )
-from .errors import BackendUnavailableError, LeaseLockError, LockHeldError, ValidationError
+from .errors import AccessDeniedError, BackendUnavailableError, LeaseLockError, LockHeldError, ValidationError
 from .validation import check_key, escape_text, parse_duration, redact_url
 
 if TYPE_CHECKING:
@@ -850,6 +850,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except BackendUnavailableError as error:
         _error(_unavailable_message(error))
         return EXIT_UNAVAILABLE
+    except AccessDeniedError as error:
+        # As a refused database login: a setting no retry fixes (the key or its scope).
+        _error(f"the store refused the credential: {_one_line(error)}")
+        return EXIT_USAGE
     except LeaseLockError as error:
         _error(f"{error.code}: {error}")
         return 1
