@@ -542,7 +542,7 @@ class Locker:
                 taken.append(lock)
             for lock in taken[:-1]:
                 try:
-                    lock.extend()
+                    lock.extend(request_id=options.request_id)
                 except LockLostError as error:
                     # An earlier lease ran out before the last key was granted: the set as a
                     # whole came back too late to be held together.
