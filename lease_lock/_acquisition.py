@@ -31,7 +31,7 @@ from typing import Any, Callable, Literal, NoReturn, Optional, Union
 from ._held import HeldLeases
 from ._lease import Lease, give_back, local_end
 from .backends.base import Backend, LineGrant, WaitingLine
-from .backends.service import SlowDown, ask_grant
+from .backends.service import SlowDown, ask_grant, request_id_scope
 from .clock import QUIET_PAUSE, LeaseClock
 from .errors import BackendUnavailableError, HeldReason, LockHeldError, LockStateError
 from .events import EventHook, EventType, LockEvent, emit, logger, wanted
@@ -270,7 +270,12 @@ class Acquisition:
                 first = self._first_try(lock, plan, options.request_id)
                 if first is None:
                     return lock
-            self._attempt(lock, options, plan, first)
+            if options.request_id is None:
+                self._attempt(lock, options, plan, first)
+            else:
+                # Every request of the call goes with its id, the line's waits among them.
+                with request_id_scope(self.backend, options.request_id):
+                    self._attempt(lock, options, plan, first)
             del first  # see attempt: no reference cycle through an outage's error
         except BaseException as error:
             # A grant (in its pass through the lock's mutex) ended the acquiring already;

@@ -48,11 +48,12 @@ from .admin import (
     release_prefix,
     state_json,
 )
-from .errors import BackendUnavailableError, LeaseLockError, LockHeldError, ValidationError
+from .errors import AccessDeniedError, BackendUnavailableError, LeaseLockError, LockHeldError, ValidationError
 from .validation import check_key, escape_text, parse_duration, redact_url
 
 if TYPE_CHECKING:
     from .backends.base import LockState
+    from .events import LockEvent
     from .lock import Lock
     from .locker import Locker
 
@@ -446,6 +447,26 @@ class _WaitingLine:
             self._stream.flush()
 
 
+class _WaitNote:
+    """An ``on_event`` hook noting whether ``run --wait`` found its key busy, and how long the
+    acquisition took: a wait that goes unsaid looks like a slow command in a cron log."""
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.waited: Optional[float] = None
+
+    def __call__(self, event: LockEvent) -> None:
+        if event.type == "contended":
+            self.busy = True
+        elif event.type == "acquired" and self.waited is None:
+            self.waited = event.waited
+
+    def report(self, key: str) -> None:
+        """Say on stderr how long the key was waited for, if it was busy."""
+        if self.busy and self.waited is not None:
+            _error(f"waited {self.waited:.1f}s for {key!r}")
+
+
 def _take(locker: Locker, args: argparse.Namespace, signals: _Signals) -> Optional[Lock]:
     """The held lock, or ``None`` when the key is busy."""
     with backend_errors():
@@ -613,9 +634,11 @@ def _run(args: argparse.Namespace) -> int:
         raise CommandError("--nonblock is one attempt; it cannot go with --wait or --timeout", EXIT_USAGE)
     # As flock -w: a timeout means waiting for that long.
     args.wait = args.wait or args.timeout is not None
+    note = _WaitNote()
     with _Signals() as signals:
         locker = _connect(
-            args, ttl=args.ttl, max_hold=args.max_hold, fencing=True, owner=_owner(args.run_command)
+            args, ttl=args.ttl, max_hold=args.max_hold, fencing=True, owner=_owner(args.run_command),
+            on_event=note if args.wait and not args.quiet else None,
         )
         try:
             lock = _take(locker, args, signals)
@@ -624,6 +647,7 @@ def _run(args: argparse.Namespace) -> int:
                 if not args.quiet:
                     _error(f"{args.key!r} is busy{holder}; not running the command")
                 return int(args.busy_exit)
+            note.report(args.key)
             if signals.received:
                 _release(lock)
                 return 128 + signals.received[0]
@@ -850,6 +874,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except BackendUnavailableError as error:
         _error(_unavailable_message(error))
         return EXIT_UNAVAILABLE
+    except AccessDeniedError as error:
+        # As a refused database login: a setting no retry fixes (the key or its scope).
+        _error(f"the store refused the credential: {_one_line(error)}")
+        return EXIT_USAGE
     except LeaseLockError as error:
         _error(f"{error.code}: {error}")
         return 1

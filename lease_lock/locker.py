@@ -542,7 +542,7 @@ class Locker:
                 taken.append(lock)
             for lock in taken[:-1]:
                 try:
-                    lock.extend()
+                    lock.extend(request_id=options.request_id)
                 except LockLostError as error:
                     # An earlier lease ran out before the last key was granted: the set as a
                     # whole came back too late to be held together.
@@ -576,11 +576,6 @@ class Locker:
 
     # -- inspection and administration ---------------------------------------------------------
 
-    def _visible(self, state: LockState) -> LockState:
-        if not self.fencing and state.fence is not None:
-            return replace(state, fence=None)
-        return state
-
     def get(self, key: str, *, request_id: Optional[str] = None) -> LockState:
         """The state of ``key`` (prefix applied); no token needed.
 
@@ -589,9 +584,9 @@ class Locker:
         self._check_open()
         full_key = self._full_key(key)
         if request_id is None:
-            return self._visible(self._backend.inspect(full_key))
+            return self._backend.inspect(full_key)
         with request_id_scope(self._backend, check_request_id(request_id)):
-            return self._visible(self._backend.inspect(full_key))
+            return self._backend.inspect(full_key)
 
     def list(self, prefix: str = "") -> Iterator[LockState]:
         """Held keys under ``key_prefix + prefix``, for backends that can scan."""
@@ -603,7 +598,7 @@ class Locker:
             check_key(self.key_prefix + prefix, "prefix")
         if not self._backend.capabilities.scan:
             raise ValidationError(f"{type(self._backend).__name__} cannot list keys")
-        return (self._visible(state) for state in self._backend.scan(self.key_prefix + prefix))
+        return iter(self._backend.scan(self.key_prefix + prefix))
 
     def force_release(self, key: str, *, request_id: Optional[str] = None) -> bool:
         """Drop whatever token holds ``key``; ``True`` when a live lease was dropped.

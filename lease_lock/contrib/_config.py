@@ -6,11 +6,11 @@ import logging
 import os
 import threading
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Callable, Optional
 
 from ..backends import backend_class
-from ..connect import LOCKER_OPTIONS
+from ..connect import LOCKER_OPTIONS, check_locker_options
 from ..errors import ValidationError
 from ..events import EventHook, combine
 from ..validation import install_hint
@@ -20,10 +20,12 @@ __all__ = [
     "LOCKER_SETTINGS",
     "METRICS_SETTING",
     "check_backend_options",
+    "check_setting_names",
     "connect_options",
     "metrics_hook",
     "one_host_warning",
     "resolve_url",
+    "setting_errors",
     "warn_if_one_host",
 ]
 
@@ -75,6 +77,43 @@ def metrics_hook(kind: object) -> EventHook:
                     f"installed: {install_hint(str(kind))}"
                 ) from error
         return _exporters[kind]
+
+
+def check_setting_names(names: Iterable[str], *, prefix: str, where: str) -> None:
+    """Refuse a setting name under ``prefix`` that no integration reads (``LEASE_LOCK_TTLL``):
+    ignored, the typo would leave the default in force without a word. ``where`` names the
+    settings holder in the message."""
+    known = {*LOCKER_SETTINGS, METRICS_SETTING, "URL", "OPTIONS"}
+    unknown = sorted(
+        str(name) for name in names
+        if not isinstance(name, str) or (name.startswith(prefix) and name[len(prefix):] not in known)
+    )
+    if unknown:
+        listed = ", ".join(sorted(prefix + name for name in known))
+        raise ValidationError(f"{where} has unknown key(s) {', '.join(unknown)}; known: {listed}")
+
+
+def setting_errors(config: Mapping[str, Any], options: Mapping[str, Any], *, prefix: str, shown: str) -> list[str]:
+    """The locker's own checks of each locker setting in ``config`` (keys ``prefix`` + a
+    :data:`LOCKER_SETTINGS` name) and in the backend ``options``: one message per value they
+    refuse, starting with the setting as the user wrote it (``shown`` formatted with the
+    name, e.g. ``'settings.LEASE_LOCK["{}"]'``), not with the ``connect()`` option."""
+    values = {
+        shown.format(prefix + name): (option, config[prefix + name])
+        for name, option in LOCKER_SETTINGS.items()
+        if config.get(prefix + name) is not None
+    }
+    values.update(
+        {f'{shown.format(prefix + "OPTIONS")}["{name}"]': (name, value) for name, value in options.items()
+         if name in LOCKER_OPTIONS}
+    )
+    found = []
+    for setting, (option, value) in values.items():
+        try:
+            check_locker_options(**{option: value})
+        except ValidationError as error:
+            found.append(f"{setting}: {error}")
+    return found
 
 
 def connect_options(

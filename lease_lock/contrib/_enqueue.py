@@ -194,11 +194,11 @@ def label(locker: Locker, lock: Lock, job_id: str) -> None:
     _grant(locker, lock.key, lock.token, job_id, lock.ttl)
 
 
-def log_skip(kind: str, name: str, key: str, state: LockState, log: logging.Logger = logger) -> None:
-    """One WARNING line saying a run was skipped because ``key`` was busy, and who holds it."""
+def log_skip(what: str, key: str, state: LockState, log: logging.Logger = logger) -> None:
+    """One WARNING line saying ``what`` (``"RQ job NAME[ID]"``) was skipped because ``key`` was
+    busy, and who holds it."""
     holder = state.owner or "an unknown holder"
     if state.expires_in is not None:
-        log.warning("%s %s skipped: lock %r is held by %s (lease ends in %.1fs)", kind, name, key,
-                       holder, state.expires_in)
+        log.warning("%s skipped: lock %r is held by %s (lease ends in %.1fs)", what, key, holder, state.expires_in)
     else:
-        log.warning("%s %s skipped: lock %r is held by %s", kind, name, key, holder)
+        log.warning("%s skipped: lock %r is held by %s", what, key, holder)

@@ -335,14 +335,15 @@ class SingletonTask(Task):  # type: ignore[misc]  # Celery ships no type hints
             return self._duplicate_run(key, run_holder(locker, key))
         state = locker.get(key)
         if self.lock_on_busy == "skip":
-            log_skip("task", f"{self.name}[{self.request.id}]", key, state, logger)
+            # A worker's task log format starts the line with the task's name and id.
+            log_skip("run", key, state, logger)
             return None
         raise self.retry(countdown=self.retry_countdown(state))
 
     def _duplicate_run(self, key: str, state: LockState) -> Any:
         # A claimed run that finds its key held by another run is a duplicate of it (retrying
         # would only send it again).
-        log_skip("task", f"{self.name}[{self.request.id}]", key, state, logger)
+        log_skip("run", key, state, logger)
         first = job_id_of(state)
         if first is not None and first == self.request.id:
             # A second delivery of the message being run shares its task id, so any state it

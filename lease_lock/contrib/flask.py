@@ -37,7 +37,7 @@ from werkzeug.local import LocalProxy
 from ..connect import LOCKER_OPTIONS, connect
 from ..errors import LockStateError, ValidationError
 from ..locker import Locker
-from ._config import check_backend_options, connect_options, resolve_url
+from ._config import check_backend_options, check_setting_names, connect_options, resolve_url, setting_errors
 
 __all__ = ["CONFIG_PREFIX", "EXTENSION_NAME", "LeaseLock", "database_lock_url", "locker"]
 
@@ -70,9 +70,15 @@ def database_lock_url(config: Mapping[str, Any], instance_path: str) -> Optional
 
 
 def _url_and_options(config: Mapping[str, Any], instance_path: str) -> tuple[str, dict[str, Any]]:
-    options = connect_options(
-        config, config.get("LEASE_LOCK_OPTIONS") or {}, prefix=CONFIG_PREFIX, options_name="LEASE_LOCK_OPTIONS"
-    )
+    # The same checks as Django's settings: a misspelt key is refused, a bad value is named by
+    # its config key rather than by the connect() option it becomes.
+    check_setting_names(config, prefix=CONFIG_PREFIX, where="app.config")
+    given = config.get("LEASE_LOCK_OPTIONS") or {}
+    errors = setting_errors(config, given if isinstance(given, Mapping) else {}, prefix=CONFIG_PREFIX,
+                            shown='app.config["{}"]')
+    if errors:
+        raise ValidationError("; ".join(errors))
+    options = connect_options(config, given, prefix=CONFIG_PREFIX, options_name="LEASE_LOCK_OPTIONS")
     url = resolve_url(
         config.get("LEASE_LOCK_URL"), "LEASE_LOCK_URL", lambda: database_lock_url(config, instance_path),
         add="app.config['LEASE_LOCK_URL'] (or a PostgreSQL or SQLite-file SQLALCHEMY_DATABASE_URI)",

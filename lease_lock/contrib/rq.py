@@ -107,7 +107,7 @@ def _skipped(key: str, state: LockState, name: str) -> None:
     from rq import get_current_job
 
     job = get_current_job()
-    log_skip("RQ job", f"{name}[{None if job is None else job.id}]", key, state)
+    log_skip(f"RQ job {name}[{None if job is None else job.id}]", key, state)
     if job is not None:
         job.meta[META_KEY] = {"skipped": True, "key": key, "holder": state.owner}
         job.save_meta()  # type: ignore[no-untyped-call]  # untyped in RQ
@@ -206,7 +206,7 @@ def enqueue_once(
                 return Job.fetch(first, connection=queue.connection)
             except NoSuchJobError:
                 logger.info("the job %s holding %r is gone from RQ", first, lock_key)
-        log_skip("RQ job", name, lock_key, holder)
+        log_skip(f"RQ job {name}", lock_key, holder)
         return None
     job_timeout = options.pop("job_timeout", None)
     options.setdefault("description", f"{name} (once per key {lock_key})")
@@ -242,7 +242,7 @@ def run_claimed(func: Union[Callable[..., Any], str], key: str, *args: Any, **kw
     if lock is None:
         state = run_holder(locker, key)
         if job_id_of(state) == job.id:
-            log_skip("RQ job", f"{name}[{job.id}] (a second delivery)", key, state)
+            log_skip(f"RQ job {name}[{job.id}] (a second delivery)", key, state)
         else:
             _skipped(key, state, name)
         return None

@@ -20,6 +20,7 @@ from lease_lock.errors import BackendUnavailableError, RateLimitedError, Validat
 from lease_lock.server import create_app
 
 from tests.support.http_server import RequestRecorder, ThreadedServer, make_keys
+from tests.support.polling import wait_until
 
 
 class DroppingProxy:
@@ -260,3 +261,28 @@ def test_a_request_id_that_is_no_uuid_is_refused_before_anything_is_sent(rig: An
         assert len(recorder.seen) == before
         assert lock.state == "held"
         lock.release()
+
+
+def test_a_waiting_acquire_and_acquire_many_send_their_request_id_with_every_request(tmp_path: Path) -> None:
+    # docs/backends/http.md: the id goes with all of a call's requests, not only its first.
+    keys = make_keys(tmp_path / "keys.toml")
+    recorder = RequestRecorder(create_app(MemoryBackend(), tmp_path / "keys.toml"))
+    waiting, many = str(uuid.uuid4()), str(uuid.uuid4())
+    with ThreadedServer(recorder) as server, Locker(HttpBackend(server.url, keys["alpha"]), ttl=30) as locker:
+        holder = locker.acquire("job")
+        start = len(recorder.seen)
+        got: list[Any] = []
+        waiter = threading.Thread(target=lambda: got.append(locker.acquire("job", timeout=60, request_id=waiting)))
+        waiter.start()
+        # Released once the waiter's first attempt was refused, so that it waits for the key.
+        wait_until(lambda: any(item["request_id"] == waiting for item in recorder.seen), "the first attempt")
+        holder.release()
+        waiter.join(60)
+        assert got and got[0].state == "held"
+        waited = [item for item in recorder.seen[start:] if item["token"] != holder.token]
+        assert len(waited) >= 2 and {item["request_id"] for item in waited} == {waiting}, waited
+        got[0].release()
+        before = len(recorder.seen)
+        locker.acquire_many(["a", "b"], request_id=many).release()
+        sent = recorder.seen[before:]
+        assert {item["request_id"] for item in sent if item["method"] != "DELETE"} == {many}, sent

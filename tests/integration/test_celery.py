@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery, signals
+from celery.app.log import TaskFormatter
 from celery.contrib.testing.worker import start_worker
 from lease_lock import Backend, Locker, LockState, MemoryBackend, ValidationError
 from lease_lock.backends.http import HttpBackend
@@ -400,9 +401,11 @@ class _Records(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.records: list[logging.LogRecord] = []
+        self.lines: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)
+        self.lines.append(self.format(record))
 
 
 def test_a_skip_is_logged_at_warning_with_key_and_holder(redis_server: Any, thread_worker: None) -> None:
@@ -411,6 +414,8 @@ def test_a_skip_is_logged_at_warning_with_key_and_holder(redis_server: Any, thre
     # it sees each record exactly once either way.
     task_logger = logging.getLogger("lease_lock.contrib.celery")
     own = _Records()
+    # A worker's own format, which already starts each task's line with its name and id.
+    own.setFormatter(TaskFormatter(app.conf.worker_task_log_format))
     task_logger.addHandler(own)
     try:
         outcomes, started = exactly_one_runs(redis_server.url)
@@ -420,6 +425,9 @@ def test_a_skip_is_logged_at_warning_with_key_and_holder(redis_server: Any, thre
     skips = [record for record in own.records if "skipped" in record.getMessage()]
     assert len(skips) == 1 and skips[0].levelno == logging.WARNING
     assert "'report:mon'" in skips[0].getMessage() and task_locker(app).owner in skips[0].getMessage()
+    (line,) = [line for line in own.lines if "skipped" in line]
+    assert line.count(str(skips[0].__dict__["task_id"])) == 1, line
+    assert line.count(str(skips[0].__dict__["task_name"])) == 1, line
 
 
 def test_a_busy_retry_backs_off_instead_of_waiting_a_full_lease() -> None:

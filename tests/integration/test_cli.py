@@ -229,6 +229,10 @@ def test_second_run_waits_for_the_key(any_cli: Cli, key: str) -> None:
     code, _, err = finish(second)
     assert code == 0, err
     assert ran.exists()
+    # One line says it had to wait; a key free at once says nothing.
+    assert re.fullmatch(rf"lease-lock: waited \d+\.\ds for {re.escape(repr(key))}", one_line_error(err))
+    free = any_cli.run("run", key, "-w", "30", "--", "true")
+    assert free.returncode == 0 and free.stderr == ""
 
 
 # -- loss, signals -------------------------------------------------------------------------------

@@ -55,3 +55,14 @@ def test_a_database_that_does_not_exist_is_a_usage_error(tmp_path: Path, postgre
         assert line.startswith(f"lease-lock: the store refused postgresql://{user}:***@{netloc}/{database}: ")
         assert f'"{missing or user}" does not exist' in line and "check the URL" in line
         assert "unexpected" not in line and "s3cret" not in line
+
+
+def test_a_refused_http_credential_is_a_usage_error(tmp_path: Path, lock_service: Any) -> None:
+    cli = Cli(lock_service.url, tmp_path)
+    cli.env["LEASE_LOCK_API_KEY"] = "no-such-key"
+    for args in (("status", "k"), ("run", "k", "--", "true")):
+        result = cli.run(*args)
+        # As a refused database login: a setting no retry fixes, so 2, never 1 (a bug) or 69.
+        assert result.returncode == 2, result.stderr
+        line = one_line_error(result.stderr)
+        assert line.startswith("lease-lock: the store refused the credential: ") and "no-such-key" not in line

@@ -108,6 +108,16 @@ def test_misuse_is_reported() -> None:
         LeaseLock(app)
 
 
+def test_a_misspelt_or_wrong_setting_is_named_as_the_app_config_key() -> None:
+    # As Django's settings check: a typo is not ignored, a bad value names its setting.
+    with pytest.raises(ValidationError, match=r"unknown key\(s\) LEASE_LOCK_TTLL; known: .*LEASE_LOCK_TTL"):
+        LeaseLock(make_app(LEASE_LOCK_URL="memory://", LEASE_LOCK_TTLL=30))
+    with pytest.raises(ValidationError, match=r'^app.config\["LEASE_LOCK_TTL"\]: ttl must be'):
+        LeaseLock(make_app(LEASE_LOCK_URL="memory://", LEASE_LOCK_TTL="30"))
+    with pytest.raises(ValidationError, match=r'^app.config\["LEASE_LOCK_OPTIONS"\]\["max_hold"\]: max_hold must'):
+        LeaseLock(make_app(LEASE_LOCK_URL="memory://", LEASE_LOCK_OPTIONS={"max_hold": -1}))
+
+
 def test_only_a_postgres_sqlalchemy_uri_puts_the_lock_in_that_database(no_env_url: None, postgres_server: Any) -> None:
     parts = urllib.parse.urlsplit(postgres_server.url)
     uri = urllib.parse.urlunsplit(("postgresql+psycopg2", parts.netloc, parts.path, parts.query, ""))

@@ -266,6 +266,14 @@ def test_max_hold_shorter_than_ttl_clamps_the_acquisition(
     assert backend.is_held("k", lock.token)
 
 
+def test_a_lockers_ttl_above_its_max_hold_is_cut_to_it(backend: RecordingBackend, clock: FakeClock) -> None:
+    # Deliberate (docs/concepts.md): ttl=30000, milliseconds meant, holds a key an hour at most.
+    locker = Locker(backend, clock=clock, heartbeat_thread=False, ttl=30000)
+    locker.acquire("k")
+    assert backend.called("acquire") == [("acquire", "k", 3600.0)]
+    locker.close()
+
+
 def test_without_auto_extend_there_is_no_deadline_unless_asked(
     locker: Locker, backend: RecordingBackend, clock: FakeClock
 ) -> None:

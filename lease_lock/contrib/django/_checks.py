@@ -7,15 +7,14 @@ from typing import Any
 
 from django.core import checks
 
-from ...connect import LOCKER_OPTIONS, check_locker_options
 from ...errors import ValidationError
 from .._config import (
-    LOCKER_SETTINGS,
     METRICS_SETTING,
     check_backend_options,
     connect_options,
     metrics_hook,
     one_host_warning,
+    setting_errors,
 )
 from ._schemes import resolve_django_url
 from ._settings import lock_settings, lock_url
@@ -65,23 +64,8 @@ def check_lease_lock_settings(app_configs: Any = None, **kwargs: Any) -> list[ch
 
 def _value_errors(config: dict[str, Any]) -> list[checks.CheckMessage]:
     """The locker's own checks of each setting, one message per setting that fails them."""
-    settings = {
-        f'settings.LEASE_LOCK["{name}"]': (option, config[name])
-        for name, option in LOCKER_SETTINGS.items()
-        if config.get(name) is not None
-    }
-    options = config.get("OPTIONS", {})
-    settings.update(
-        {f'settings.LEASE_LOCK["OPTIONS"]["{name}"]': (name, value) for name, value in options.items()
-         if name in LOCKER_OPTIONS}
-    )
-    found = []
-    for setting, (option, value) in settings.items():
-        try:
-            check_locker_options(**{option: value})
-        except ValidationError as error:
-            found.append(_error(error, "E002", f"{setting}: "))
-    return found
+    errors = setting_errors(config, config.get("OPTIONS", {}), prefix="", shown='settings.LEASE_LOCK["{}"]')
+    return [checks.Error(message, hint=_HINT, id="lease_lock.E002") for message in errors]
 
 
 def _error(error: ValidationError, code: str, prefix: str = "") -> checks.CheckMessage:

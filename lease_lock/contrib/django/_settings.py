@@ -12,7 +12,7 @@ from django.db import DEFAULT_DB_ALIAS
 from ...connect import connect
 from ...errors import ValidationError
 from ...locker import Locker
-from .._config import LOCKER_SETTINGS, METRICS_SETTING, connect_options, resolve_url
+from .._config import check_setting_names, connect_options, resolve_url
 
 __all__ = [
     "DJANGO_SCHEME",
@@ -27,7 +27,6 @@ __all__ = [
 ]
 
 DJANGO_SCHEME = "django://"
-_OTHER_KEYS = frozenset({"URL", "OPTIONS", METRICS_SETTING})
 # Keys of a PostgreSQL DATABASES entry's OPTIONS that Django consumes itself; the rest are
 # libpq connection parameters.
 _LIBPQ_SETTINGS = (
@@ -48,10 +47,7 @@ def lock_settings() -> dict[str, Any]:
         return {}
     if not isinstance(config, Mapping):
         raise ValidationError(f"settings.LEASE_LOCK must be a dict, not {type(config).__name__}")
-    unknown = set(config) - set(LOCKER_SETTINGS) - _OTHER_KEYS
-    if unknown:
-        known = ", ".join(sorted({*LOCKER_SETTINGS, *_OTHER_KEYS}))
-        raise ValidationError(f"settings.LEASE_LOCK has unknown key(s) {', '.join(sorted(unknown))}; known: {known}")
+    check_setting_names(config, prefix="", where="settings.LEASE_LOCK")
     if not isinstance(config.get("OPTIONS", {}), Mapping):
         raise ValidationError("settings.LEASE_LOCK['OPTIONS'] must be a dict")
     url = config.get("URL")
