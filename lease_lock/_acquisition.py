@@ -381,7 +381,7 @@ class Acquisition:
                     if cancel is not None and cancel.is_set():
                         tries.reason = "cancelled"
                         break
-                    outcome = self._judge_handed(lock, tries) or self.attempt(lock, tries, options.request_id)
+                    outcome = self._judge_handed(lock, tries) or self.attempt(lock, tries)
                 if outcome == GRANTED:
                     granted = self._take(lock, tries, cancel)
                     if granted:
@@ -396,7 +396,7 @@ class Acquisition:
                 tries.line.leave(granted)
         self._give_up(lock, tries)
 
-    def attempt(self, lock: Lease, tries: Attempts, request_id: Optional[str] = None) -> Outcome:
+    def attempt(self, lock: Lease, tries: Attempts) -> Outcome:
         """One grant request for ``lock``, counted and timed in ``tries``, and what came of it.
 
         ``granted`` (in time: ``tries.end`` and ``tries.fence`` say what to hold), ``held``,
@@ -413,10 +413,10 @@ class Acquisition:
         try:
             # Bounded by the time the wait has left, so that a silent store ends the wait at
             # its timeout; in line, the line asks: it keeps the waiter's place, and a grant
-            # takes it out.
+            # takes it out. A request id reaches the store through the scope acquire() enters.
             with self.backend.call_budget(max(tries.timeout - (tries.sent - tries.start), 0.0)):
                 answer = ask_grant(
-                    self.backend, lock.key, lock.token, tries.requested, self.owner, self.fencing, request_id,
+                    self.backend, lock.key, lock.token, tries.requested, self.owner, self.fencing, None,
                     tries.line,
                 )
         except BackendUnavailableError as error:
