@@ -21,6 +21,7 @@ from lease_lock.errors import BackendUnavailableError
 from lease_lock.server import create_app
 
 from tests.support.http_server import RequestRecorder, ThreadedServer, make_keys
+from tests.support.silent_wait import check_a_silent_line_ends_its_wait_as_an_outage
 from tests.support.tls import make_certificates, tls_front
 
 
@@ -258,29 +259,13 @@ def test_a_silent_network_ends_a_wait_in_line_as_an_outage_in_bounded_time(
     backend = HttpBackend(f"http://127.0.0.1:{proxy.port}", keys["alpha"], timeout=300, session=caller)
     holder = HttpBackend(server.url, keys["alpha"])
     holder_token, token = holder.new_token(), backend.new_token()
-    outcome: list[Any] = []
     try:
         assert holder.acquire_fenced("job", holder_token, 30, "holder") is not None
         assert backend.acquire_fenced("job", token, 30, "waiter") is None  # learns the wait offered
         line = backend.join_line("job", token, 30, "waiter", True, time.monotonic)
         assert line is not None
         proxy.stall()
-
-        def wait() -> None:
-            try:
-                outcome.append(line.wait(3))
-            except BackendUnavailableError as error:
-                outcome.append(error)
-            line.leave(False)
-            outcome.append("left")
-
-        thread = threading.Thread(target=wait, daemon=True)
-        thread.start()
-        thread.join(60)
-        assert not thread.is_alive(), "the wait in line blocked on the silent network"
-        [error, left] = outcome
-        assert isinstance(error, BackendUnavailableError) and isinstance(error.__cause__, requests.Timeout)
-        assert left == "left"
+        check_a_silent_line_ends_its_wait_as_an_outage(line, requests.Timeout)
     finally:
         proxy.close()
         backend.close()

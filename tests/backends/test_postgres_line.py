@@ -28,7 +28,7 @@ from lease_lock import Locker, Retry
 from lease_lock.backends.base import WaitingLine
 from lease_lock.backends.line import CLAIM_MAX, LINE_WAITERS
 from lease_lock.backends.postgres import PostgresBackend, ddl
-from lease_lock.errors import BackendUnavailableError, LockHeldError, ValidationError
+from lease_lock.errors import LockHeldError, ValidationError
 from lease_lock.testing import wait_until
 
 from tests.support.events import Recorder
@@ -39,6 +39,7 @@ from tests.support.handoff import (
 )
 from tests.support.postgres_server import PostgresServer
 from tests.support.processes import kill_process
+from tests.support.silent_wait import check_a_silent_line_ends_its_wait_as_an_outage
 
 HOLDER = "h" * 32
 
@@ -583,7 +584,6 @@ def test_a_silent_network_ends_a_wait_in_line_as_an_outage_in_bounded_time(
         if pool is not None
         else PostgresBackend.from_url(silent, table=table, direct_handoff=True)
     )
-    outcome: list[Any] = []
     try:
         assert holder.acquire(key, HOLDER, 30, "holder")
         assert backend.acquire(f"{key}:other", HOLDER, 30, "holder")  # checks the tables
@@ -592,22 +592,7 @@ def test_a_silent_network_ends_a_wait_in_line_as_an_outage_in_bounded_time(
         if joined:
             assert line.ask() is None
         proxy.stall()
-
-        def wait() -> None:
-            try:
-                outcome.append(line.wait(3))
-            except BackendUnavailableError as error:
-                outcome.append(error)
-            line.leave(False)
-            outcome.append("left")
-
-        thread = threading.Thread(target=wait, daemon=True)
-        thread.start()
-        thread.join(60)
-        assert not thread.is_alive(), "the wait in line blocked on the silent network"
-        [error, left] = outcome
-        assert isinstance(error, BackendUnavailableError) and isinstance(error.__cause__, psycopg2.Error)
-        assert left == "left"
+        check_a_silent_line_ends_its_wait_as_an_outage(line, psycopg2.Error)
     finally:
         proxy.close()
         backend.close()

@@ -8,12 +8,12 @@ import time
 from typing import Any, Callable
 
 from lease_lock import Locker
-from lease_lock.backends.base import Backend
+from lease_lock.backends.base import Backend, WaitingLine
 from lease_lock.errors import BackendUnavailableError
 
 from tests.support.events import Recorder
 
-__all__ = ["check_a_silent_store_ends_a_wait_as_an_outage"]
+__all__ = ["check_a_silent_line_ends_its_wait_as_an_outage", "check_a_silent_store_ends_a_wait_as_an_outage"]
 
 HOLDER = "h" * 32
 #: The waiter's timeout, and how far past it the wait may end before it counts as blocked (a
@@ -57,3 +57,26 @@ def check_a_silent_store_ends_a_wait_as_an_outage(
     [error] = outcome
     assert isinstance(error, BackendUnavailableError), error
     assert isinstance(error.__cause__, cause), repr(error.__cause__)
+
+
+def check_a_silent_line_ends_its_wait_as_an_outage(line: WaitingLine, cause: type[BaseException]) -> None:
+    """``line``'s store is silent already: a wait of 3 s in it must end as
+    ``BackendUnavailableError`` from a ``cause`` of the driver (not block for the driver's own
+    timeouts), and leaving the line afterwards must return too."""
+    outcome: list[Any] = []
+
+    def wait() -> None:
+        try:
+            outcome.append(line.wait(3))
+        except BackendUnavailableError as error:
+            outcome.append(error)
+        line.leave(False)
+        outcome.append("left")
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "the wait in line blocked on the silent network"
+    [error, left] = outcome
+    assert isinstance(error, BackendUnavailableError) and isinstance(error.__cause__, cause), repr(error)
+    assert left == "left"
