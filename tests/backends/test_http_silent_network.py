@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,10 +20,11 @@ from pathlib import Path
 
 import pytest
 import requests
-from lease_lock import BackendUnavailableError, LockEvent, connect
+from lease_lock import BackendUnavailableError
 from lease_lock.backends.http import HttpBackend
 
 from tests.support.http_server import make_keys, start_serve, stop_serve
+from tests.support.silent_wait import check_a_silent_store_ends_a_wait_as_an_outage
 
 TOKEN = str(uuid.uuid4())
 
@@ -56,42 +56,14 @@ def service(tmp_path: Path) -> Iterator[Service]:
 
 
 def test_a_wait_on_a_silent_service_ends_as_unavailable(service: Service) -> None:
-    key = f"silent-{uuid.uuid4().hex}"
-    contended = threading.Event()
-
-    def on_event(event: LockEvent) -> None:
-        if event.type == "contended":
-            contended.set()
-
-    with connect(service.url, api_key=service.key) as holder, connect(
-        service.url, api_key=service.key, on_event=on_event
-    ) as waiter:
-        held = holder.acquire(key, ttl=60)
-        outcome: list[BaseException] = []
-        started = time.monotonic()
-
-        def wait() -> None:
-            try:
-                waiter.acquire(key, timeout=3)
-            except BaseException as error:  # noqa: BLE001 - handed to the test thread
-                outcome.append(error)
-
-        thread = threading.Thread(target=wait)
-        thread.start()
-        assert contended.wait(30)
-        service.pause()
-        try:
-            thread.join(60)
-            assert not thread.is_alive()
-            # A liveness bound only: the wait ends near its timeout, not long after it.
-            assert time.monotonic() - started < 3 + 3
-        finally:
-            service.resume()
-        assert len(outcome) == 1
-        (error,) = outcome
-        assert isinstance(error, BackendUnavailableError), repr(error)
-        assert isinstance(error.__cause__, requests.RequestException), repr(error.__cause__)
-        held.release()
+    holder, waiter = HttpBackend(service.url, service.key), HttpBackend(service.url, service.key)
+    try:
+        check_a_silent_store_ends_a_wait_as_an_outage(
+            holder, waiter, f"silent-{uuid.uuid4().hex}", service.pause, service.resume, requests.RequestException
+        )
+    finally:
+        holder.close()
+        waiter.close()
 
 
 def test_a_request_within_its_budget_on_a_silent_service_ends_as_unavailable(service: Service) -> None:

@@ -15,7 +15,6 @@ from tests.support.events import Recorder
 
 __all__ = ["check_a_silent_line_ends_its_wait_as_an_outage", "check_a_silent_store_ends_a_wait_as_an_outage"]
 
-HOLDER = "h" * 32
 #: The waiter's timeout, and how far past it the wait may end before it counts as blocked (a
 #: liveness bound, far above the backend's own margin).
 TIMEOUT = 3.0
@@ -31,7 +30,7 @@ def check_a_silent_store_ends_a_wait_as_an_outage(
     silent. The lease runs out within the wait, so the waiter asks the silent store: the wait
     must end as ``BackendUnavailableError`` from a ``cause`` of the driver, not block for the
     driver's own timeouts. ``speak()`` ends the silence (at the end, whatever happened)."""
-    assert holder.acquire(key, HOLDER, 2, "holder")
+    assert holder.acquire(key, holder.new_token(), 2, "holder")
     events = Recorder()
     locker = Locker(waiter, on_event=events)
     outcome: list[Any] = []
