@@ -587,11 +587,10 @@ class Acquisition:
                 left = deadline - self.real_clock()
                 if left <= 0 or self.closed or (cancel is not None and cancel.is_set()):
                     return
-                seconds = min(left, slice_)
-                # The store calls of a wait (a line's refresh, an announced waiter's attempt)
-                # end with it, as an attempt's do.
-                with self.backend.call_budget(seconds):
-                    handed = line.wait(seconds)
+                # The store calls of a wait (a line's refresh, an announced waiter's attempt at
+                # the end of a slice) end with the whole wait, as an attempt's do.
+                with self.backend.call_budget(max(tries.timeout - (self.clock() - tries.start), 0.0)):
+                    handed = line.wait(min(left, slice_))
                 if handed is not None:
                     tries.handed = handed
                     tries.received = self.clock()

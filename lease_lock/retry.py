@@ -24,6 +24,9 @@ from .validation import check_bool, check_duration
 
 __all__ = ["DEFAULT_RETRY", "Delay", "Retry", "RetryState", "exponential_backoff"]
 
+#: The jitter's own generator: waiting threads leave the program's global ``random`` state alone.
+_JITTER = random.Random()
+
 
 @dataclass(frozen=True)
 class RetryState:
@@ -108,6 +111,6 @@ def exponential_backoff(
     def delay(state: RetryState) -> float:
         # Cap the exponent so huge attempt counts cannot overflow a float.
         step = min(ceiling, base * 2.0 ** min(state.attempt - 1, 64))
-        return random.uniform(0, step) if jitter else step
+        return _JITTER.uniform(0, step) if jitter else step
 
     return delay

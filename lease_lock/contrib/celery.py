@@ -57,6 +57,8 @@ ON_BUSY = ("skip", "retry")
 DUPLICATE = ("existing", "raise", "skip")
 
 logger = get_task_logger(__name__)
+#: The backoff's own generator: the program's global ``random`` state is left alone.
+_JITTER = random.Random()
 
 _holders: weakref.WeakKeyDictionary[Celery, LazyLocker] = weakref.WeakKeyDictionary()
 _holders_mutex = threading.Lock()
@@ -361,7 +363,7 @@ class SingletonTask(Task):  # type: ignore[misc]  # Celery ships no type hints
         if not state.held:
             return 0.0
         backoff = self.lock_retry_backoff * 2 ** int(self.request.retries or 0)
-        backoff *= random.uniform(0.5, 1.0)  # spreads the retries of many waiters
+        backoff *= _JITTER.uniform(0.5, 1.0)  # spreads the retries of many waiters
         remaining = max(state.expires_in if state.expires_in is not None else backoff, 0.0)
         countdown = min(remaining, backoff)
         logger.info("%s: lock %r is held by %s; retrying in %.1fs", self.name, state.key, state.owner, countdown)

@@ -108,7 +108,7 @@ class EtcdClient:
         self._user = user
         self._password = password
         self._mutex = threading.Lock()
-        self._current = random.randrange(len(self.endpoints))
+        self._current = random.SystemRandom().randrange(len(self.endpoints))
         self._token: Optional[str] = None
         #: Endpoint -> the session's settings from the environment for it (see send).
         self._settings: dict[str, dict[str, Any]] = {}

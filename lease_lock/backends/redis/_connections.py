@@ -55,7 +55,7 @@ KEEP = 8
 #: How much longer than a command may take (its block, or the budget left) a bounded call
 #: waits for its reply (seconds) before it calls the server silent: a live server answers a
 #: script, or a BLPOP whose time is up, within milliseconds.
-REPLY_MARGIN = 0.5
+REPLY_MARGIN = 1.0
 
 
 class NoReply(RedisTimeoutError):
