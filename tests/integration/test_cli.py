@@ -24,6 +24,10 @@ from lease_lock.testing import wait_until
 DEADLINE = 60.0
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Cli:
     """Runs ``python -m lease_lock`` against one backend URL, in a scratch directory."""
 
@@ -46,6 +50,9 @@ class Cli:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            # A test run started in the background of a script inherits SIGINT ignored, and Python
+            # keeps an ignored SIGINT ignored; the command is tested as a terminal starts it.
+            preexec_fn=_default_sigint,
         )
         self.started.append(process)
         return process
@@ -219,13 +226,34 @@ def test_second_run_is_busy_and_says_so(any_cli: Cli, key: str) -> None:
         assert timed_out.stdout == ""
 
 
+def telling_its_first_refusal() -> list[str]:
+    """Python code (for ``python -c``) that runs the command and prints ``refused`` once its first
+    attempt finds the key held: a test then knows the command is waiting, not still starting."""
+    return [
+        "-c",
+        "import logging, sys\n"
+        "class Tell(logging.Handler):\n"
+        "    def emit(self, record):\n"
+        "        if ' contended ' in record.getMessage():\n"
+        "            print('refused', flush=True)\n"
+        "            logging.getLogger('lease_lock').removeHandler(self)\n"
+        "logging.getLogger('lease_lock').addHandler(Tell())\n"
+        "logging.getLogger('lease_lock').setLevel(logging.DEBUG)\n"
+        "from lease_lock.__main__ import main\n"
+        "sys.exit(main())\n",
+    ]
+
+
 def test_second_run_waits_for_the_key(any_cli: Cli, key: str) -> None:
     ran = any_cli.workdir / "ran"
     with holding(any_cli, key):
-        second = any_cli.start("run", key, "--wait", "--", "sh", "-c", f"echo > {ran}")
-        # It is waiting, not running: the first holder has not finished.
-        assert not wait_until(ran.exists, 1.0)
-        assert second.poll() is None
+        second = any_cli.start(
+            "run", key, "--wait", "--", "sh", "-c", f"echo > {ran}", python=telling_its_first_refusal()
+        )
+        assert second.stdout is not None
+        # It is waiting, not running: its first attempt found the key held.
+        assert second.stdout.readline() == "refused\n"
+        assert second.poll() is None and not ran.exists()
     code, _, err = finish(second)
     assert code == 0, err
     assert ran.exists()
