@@ -112,8 +112,9 @@ _CLAIM_SLACK = wire.TAKEOVER_GRACE / 10
 #: through the shared watcher.
 LINE_WAITERS = 2
 #: Seconds a request the service holds (``Prefer: wait``) may take beyond its wait before it is
-#: given up as unanswered: the service's last look at its store, and the way back.
-ANSWER_MARGIN = 1.0
+#: given up as unanswered: the service's last look at its store, the way back, and the wait of
+#: this host's reading thread for a CPU on a busy machine.
+ANSWER_MARGIN = 2.0
 #: A wait shorter than this is not asked for (the wire carries milliseconds).
 _SHORTEST_WAIT = 0.001
 #: ``_wait_offered`` before the server's first answer.

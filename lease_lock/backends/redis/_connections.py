@@ -54,8 +54,9 @@ IDLE_RECHECK = 1.0
 KEEP = 8
 #: How much longer than a command may take (its block, or the budget left) a bounded call
 #: waits for its reply (seconds) before it calls the server silent: a live server answers a
-#: script, or a BLPOP whose time is up, within milliseconds.
-REPLY_MARGIN = 1.0
+#: script, or a BLPOP whose time is up, within milliseconds, but the client's own thread may
+#: wait well over a second for a CPU on a busy host, and must not call a live server silent.
+REPLY_MARGIN = 2.0
 
 
 class NoReply(RedisTimeoutError):
