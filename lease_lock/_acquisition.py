@@ -1,10 +1,10 @@
 """Acquisition: turning a request for a key into a grant, or into ``LockHeldError``.
 
-One :class:`Acquisition` serves one Locker. It owns everything between a caller's ``acquire``
-and the backend's answer: joining a re-entrant hold, the attempts paced by the retry policy,
-waiting in the backend's line, a cancel event, the timeout, riding out an unreachable
-store, judging a grant that came back too late (:func:`lease_lock._lease.local_end`), and the set
-of locks currently held (which closing and forking need).
+One :class:`Acquisition` serves one Locker: the settings every lock's grant request takes, the
+set of locks currently held (which closing, forking and re-entrant joins need), and every
+acquisition that the first attempt did not end: the attempts paced by the retry policy,
+waiting in the backend's line, a cancel event, the timeout, riding out an unreachable store,
+and judging a grant that came back too late (:func:`lease_lock._lease.local_end`).
 
 Waiting for a busy key has one seam: the backend's waiting line
 (:meth:`~lease_lock.backends.base.Backend.join_line`), joined after the first refused attempt.
@@ -12,8 +12,9 @@ How a line is woken (a grant handed over in the store, an announced release, the
 end) is the backend's; without a line the waiter sleeps out its retry pause.
 
 An acquisition that no cancel event can stop sends its first attempt before any of the loop
-is set up (``Acquisition._first_try``): a grant in time is held at once, and any other
-answer is handed to the loop, which judges it as if it had sent it. The loop is three parts:
+is set up (in the lock: see :mod:`lease_lock._lease`): a grant in time is held at once, and
+any other answer is handed to :meth:`Acquisition.wait_for_grant`, which judges it as if it had
+sent it. The loop is three parts:
 :meth:`Acquisition.attempt` sends one grant request (through
 :func:`lease_lock.backends.service.ask_grant`, which knows the backends' request ids and rate
 limits) and names its :data:`Outcome`; :func:`pick_pause` chooses the wait before the next
@@ -26,10 +27,10 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Any, Callable, Literal, NoReturn, Optional, Union
+from typing import Any, Callable, Literal, NoReturn, Optional, Union, cast
 
 from ._held import HeldLeases
-from ._lease import Lease, give_back, local_end
+from ._lease import BEATS, FirstAttempt, Lock, Plan, give_back, local_end, take_grant
 from .backends.base import Backend, LineGrant, WaitingLine
 from .backends.service import SlowDown, ask_grant, request_id_scope
 from .clock import QUIET_PAUSE, LeaseClock
@@ -49,12 +50,8 @@ _CANCEL_SLICE = 0.05
 _CLOSE_SLICE = 1.0
 
 
-#: See Acquisition._plan_for.
-_Plan = tuple[Retry, float, float, Optional[float], bool]
 #: What one grant request got: its fence, ``None`` (held), a pause asked for, or the outage.
 _Answer = Union[int, SlowDown, None, BackendUnavailableError]
-#: A first attempt that was not held at once: when it left, its answer, when that came.
-_Sent = tuple[float, _Answer, float]
 #: How many attempt plans an acquisition keeps before it starts afresh.
 _PLANS = 16
 
@@ -178,8 +175,8 @@ class Acquisition:
     """
 
     __slots__ = (
-        "_plans", "backend", "clock", "closed", "fake_time", "fencing", "heartbeat", "holds", "max_hold", "on_event",
-        "owner", "real_clock", "reentrant", "retry", "sleep",
+        "backend", "clock", "closed", "fake_time", "fencing", "heartbeat", "holds", "max_hold", "on_event",
+        "owner", "peek", "plans", "real_clock", "reentrant", "retry", "sleep",
     )
 
     def __init__(
@@ -198,13 +195,15 @@ class Acquisition:
         # A LeaseClock is read through its bound method: calling the instance itself goes
         # through its type's call slot, some 400 instructions more on each of a cycle's reads.
         self.clock: Callable[[], float] = clock.__call__ if isinstance(clock, LeaseClock) else clock
+        #: The lease clock without its pause check, for the send of a first attempt.
+        self.peek: Callable[[], float] = clock.peek if isinstance(clock, LeaseClock) else clock
         own_sleep: Optional[Callable[[float], None]] = getattr(clock, "sleep", None)
         #: Whether the waits between attempts pass on the lease clock alone (see the class
         #: docstring); what they sleep with, and what bounds them besides the lease clock.
         self.fake_time = own_sleep is not None
         self.sleep: Callable[[float], None] = own_sleep or time.sleep
         self.real_clock: Callable[[], float] = clock if self.fake_time else time.monotonic
-        self.heartbeat = Heartbeat(backend, clock)
+        self.heartbeat = Heartbeat(backend, clock, BEATS)
         self.retry = retry
         self.max_hold = max_hold
         self.fencing = fencing
@@ -214,26 +213,22 @@ class Acquisition:
         #: Set by the Locker's close(): no attempt starts, and a grant in flight goes back.
         self.closed = False
         #: The locks held, and by thread and key once asked (re-entrant joins, "this very thread").
-        self.holds = HeldLeases(self.heartbeat.give_back_dropped)
+        self.holds: HeldLeases[Lock] = HeldLeases(self.heartbeat.give_back_dropped)
         # The attempt plans of the options recently acquired with, by id (see _plan_for).
-        self._plans: dict[int, tuple[LockOptions, Retry, _Plan]] = {}
+        self.plans: dict[int, tuple[LockOptions, Plan]] = {}
 
     # -- the set of held locks -----------------------------------------------------------------
-
-    def forget(self, lock: Lease) -> None:
-        """``lock`` was released or lost: closing the locker has nothing left to give back for it."""
-        self.holds.forget(lock)
 
     def release_dropped(self) -> None:
         """Give back, on the calling thread, the leases of locks collected while held that the
         heartbeat has not given back yet (the Locker is closing)."""
         self.heartbeat.release_dropped()
 
-    def take_held(self) -> list[Lease]:
+    def take_held(self) -> list[Lock]:
         """Every lock still held, emptying the set (the Locker is closing)."""
         return self.holds.take()
 
-    def after_fork(self) -> list[Lease]:
+    def after_fork(self) -> list[Lock]:
         """In a forked child: fresh mutexes, no thread's holds, and the locks a parent thread
         held at the fork (returned, emptying the set), which the child must never use."""
         held = self.holds.take()
@@ -248,78 +243,16 @@ class Acquisition:
 
     # -- acquiring -----------------------------------------------------------------------------
 
-    def acquire(self, lock: Lease, options: LockOptions, *, raise_on_contention: bool) -> Optional[Lease]:
-        """Acquire ``lock`` with ``options``: the lease now held (``lock``, or the one a
-        re-entrant acquire joined); on contention ``None`` or, with ``raise_on_contention``,
-        ``LockHeldError``."""
-        if self.closed:
-            self.check_open()
-        lock.start_acquiring()
-        try:
-            reentrant = self.reentrant if options.reentrant is None else options.reentrant
-            if reentrant:
-                outer = self.holds.find(lock.key)
-                if outer is not None and outer.join():
-                    lock.stop_acquiring()
-                    return outer
-            cached = self._plans.get(id(options))
-            plan = cached[2] if cached is not None and cached[0] is options and cached[1] is self.retry else None
-            plan = plan or self._plan_for(options)
-            first = None
-            if options.cancel is None:
-                first = self._first_try(lock, plan, options.request_id)
-                if first is None:
-                    return lock
-            if options.request_id is None:
-                self._attempt(lock, options, plan, first)
-            else:
-                # Every request of the call goes with its id, the line's waits among them.
-                with request_id_scope(self.backend, options.request_id):
-                    self._attempt(lock, options, plan, first)
-            del first  # see attempt: no reference cycle through an outage's error
-        except BaseException as error:
-            # A grant (in its pass through the lock's mutex) ended the acquiring already;
-            # every other way out ends it here.
-            lock.stop_acquiring()
-            if not isinstance(error, LockHeldError):
-                raise
-            if not raise_on_contention:
-                return None
-            explained = self.holds.explain(lock.key, error)
-            if explained is error:
-                raise
-            raise explained from None
-        return lock
-
-    def _first_try(self, lock: Lease, plan: _Plan, request_id: Optional[str]) -> Optional[_Sent]:
-        """The first attempt of an acquisition that no cancel event can stop, before any of the
-        attempt loop is set up: held at once when the store grants the key in time (``None``);
-        otherwise what the attempt sent and got, which the loop goes on from.
-
-        Most acquisitions are granted at their first try, so that case costs two clock
-        readings, the store's call and one pass through the lock's mutex (see
-        ``benchmarks.instructions``); every other answer is judged by the loop exactly as if
-        it had sent this attempt itself."""
-        max_hold = plan[3]
-        requested = ttl = lock.ttl
-        if max_hold is not None and max_hold < ttl:
-            requested = max_hold
-        sent = self.clock()
-        answer: _Answer
-        try:
-            answer = ask_grant(self.backend, lock.key, lock.token, requested, self.owner, self.fencing, request_id)
-        except BackendUnavailableError as error:
-            answer = error
-        received = self.clock()
-        if isinstance(answer, int) and not self.closed:
-            end = local_end(sent, requested, received)
-            if end is not None:
-                self._hold(lock, sent, end, requested, answer if self.fencing else None, max_hold, received - sent, 1)
-                return None
-        try:
-            return sent, answer, received
-        finally:
-            del answer  # see attempt: no reference cycle through an outage's error
+    def wait_for_grant(self, lock: Lock, options: LockOptions, plan: Plan, first: Optional[FirstAttempt]) -> None:
+        """Go on from the ``first`` attempt of ``lock`` (``None``: no attempt was sent yet, as
+        for a wait with a cancel event) until a grant, held through
+        :func:`~lease_lock._lease.take_grant`; otherwise raise what ended the wait."""
+        if options.request_id is None:
+            self._attempt(lock, options, plan, first)
+            return
+        # Every request of the call goes with its id, the line's waits among them.
+        with request_id_scope(self.backend, options.request_id):
+            self._attempt(lock, options, plan, first)
 
     def _max_hold_for(self, options: LockOptions) -> Optional[float]:
         if options.max_hold is not None:
@@ -328,12 +261,12 @@ class Acquisition:
             return self.max_hold
         return None
 
-    def _emit(self, lock: Lease, event_type: EventType, **fields: Any) -> None:
+    def _emit(self, lock: Lock, event_type: EventType, **fields: Any) -> None:
         hook = self.on_event
         if wanted(hook, event_type):
             emit(hook, LockEvent(type=event_type, key=lock.key, ttl=lock.ttl, **fields))
 
-    def _plan_for(self, options: LockOptions) -> _Plan:
+    def plan_for(self, options: LockOptions) -> Plan:
         """What ``options`` make of this acquisition's policy: the merged retry policy, the
         retries and the timeout of the attempt loop, the hold deadline, and whether to wait
         in the backend's line (not with injected time, which a thread blocked on the store
@@ -349,14 +282,14 @@ class Acquisition:
         timeout = policy.timeout if options.blocking else math.inf
         in_line = options.blocking and retries > 0 and not self.fake_time
         plan = (policy, retries, timeout, self._max_hold_for(options), in_line)
-        if len(self._plans) >= _PLANS:
-            self._plans = {}
-        self._plans[id(options)] = (options, self.retry, plan)
+        if len(self.plans) >= _PLANS:
+            self.plans = {}
+        self.plans[id(options)] = (options, plan)
         return plan
 
-    def _attempt(self, lock: Lease, options: LockOptions, plan: _Plan, first: Optional[_Sent] = None) -> None:
+    def _attempt(self, lock: Lock, options: LockOptions, plan: Plan, first: Optional[FirstAttempt] = None) -> None:
         """The retry loop: attempts paced by the retry policy until its timeout, going on from
-        the ``first`` attempt when :meth:`_first_try` sent it.
+        the ``first`` attempt when the lock sent it (see ``Lock._acquire``).
 
         Returns on a grant. Otherwise raises what the last attempt saw: ``LockHeldError`` when
         the store answered (or the wait was cancelled), ``BackendUnavailableError`` when it
@@ -370,7 +303,7 @@ class Acquisition:
         else:
             tries = Attempts(policy, retries, timeout, requested, max_hold, first[0])
             tries.attempts = 1
-            outcome = self._judge(lock, tries, first[1], first[2])
+            outcome = self._judge(lock, tries, cast(_Answer, first[1]), first[2])
             del first  # see attempt: no reference cycle through an outage's error
         granted = False
         try:
@@ -396,7 +329,7 @@ class Acquisition:
                 tries.line.leave(granted)
         self._give_up(lock, tries)
 
-    def attempt(self, lock: Lease, tries: Attempts) -> Outcome:
+    def attempt(self, lock: Lock, tries: Attempts) -> Outcome:
         """One grant request for ``lock``, counted and timed in ``tries``, and what came of it.
 
         ``granted`` (in time: ``tries.end`` and ``tries.fence`` say what to hold), ``held``,
@@ -429,7 +362,7 @@ class Acquisition:
             # cyclic collector frees, and a lock its holder drops would outlive the drop.
             del answer
 
-    def _judge_handed(self, lock: Lease, tries: Attempts) -> Optional[Outcome]:
+    def _judge_handed(self, lock: Lock, tries: Attempts) -> Optional[Outcome]:
         """What a grant that reached the waiter in line came to (``granted`` or ``late``), as
         if the request it names had been the latest attempt; ``None`` when none came."""
         grant = tries.handed
@@ -445,7 +378,7 @@ class Acquisition:
         return outcome
 
     def _judge(
-        self, lock: Lease, tries: Attempts, answer: _Answer, received: float, lease: Optional[float] = None
+        self, lock: Lock, tries: Attempts, answer: _Answer, received: float, lease: Optional[float] = None
     ) -> Outcome:
         """What the answer to the latest attempt (``answer``, at ``received``) came to; see
         :meth:`attempt`. ``lease`` is the seconds a grant runs in the store when that is not the
@@ -482,7 +415,7 @@ class Acquisition:
         tries.fence = answer if self.fencing else None
         return GRANTED
 
-    def _take(self, lock: Lease, tries: Attempts, cancel: Optional[threading.Event]) -> bool:
+    def _take(self, lock: Lock, tries: Attempts, cancel: Optional[threading.Event]) -> bool:
         """Hold the grant of the latest attempt; ``False`` (the grant given back) when the wait
         was cancelled while that attempt was in flight."""
         if cancel is not None and cancel.is_set():
@@ -497,28 +430,13 @@ class Acquisition:
             # reopens).
             give_back(self.backend, lock.key, lock.token)
             self.check_open()
-        self._hold(
+        take_grant(
             lock, tries.sent, tries.end, tries.requested, tries.fence, tries.max_hold, tries.received - tries.start,
             tries.attempts, tries.claim,
         )
         return True
 
-    def _hold(
-        self, lock: Lease, sent: float, end: float, requested: float, fence: Optional[int], max_hold: Optional[float],
-        waited: float, attempts: int, claim: Optional[float] = None,
-    ) -> None:
-        """Hold a grant in time: the lease's state, the set of held locks, the ``acquired`` event.
-        ``claim`` is the claim window of a key that a release handed over."""
-        if claim is None:
-            lock.hold_granted(sent, end, requested, fence, max_hold)
-        else:
-            lock.hold_claimed(sent, end, requested, fence, max_hold, claim)
-        self.holds.add(lock)
-        # Checked here too so that the uncontended path builds no event fields.
-        if wanted(self.on_event, "acquired"):
-            self._emit(lock, "acquired", waited=waited, attempts=attempts)
-
-    def _refused(self, lock: Lease, tries: Attempts, outcome: Outcome) -> None:
+    def _refused(self, lock: Lock, tries: Attempts, outcome: Outcome) -> None:
         """Note an attempt that got no grant: its reason, its event, and a late grant given back."""
         elapsed = tries.received - tries.start
         if outcome == UNREACHABLE:
@@ -538,7 +456,7 @@ class Acquisition:
             self._emit(lock, "contended", attempt=tries.attempts, elapsed=elapsed, reason="held")
 
     def _wait(
-        self, lock: Lease, tries: Attempts, outcome: Outcome, in_line: bool, cancel: Optional[threading.Event]
+        self, lock: Lock, tries: Attempts, outcome: Outcome, in_line: bool, cancel: Optional[threading.Event]
     ) -> bool:
         """Wait before the next attempt; ``False`` when none may follow (the retries are spent,
         or the timeout came)."""
@@ -569,7 +487,7 @@ class Acquisition:
         return True
 
     def _wait_in_line(
-        self, lock: Lease, tries: Attempts, seconds: float, cancel: Optional[threading.Event]
+        self, lock: Lock, tries: Attempts, seconds: float, cancel: Optional[threading.Event]
     ) -> None:
         """Wait up to ``seconds`` in the waiter's line: ``tries.handed`` is the grant that
         reached it there, if any. The wait looks at a cancel event and at the Locker's close
@@ -606,7 +524,7 @@ class Acquisition:
             # Paced as after an attempt that could not reach the store, within the time left.
             self._pause(min(max(deadline - self.real_clock(), 0.0), QUIET_PAUSE), cancel)
 
-    def _give_up(self, lock: Lease, tries: Attempts) -> NoReturn:
+    def _give_up(self, lock: Lock, tries: Attempts) -> NoReturn:
         """Raise what ends an acquisition without a grant (after its ``timed_out`` event)."""
         elapsed = self.clock() - tries.start
         if tries.reason == "timeout":

@@ -20,47 +20,59 @@ with every grant.
 
 from __future__ import annotations
 
-import functools
 import sys
 import threading
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Generic, Optional, Protocol, TypeVar
 
 from .errors import DroppedLockWarning, LockHeldError
 
-if TYPE_CHECKING:
-    from ._lease import Hold, Lease
-
-__all__ = ["Dropped", "HeldLeases"]
+__all__ = ["Dropped", "Held", "HeldEntry", "HeldLeases"]
 
 #: Size at which entries of collected locks are first swept.
 _FIRST_SWEEP = 1024
 
 
+class Held(Protocol):
+    """What the held set reads of a lock: its key, the thread granted it, its state."""
+
+    @property
+    def key(self) -> str:
+        """The lock's key."""
+
+    @property
+    def thread(self) -> Optional[threading.Thread]:
+        """The thread that was granted it."""
+
+    @property
+    def state(self) -> str:
+        """Its state as of now (``"held"`` while held)."""
+
+
+#: The locks of a held set (the library's Lock).
+Lock = TypeVar("Lock", bound=Held)
+
 if TYPE_CHECKING:
-    _LockRef = weakref.ref[Lease]
-    _HandleRef = weakref.ref[object]
+    _LockRef = weakref.ref[Any]
 else:
-    _LockRef = _HandleRef = weakref.ref
+    _LockRef = weakref.ref
 
 
-class _Held(_LockRef):
-    """A held lock's weak reference, carrying what giving its lease back needs once it is gone."""
+class HeldEntry(_LockRef):
+    """A held lock's weak reference, carrying what giving its lease back needs once it is gone.
 
-    __slots__ = ("key", "made_by", "token")
+    The same reference is the lock's entry in the heartbeat (its arrival and its timers), so a
+    grant makes one weak reference, not one per place that must not keep the lock alive."""
+
+    __slots__ = ("done", "key", "let_go", "made_by", "token")
     key: str
     token: str
     made_by: str
-
-
-class _Joined(_HandleRef):
-    """A joined handle's weak reference, carrying the lease it joined and the handle's hold: what
-    letting go of that hold needs once the handle is gone."""
-
-    __slots__ = ("hold", "lease")
-    hold: Hold
-    lease: Lease
+    #: Set when the lock lets go of the key (released or lost): its collection is then no drop.
+    done: bool
+    #: For a re-entrant handle's entry: lets go of the handle's hold on the lease it joined.
+    let_go: Optional[Callable[[], object]]
 
 
 class Dropped(Protocol):
@@ -71,7 +83,7 @@ class Dropped(Protocol):
         joined handle's hold); never blocks, never reaches the store."""
 
 
-class HeldLeases:
+class HeldLeases(Generic[Lock]):
     """The locks granted through one Locker, and by thread and key once asked. Thread-safe.
 
     ``dropped(key, token)`` is called, inside the garbage collector, for a lock collected while
@@ -82,95 +94,97 @@ class HeldLeases:
     def __init__(self, dropped: Dropped) -> None:
         self._mutex = threading.Lock()
         self._dropped = dropped
-        # Weak references with a callback (see _collected); a live one equals any weak reference
-        # to the same lock, so forget() finds it with a plain one. A reference whose lock was
-        # collected reads None and is swept in bulk (see _sweep_held), which costs a grant
-        # nothing. A dead reference equals only itself, so the sweep can never drop a live lock
-        # that happens to reuse a collected one's id.
-        self._held: set[weakref.ref[Lease]] = set()
-        self._held_sweep_at = _FIRST_SWEEP
+        # Weak references with a callback (see _collected), each kept here until its lock is
+        # collected: the callback then takes it out. A lock that lets go of its key only marks
+        # its entry ``done`` (a store, not a call: see forget), so a grant and its release cost
+        # one entry and one callback, and no sweep is ever needed.
+        self._held: set[HeldEntry] = set()
         # The handles that joined a held lease, kept apart: they hold no lease of their own for
         # closing or the index, and each is discarded when collected (see _collected_joined).
-        self._joined: set[_Joined] = set()
+        self._joined: set[HeldEntry] = set()
         # (thread id, key) -> the locks; kept once first asked (see the module docstring):
         # grants are noted from the moment ``_noting`` is set, and the index is read without
         # the mutex once it is complete (``_indexed``).
-        self._entries: dict[tuple[int, str], tuple[weakref.ref[Lease], ...]] = {}
+        self._entries: dict[tuple[int, str], tuple[weakref.ref[Lock], ...]] = {}
         self._sweep_at = _FIRST_SWEEP
         self._noting = False
         self._indexed = False
 
     # -- the held set --------------------------------------------------------------------------
 
-    def add(self, lock: Lease) -> None:
-        """``lock`` was just granted to the calling thread."""
-        reference = _Held(lock, self._collected)
-        reference.key = lock.key
-        reference.token = lock.token
-        reference.made_by = lock.made_by
+    def add(self, lock: Lock, key: str, token: str, made_by: str) -> HeldEntry:
+        """``lock`` (on ``key`` with ``token``, returned by ``Locker.<made_by>()``) is being
+        granted to the calling thread; returns its entry, for :meth:`forget`."""
+        reference = HeldEntry(lock, self._collected)
+        reference.key = key
+        reference.token = token
+        reference.made_by = made_by
+        reference.done = False
         self._held.add(reference)
-        if len(self._held) >= self._held_sweep_at:
-            self._sweep_held()
         # Checked after adding: an index built meanwhile either saw this lock in the set or is
         # seen here (see _index).
         if self._noting:
             self._note(lock, reference)
+        return reference
 
-    def _sweep_held(self) -> None:
-        with self._mutex:
-            # list() copies the set in one step, while other threads may be adding to it.
-            for reference in [reference for reference in list(self._held) if reference() is None]:
-                self._held.discard(reference)
-            # Sweeping again only after as many new entries as live ones keeps it amortized O(1).
-            self._held_sweep_at = max(_FIRST_SWEEP, 2 * len(self._held))
-
-    def _collected(self, reference: _Held) -> None:
-        # Inside the garbage collector: a lock still in the set was dropped while held (a
-        # released or lost lock was forgotten already, and closing the locker empties the set).
-        # Nothing here may block or reach the store: the lease is queued for a library thread.
+    def _collected(self, reference: HeldEntry) -> None:
+        # Inside the garbage collector. A lock whose entry is not done was dropped while held
+        # (closing the locker empties the set first). Nothing here may block or reach the
+        # store: the lease is queued for a library thread.
         held = self._held
-        if reference not in held or sys.is_finalizing():
+        if reference not in held:
             return
         held.discard(reference)
+        if reference.done or sys.is_finalizing():
+            return
         self._dropped(reference.key, reference.token)
         _warn_dropped(reference.key, reference.made_by)
 
-    def joined(self, handle: object, hold: Hold, lease: Lease) -> None:
-        """``handle`` just joined ``lease`` (a re-entrant acquire) with ``hold``: if it is
-        collected before ``hold`` lets go, the hold is let go of for it."""
-        reference = _Joined(handle, self._collected_joined)
-        reference.hold = hold
-        reference.lease = lease
+    def joined(
+        self, handle: Lock, key: str, token: str, made_by: str, let_go: Callable[[], object]
+    ) -> HeldEntry:
+        """``handle`` just joined the lease on ``key`` held with ``token`` (a re-entrant
+        acquire): if it is collected before it lets go of its hold (:meth:`forget`),
+        ``let_go()`` is called for it. Returns its entry."""
+        reference = HeldEntry(handle, self._collected_joined)
+        reference.key = key
+        reference.token = token
+        reference.made_by = made_by
+        reference.let_go = let_go
+        reference.done = False
         self._joined.add(reference)
+        return reference
 
-    def _collected_joined(self, reference: _Joined) -> None:
+    def _collected_joined(self, reference: HeldEntry) -> None:
         # Inside the garbage collector, as _collected. A handle that let go of its hold (or
         # whose lease the closing locker took) leaves nothing to give back.
         joined = self._joined
-        if reference not in joined or sys.is_finalizing():
+        if reference not in joined:
             return
         joined.discard(reference)
-        hold, lease = reference.hold, reference.lease
-        if hold.let_go:
+        if reference.done or sys.is_finalizing():
             return
-        self._dropped(lease.key, lease.token, functools.partial(lease.release, hold))
-        # The handle's own hold remembers the call that returned the handle.
-        _warn_dropped(lease.key, hold.made_by)
+        self._dropped(reference.key, reference.token, reference.let_go)
+        _warn_dropped(reference.key, reference.made_by)
 
-    def forget(self, lock: Lease) -> None:
-        """``lock`` was released or lost: closing the locker has nothing left to give back for
-        it, and collecting it is no drop."""
-        self._held.discard(weakref.ref(lock))
+    @staticmethod
+    def forget(reference: Optional[HeldEntry]) -> None:
+        """The lock (or re-entrant handle) of ``reference``, its entry from :meth:`add` or
+        :meth:`joined`, let go of its key or hold: closing the locker has nothing left to give
+        back for it, and collecting it is no drop. The hot path marks ``reference.done``
+        itself, which is all this does."""
+        if reference is not None:
+            reference.done = True
 
-    def take(self) -> list[Lease]:
+    def take(self) -> list[Lock]:
         """Every lock still granted, emptying the set (the Locker is closing or forked)."""
         held, self._held = self._held, set()
         self._joined = set()
-        return [lock for reference in list(held) if (lock := reference()) is not None]
+        return [lock for reference in list(held) if not reference.done and (lock := reference()) is not None]
 
     # -- by thread and key ---------------------------------------------------------------------
 
-    def _note(self, lock: Lease, reference: weakref.ref[Lease]) -> None:
+    def _note(self, lock: Lock, reference: weakref.ref[Lock]) -> None:
         thread = lock.thread
         if thread is None or thread.ident is None:
             return
@@ -184,7 +198,7 @@ class HeldLeases:
                 }
                 self._sweep_at = max(_FIRST_SWEEP, 2 * len(entries))
 
-    def _index(self) -> dict[tuple[int, str], tuple[weakref.ref[Lease], ...]]:
+    def _index(self) -> dict[tuple[int, str], tuple[weakref.ref[Lock], ...]]:
         if self._indexed:
             return self._entries
         with self._mutex:
@@ -206,7 +220,7 @@ class HeldLeases:
                 self._indexed = True
             return self._entries
 
-    def find(self, key: str) -> Optional[Lease]:
+    def find(self, key: str) -> Optional[Lock]:
         """The lock the calling thread holds on ``key`` (read against the clock), else ``None``."""
         current = threading.current_thread()
         for reference in self._index().get((threading.get_ident(), key), ()):
@@ -246,5 +260,5 @@ def _warn_dropped(key: str, made_by: str) -> None:
     )
 
 
-def _alive(references: tuple[weakref.ref[Lease], ...]) -> tuple[weakref.ref[Lease], ...]:
+def _alive(references: tuple[weakref.ref[Lock], ...]) -> tuple[weakref.ref[Lock], ...]:
     return tuple(reference for reference in references if reference() is not None)

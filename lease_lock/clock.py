@@ -99,6 +99,12 @@ class LeaseClock:
         # can only put this reading ahead, never behind.
         return now_monotonic + self.paused
 
+    def peek(self) -> float:
+        """A reading without the pause check: the monotonic clock plus the pauses counted so
+        far. Never ahead of a full reading made at the same moment (a pause it skips is found by
+        the next full reading), so it may time the start of a span whose end is read in full."""
+        return self._monotonic() + self.paused
+
     def _judge_jump(self, now_monotonic: float, offset: float) -> None:
         """A reading saw the wall clock jump ahead: count the pause once, under the mutex.
 

@@ -39,13 +39,13 @@ import math
 import threading
 import weakref
 from collections import deque
-from typing import Callable, Literal, Optional, Protocol
+from typing import Any, Callable, Literal, Optional, Protocol
 
 from .backends.base import Backend, ExtendRequest
 from .events import logger
 
 __all__ = [
-    "ARRIVAL_LEAD", "INTERVAL_SHARE", "LANES", "OVERRUN_WARNING", "RETRY_SHARE", "BeatStep", "Beating",
+    "ARRIVAL_LEAD", "INTERVAL_SHARE", "LANES", "OVERRUN_WARNING", "RETRY_SHARE", "BeatStep", "Beating", "Beats",
     "Heartbeat", "Timer", "beat_interval", "clamp_to_deadline", "next_beat",
 ]
 
@@ -121,24 +121,34 @@ def clamp_to_deadline(ttl: float, deadline: float, now: float) -> float:
 
 
 class Beating(Protocol):
-    """What the heartbeat drives: a lock's key and token, and the four steps of a beat."""
+    """What the heartbeat serves: a lock's key and token (the rest is :class:`Beats`'s)."""
 
-    key: str
-    token: str
+    @property
+    def key(self) -> str:
+        """The lock's key."""
 
-    def heartbeat_due(self, now: float, timer: Timer) -> Optional[float]:
-        """The timer fired at ``now``: the TTL to ask for, or ``None`` when no extension is due."""
+    @property
+    def token(self) -> str:
+        """The token that holds it."""
 
-    def heartbeat_sending(self, requested: float, sent: float) -> Optional[float]:
+
+class Beats(Protocol):
+    """How the heartbeat drives the locks it serves: the steps of a beat, each given the lock."""
+
+    def due(self, lock: Any, now: float, timer: Timer) -> Optional[float]:
+        """The lock's timer fired at ``now``: the TTL to ask for, or ``None`` when no extension
+        is due."""
+
+    def sending(self, lock: Any, requested: float, sent: float) -> Optional[float]:
         """The extension leaves at ``sent``: the TTL to send, or ``None`` when none is left."""
 
-    def heartbeat_answered(self, sent: float, received: float, requested: float, granted: bool) -> bool:
+    def answered(self, lock: Any, sent: float, received: float, requested: float, granted: bool) -> bool:
         """The store answered; ``True`` when the lease is still held."""
 
-    def heartbeat_failed(self, error: BaseException) -> None:
+    def failed(self, lock: Any, error: BaseException) -> None:
         """The extension raised ``error``."""
 
-    def heartbeat_arrived(self) -> None:
+    def arrived(self, lock: Any) -> None:
         """The heartbeat takes the lock on (see :meth:`Heartbeat.arrive`): set its timer if it
         is still held and has none yet."""
 
@@ -148,7 +158,7 @@ class Timer:
 
     __slots__ = ("cancelled", "lock", "when")
 
-    def __init__(self, when: float, lock: weakref.ref[Beating]) -> None:
+    def __init__(self, when: float, lock: weakref.ref[Any]) -> None:
         self.when = when
         self.lock = lock
         self.cancelled = False
@@ -167,8 +177,11 @@ class Heartbeat:
     #: Whether a thread of its own serves the timers (see the class docstring).
     threaded = True
 
-    def __init__(self, backend: Backend, clock: Callable[[], float], name: str = "lease-lock-heartbeat") -> None:
+    def __init__(
+        self, backend: Backend, clock: Callable[[], float], beats: Beats, name: str = "lease-lock-heartbeat"
+    ) -> None:
         self._backend = backend
+        self._beats = beats
         self._clock = clock
         self._name = name
         self._setup()
@@ -180,7 +193,7 @@ class Heartbeat:
         self._lanes: dict[float, deque[Timer]] = {}
         self._heap: list[_Entry] = []
         # Locks granted without a timer (see arrive()); appended and popped without the mutex.
-        self._arrivals: deque[weakref.ref[Beating]] = deque()
+        self._arrivals: deque[weakref.ref[Any]] = deque()
         self._sweep_arrivals_at = _COMPACT_AFTER
         self._sequence = itertools.count()
         #: Cancels since the last compaction (counted without the mutex: a lost count only
@@ -201,12 +214,13 @@ class Heartbeat:
         """The running thread, or ``None`` before the first lock is scheduled."""
         return self._thread
 
-    def schedule(self, lock: Beating, when: float, lane: float) -> Timer:
-        """Fire ``lock``'s timer at clock time ``when``; returns the timer, for :meth:`cancel`.
+    def schedule(self, lock: weakref.ref[Any], when: float, lane: float) -> Timer:
+        """Fire the timer of the lock ``lock`` refers to (weakly) at clock time ``when``; returns
+        the timer, for :meth:`cancel`.
 
         ``lane`` is the delay the timer was set for (any float): timers of one lane are
         expected, not required, to be scheduled in the order they fall due."""
-        timer = Timer(when, weakref.ref(lock))
+        timer = Timer(when, lock)
         with self._mutex:
             if self._stopped:
                 timer.cancelled = True
@@ -241,11 +255,11 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
         self._thread.start()
 
-    def arrive(self, lock: Beating) -> None:
-        """``lock`` was just granted and its first timer falls due at least
-        :data:`ARRIVAL_LEAD` seconds from now: the thread sets it when it next wakes, if the
-        lock is still held then (``heartbeat_arrived``). No mutex, no timer."""
-        self._arrivals.append(weakref.ref(lock))
+    def arrive(self, lock: weakref.ref[Any]) -> None:
+        """The lock ``lock`` refers to (weakly) was just granted and its first timer falls due
+        at least :data:`ARRIVAL_LEAD` seconds from now: the thread sets it when it next wakes,
+        if the lock is still held then (``Beats.arrived``). No mutex, no timer."""
+        self._arrivals.append(lock)
         if self._thread is None:
             with self._mutex:
                 if self._thread is None and not self._stopped:
@@ -278,7 +292,7 @@ class Heartbeat:
                 break
             lock = reference()
             if lock is not None:
-                lock.heartbeat_arrived()
+                self._beats.arrived(lock)
 
     def give_back_dropped(self, key: str, token: str, let_go: Optional[Callable[[], object]] = None) -> None:
         """Library side, safe inside the garbage collector: the lock holding ``key`` with
@@ -392,6 +406,7 @@ class Heartbeat:
             self.release_dropped()
         self._take_arrivals()
         due: list[tuple[Beating, Timer]] = []
+        beats = self._beats
         now = self._clock()
         with self._mutex:
             for timer in self._pop_due(now):
@@ -405,7 +420,7 @@ class Heartbeat:
                         )
         plans: list[tuple[Beating, float]] = []
         for lock, timer in due:
-            requested = lock.heartbeat_due(now, timer)
+            requested = beats.due(lock, now, timer)
             if requested is not None:
                 plans.append((lock, requested))
         if plans:
@@ -413,10 +428,11 @@ class Heartbeat:
         return len(due)
 
     def _extend(self, plans: list[tuple[Beating, float]]) -> None:
+        beats = self._beats
         if len(plans) > 1 and self._backend.capabilities.batch_extend:
             sent = self._clock()
             plans = [
-                (lock, clamped) for lock, requested in plans if (clamped := lock.heartbeat_sending(requested, sent))
+                (lock, clamped) for lock, requested in plans if (clamped := beats.sending(lock, requested, sent))
             ]
             try:
                 answers = self._backend.extend_many(
@@ -424,25 +440,25 @@ class Heartbeat:
                 )
             except Exception as error:  # noqa: BLE001 - a driver error is a failed extension
                 for lock, _ in plans:
-                    lock.heartbeat_failed(error)
+                    beats.failed(lock, error)
                 return
             # Every answer arrived with the batch: judge lateness by that moment, not by when the
             # loop below gets to each lock (thousands of answers take a while to apply).
             received = self._clock()
             for (lock, requested), granted in zip(plans, answers):
-                lock.heartbeat_answered(sent, received, requested, granted)
+                beats.answered(lock, sent, received, requested, granted)
             return
         for lock, planned in plans:
             sent = self._clock()
-            clamped = lock.heartbeat_sending(planned, sent)
+            clamped = beats.sending(lock, planned, sent)
             if clamped is None:
                 continue
             try:
                 granted = self._backend.extend(lock.key, lock.token, clamped)
             except Exception as error:  # noqa: BLE001 - a driver error is a failed extension
-                lock.heartbeat_failed(error)
+                beats.failed(lock, error)
                 continue
-            lock.heartbeat_answered(sent, self._clock(), clamped, granted)
+            beats.answered(lock, sent, self._clock(), clamped, granted)
 
     def _run(self) -> None:
         while True:

@@ -23,7 +23,7 @@ from datetime import timedelta
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVar, Union, cast
 
 from ._acquisition import Acquisition
-from ._lease import Lock, acquire_or_raise, give_up, run_guarded
+from ._lease import Lock, acquire_or_raise, close_lease, fork_lease, give_up, run_guarded
 from .backends.base import Backend, LockState
 from .backends.service import request_id_scope
 from .clock import LeaseClock
@@ -301,7 +301,7 @@ class Locker:
         if isinstance(self._clock, LeaseClock):
             self._clock.after_fork()
         for lock in self._acquisition.after_fork():
-            lock.after_fork()
+            fork_lease(lock)
         if self._default_owner:
             self._acquisition.owner = f"{socket.gethostname()}:{os.getpid()}"
 
@@ -622,7 +622,7 @@ class Locker:
         self._finalizer.detach()
         self._heartbeat.stop()
         for lock in self._acquisition.take_held():
-            lock.locker_closed()
+            close_lease(lock)
         # Locks collected while held whose leases the heartbeat had not given back yet.
         self._acquisition.release_dropped()
         if self._resources.owns_backend:

@@ -288,7 +288,7 @@ def test_one_lock_acquired_by_two_threads_at_once_is_refused(world: Any) -> None
     try:
         # Wait until the first thread is inside its acquisition, then try a second one.
         deadline = threading.Event()
-        while not lock._lease._busy_acquiring and not deadline.wait(0.01):
+        while not lock._busy_acquiring and not deadline.wait(0.01):
             pass
         try:
             lock.acquire(blocking=False)

@@ -18,6 +18,7 @@ from lease_lock import (
     ValidationError,
     exponential_backoff,
 )
+from lease_lock._lease import BEATS
 from lease_lock.backends.base import ExtendRequest
 
 from .fakes import START, EventLog, FakeClock, RecordingBackend, SilentBackend
@@ -99,14 +100,13 @@ def test_extensions_sent_late_in_a_beat_stay_within_max_hold(clock: FakeClock) -
 
 
 def test_a_lapse_check_racing_an_extension_does_not_lose_the_lock(locker: Locker, clock: FakeClock) -> None:
-    handle = locker.acquire("k")
-    lock = handle._lease
+    lock = locker.acquire("k")
     old_end = lock._lease_end
     # The heartbeat extends in time; a reader that saw the old end only then tries to mark it.
     sent = clock.advance(10)
     with lock._mutex:
         lock._in_flight += 1
-    assert lock.heartbeat_answered(sent, clock(), 30.0, True)
+    assert BEATS.answered(lock, sent, clock(), 30.0, True)
     clock.set(old_end + 0.001)
     assert lock._mark_lost(None, lapsed=True) is False
     assert lock.state == "held"
@@ -186,7 +186,7 @@ def test_timedelta_retry_delay_works_in_an_acquisition(sleeps: list[float], cloc
 
 def test_tokens_stay_out_of_reprs(locker: Locker) -> None:
     lock = locker.lock("k", token=SECRET)
-    for text in (repr(lock), repr(lock._lease.options), repr(ExtendRequest("k", SECRET, 30.0))):
+    for text in (repr(lock), repr(lock._options), repr(ExtendRequest("k", SECRET, 30.0))):
         assert SECRET not in text
 
 

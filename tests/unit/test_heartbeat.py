@@ -423,27 +423,31 @@ def test_slowly_applied_batch_answers_are_not_late(backend: RecordingBackend, cl
 
 
 class Beat:
-    """A stand-in lock that records when its timer fired and asks for no extension."""
+    """A stand-in lock that records when its timer fired."""
 
     def __init__(self, name: str) -> None:
         self.key = name
         self.token = "beat-token"  # noqa: S105 - a test value
         self.fired: list[float] = []
 
-    def heartbeat_due(self, now: float, timer: Timer) -> Optional[float]:
-        self.fired.append(now)
+
+class Recorder:
+    """The heartbeat's calls into its locks: each fired timer is recorded, no extension asked."""
+
+    def due(self, lock: Beat, now: float, timer: Timer) -> Optional[float]:
+        lock.fired.append(now)
         return None
 
-    def heartbeat_sending(self, requested: float, sent: float) -> Optional[float]:
+    def sending(self, lock: Beat, requested: float, sent: float) -> Optional[float]:
         raise AssertionError("no extension was asked for")
 
-    def heartbeat_answered(self, sent: float, received: float, requested: float, granted: bool) -> bool:
+    def answered(self, lock: Beat, sent: float, received: float, requested: float, granted: bool) -> bool:
         raise AssertionError("no extension was asked for")
 
-    def heartbeat_failed(self, error: BaseException) -> None:
+    def failed(self, lock: Beat, error: BaseException) -> None:
         raise AssertionError("no extension was asked for")
 
-    def heartbeat_arrived(self) -> None:
+    def arrived(self, lock: Beat) -> None:
         raise AssertionError("scheduled directly, never through the arrivals")
 
 
@@ -463,7 +467,7 @@ def test_every_live_timer_fires_once_on_time_whatever_its_lane(ops: list[tuple[s
     # lane, cancelled or not: each live timer fires exactly once, at the first run at or after
     # its time, and a cancelled one never does. Times are whole seconds of a fake clock.
     now = [0.0]
-    heartbeat = Heartbeat(MemoryBackend(), lambda: now[0])
+    heartbeat = Heartbeat(MemoryBackend(), lambda: now[0], Recorder())
     heartbeat._run = lambda: None  # type: ignore[method-assign]  # the test runs the due work
     beats: list[tuple[Beat, Timer, float]] = []
     cancelled: set[int] = set()
@@ -472,7 +476,7 @@ def test_every_live_timer_fires_once_on_time_whatever_its_lane(ops: list[tuple[s
             if op == "schedule":
                 beat = Beat(f"b{len(beats)}")
                 when = now[0] + amount
-                beats.append((beat, heartbeat.schedule(beat, when, float(lane)), when))
+                beats.append((beat, heartbeat.schedule(weakref.ref(beat), when, float(lane)), when))
             elif op == "cancel" and beats:
                 index = amount % len(beats)
                 heartbeat.cancel(beats[index][1])

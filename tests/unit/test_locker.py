@@ -249,8 +249,8 @@ def test_remembered_options_are_still_validated_per_type() -> None:
     # remembered one but of another type (1 == True) must still be refused.
     with Locker(MemoryBackend()) as locker:
         first = locker.lock("k", auto_extend=False)
-        assert locker.lock("k", auto_extend=False)._lease.options is first._lease.options
-        assert first._lease.options.auto_extend is False
+        assert locker.lock("k", auto_extend=False)._options is first._options
+        assert first._options.auto_extend is False
         with pytest.raises(ValidationError, match="auto_extend"):
             locker.lock("k", auto_extend=0)
 
