@@ -14,7 +14,10 @@ loop and the markers cancelled out:
   calls a default ``Locker`` makes for a lock, nothing else);
 - *Locker*: ``with locker.lock(key): pass`` on a default ``Locker``;
 - *core*: Locker minus bare, what the library adds around the backend's calls:
-  ``((Locker(3N) - Locker(N)) - (bare(3N) - bare(N))) / 2N``.
+  ``((Locker(3N) - Locker(N)) - (bare(3N) - bare(N))) / 2N``;
+- *single locks* and *acquire_many*: ten keys held one after the other with ``with
+  locker.lock(key)``, and held together with ``with locker.acquire_many(keys)`` (which also
+  renews the first nine leases once the tenth is granted, in one ``extend_many``).
 
 The counts include the heartbeat thread's share, as a real program pays it. Hash randomisation
 is fixed (``PYTHONHASHSEED=0``) and ``site`` is not imported, so every run builds the same
@@ -47,7 +50,33 @@ ROOT = Path(__file__).resolve().parent.parent
 ROWS: dict[str, Callable[[], Callable[[], None]]] = {
     "bare": lambda: bare(MemoryBackend()),
     "locker": lambda: locker_with(Locker(MemoryBackend())),
+    "single": lambda: single_locks(Locker(MemoryBackend())),
+    "many": lambda: many_at_once(Locker(MemoryBackend())),
 }
+#: How many keys the set rows hold.
+SET_SIZE = 10
+_SET_KEYS = [f"bench-{index}" for index in range(SET_SIZE)]
+
+
+def single_locks(locker: Locker) -> Callable[[], None]:
+    """``with locker.lock(key)`` on each of :data:`SET_SIZE` keys, one after the other."""
+
+    def cycle() -> None:
+        for key in _SET_KEYS:
+            with locker.lock(key):
+                pass
+
+    return cycle
+
+
+def many_at_once(locker: Locker) -> Callable[[], None]:
+    """``with locker.acquire_many(keys)`` on :data:`SET_SIZE` keys."""
+
+    def cycle() -> None:
+        with locker.acquire_many(_SET_KEYS):
+            pass
+
+    return cycle
 _TOTAL = re.compile(r"^(?:summary|totals):\s+(\d+)", re.MULTILINE)
 #: A C function the process calls only to mark where a counted stretch starts.
 _MARKER = "getpgrp"
@@ -126,7 +155,7 @@ def count_rows(
 
 
 def measure(cycles: int, valgrind: str = "valgrind") -> Counts:
-    """Count both rows at ``cycles`` and ``3 * cycles`` cycles."""
+    """Count every row at ``cycles`` and ``3 * cycles`` cycles."""
     return count_rows(list(ROWS), cycles, valgrind)
 
 
@@ -154,10 +183,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"{'bare backend acquire + release':<44} {counts.per_cycle('bare', n):>12,.0f}")
     print(f"{'with locker.lock(key): pass':<44} {counts.per_cycle('locker', n):>12,.0f}")
     print(f"{'core (Locker minus bare)':<44} {counts.core(n):>12,.0f}")
+    single, many = counts.per_cycle("single", n), counts.per_cycle("many", n)
+    print(f"{f'{SET_SIZE} single locks, one after the other':<44} {single:>12,.0f}")
+    print(f"{f'acquire_many of {SET_SIZE} keys':<44} {many:>12,.0f}")
+    print(f"{'acquire_many / single locks':<44} {many / single:>12.2f}")
     rows = [
         {"name": "bare backend acquire + release", "instructions": counts.per_cycle("bare", n)},
         {"name": "with locker.lock(key): pass", "instructions": counts.per_cycle("locker", n)},
         {"name": "core (Locker minus bare)", "instructions": counts.core(n)},
+        {"name": f"{SET_SIZE} single locks, one after the other", "instructions": single},
+        {"name": f"acquire_many of {SET_SIZE} keys", "instructions": many},
     ]
     write_json(args.json, "instructions", argv, {"cycles": n, "rows": rows})
 

@@ -30,10 +30,10 @@ import math
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, Protocol, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, Protocol, Sequence, TypeVar, Union
 
 from ._held import HeldEntry, HeldLeases
-from .backends.base import Backend
+from .backends.base import Backend, ExtendRequest
 from .backends.service import ask_grant, request_id_scope
 from .errors import BackendUnavailableError, LockHeldError, LockLostError, LockStateError, LostReason
 from .events import EVENT_TYPES, EventHook, EventType, LockEvent, emit, logger, wanted
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BEATS", "LEASE_MARGIN", "WAIT_SLICE", "FirstAttempt", "GuardedBlock", "Lock", "LockHost", "LossSignal",
     "acquire_or_raise", "close_lease", "fork_lease", "give_back", "give_up", "local_end", "lost_cause", "on_loss",
-    "run_guarded", "take_grant", "wait_for_loss",
+    "refresh_together", "run_guarded", "states_of", "take_grant", "wait_for_loss",
 ]
 
 #: The longest real-time wait before the clock is read again (waits are sliced so that an
@@ -257,9 +257,11 @@ class Lock(GuardedBlock):
     _clamped = False
     #: A key handed over by a release, for a claim window that no extension has lengthened yet.
     _claimed = False
-    #: When the next extension leaves; ``None`` until the grant's plan is first needed (most
-    #: locks are released before it is: see _arm).
+    #: When the next extension leaves; ``None`` until the plan after the grant (or after the
+    #: latest extension, which left at ``_plan_from``) is first needed: most locks are released
+    #: before it is (see _arm).
     _next_beat: Optional[float] = None
+    _plan_from: Optional[float] = None
     _in_flight = 0
     _extend_error: Optional[BaseException] = None
     _timer: Optional[Timer] = None
@@ -480,9 +482,10 @@ class Lock(GuardedBlock):
 
     # -- acquiring -----------------------------------------------------------------------------
 
-    def _acquire(self, options: LockOptions, raise_on_contention: bool) -> bool:
+    def _acquire(self, options: LockOptions, raise_on_contention: bool, timeout: Optional[float] = None) -> bool:
         """Acquire with ``options``: ``True`` once held (or joined to the calling thread's hold
         of the key); on contention ``False`` or, with ``raise_on_contention``, ``LockHeldError``.
+        ``timeout`` cuts a blocking wait to the seconds a caller has left (a set's later keys).
 
         The first attempt is sent here, before any of the waiting is set up: most acquisitions
         are granted at once, and every other answer is judged by the acquisition exactly as if
@@ -508,6 +511,8 @@ class Lock(GuardedBlock):
                 return True
             cached = host.plans.get(id(options))
             plan = cached[1] if cached is not None and cached[0] is options else host.plan_for(options)
+            if timeout is not None and options.blocking:
+                plan = (plan[0], plan[1], min(plan[2], timeout), plan[3], plan[4])
             first: Optional[FirstAttempt] = None
             if options.cancel is None:
                 max_hold = plan[3]
@@ -679,7 +684,11 @@ class Lock(GuardedBlock):
         assert reference is not None and self._acquired_at is not None
         beat = self._next_beat
         if beat is None:
-            beat = self._next_beat = next_beat("granted", self._acquired_at, interval, extending=self._extending())
+            if self._plan_from is None:
+                beat = next_beat("granted", self._acquired_at, interval, extending=self._extending())
+            else:
+                beat = next_beat("extended", self._plan_from, interval, extending=self._extending())
+            self._next_beat = beat
         if beat <= self._lease_end:
             self._timer = self._host.heartbeat.schedule(reference, beat, interval)
         else:
@@ -727,12 +736,14 @@ class Lock(GuardedBlock):
         return None
 
     def _beat_answered(self, sent: float, received: float, requested: float, granted: bool) -> bool:
+        rearm = False
         with self._mutex:
             self._in_flight -= 1
             if self._state != "held":
                 # Lapsed (or closed) while the request was in flight: a grant came too late.
                 outcome = "late" if granted else "ended"
-            elif received >= self._lease_end or (end := local_end(sent, requested, received)) is None:
+            elif received >= self._lease_end or received >= (end := sent + requested * _KEPT):
+                # Too late for the lease it renewed, or for its own (see local_end).
                 outcome = "late"
             elif not granted:
                 outcome = "not-ours"
@@ -742,10 +753,15 @@ class Lock(GuardedBlock):
                 self._clamped = requested < self._ttl
                 self._claimed = False
                 self._extend_error = None
-                self._next_beat = next_beat("extended", sent, self._interval(), extending=self._extending())
+                # Planned when the timer is set (see _arm): a lock still waiting in the
+                # heartbeat's arrivals gets its timer there; only a timer already set is moved.
+                self._next_beat = None
+                self._plan_from = sent
+                rearm = self._timer is not None
         if outcome == "extended":
             self._emit("extended")
-            self._schedule()
+            if rearm:
+                self._schedule()
             return True
         if outcome == "late":
             self._mark_lost("late-extend")
@@ -1073,10 +1089,65 @@ def run_guarded(block: GuardedBlock, function: Callable[..., _Result], *args: An
     return block._run(function, *args, **kwargs)
 
 
-def acquire_or_raise(lock: Lock, options: LockOptions) -> None:
+def acquire_or_raise(lock: Lock, options: LockOptions, timeout: Optional[float] = None) -> None:
     """Acquire ``lock`` with ``options`` (the Locker's own acquire forms pass theirs), raising
-    ``LockHeldError`` on contention."""
-    lock._acquire(options, True)
+    ``LockHeldError`` on contention; ``timeout`` cuts a blocking wait to the seconds left."""
+    lock._acquire(options, True, timeout)
+
+
+def refresh_together(locks: Sequence[Lock], request_id: Optional[str] = None) -> None:
+    """Renew, to their full TTL, the held leases of ``locks`` (of one Locker) that have run for
+    more than :data:`LEASE_MARGIN` of it: one ``extend_many`` round trip where the backend
+    batches (``batch_extend``), else one ``extend`` each. A lease that lost less would gain
+    less than the margin the local lease gives up anyway, so it is left as it is. Raises
+    ``LockLostError`` for a lease that is lost; a driver error propagates (each lease keeps what
+    it had, as after a failed extension)."""
+    if not locks:
+        return
+    host = locks[0]._host
+    now = host.peek()
+    stale = []
+    for lock in locks:
+        if lock._state != "held":
+            raise LockLostError(lock._key, lock._lost_reason or "expired") from lock._lost_cause
+        if now + lock._ttl * _KEPT - lock._lease_end > lock._ttl * LEASE_MARGIN:
+            stale.append(lock)
+    if stale:
+        _renew(host, stale, request_id)
+
+
+def _renew(host: LockHost, locks: list[Lock], request_id: Optional[str]) -> None:
+    backend = host.backend
+    if len(locks) == 1 or not backend.capabilities.batch_extend:
+        for lock in locks:
+            lock.extend(request_id=request_id)
+        return
+    sent = host.clock()
+    sending: list[tuple[Lock, float]] = []
+    for lock in locks:
+        with lock._mutex:
+            lock._in_flight += 1
+        # The deadline's clamp, as for a heartbeat's extension (None: no time left, lock lost).
+        requested = lock._beat_sending(lock._ttl, sent)
+        if requested is not None:
+            sending.append((lock, requested))
+    requests = [ExtendRequest(lock._key, lock._token, requested) for lock, requested in sending]
+    try:
+        if request_id is None:
+            answers = backend.extend_many(requests)
+        else:
+            with request_id_scope(backend, request_id):
+                answers = backend.extend_many(requests)
+    except Exception as error:
+        for lock, _ in sending:
+            lock._beat_failed(error)
+        raise
+    received = host.clock()
+    for (lock, requested), granted in zip(sending, answers):
+        lock._beat_answered(sent, received, requested, granted)
+    for lock in locks:
+        if lock._state != "held":
+            raise LockLostError(lock._key, lock._lost_reason or "extend") from lock._lost_cause
 
 
 def give_up(block: GuardedBlock) -> None:
@@ -1093,6 +1164,19 @@ def on_loss(lock: Lock, listener: Callable[[], None]) -> None:
         if lease._loss_listeners is None:
             lease._loss_listeners = []
         lease._loss_listeners.append(listener)
+
+
+def states_of(locks: Sequence[Lock]) -> list[str]:
+    """The state of each of ``locks`` (of one Locker) as of one clock reading: what reading
+    ``lock.state`` of each says, with one reading of the clock instead of one per lock."""
+    now = locks[0]._host.clock()
+    states = []
+    for lock in locks:
+        lease = lock._outer or lock
+        if lease._state == "held" and now >= lease._lease_end:
+            lease._mark_lost(None, lapsed=True)
+        states.append(lease._state)
+    return states
 
 
 def lost_cause(lock: Lock) -> Optional[BaseException]:

@@ -23,7 +23,7 @@ from datetime import timedelta
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVar, Union, cast
 
 from ._acquisition import Acquisition
-from ._lease import Lock, acquire_or_raise, close_lease, fork_lease, give_up, run_guarded
+from ._lease import Lock, acquire_or_raise, close_lease, fork_lease, give_up, refresh_together, run_guarded
 from .backends.base import Backend, LockState
 from .backends.service import request_id_scope
 from .clock import LeaseClock
@@ -510,7 +510,9 @@ class Locker:
 
         ``timeout`` covers the whole set and ``retry.retries`` applies to each key. On failure
         the locks already taken are released and ``LockHeldError`` is raised. After the last
-        grant the earlier leases are extended so that all of them overlap. A set never joins
+        grant, every earlier lease that has run for more than 1% of its TTL (a wait for a
+        later key) is renewed, in one round trip where the store batches extensions, so that
+        the set's leases end within 1% of a TTL of each other. A set never joins
         holds of the calling thread (``reentrant`` does not apply). The other options are those
         of :meth:`acquire` but ``token``.
         """
@@ -522,7 +524,8 @@ class Locker:
         opts = {**opts, "reentrant": False}
         if isinstance(keys, str) or not isinstance(keys, Iterable):
             raise ValidationError("keys must be an iterable of str (not a single str)")
-        options = LockOptions.from_kwargs(opts)
+        # Remembered like lock()'s: the same options object, and so the same cached plan.
+        options = lock_options(opts)
         wanted = list(keys)
         for name in wanted:
             self._full_key(name, "keys[]")
@@ -532,23 +535,25 @@ class Locker:
         locks = [self._make_lock(name, ttl, options, "acquire_many") for name in names]
         policy = self.retry.merged(options.retry)
         budget = policy.timeout if policy.timeout is not None else math.inf
-        start = self._clock()
+        # The time the set has left is read without the pause check: each acquisition reads
+        # the clock in full, and a pause only makes a set's later keys wait less.
+        peek = self._acquisition.peek
+        start = peek()
         taken: list[Lock] = []
         try:
             for lock in locks:
-                left = max(0.0, budget - (self._clock() - start))
-                step = options.with_attempt_budget(None, left if math.isfinite(left) else math.inf)
-                acquire_or_raise(lock, step)
+                # The set's time left, as a number: the options (and their cached plan) stay one.
+                left = None if budget == math.inf else max(0.0, budget - (peek() - start))
+                acquire_or_raise(lock, options, left)
                 taken.append(lock)
-            for lock in taken[:-1]:
-                try:
-                    lock.extend(request_id=options.request_id)
-                except LockLostError as error:
-                    # An earlier lease ran out before the last key was granted: the set as a
-                    # whole came back too late to be held together.
-                    raise LockHeldError(
-                        lock.key, attempts=1, elapsed=self._clock() - start, reason="late-acquire"
-                    ) from error
+            try:
+                refresh_together(taken[:-1], options.request_id)
+            except LockLostError as error:
+                # An earlier lease ran out before the last key was granted: the set as a whole
+                # came back too late to be held together.
+                raise LockHeldError(
+                    error.key, attempts=1, elapsed=self._clock() - start, reason="late-acquire"
+                ) from error
         except BaseException:
             for lock in taken:
                 # The original failure is what the caller must see; a failed give-back here

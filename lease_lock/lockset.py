@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Optional, TypeVar
 
-from ._lease import GuardedBlock, Lock, give_up, lost_cause, on_loss, wait_for_loss
+from ._lease import GuardedBlock, Lock, give_up, lost_cause, on_loss, states_of, wait_for_loss
 from .errors import LockLostError, LockStateError
 
 _Result = TypeVar("_Result")
@@ -25,6 +25,10 @@ class SetLossSignal(threading.Event):
         self._locks = locks
         for lock in locks:
             on_loss(lock, self._member_lost)
+        # Made when first read (see LockSet.lost): a member lost before then has told nobody.
+        # Looked at after listening, so a loss in between is heard one way or the other.
+        if any(lock.state == "lost" for lock in locks):
+            super().set()
 
     def _member_lost(self) -> None:
         super().set()
@@ -56,9 +60,25 @@ class LockSet(GuardedBlock):
     ``extend()`` and ``release()``.
     """
 
+    _lost: Optional[SetLossSignal] = None
+
     def __init__(self, locks: tuple[Lock, ...]) -> None:
         self.locks = locks
-        self.lost = SetLossSignal(locks)
+        self._mutex = threading.Lock()
+
+    @property
+    def lost(self) -> SetLossSignal:
+        """A ``threading.Event`` set as soon as any lock of the set is lost (see
+        :class:`SetLossSignal`)."""
+        # Made on first use: most sets are released without anyone looking at the signal, and
+        # a loss before it was made is read from the members themselves.
+        signal = self._lost
+        if signal is None:
+            with self._mutex:
+                signal = self._lost
+                if signal is None:
+                    signal = self._lost = SetLossSignal(self.locks)
+        return signal
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -68,7 +88,7 @@ class LockSet(GuardedBlock):
     @property
     def state(self) -> str:
         """``"lost"`` if any lock is lost, else the common state of the locks."""
-        states = [lock.state for lock in self.locks]
+        states = states_of(self.locks)
         if "lost" in states:
             return "lost"
         if "held" in states:

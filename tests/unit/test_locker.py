@@ -136,10 +136,27 @@ def test_acquire_many_extends_earlier_leases_so_all_overlap(
     backend.hooks["acquire"] = lambda: clock.advance(3.0)  # each grant takes 3 s to come back
     locks = locker.acquire_many(["a", "b", "c"], ttl=12.0)
     assert [call[1] for call in backend.called("extend")] == ["a", "b"]
+    assert backend.batches == [2], "both renewed in one round trip"
     assert all(lock.state == "held" for lock in locks.locks)
     # Without the extension "a" would have 3 s left while "c" has 9 s; now all overlap by 9 s.
     assert min(backend.inspect(key).expires_in or 0 for key in "abc") == 9.0
     assert min(lock.expires_in for lock in locks.locks) >= 8.8
+
+
+def test_acquire_many_renews_only_leases_worn_down_by_more_than_the_margin(
+    locker: Locker, backend: RecordingBackend, clock: FakeClock
+) -> None:
+    # Granted together in no time: no lease lost 1% of its TTL, so nothing is renewed.
+    with locker.acquire_many(["a", "b", "c"], ttl=12.0):
+        assert backend.called("extend") == [] and backend.batches == []
+    # "a" waits 0.2 s for "b" (more than 1% of 12 s); "b" comes back 0.1 s before "c" (less).
+    pauses = iter([0.2, 0.1, 0.0])
+    backend.hooks["acquire"] = lambda: clock.advance(next(pauses))
+    with locker.acquire_many(["a", "b", "c"], ttl=12.0) as locks:
+        assert [call[1] for call in backend.called("extend")] == ["a"]
+        # Every lease of the set ends within 1% of a TTL of the others.
+        ends = [lock.expires_in for lock in locks.locks]
+        assert max(ends) - min(ends) <= 12.0 * 0.01
 
 
 def test_acquire_many_refuses_a_caller_token(locker: Locker, backend: RecordingBackend) -> None:
