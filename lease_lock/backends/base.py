@@ -32,6 +32,7 @@ from ..errors import ValidationError
 from ..validation import describe_token, is_secret_option, unknown_option_error
 
 __all__ = [
+    "CALL_MARGIN",
     "Backend",
     "CallBudget",
     "Capabilities",
@@ -192,6 +193,13 @@ class WaitingLine(abc.ABC):
         """Stop waiting. Unless ``granted`` (the acquisition holds the key), a key that reached
         this waiter meanwhile goes on to the next one. Best effort: never raises; what the line
         left in the store goes stale on its own."""
+
+
+#: How much longer than the time a wait has left a bounded store call waits for its answer
+#: (seconds) before it calls the store silent. A live store answers within milliseconds (a
+#: commit, a script, a blocking pop whose time is up), but on a busy host the caller's own
+#: thread may wait a second or more for a CPU, and a live store must never read as unreachable.
+CALL_MARGIN = 2.0
 
 
 class CallBudget(threading.local):

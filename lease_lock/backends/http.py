@@ -46,6 +46,7 @@ from .. import wire
 from ..errors import AccessDeniedError, BackendUnavailableError, RateLimitedError, ValidationError
 from ..validation import redact_url
 from .base import (
+    CALL_MARGIN,
     Backend,
     CallBudget,
     Capabilities,
@@ -111,10 +112,6 @@ _CLAIM_SLACK = wire.TAKEOVER_GRACE / 10
 #: server (see HttpBackend.join_line), each on one pooled connection; further waiters are woken
 #: through the shared watcher.
 LINE_WAITERS = 2
-#: Seconds a request the service holds (``Prefer: wait``) may take beyond its wait before it is
-#: given up as unanswered: the service's last look at its store, the way back, and the wait of
-#: this host's reading thread for a CPU on a busy machine.
-ANSWER_MARGIN = 2.0
 #: A wait shorter than this is not asked for (the wire carries milliseconds).
 _SHORTEST_WAIT = 0.001
 #: ``_wait_offered`` before the server's first answer.
@@ -417,7 +414,7 @@ class _HeldAcquisition(WaitingLine):
                 # Bounded: the thread leaving may be on its way out of a wait that met a silent
                 # service, and the lease runs out without this anyway.
                 backend = self._backend
-                backend._release(self._key, self._token, min(backend.timeout, ANSWER_MARGIN))
+                backend._release(self._key, self._token, min(backend.timeout, CALL_MARGIN))
 
 
 def _forget_after(now: float, ttl: float) -> float:
@@ -488,7 +485,7 @@ class HttpBackend(Backend, RequestIdCarrier):
         self._mutex = threading.Lock()
         self._scope = threading.local()
         # Inside call_budget blocks, every request's timeouts end by the budget's deadline.
-        self._budget = CallBudget(ANSWER_MARGIN)
+        self._budget = CallBudget(CALL_MARGIN)
         # (key, token) -> (fence, monotonic time after which the grant surely ended)
         self._fences: dict[tuple[str, str], tuple[int, float]] = {}
         # A parent's sessions and direct pools, kept referenced in a forked child: closing them
@@ -712,7 +709,7 @@ class HttpBackend(Backend, RequestIdCarrier):
 
     def call_budget(self, seconds: float) -> ContextManager[None]:
         """Bound the requests this thread sends inside the block, the one retry after a
-        transport failure included, to ``seconds`` plus :data:`ANSWER_MARGIN` in all: a
+        transport failure included, to ``seconds`` plus :data:`CALL_MARGIN` in all: a
         request with no answer by then raises ``BackendUnavailableError`` (from the transport's
         timeout)."""
         return self._budget.block(seconds)
@@ -856,9 +853,9 @@ class HttpBackend(Backend, RequestIdCarrier):
     def _held(self, wait: float) -> tuple[float, float]:
         """The (connect, read) timeouts of a request the service may hold ``wait`` seconds: its
         answer is due then, after the service's last look at the store, which
-        :data:`ANSWER_MARGIN` (or the request timeout, if shorter) covers. A request that the
+        :data:`CALL_MARGIN` (or the request timeout, if shorter) covers. A request that the
         service does not answer by then meets a silent network, not a busy key."""
-        bound = wait + min(self.timeout, ANSWER_MARGIN)
+        bound = wait + min(self.timeout, CALL_MARGIN)
         return min(self.timeout, bound), bound
 
     @staticmethod

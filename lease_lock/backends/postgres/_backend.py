@@ -19,6 +19,7 @@ import psycopg2.extensions
 from ...errors import ValidationError
 from ...validation import check_bool
 from ..base import (
+    CALL_MARGIN,
     CallBudget,
     Capabilities,
     ExtendRequest,
@@ -33,7 +34,7 @@ from ..line import BURST, FRESH_SHARE, AnnouncedLine, Announcements, Joined, Lin
 from ..service import ServiceStore, check_amount
 from ._connections import ConnectionSource, LazyPool, arm_bound, check_dsn, end_bound
 from ._errors import is_connect_failure, is_connection_failure, unavailable
-from ._line import ANSWER_MARGIN, ListeningConnections, PostgresWaitingLine
+from ._line import ListeningConnections, PostgresWaitingLine
 from ._sql import Names, ddl, resolve_names
 from ._watch import PostgresHandoffWatcher, PostgresReleaseWatcher
 
@@ -194,7 +195,7 @@ class PostgresBackend(ServiceStore):
         #: The shared watcher of the waiters beyond the line (see join_line).
         self._announcements = Announcements(self)
         #: The end of the call budget each thread is in (see call_budget).
-        self._budget = CallBudget(ANSWER_MARGIN)
+        self._budget = CallBudget(CALL_MARGIN)
         self._listening = ListeningConnections(
             self._listen_parameters, lambda: self._listen_dsn, self.names.label, self._budget
         )
@@ -363,10 +364,11 @@ class PostgresBackend(ServiceStore):
 
     def call_budget(self, seconds: float) -> ContextManager[None]:
         """Bound the statements this thread runs inside the block (see
-        :meth:`Backend.call_budget`): one still unanswered :data:`~._line.ANSWER_MARGIN` past
-        the budget is cut off (its connection is shut down and closed) and raises
-        ``BackendUnavailableError``, and a connection opened for one waits for the server no
-        longer than the budget allows (libpq's least ``connect_timeout``, 2 s, at the least).
+        :meth:`Backend.call_budget`): one still unanswered
+        :data:`~lease_lock.backends.base.CALL_MARGIN` past the budget is cut off (its
+        connection is shut down and closed) and raises ``BackendUnavailableError``, and a
+        connection opened for one waits for the server no longer than the budget allows
+        (libpq's least ``connect_timeout``, 2 s, at the least).
         A connection of a caller's own pool is opened as that pool says."""
         return self._budget.block(seconds)
 

@@ -33,18 +33,14 @@ from typing import Any, Callable, NamedTuple, Optional, Union
 
 import psycopg2
 
-from ..base import CallBudget, LineGrant
+from ..base import CALL_MARGIN, CallBudget, LineGrant
 from ..line import FREED, Freed, Handed, Joined, LineSlots, RefreshedLine
 from ._connections import arm_bound, close_inherited, end_bound, open_connection
 from ._errors import is_connect_failure, unavailable
 from ._watch import connection_name
 
-__all__ = ["ANSWER_MARGIN", "Listening", "ListeningConnections", "PostgresWaitingLine"]
+__all__ = ["Listening", "ListeningConnections", "PostgresWaitingLine"]
 
-#: How long (seconds) a statement of the line may wait for its answer beyond the end of the wait
-#: it is part of (or at all, outside a wait) before it is cut off as unanswered: libpq alone would
-#: wait for a silent server for ever.
-ANSWER_MARGIN = 1.0
 #: What a release that left the key free during a holder's burst sends the head of the line in
 #: place of a fence: ``<ticket>|free`` (see ``hand_on`` in :mod:`._backend`).
 _FREE = "free"
@@ -162,7 +158,7 @@ class PostgresWaitingLine(RefreshedLine):
     :class:`~lease_lock.backends.line.Joined`); ``leave(conn, within)`` takes the place out and
     releases a key handed over meanwhile, on ``conn`` (the listening connection, ``None`` when
     there is no usable one); each is cut off after ``within`` seconds (see
-    :data:`ANSWER_MARGIN`). ``connections`` lends the listening connection, taken at the first
+    :data:`CALL_MARGIN`). ``connections`` lends the listening connection, taken at the first
     attempt and given back on leaving; the rest is
     :class:`~lease_lock.backends.line.RefreshedLine`'s.
     """
@@ -199,7 +195,7 @@ class PostgresWaitingLine(RefreshedLine):
 
     def wait(self, seconds: float) -> Optional[LineGrant]:
         """See :meth:`WaitingLine.wait`: returns, or raises ``BackendUnavailableError``, within
-        ``seconds`` and :data:`ANSWER_MARGIN`, however silent the server."""
+        ``seconds`` and :data:`CALL_MARGIN`, however silent the server."""
         self._until = time.monotonic() + seconds
         try:
             return super().wait(seconds)
@@ -210,7 +206,7 @@ class PostgresWaitingLine(RefreshedLine):
         """How long the statement sent now may wait for its answer: to the end of the wait under
         way, if any, and the margin."""
         until = self._until
-        return ANSWER_MARGIN + (0.0 if until is None else max(until - time.monotonic(), 0.0))
+        return CALL_MARGIN + (0.0 if until is None else max(until - time.monotonic(), 0.0))
 
     def _unavailable(self, exc: BaseException) -> Optional[BaseException]:
         # Statements run through the backend, which raises BackendUnavailableError itself; what
@@ -262,7 +258,7 @@ class PostgresWaitingLine(RefreshedLine):
         listening = self._listening
         if listening is None:
             return  # no attempt was sent (the first needs the connection): no place to take out
-        self._leave_call(None if self._broken else listening.conn, ANSWER_MARGIN)
+        self._leave_call(None if self._broken else listening.conn, CALL_MARGIN)
 
     def _done(self) -> None:
         listening, self._listening = self._listening, None

@@ -744,7 +744,7 @@ class RedisBackend(ServiceStore):
         return watcher
 
     def call_budget(self, seconds: float) -> ContextManager[None]:
-        """Bound this thread's commands inside the block to ``seconds`` plus ``REPLY_MARGIN``
+        """Bound this thread's commands inside the block to ``seconds`` plus ``CALL_MARGIN``
         (0.5 s) in all, retries and reconnects included: a command with no reply by then raises
         ``BackendUnavailableError``. Clients whose commands go through ``execute_command``
         (a Cluster, RESP3, a single-connection or caching client) and the ``WAIT`` batch of

@@ -28,7 +28,7 @@ Clients this cannot serve the same way (a Cluster, a single-connection client, a
 cache, RESP3 with its push messages) go through ``execute_command`` unchanged.
 
 Inside a block of :attr:`DirectCommands.budget` (the backend's ``call_budget``) a thread's
-commands wait for their replies no longer than the budget plus :data:`REPLY_MARGIN`, through
+commands wait for their replies no longer than the budget plus :data:`CALL_MARGIN`, through
 :meth:`DirectCommands.reply_within`, the one bounded way of sending that the waiting line uses
 too: a server gone silent then ends a caller's wait at its timeout, not after the client's
 socket timeouts and its retries. Outside one a call costs a thread-local read more.
@@ -44,19 +44,14 @@ from typing import Any, Callable, Optional
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..base import CallBudget
+from ..base import CALL_MARGIN, CallBudget
 
-__all__ = ["IDLE_RECHECK", "KEEP", "REPLY_MARGIN", "DirectCommands", "NoReply", "pack_command"]
+__all__ = ["IDLE_RECHECK", "KEEP", "DirectCommands", "NoReply", "pack_command"]
 
 #: A kept connection idle this long is checked out through the pool again (see module notes).
 IDLE_RECHECK = 1.0
 #: The most connections kept between calls: about the threads that lock at the same moment.
 KEEP = 8
-#: How much longer than a command may take (its block, or the budget left) a bounded call
-#: waits for its reply (seconds) before it calls the server silent: a live server answers a
-#: script, or a BLPOP whose time is up, within milliseconds, but the client's own thread may
-#: wait well over a second for a CPU on a busy host, and must not call a live server silent.
-REPLY_MARGIN = 2.0
 
 
 class NoReply(RedisTimeoutError):
@@ -147,7 +142,7 @@ class DirectCommands:
         self._pid = os.getpid()
         #: The backend's call_budget: inside a block, commands wait for their replies no
         #: longer than its deadline (commands through ``execute_command`` excepted).
-        self.budget = CallBudget(REPLY_MARGIN)
+        self.budget = CallBudget(CALL_MARGIN)
 
     @property
     def direct(self) -> bool:

@@ -20,7 +20,7 @@ refresh itself then answers as a grant (and clears the grant list), so no older 
 mistaken for a newer one.
 
 Every command of the place (its attempts, its blocks, its leaving) goes out on that one
-connection and waits for its reply no longer than it may block plus :data:`REPLY_MARGIN`: a
+connection and waits for its reply no longer than it may block plus :data:`CALL_MARGIN`: a
 server that goes silent (frozen, or cut off with the connection still open) ends the wait with
 ``BackendUnavailableError`` near the time it was given, not after the client's socket timeout
 and its retries.
@@ -34,6 +34,7 @@ from typing import Any, Callable, Optional, Union
 
 from redis.exceptions import ResponseError
 
+from ..base import CALL_MARGIN
 from ..line import (
     BURST,
     CLAIM_MAX,
@@ -47,11 +48,11 @@ from ..line import (
     RefreshedLine,
     claim_for,
 )
-from ._connections import REPLY_MARGIN, DirectCommands, NoReply
+from ._connections import DirectCommands, NoReply
 from ._scripts import JOIN_LINE, LEAVE_LINE
 
 __all__ = [
-    "BURST", "CLAIM_MAX", "FRESH_SHARE", "LINE_WAITERS", "REPLY_MARGIN", "LineSlots", "RedisWaitingLine", "claim_for",
+    "BURST", "CLAIM_MAX", "FRESH_SHARE", "LINE_WAITERS", "LineSlots", "RedisWaitingLine", "claim_for",
 ]
 
 #: Shorter blocks than this are not worth a round trip (BLPOP takes 0 as "for ever").
@@ -104,7 +105,7 @@ class RedisWaitingLine(RefreshedLine):
         self._join_call = join
         self._leave_call = leave
         self._granted = granted
-        self._answers = _Within(self, REPLY_MARGIN)
+        self._answers = _Within(self, CALL_MARGIN)
         # The connection the place's commands go out on, from its first command until the
         # thread leaves; its socket timeouts as lent; whether it was dropped since (its next
         # socket then has the bounded timeouts _run sets, see _give_back_connection).
@@ -143,7 +144,7 @@ class RedisWaitingLine(RefreshedLine):
         return Handed(_fence(reply[1]), self._sent)
 
     def _blpop(self, seconds: float) -> Any:
-        return self._run(seconds + REPLY_MARGIN, ("BLPOP", self._granted, seconds))
+        return self._run(seconds + CALL_MARGIN, ("BLPOP", self._granted, seconds))
 
     def _run(self, within: float, args: tuple[Any, ...]) -> Any:
         """Send ``args`` on the place's connection and return the reply that came within
