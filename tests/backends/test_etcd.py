@@ -509,12 +509,15 @@ def test_a_dead_endpoint_is_passed_over(etcd_server: EtcdCluster, key: str) -> N
         backend.close()
 
 
-def test_an_unreachable_cluster_is_backend_unavailable(key: str) -> None:
-    backend = EtcdBackend([f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"])
+@pytest.mark.parametrize("given_session", [False, True], ids=["own connections", "caller's session"])
+def test_an_unreachable_cluster_is_backend_unavailable(key: str, given_session: bool) -> None:
+    endpoints = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]
+    backend = EtcdBackend(endpoints, session=requests.Session() if given_session else None)
     try:
         with pytest.raises(BackendUnavailableError) as caught:
             backend.acquire(key, token(), 30, OWNER)
-        assert isinstance(caught.value.__cause__, requests.ConnectionError)
+        # The driver's error: requests' through a session, http.client's (an OSError) without.
+        assert isinstance(caught.value.__cause__, requests.ConnectionError if given_session else ConnectionRefusedError)
         assert caught.value.backend == "etcd"
         with pytest.raises(BackendUnavailableError):
             backend.inspect(key)
