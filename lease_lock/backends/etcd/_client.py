@@ -21,6 +21,7 @@ import base64
 import http.client
 import json
 import random
+import ssl
 import threading
 import time
 from typing import Any, ContextManager, Iterator, Optional, Sequence
@@ -123,6 +124,8 @@ class EtcdClient:
         self._token: Optional[str] = None
         #: Endpoint -> the session's settings from the environment for it (see send).
         self._settings: dict[str, dict[str, Any]] = {}
+        #: Endpoint -> whether its requests go over the own connections, and their TLS context.
+        self._routes: dict[str, tuple[bool, Optional[ssl.SSLContext]]] = {}
         self._budget = CallBudget(0.0)
 
     def budget(self, seconds: float) -> ContextManager[None]:
@@ -142,6 +145,7 @@ class EtcdClient:
         """In a forked child: a session of its own and fresh locks (the parent's may be held)."""
         self.session = session
         self._settings = {}
+        self._routes = {}
         self._mutex = threading.Lock()
         if self._direct is not None:
             self._direct.after_fork()
@@ -244,12 +248,16 @@ class EtcdClient:
         """One POST that is no watch: the answer's status, body and URL. Over the client's own
         connections when it has them and no proxy applies to ``endpoint``, else the session."""
         if self._direct is not None:
-            settings = self._settings_for(endpoint)
-            if not select_proxy(endpoint, settings["proxies"]):
-                if "context" not in settings:
-                    https = endpoint.startswith("https:")
-                    settings["context"] = tls_context(settings["verify"], settings["cert"]) if https else None
-                status, body = self._direct.post(endpoint, path, data.encode(), headers, timeout, settings["context"])
+            route = self._routes.get(endpoint)
+            if route is None:
+                settings = self._settings_for(endpoint)
+                direct = not select_proxy(endpoint, settings["proxies"])
+                https = direct and endpoint.startswith("https:")
+                route = self._routes[endpoint] = (
+                    direct, tls_context(settings["verify"], settings["cert"]) if https else None
+                )
+            if route[0]:
+                status, body = self._direct.post(endpoint, path, data.encode(), headers, timeout, route[1])
                 return status, body, endpoint + path
         response = self.send(endpoint, path, data, headers, timeout)
         return response.status_code, response.content, response.url
