@@ -124,6 +124,14 @@ def _etcd_handoffs(results: dict[str, Any]) -> Rows:
     return rows
 
 
+def _etcd_versions(results: dict[str, Any]) -> Rows:
+    rows = []
+    for members, cycles in results["members"].items():
+        for name, row in cycles.items():
+            rows.append([members, name, _rate(row["rate"]), _rate(row["baseline_rate"]), _ratio(row["ratio"])])
+    return rows
+
+
 def _instructions(results: dict[str, Any]) -> Rows:
     return [[row["name"], f"{row['instructions']:,.0f}"] for row in results["rows"]]
 
@@ -137,6 +145,7 @@ TABLES: dict[str, tuple[str, list[str], Callable[[dict[str, Any]], Rows]]] = {
     "sqlite-cycles": ("sqlite_cycle", ["contestant", "cycles/s", "floor/s", "vs floor"], _cycles),
     "etcd-cycles": ("etcd_cycle", ["contestant", "cycles/s", "floor/s", "vs floor"], _etcd_cycles),
     "etcd-handoffs": ("etcd_cycle", ["row", "p50 ms (or grants/s)", "p99 ms (or vs 1 process)"], _etcd_handoffs),
+    "etcd-versions": ("etcd_versions", ["members", "cycle", "cycles/s", "before/s", "vs before"], _etcd_versions),
     "contended": ("contended", ["store", "contestant", "grants/s", "vs 1 process", "hand-offs/s", "min/share",
                                 "p50 ms", "p99 ms", "overlaps"], _contended),
     "instructions": ("instructions", ["cycle on the memory backend", "instructions per cycle"], _instructions),
