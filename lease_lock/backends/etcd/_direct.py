@@ -20,6 +20,7 @@ from __future__ import annotations
 import http.client
 import os
 import select
+import socket
 import ssl
 import threading
 import urllib.parse
@@ -119,9 +120,20 @@ class DirectConnections:
     def _connect(endpoint: str, timeout: float, context: Optional[ssl.SSLContext]) -> http.client.HTTPConnection:
         parts = urllib.parse.urlsplit(endpoint)
         host, port = parts.hostname or "", parts.port
+        connection: http.client.HTTPConnection
         if parts.scheme == "https":
-            return http.client.HTTPSConnection(host, port, timeout=timeout, context=context)
-        return http.client.HTTPConnection(host, port, timeout=timeout)
+            connection = http.client.HTTPSConnection(host, port, timeout=timeout, context=context)
+        else:
+            connection = http.client.HTTPConnection(host, port, timeout=timeout)
+        try:
+            connection.connect()
+            # http.client writes a request's head and body separately: without this, the body
+            # would wait for the member to acknowledge the head.
+            connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except BaseException:
+            connection.close()
+            raise
+        return connection
 
     def close(self) -> None:
         """Close every idle connection (one in use closes when its request ends with an error,
