@@ -13,7 +13,8 @@ cycle time (see ``measure.py``):
   spare lease, the "take it if free or ours" transaction on it, and the release: a
   token-guarded delete, which leaves the lease for the next cycle), typed by hand as JSON on one
   bare ``http.client`` connection to the same member, as the backend sends them.
-- ``backend acquire/release``: ``EtcdBackend`` primitives.
+- ``backend acquire/release``: ``EtcdBackend`` primitives; ``..., session=`` the same on a
+  backend given a ``requests.Session`` (every request then goes through ``requests``).
 - ``Locker`` and ``Locker fenced``: ``locker.acquire(key).release()``, the whole public path;
   ``Locker direct_handoff`` the same on a backend with ``direct_handoff=True``.
 - ``tooz (etcd3gw driver)``: a started tooz coordinator (``etcd3+http://`` on the same member),
@@ -323,6 +324,8 @@ def _run(url: str, args: argparse.Namespace) -> dict[str, Any]:
     first = EtcdBackend.from_url(url).endpoints[0]
     floor = _raw_cycle(first)
     backend = EtcdBackend([first])
+    session = requests.Session()
+    on_session = EtcdBackend([first], session=session)
     locker = Locker(EtcdBackend([first]), ttl=TTL)
     fenced = Locker(EtcdBackend([first]), ttl=TTL, fencing=True)
     direct = Locker(EtcdBackend([first], direct_handoff=True), ttl=TTL)
@@ -330,6 +333,7 @@ def _run(url: str, args: argparse.Namespace) -> dict[str, Any]:
     missing = next((item for item in coordinators if isinstance(item, str)), None)
     contestants: dict[str, Any] = {
         "backend acquire/release": grant_cycle(backend.acquire, backend.release, TOKEN, TTL),
+        "backend acquire/release, session=": grant_cycle(on_session.acquire, on_session.release, TOKEN, TTL),
         "Locker": locker_cycle(locker),
         "Locker fenced": locker_cycle(fenced),
         "Locker direct_handoff": locker_cycle(direct),
@@ -367,6 +371,8 @@ def _run(url: str, args: argparse.Namespace) -> dict[str, Any]:
             item.close()
             item.backend.close()
         backend.close()
+        on_session.close()
+        session.close()
         for coordinator in coordinators:
             if not isinstance(coordinator, str):
                 coordinator.stop()

@@ -113,7 +113,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     """Start a private cluster of each size, compare the two versions on it, print the rows."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--baseline", required=True, type=Path, help="a checkout of the version to compare with")
-    parser.add_argument("--members", type=int, nargs="+", default=[1, 3], help="cluster sizes, one run on each")
+    parser.add_argument("--members", type=int, nargs="+", default=[1, 3],
+                        help="cluster sizes, one run on each (the docs' table shows 1 and 3)")
     parser.add_argument("--seconds", type=float, default=4.0, help="seconds per row")
     add_json_argument(parser)
     args = parser.parse_args(argv)
