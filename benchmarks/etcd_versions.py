@@ -1,6 +1,6 @@
 """The etcd cycle of this code against another version of lease_lock, in turns, in one run.
 
-    git worktree add /tmp/lease-lock-before <commit>
+    git clone --quiet . /tmp/lease-lock-before && git -C /tmp/lease-lock-before checkout <commit>
     python -m benchmarks.etcd_versions --baseline /tmp/lease-lock-before
                                        [--members 1 3] [--seconds 4] [--json PATH]
 
