@@ -9,11 +9,12 @@ the repository's ``tests`` package must be importable); otherwise ``--url`` name
 Cycle contestants, each alternating with the floor one cycle at a time and judged on the median
 cycle time (see ``measure.py``):
 
-- ``by hand with requests (floor)``: the three requests the backend sends for a cycle (a lease
-  grant, the "take it if free or ours" transaction, and the release: the revoke of that lease,
-  which deletes the key with it), typed by hand as JSON on a bare ``requests.Session`` to the
-  same member.
-- ``backend acquire/release``: ``EtcdBackend`` primitives.
+- ``by hand (floor)``: the three requests the backend sends for a cycle (the keep-alive of a
+  spare lease, the "take it if free or ours" transaction on it, and the release: a
+  token-guarded delete, which leaves the lease for the next cycle), typed by hand as JSON on one
+  bare ``http.client`` connection to the same member, as the backend sends them.
+- ``backend acquire/release``: ``EtcdBackend`` primitives; ``..., session=`` the same on a
+  backend given a ``requests.Session`` (every request then goes through ``requests``).
 - ``Locker`` and ``Locker fenced``: ``locker.acquire(key).release()``, the whole public path;
   ``Locker direct_handoff`` the same on a backend with ``direct_handoff=True``.
 - ``tooz (etcd3gw driver)``: a started tooz coordinator (``etcd3+http://`` on the same member),
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import http.client
 import importlib.util
 import json
 import multiprocessing
@@ -53,6 +55,7 @@ import random
 import tempfile
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -80,7 +83,7 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def _raw_cycle(session: requests.Session, endpoint: str) -> Callable[[], None]:
+def _raw_cycle(endpoint: str) -> Callable[[], None]:
     """The backend's three requests for one cycle, by hand."""
     name = _b64(f"lease_lock/bench:raw:{uuid.uuid4().hex[:8]}".encode())
     value = _b64(TOKEN.encode() + b"\x00bench")
@@ -88,13 +91,18 @@ def _raw_cycle(session: requests.Session, endpoint: str) -> Callable[[], None]:
         {"key": name, "target": "VALUE", "result": "GREATER", "value": _b64(TOKEN.encode())},
         {"key": name, "target": "VALUE", "result": "LESS", "value": _b64(TOKEN.encode() + b"\x01")},
     ]
+    parts = urllib.parse.urlsplit(endpoint)
+    connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=10)
 
     def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
-        answer: dict[str, Any] = session.post(endpoint + path, data=json.dumps(body), timeout=10).json()
+        connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        answer: dict[str, Any] = json.loads(connection.getresponse().read())
         return answer
 
+    lease = post("/v3/lease/grant", {"TTL": int(TTL)})["ID"]
+
     def cycle() -> None:
-        lease = post("/v3/lease/grant", {"TTL": int(TTL)})["ID"]
+        post("/v3/lease/keepalive", {"ID": lease})
         put = {"key": name, "value": value, "lease": lease}
         post("/v3/kv/txn", {
             "compare": [{"key": name, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
@@ -104,8 +112,8 @@ def _raw_cycle(session: requests.Session, endpoint: str) -> Callable[[], None]:
                 "success": [{"request_put": {**put, "prev_kv": True}}, {"request_range": {"key": name}}],
             }}],
         })
-        revoked = post("/v3/lease/revoke", {"ID": lease})
-        assert "error" not in revoked, revoked
+        released = post("/v3/kv/txn", {"compare": guard, "success": [{"request_delete_range": {"key": name}}]})
+        assert released.get("succeeded"), released
 
     return cycle
 
@@ -314,9 +322,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 def _run(url: str, args: argparse.Namespace) -> dict[str, Any]:
     # Every contestant talks to the same one member, so that none gains from a closer one.
     first = EtcdBackend.from_url(url).endpoints[0]
-    session = requests.Session()
-    floor = _raw_cycle(session, first)
+    floor = _raw_cycle(first)
     backend = EtcdBackend([first])
+    session = requests.Session()
+    on_session = EtcdBackend([first], session=session)
     locker = Locker(EtcdBackend([first]), ttl=TTL)
     fenced = Locker(EtcdBackend([first]), ttl=TTL, fencing=True)
     direct = Locker(EtcdBackend([first], direct_handoff=True), ttl=TTL)
@@ -324,6 +333,7 @@ def _run(url: str, args: argparse.Namespace) -> dict[str, Any]:
     missing = next((item for item in coordinators if isinstance(item, str)), None)
     contestants: dict[str, Any] = {
         "backend acquire/release": grant_cycle(backend.acquire, backend.release, TOKEN, TTL),
+        "backend acquire/release, session=": grant_cycle(on_session.acquire, on_session.release, TOKEN, TTL),
         "Locker": locker_cycle(locker),
         "Locker fenced": locker_cycle(fenced),
         "Locker direct_handoff": locker_cycle(direct),
@@ -361,6 +371,7 @@ def _run(url: str, args: argparse.Namespace) -> dict[str, Any]:
             item.close()
             item.backend.close()
         backend.close()
+        on_session.close()
         session.close()
         for coordinator in coordinators:
             if not isinstance(coordinator, str):

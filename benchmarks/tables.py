@@ -124,6 +124,19 @@ def _etcd_handoffs(results: dict[str, Any]) -> Rows:
     return rows
 
 
+def _etcd_versions(results: dict[str, Any]) -> Rows:
+    # One row per cycle; a rate, the baseline's rate and the ratio for one member, then three.
+    runs = [results["members"].get(members, {}) for members in ("1", "3")]
+    rows = []
+    for name in dict.fromkeys(name for run in runs for name in run):
+        row = [name]
+        for run in runs:
+            cycle = run.get(name)
+            row += [_rate(cycle["rate"]), _rate(cycle["baseline_rate"]), _ratio(cycle["ratio"])] if cycle else ["–"] * 3
+        rows.append(row)
+    return rows
+
+
 def _instructions(results: dict[str, Any]) -> Rows:
     return [[row["name"], f"{row['instructions']:,.0f}"] for row in results["rows"]]
 
@@ -137,6 +150,8 @@ TABLES: dict[str, tuple[str, list[str], Callable[[dict[str, Any]], Rows]]] = {
     "sqlite-cycles": ("sqlite_cycle", ["contestant", "cycles/s", "floor/s", "vs floor"], _cycles),
     "etcd-cycles": ("etcd_cycle", ["contestant", "cycles/s", "floor/s", "vs floor"], _etcd_cycles),
     "etcd-handoffs": ("etcd_cycle", ["row", "p50 ms (or grants/s)", "p99 ms (or vs 1 process)"], _etcd_handoffs),
+    "etcd-versions": ("etcd_versions", ["cycle", "1 member/s", "before/s", "vs before", "3 members/s", "before/s",
+                                        "vs before"], _etcd_versions),
     "contended": ("contended", ["store", "contestant", "grants/s", "vs 1 process", "hand-offs/s", "min/share",
                                 "p50 ms", "p99 ms", "overlaps"], _contended),
     "instructions": ("instructions", ["cycle on the memory backend", "instructions per cycle"], _instructions),

@@ -139,7 +139,7 @@ def key_lease(cluster: EtcdCluster, name: str) -> str:
     return str(kvs[0]["lease"])
 
 
-def test_only_a_lease_that_never_held_a_key_outlives_it_and_close_revokes_it(
+def test_a_lease_outlives_its_key_only_as_a_spare_and_close_revokes_the_spares(
     etcd_server: EtcdCluster, key: str
 ) -> None:
     backend = EtcdBackend.from_url(etcd_server.url)
@@ -151,16 +151,18 @@ def test_only_a_lease_that_never_held_a_key_outlives_it_and_close_revokes_it(
         assert backend.acquire(key, mine, 30, OWNER)  # re-acquire: the key moves to a new lease
         assert first not in live_leases(etcd_server)  # and the old one is revoked
         assert not backend.acquire(key, other, 30, OWNER)  # contention: its lease is kept
+        (lost_race,) = live_leases(etcd_server) - before - {key_lease(etcd_server, key)}
         assert backend.extend(key, mine, 20)  # another length: a new lease again
         held = key_lease(etcd_server, key)
-        assert len(live_leases(etcd_server) - before - {held}) == 1  # the kept one
+        assert live_leases(etcd_server) - before == {lost_race, held}
         assert backend.release(key, mine)
-        assert held not in live_leases(etcd_server)  # a released key's lease is revoked
-        assert backend.acquire(key, other, 30, OWNER)  # on the kept lease
-        assert live_leases(etcd_server) - before == {key_lease(etcd_server, key)}
-        assert not backend.acquire(key, mine, 30, OWNER)
+        assert held in live_leases(etcd_server)  # a released key's lease is kept, as a spare of 20 s
+        assert backend.acquire(key, other, 30, OWNER)  # on the spare of its length
+        assert key_lease(etcd_server, key) == lost_race
+        assert not backend.acquire(key, mine, 30, OWNER)  # a new grant, kept
+        (again,) = live_leases(etcd_server) - before - {lost_race, held}
         assert backend.force_release(key)
-        assert len(live_leases(etcd_server) - before) == 1  # the lease of the last lost race
+        assert live_leases(etcd_server) - before == {held, again}  # the key's lease is revoked
     finally:
         backend.close()
     assert live_leases(etcd_server) - before == set()
@@ -204,7 +206,6 @@ def test_a_refused_attempt_keeps_its_lease_and_the_next_renews_it_instead_of_a_g
     # Renewed to its whole length by that keep-alive, and held by the key.
     assert int(raw(etcd_server, "/v3/lease/timetolive", {"ID": lease})["TTL"]) > 25
     assert backend.release(key, waiting)
-    assert lease not in live_leases(etcd_server)
 
 
 def kept_lease(cluster: EtcdCluster, backend: EtcdBackend, holder: EtcdBackend, key: str, ttl: float) -> str:
@@ -232,6 +233,22 @@ def test_a_kept_lease_that_ran_out_is_replaced_by_a_new_grant(
     assert backend.release(key, mine)
 
 
+def test_a_released_keys_lease_that_ran_out_as_a_spare_is_never_used_for_a_grant(
+    etcd_server: EtcdCluster, counted: Counted, key: str
+) -> None:
+    session, backend, _holder = counted
+    mine = token()
+    assert backend.acquire(key, mine, 30, OWNER)
+    spare = key_lease(etcd_server, key)
+    assert backend.release(key, mine)
+    raw(etcd_server, "/v3/lease/revoke", {"ID": spare})  # gone while kept, as if it had run out
+    session.paths.clear()
+    assert backend.acquire(f"{key}:next", mine, 30, OWNER)
+    assert session.paths == ["/v3/lease/keepalive", "/v3/lease/grant", "/v3/kv/txn"]
+    assert key_lease(etcd_server, f"{key}:next") != spare
+    assert backend.release(f"{key}:next", mine)
+
+
 def test_a_lease_kept_a_whole_length_is_not_renewed(etcd_server: EtcdCluster, counted: Counted, key: str) -> None:
     session, backend, holder = counted
     kept = kept_lease(etcd_server, backend, holder, key, 2)
@@ -248,7 +265,7 @@ def test_a_lease_kept_a_whole_length_is_not_renewed(etcd_server: EtcdCluster, co
     assert backend.release(key, mine)
 
 
-# -- release by revoke ---------------------------------------------------------------------------
+# -- release -------------------------------------------------------------------------------------
 
 
 def release_requests(session: CountingSession, backend: EtcdBackend, key: str, mine: str) -> list[str]:
@@ -259,21 +276,31 @@ def release_requests(session: CountingSession, backend: EtcdBackend, key: str, m
 
 
 @pytest.mark.parametrize("moved", [False, True], ids=["its first lease", "moved to another length"])
-def test_a_release_is_one_revoke_that_deletes_the_key_with_its_lease(
+def test_a_release_is_one_guarded_delete_and_the_next_lock_takes_its_lease_without_a_grant(
     etcd_server: EtcdCluster, counted: Counted, key: str, moved: bool
 ) -> None:
     session, backend, _holder = counted
-    mine = token()
+    mine, next_one = token(), token()
     assert backend.acquire(key, mine, 30, OWNER)
-    leases = {key_lease(etcd_server, key)}
+    ttl = 30
     if moved:
+        first = key_lease(etcd_server, key)
         assert backend.extend(key, mine, 20)  # the key goes on a new lease, the old is revoked
-        leases.add(key_lease(etcd_server, key))
-        assert len(leases) == 2
-    assert release_requests(session, backend, key, mine) == ["/v3/lease/revoke"]
+        assert first not in live_leases(etcd_server)
+        ttl = 20
+    lease = key_lease(etcd_server, key)
+    assert release_requests(session, backend, key, mine) == ["/v3/kv/txn"]
     assert not raw(etcd_server, "/v3/kv/range", {"key": b64("lease_lock/" + key)}).get("kvs")
-    assert not leases & live_leases(etcd_server)
     assert not backend.release(key, mine)  # a second release finds nothing to end
+    # The lease is kept for the next lock of its length: renewed, not granted.
+    session.paths.clear()
+    assert backend.acquire(f"{key}:next", next_one, ttl, OWNER)
+    assert session.paths == ["/v3/lease/keepalive", "/v3/kv/txn"]
+    assert key_lease(etcd_server, f"{key}:next") == lease
+    assert int(raw(etcd_server, "/v3/lease/timetolive", {"ID": lease})["TTL"]) > ttl - 5
+    assert backend.release(f"{key}:next", next_one)
+    backend.close()
+    assert lease not in live_leases(etcd_server)
 
 
 @pytest.mark.parametrize("ended_by", ["force release", "lease ran out"])
@@ -320,39 +347,43 @@ def test_the_oldest_noted_holding_is_forgotten_beyond_the_bound(
     names = [f"{key}:{index}" for index in range(3)]
     for name in names:
         assert backend.acquire(name, mine, 30, OWNER)
-    leases = {key_lease(etcd_server, name) for name in names}
-    assert release_requests(session, backend, names[2], mine) == ["/v3/lease/revoke"]
+    leases = [key_lease(etcd_server, name) for name in names]
+    assert release_requests(session, backend, names[2], mine) == ["/v3/kv/txn"]
     assert release_requests(session, backend, names[0], mine) == ["/v3/kv/txn", "/v3/lease/revoke"]
-    assert release_requests(session, backend, names[1], mine) == ["/v3/lease/revoke"]
-    assert not leases & live_leases(etcd_server)
+    assert release_requests(session, backend, names[1], mine) == ["/v3/kv/txn"]
+    # The forgotten holding's lease is revoked; the noted ones are kept as spares.
+    assert live_leases(etcd_server) & set(leases) == {leases[1], leases[2]}
     assert not any(backend.inspect(name).held for name in names)
 
 
 class HookedSession(requests.Session):
-    """A session that runs ``after_revoke`` once, right after its first lease revoke."""
+    """A session that runs ``hook`` once, right after its first request to ``path``."""
 
-    def __init__(self, after_revoke: Any) -> None:
+    def __init__(self, path: str, hook: Any) -> None:
         super().__init__()
-        self.after_revoke = after_revoke
+        self.path = path
+        self.hook = hook
 
     def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:  # type: ignore[override]
         response = super().send(request, **kwargs)
-        if str(request.path_url) == "/v3/lease/revoke" and self.after_revoke is not None:
-            hook, self.after_revoke = self.after_revoke, None
+        if str(request.path_url) == self.path and self.hook is not None:
+            hook, self.hook = self.hook, None
             hook()
         return response
 
 
 def test_a_force_release_never_deletes_a_holder_that_came_after_it(etcd_server: EtcdCluster, key: str) -> None:
     holder = EtcdBackend(etcd_server.endpoints)
-    theirs = token()
-    # Between the force release's revoke and its delete of what is left, another holder takes
-    # the key: that newer holding stays.
-    forcing = EtcdBackend(
-        etcd_server.endpoints, session=HookedSession(lambda: holder.acquire(key, theirs, 30, OWNER))
-    )
+    mine, theirs = token(), token()
+
+    def hand_over() -> None:
+        assert holder.release(key, mine)
+        assert holder.acquire(key, theirs, 30, OWNER)
+
+    # Between the force release's read and its delete, the holder releases and another holder
+    # takes the key: that newer holding stays.
+    forcing = EtcdBackend(etcd_server.endpoints, session=HookedSession("/v3/kv/range", hand_over))
     try:
-        mine = token()
         assert holder.acquire(key, mine, 30, OWNER)
         assert forcing.force_release(key)
         assert holder.is_held(key, theirs)
@@ -360,6 +391,52 @@ def test_a_force_release_never_deletes_a_holder_that_came_after_it(etcd_server: 
         assert holder.release(key, theirs)
     finally:
         forcing.close()
+        holder.close()
+
+
+def test_a_force_release_never_revokes_a_lease_its_holder_released_and_took_again(
+    etcd_server: EtcdCluster, key: str
+) -> None:
+    # The holder keeps a released key's lease for its next lock: a force release that read the
+    # key on that lease before the release must not revoke it (that would end the next lock).
+    holder = EtcdBackend(etcd_server.endpoints)
+    mine, next_one = token(), token()
+
+    def release_and_take_another() -> None:
+        assert holder.release(key, mine)
+        assert holder.acquire(f"{key}:next", next_one, 30, OWNER)
+
+    forcing = EtcdBackend(etcd_server.endpoints, session=HookedSession("/v3/kv/range", release_and_take_another))
+    try:
+        assert holder.acquire(key, mine, 30, OWNER)
+        lease = key_lease(etcd_server, key)
+        assert forcing.force_release(key)
+        assert key_lease(etcd_server, f"{key}:next") == lease  # on the released key's lease
+        assert lease in live_leases(etcd_server)
+        assert holder.extend(f"{key}:next", next_one, 30)
+        assert holder.release(f"{key}:next", next_one)
+    finally:
+        forcing.close()
+        holder.close()
+
+
+def test_a_force_release_revokes_the_lease_the_key_was_on_so_the_holder_learns_of_it(
+    etcd_server: EtcdCluster, backend: EtcdBackend, key: str
+) -> None:
+    holder = EtcdBackend(etcd_server.endpoints)
+    mine = token()
+    try:
+        assert holder.acquire(key, mine, 30, OWNER)
+        lease = key_lease(etcd_server, key)
+        assert backend.force_release(key)
+        assert lease not in live_leases(etcd_server)
+        assert not holder.extend(key, mine, 30)
+        assert not holder.release(key, mine)
+        # That lease is no spare: the holder's next lock is on a new one.
+        assert holder.acquire(f"{key}:next", mine, 30, OWNER)
+        assert key_lease(etcd_server, f"{key}:next") != lease
+        assert holder.release(f"{key}:next", mine)
+    finally:
         holder.close()
 
 
@@ -509,12 +586,15 @@ def test_a_dead_endpoint_is_passed_over(etcd_server: EtcdCluster, key: str) -> N
         backend.close()
 
 
-def test_an_unreachable_cluster_is_backend_unavailable(key: str) -> None:
-    backend = EtcdBackend([f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"])
+@pytest.mark.parametrize("given_session", [False, True], ids=["own connections", "caller's session"])
+def test_an_unreachable_cluster_is_backend_unavailable(key: str, given_session: bool) -> None:
+    endpoints = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]
+    backend = EtcdBackend(endpoints, session=requests.Session() if given_session else None)
     try:
         with pytest.raises(BackendUnavailableError) as caught:
             backend.acquire(key, token(), 30, OWNER)
-        assert isinstance(caught.value.__cause__, requests.ConnectionError)
+        # The driver's error: requests' through a session, http.client's (an OSError) without.
+        assert isinstance(caught.value.__cause__, requests.ConnectionError if given_session else ConnectionRefusedError)
         assert caught.value.backend == "etcd"
         with pytest.raises(BackendUnavailableError):
             backend.inspect(key)

@@ -207,11 +207,12 @@ def test_a_release_of_a_key_whose_line_this_backend_follows_hands_over_without_a
         grant = lines[0].wait(30)
         assert grant is not None and grant.claimed and grant.fence == fence + 1
         lines[0].leave(True)
-        # The uncontended release: the watcher knows the line is empty, and one revoke ends it.
+        # The uncontended release: the watcher knows the line is empty, and one guarded delete
+        # ends it.
         assert holder.acquire(key + ":alone", HOLDER, 30, "holder")
         del session.paths[:]
         assert holder.release(key + ":alone", HOLDER)
-        assert session.paths == ["/v3/lease/revoke"]
+        assert session.paths == ["/v3/kv/txn"]
     finally:
         holder.close()
 

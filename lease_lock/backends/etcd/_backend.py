@@ -6,11 +6,12 @@ checked inside etcd's transactions as "the value sorts strictly between ``token`
 ``token + "\\x01"``": only values that start with ``token`` and a NUL do, since tokens contain
 no NUL. So a guard needs no read before the write, and the owner rides in the same key.
 
-- **acquire**: a lease (one that lost an earlier race, renewed by a keep-alive, else a new
-  grant: see :mod:`._leases`), then one transaction: "if the key does not exist, put it on that
-  lease; else if our token holds it, put it on that lease (same key, so the same
-  ``create_revision``) and say which lease it had". A re-acquire revokes the old lease; a lost
-  race keeps the one it brought for the next attempt.
+- **acquire**: a lease (a spare one, which lost an earlier race or held a key this backend
+  released, renewed by a keep-alive, else a new grant: see :mod:`._leases`), then one
+  transaction: "if the key does not exist, put it on that lease; else if our token holds it,
+  put it on that lease (same key, so the same ``create_revision``) and say which lease it
+  had". A re-acquire revokes the old lease; a lost race keeps the one it brought for the next
+  attempt.
 - **fence** = the key's ``create_revision``: etcd's revision counts every write of the whole
   cluster, is stored with the data (it survives restarts, leader changes and compaction) and
   only grows; a key created again after a release or an expiry gets the revision of that new
@@ -20,18 +21,18 @@ no NUL. So a guard needs no read before the write, and the owner rides in the sa
 - **extend** with the lease's own length: a read of the key (its token checked, its lease
   noted), then a keep-alive of that lease. With another length, the key moves to a new lease of that length (a guarded
   put that keeps the value) and the old lease is revoked: the new expiry replaces the old one.
-- **release**: the revoke of the key's lease, which deletes the key in the same replicated
-  write: one request, where a guarded delete and then a revoke would be two. Only a lease this
-  backend put the key on is revoked this way (the backend notes it at the grant, and at a move
-  to another length), and etcd's lease IDs are never reused, so the revoke can delete no key
-  but this holder's. When etcd no longer has that lease (it ran out, or a force release or a
-  re-acquire elsewhere revoked it), or the backend never noted it (the token was taken by
-  another process), the release is a guarded delete and then a revoke of the key's lease, as
-  before. A force release revokes first too, so a holder that releases after it learns that
-  it had lost the key. What no release can notice: the key deleted behind the library's back
-  (``etcdctl del``) while the lease lives; the heartbeat's next read sees it.
-- **force_release**: the revoke of the key's lease (which deletes it), then a delete of the
-  key if it is still there (it had no lease, or moved to another one meanwhile).
+- **release**: one guarded delete ("if ``token`` holds the key, delete it"), whose answer names
+  the lease the key was on: when that is the lease this backend put it on (noted at the grant,
+  and at a move to another length), the lease is kept as a spare for the next lock of its
+  length, which renews it instead of granting one (see :mod:`._leases`); any other lease is
+  revoked. A key on a lease a waiter brought (a ready lease, a place's claim lease) is released
+  by the revoke of that lease, which deletes the key in the same write, and by the guarded
+  delete when etcd no longer has the lease. What no release can notice: the key deleted behind
+  the library's back (``etcdctl del``) while the lease lives; the heartbeat's next read sees it.
+- **force_release**: a delete of the key guarded by the holding read (its ``create_revision``
+  and value), then the revoke of the lease that delete found the key on, so the holder's
+  extends and release find it gone; never a lease read before the delete, which its holder may
+  have released and taken again for another key meanwhile.
 - **extend_many**: the reads of up to 100 keys in one transaction, then one keep-alive
   request carrying all their leases.
 - **direct hand-off** (``direct_handoff``): a release that finds a place in the key's line (as
@@ -100,7 +101,7 @@ _MAX_TTL = 9_000_000_000
 # Keys per batched transaction: below etcd's default limit of 128 operations per transaction.
 _BATCH = 100
 _DEFAULT_PORT = 2379
-# Holdings noted for a release by revoke; beyond it the oldest is forgotten (a lock taken and
+# Holdings noted for the release (see _holdings); beyond it the oldest is forgotten (a lock taken and
 # never released, as a service's abandoned leases are, must not grow the map for ever). A
 # forgotten one's release takes the guarded path: slower, never wrong.
 _HOLDINGS = 16_384
@@ -151,10 +152,13 @@ class _LeaseGone(BackendUnavailableError):
 
 
 class EtcdBackend(ServiceStore):
-    """Leases kept by an etcd cluster (v3), over its JSON gateway with ``requests``.
+    """Leases kept by an etcd cluster (v3), over its JSON gateway.
 
     ``endpoints`` are the members' client URLs (``http://10.0.0.1:2379``); ``session`` a
-    ``requests.Session`` to send with (TLS settings included; it stays the caller's to close);
+    ``requests.Session`` to send every request with (TLS settings, adapters and hooks included;
+    it stays the caller's to close); without one, the backend makes its own and sends all but
+    its watch streams over plain pooled connections with that session's TLS settings, which
+    costs a fraction of the client CPU (see :mod:`._direct`);
     ``namespace`` the prefix of every key in etcd; ``timeout`` seconds for each request to one
     member before the next one is tried; ``user``/``password`` etcd credentials, when the
     cluster has auth enabled; ``direct_handoff`` makes a release hand the key straight to the
@@ -208,14 +212,16 @@ class EtcdBackend(ServiceStore):
         self._own_session = session is None
         self._client = EtcdClient(
             checked, session if session is not None else requests.Session(),
-            timeout=timeout, user=user, password=password,
+            timeout=timeout, user=user, password=password, direct=session is None,
         )
         self._watchers: list[WatchStream] = []
         # Lease length asked -> length etcd granted, when etcd's minimum raised it.
         self._granted: dict[int, int] = {}
         self._spares = SpareLeases()
-        # (name, token) -> the lease this backend put the key on, for a release by revoke.
-        self._holdings: dict[tuple[bytes, str], str] = {}
+        # (name, token) -> the lease this backend put the key on, and its length when the
+        # lease is one of the backend's own (a release then keeps it as a spare, see _leases);
+        # None for a lease a waiter brought (released by revoke).
+        self._holdings: dict[tuple[bytes, str], tuple[str, Optional[int]]] = {}
         self._holdings_mutex = threading.Lock()
         # The lease length of the latest attempt that found its key held (see _expect_wait).
         self._lost_length: Optional[int] = None
@@ -257,14 +263,14 @@ class EtcdBackend(ServiceStore):
             user, _colon, password = userinfo.partition(":")
             parsed["user"] = urllib.parse.unquote(user)
             parsed["password"] = urllib.parse.unquote(password)
-        session = requests.Session()
+        endpoints = _url_endpoints(parts.netloc, "https" if scheme == "etcds" else "http")
+        backend = cls(endpoints, **parsed)
+        # The backend's own session: read for its TLS settings on the first request.
+        session = backend._client.session
         if "ca" in tls:
             session.verify = tls["ca"]
         if "cert" in tls:
             session.cert = (tls["cert"], tls["key"])
-        endpoints = _url_endpoints(parts.netloc, "https" if scheme == "etcds" else "http")
-        backend = cls(endpoints, session=session, **parsed)
-        backend._own_session = True
         return backend
 
     # -- fork --------------------------------------------------------------------------------
@@ -363,10 +369,10 @@ class EtcdBackend(ServiceStore):
             return False
         return True
 
-    def _note_holding(self, name: bytes, token: str, lease: str) -> None:
+    def _note_holding(self, name: bytes, token: str, lease: str, seconds: Optional[int] = None) -> None:
         with self._holdings_mutex:
             self._holdings.pop((name, token), None)  # a re-acquire: the newest goes last
-            self._holdings[(name, token)] = lease
+            self._holdings[(name, token)] = (lease, seconds)
             if len(self._holdings) > _HOLDINGS:
                 del self._holdings[next(iter(self._holdings))]
 
@@ -405,8 +411,10 @@ class EtcdBackend(ServiceStore):
             if follower is not None:
                 follower.forget(name, token)
             raise
+        # The backend's own lease of `seconds` is kept as a spare by the release; a ready one is not.
+        reusable = seconds if ready is None else None
         if answer.get("succeeded"):
-            self._note_holding(name, token, lease)
+            self._note_holding(name, token, lease, reusable)
             if watcher is not None and entry is not None:
                 watcher.granted(key, entry)
             # The key was created by this transaction, so its create_revision is the write's.
@@ -427,7 +435,7 @@ class EtcdBackend(ServiceStore):
                     self._revoke(lease)
                 self._expect_wait(seconds)
             return None
-        self._note_holding(name, token, lease)
+        self._note_holding(name, token, lease, reusable)
         previous = mine["responses"][0]["response_put"].get("prev_kv", {}).get("lease")
         if previous != lease:
             self._revoke(previous)
@@ -466,7 +474,7 @@ class EtcdBackend(ServiceStore):
             if fence > 0:
                 with self._holdings_mutex:
                     self._holdings.pop((name, claim_token), None)
-                self._note_holding(name, token, lease)
+                self._note_holding(name, token, lease, seconds)
                 return fence
             # fence == 0: the key changed between the read and the guarded write; decide again.
 
@@ -570,20 +578,24 @@ class EtcdBackend(ServiceStore):
         return None, None
 
     def release(self, key: str, token: str) -> bool:
-        """End ``key``'s lease if ``token`` holds it: one revoke of the lease this backend put
-        the key on, else a guarded delete and a revoke (see the module's notes)."""
+        """End ``key``'s lease if ``token`` holds it: one guarded delete, its lease kept as a
+        spare (or, for a waiter's lease, one revoke); see the module's notes."""
         name = self._name(key)
         if self.direct_handoff and self._hand_on(name, token):
             return True
         with self._holdings_mutex:
-            lease = self._holdings.pop((name, token), None)
-        if lease is not None and self._revoke_holding(lease):
+            lease, seconds = self._holdings.pop((name, token), (None, None))
+        if lease is not None and seconds is None and self._revoke_holding(lease):
             return True
         answer = self._txn(token_guard(name, token), [{"request_delete_range": {"key": b64(name), "prev_kv": True}}])
         if not answer.get("succeeded"):
+            # Not ours (any more): a lease of ours it was on holds nothing now, or is gone.
+            self._revoke(lease if seconds is not None else None)
             return False
         for kv in answer["responses"][0]["response_delete_range"].get("prev_kvs", []):
-            self._revoke(kv.get("lease"))
+            on = str(kv.get("lease") or "0")
+            if on != lease or seconds is None or not self._spares.keep(seconds, on):
+                self._revoke(on)
         return True
 
     def _hand_on(self, name: bytes, token: str) -> bool:
@@ -697,8 +709,8 @@ class EtcdBackend(ServiceStore):
             with self._holdings_mutex:
                 # Only a holding not being released meanwhile (which then finds `old` gone
                 # and deletes the key by its token).
-                if self._holdings.get((name, token)) == old:
-                    self._holdings[(name, token)] = new
+                if self._holdings.get((name, token), ("", None))[0] == old:
+                    self._holdings[(name, token)] = (new, seconds)
             self._revoke(old)
             return True
         self._revoke(new)
@@ -726,16 +738,18 @@ class EtcdBackend(ServiceStore):
         return self._state(kvs[0]) if kvs else LockState.free(key)
 
     def force_release(self, key: str) -> bool:
-        """End ``key``'s lease whoever holds it: revoke the lease (the holder's own release
-        then finds it gone), then delete the key if that holding is still there (on no
-        lease, or moved to another one meanwhile), never a newer holder's."""
+        """End ``key``'s lease whoever holds it: delete the key if the holding read is still
+        there (never a newer holder's), then revoke the lease it was on in that very write, so
+        the holder's extends and release find it gone.
+
+        Only the lease the delete saw is revoked: a holder's backend keeps the lease of a key it
+        released as a spare for its next lock (see :mod:`._leases`), so a lease read before the
+        delete may hold another key by the time it is revoked; the one the delete saw cannot,
+        since its holder never released that key."""
         name = self._name(key)
         kvs = self._call("/v3/kv/range", {"key": b64(name)}).get("kvs", [])
         if not kvs:
             return False
-        lease = str(kvs[0].get("lease") or "0")
-        if lease != "0":
-            self._revoke_holding(lease)
         # The same holding: a key handed over keeps its create_revision but not its value.
         same_holding = [
             {"key": b64(name), "target": "CREATE", "result": "EQUAL", "create_revision": kvs[0]["create_revision"]},
@@ -744,7 +758,9 @@ class EtcdBackend(ServiceStore):
         answer = self._txn(same_holding, [{"request_delete_range": {"key": b64(name), "prev_kv": True}}])
         if answer.get("succeeded"):
             for kv in answer["responses"][0]["response_delete_range"].get("prev_kvs", []):
-                self._revoke(kv.get("lease"))
+                lease = str(kv.get("lease") or "0")
+                if lease != "0":
+                    self._revoke_holding(lease)
         return True
 
     def scan(self, prefix: str) -> Iterator[LockState]:
@@ -842,5 +858,6 @@ class EtcdBackend(ServiceStore):
         self._watchers = []
         for lease in self._spares.drain():
             self._revoke(lease)
+        self._client.close()
         if self._own_session:
             self._client.session.close()

@@ -1,6 +1,8 @@
-"""A small client of etcd's v3 JSON gateway over ``requests``: endpoints, failover and auth.
+"""A small client of etcd's v3 JSON gateway: endpoints, failover and auth.
 
-Every call is one ``POST`` of a JSON body to a ``/v3/...`` path of one member. The client keeps
+Every call is one ``POST`` of a JSON body to a ``/v3/...`` path of one member, sent through the
+``requests`` session, or over the client's own connections when the backend made the session
+itself (see :mod:`._direct`); watch streams always use the session. The client keeps
 using the member that answered last; a member that refuses, resets, times out or answers that
 it cannot serve now (no leader, lost quorum, a leader change, a request timed out inside the
 cluster) is left at once for the next one, so one stalled member costs one ``timeout``, not a
@@ -16,21 +18,27 @@ and the request sent again.
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import random
+import ssl
 import threading
 import time
 from typing import Any, ContextManager, Iterator, Optional, Sequence
 
 import requests
+from requests.utils import select_proxy
 
 from ...errors import BackendUnavailableError
 from ..base import CallBudget
+from ._direct import DirectConnections, tls_context
 
 __all__ = ["CODE_NOT_FOUND", "EtcdClient", "EtcdError", "b64", "prefix_end", "unb64"]
 
 #: The gRPC status code of etcd's "requested lease not found" (and other missing things).
 CODE_NOT_FOUND = 5
+# What a member that refuses, resets, stalls or cannot serve raises: try the next one.
+_TRY_NEXT = (requests.ConnectionError, requests.Timeout, OSError, http.client.HTTPException)
 # gRPC status codes the gateway reports in its error bodies.
 _CODE_UNAUTHENTICATED = 16
 # A member that cannot serve now: unavailable, deadline exceeded, resource exhausted, aborted.
@@ -88,7 +96,9 @@ class EtcdClient:
     """POSTs JSON to a list of etcd members, failing over between them.
 
     ``endpoints`` are base URLs (``http://127.0.0.1:2379``); ``session`` carries TLS settings
-    (``verify``, ``cert``) and pooling; ``timeout`` bounds each request's connect and each read
+    (``verify``, ``cert``) and pooling; ``direct`` sends the requests that are no watch over
+    the client's own connections with the session's TLS settings (for a session nobody else
+    configured: see :mod:`._direct`); ``timeout`` bounds each request's connect and each read
     (half of it for keep-alives). A call given ``within`` seconds, or made inside a
     :meth:`budget`, also ends by then, failing over to the next member only while time is left.
     """
@@ -101,9 +111,11 @@ class EtcdClient:
         timeout: float,
         user: Optional[str] = None,
         password: Optional[str] = None,
+        direct: bool = False,
     ) -> None:
         self.endpoints = list(endpoints)
         self.session = session
+        self._direct = DirectConnections() if direct else None
         self.timeout = timeout
         self._user = user
         self._password = password
@@ -112,6 +124,8 @@ class EtcdClient:
         self._token: Optional[str] = None
         #: Endpoint -> the session's settings from the environment for it (see send).
         self._settings: dict[str, dict[str, Any]] = {}
+        #: Endpoint -> whether its requests go over the own connections, and their TLS context.
+        self._routes: dict[str, tuple[bool, Optional[ssl.SSLContext]]] = {}
         self._budget = CallBudget(0.0)
 
     def budget(self, seconds: float) -> ContextManager[None]:
@@ -131,7 +145,15 @@ class EtcdClient:
         """In a forked child: a session of its own and fresh locks (the parent's may be held)."""
         self.session = session
         self._settings = {}
+        self._routes = {}
         self._mutex = threading.Lock()
+        if self._direct is not None:
+            self._direct.after_fork()
+
+    def close(self) -> None:
+        """Close the client's own connections (the session is its owner's to close)."""
+        if self._direct is not None:
+            self._direct.close()
 
     def order(self) -> list[str]:
         """The endpoints in the order the next call tries them: the last good one first."""
@@ -163,7 +185,7 @@ class EtcdClient:
                     break
                 try:
                     answer = self._call_one(endpoint, path, body, timeout)
-                except (requests.ConnectionError, requests.Timeout, _TryElsewhere) as error:
+                except (*_TRY_NEXT, _TryElsewhere) as error:
                     last = error
                     continue
                 self._settle_on(endpoint)
@@ -210,32 +232,57 @@ class EtcdClient:
         ``requests`` lets ``REQUESTS_CA_BUNDLE`` (and ``CURL_CA_BUNDLE``) override a session's
         CA bundle otherwise, which would silently drop the ``ca=`` of an ``etcds://`` URL.
         """
+        request = self.session.prepare_request(requests.Request("POST", endpoint + path, headers=headers, data=data))
+        return self.session.send(request, timeout=timeout, stream=stream, **self._settings_for(endpoint))
+
+    def _settings_for(self, endpoint: str) -> dict[str, Any]:
         settings = self._settings.get(endpoint)
         if settings is None:
             merged = self.session.merge_environment_settings(endpoint, {}, None, self.session.verify, None)
             settings = self._settings[endpoint] = {key: merged[key] for key in ("proxies", "verify", "cert")}
-        request = self.session.prepare_request(requests.Request("POST", endpoint + path, headers=headers, data=data))
-        return self.session.send(request, timeout=timeout, stream=stream, **settings)
+        return settings
+
+    def _exchange(
+        self, endpoint: str, path: str, data: str, headers: dict[str, str], timeout: float
+    ) -> tuple[int, bytes, str]:
+        """One POST that is no watch: the answer's status, body and URL. Over the client's own
+        connections when it has them and no proxy applies to ``endpoint``, else the session."""
+        if self._direct is not None:
+            route = self._routes.get(endpoint)
+            if route is None:
+                settings = self._settings_for(endpoint)
+                direct = not select_proxy(endpoint, settings["proxies"])
+                https = direct and endpoint.startswith("https:")
+                route = self._routes[endpoint] = (
+                    direct, tls_context(settings["verify"], settings["cert"]) if https else None
+                )
+            if route[0]:
+                status, body = self._direct.post(endpoint, path, data.encode(), headers, timeout, route[1])
+                return status, body, endpoint + path
+        response = self.send(endpoint, path, data, headers, timeout)
+        return response.status_code, response.content, response.url
 
     def _post(
         self, endpoint: str, path: str, body: Any, headers: dict[str, str], timeout: Optional[float] = None
     ) -> dict[str, Any]:
         data = body if isinstance(body, str) else json.dumps(body)
-        return self._decode(self.send(endpoint, path, data, headers, self.timeout if timeout is None else timeout))
+        timeout = self.timeout if timeout is None else timeout
+        return self._decode(*self._exchange(endpoint, path, data, headers, timeout))
 
     @staticmethod
-    def _decode(response: requests.Response) -> dict[str, Any]:
+    def _decode(status: int, body: bytes, url: str) -> dict[str, Any]:
         try:
-            answer = response.json()
+            answer = json.loads(body)
         except ValueError:
-            if response.status_code >= 500:
-                raise _TryElsewhere(f"HTTP {response.status_code} from {response.url}") from None
-            response.raise_for_status()
+            if status >= 500:
+                raise _TryElsewhere(f"HTTP {status} from {url}") from None
+            if status >= 400:
+                raise requests.HTTPError(f"HTTP {status} from {url}") from None
             raise
         if not isinstance(answer, dict):
-            raise _TryElsewhere(f"unexpected answer from {response.url}")
-        if "error" in answer or response.status_code >= 400:
-            message = str(answer.get("message") or answer.get("error") or response.status_code)
+            raise _TryElsewhere(f"unexpected answer from {url}")
+        if "error" in answer or status >= 400:
+            message = str(answer.get("message") or answer.get("error") or status)
             code = int(answer.get("code") or 0)
             lowered = message.lower()
             if code in _CODES_TRY_ELSEWHERE or any(text in lowered for text in _MESSAGES_TRY_ELSEWHERE):
@@ -270,7 +317,7 @@ class EtcdClient:
             endpoint = self.order()[0]
             try:
                 answers = self._keepalive_round(endpoint, pending, timeout)
-            except (requests.ConnectionError, requests.Timeout, _TryElsewhere) as error:
+            except (*_TRY_NEXT, _TryElsewhere) as error:
                 answers, last = {}, error
             if not answers:
                 last = last or _TryElsewhere(f"no keep-alive answers from {endpoint}")
@@ -285,14 +332,15 @@ class EtcdClient:
     def _keepalive_round(self, endpoint: str, leases: Sequence[str], timeout: float) -> dict[str, int]:
         body = "".join(json.dumps({"ID": lease}) for lease in leases)
         try:
-            response = self.send(endpoint, "/v3/lease/keepalive", body, self._headers(endpoint), timeout)
+            headers = self._headers(endpoint)
+            status, stream, url = self._exchange(endpoint, "/v3/lease/keepalive", body, headers, timeout)
         except EtcdError as error:
             if error.code != _CODE_UNAUTHENTICATED or self._user is None:
                 raise
             self._headers(endpoint, renew=True)
             raise _TryElsewhere(str(error)) from error
         answers: dict[str, int] = {}
-        for line in response.text.splitlines():
+        for line in stream.splitlines():
             try:
                 message = json.loads(line)
             except ValueError:
@@ -312,8 +360,8 @@ class EtcdClient:
             result = message.get("result")
             if isinstance(result, dict) and "ID" in result:
                 answers[str(result["ID"])] = int(result.get("TTL") or 0)
-        if not answers and response.status_code >= 400:
-            self._decode(response)
+        if not answers and status >= 400:
+            self._decode(status, stream, url)
         return answers
 
     def watch(self, endpoint: str, request: dict[str, Any]) -> requests.Response:

@@ -1,24 +1,30 @@
-"""Spare etcd leases: a lease that lost a race is kept for the next attempt of its length.
+"""Spare etcd leases: a lease a lock is done with is kept for the next attempt of its length.
 
-An acquisition on etcd brings a lease of its own for the key. Granting one and revoking it are
+An acquisition on etcd puts the key on a lease of its own. Granting one and revoking it are
 both replicated writes (each waits for a quorum's disk), while a keep-alive is answered by the
-leader alone. An attempt that finds the key held attached its lease to nothing, so instead of
-revoking it, the backend keeps it here, and its next attempt of the same length (a waiter's
-retry, or the take after a release woke it) renews it with one keep-alive instead of granting
-a new one: a refused attempt costs one transaction and one keep-alive instead of two more
-replicated writes, and a hand-off one commit fewer.
+leader alone. So the backend keeps the leases its locks are done with, and its next attempt of
+the same length renews one with a keep-alive instead of granting a new one: an uncontended cycle
+is a keep-alive, the grant transaction and the release's guarded delete (two writes, where a
+grant, the transaction and a revoke were three), and a refused attempt costs one transaction and
+one keep-alive instead of two more replicated writes.
 
-Only a lease that *never* held a key is kept, and never one that may have: a write on it whose
-answer was lost may have put a key on it, which the next lock's keep-alives would then keep
-held (such a lease is revoked, or left to run out). A lease whose key was released, or moved to
-another lease by a re-acquire, is revoked as before: the heartbeat reads a key's lease with a
-serializable read, which a lagging member may answer from before the release, and only a dead
-lease makes such a stale read fail instead of extending a lease that no longer holds the key.
+Two kinds of lease are kept: one an attempt brought and found the key held (it never held a
+key), and one a release took its key off with a guarded delete whose answer named that very
+lease (only a lease of the backend's own length, not one a waiter brought). Any other way a key
+leaves its lease revokes the lease: an expiry ends it anyway; a force release, an adopt, a
+hand-over, a re-acquire and a move to another length revoke the lease the key was on in their own
+write (its ``prev_kv``), never one read before it; and a release whose answer was lost keeps
+nothing, since the key may still be on it. So a lease is shared by two keys never at once, and
+a kept lease is one whose holder released its key itself: no process extends that key any more
+(an extend that raced the release may still renew it, harmlessly), and a stale read of it finds
+the holder's own token, whose lock is over. The heartbeat's serializable reads of other keys
+cannot name the lease either: a key is only ever put on a lease of the backend that holds it.
 
 - An acquisition renews a kept lease *after* its own request time was taken, so the store's
   lease ends no earlier than that time plus the full length: the local lease, judged from the
   request time, never outlives the store's. A kept lease that ran out meanwhile answers the
-  keep-alive with no time left and is replaced by a fresh grant.
+  keep-alive with no time left and is replaced by a fresh grant; one kept a whole length since
+  its last renewal is not even tried.
 - A forked child drops the parent's spares (both processes would attach keys to one lease);
   closing the backend revokes them. A process that dies leaves them to run out by themselves.
 """
@@ -36,7 +42,7 @@ SPARE_LEASES = 32
 
 
 class SpareLeases:
-    """Leases that never held a key, by their length in seconds; thread-safe."""
+    """Leases that hold no key, by their length in seconds; thread-safe."""
 
     def __init__(self, limit: int = SPARE_LEASES, clock: Callable[[], float] = time.monotonic) -> None:
         self._limit = limit
@@ -61,8 +67,8 @@ class SpareLeases:
             return None
 
     def keep(self, seconds: int, lease: str) -> bool:
-        """Keep ``lease`` of ``seconds``, which never held a key, for reuse; ``False`` when the
-        spares are full and the caller is to revoke it."""
+        """Keep ``lease`` of ``seconds``, which holds no key (see the module's notes), for
+        reuse; ``False`` when the spares are full and the caller is to revoke it."""
         now = self._clock()
         with self._mutex:
             if self._count >= self._limit:
