@@ -26,7 +26,7 @@ import requests
 from benchmarks.chaos_harness.proxy import TcpProxy
 from lease_lock import BackendUnavailableError, Lock, Locker, Retry, ValidationError
 from lease_lock.backends import backend_from_url
-from lease_lock.backends.base import LineGrant, WaitingLine
+from lease_lock.backends.base import CALL_MARGIN, LineGrant, WaitingLine
 from lease_lock.backends.etcd import EtcdBackend
 from lease_lock.testing import BackendContract, wait_until
 
@@ -365,7 +365,10 @@ def test_a_refresh_inside_a_wait_ends_with_the_wait(etcd_server: EtcdCluster, ho
         assert line.wait(1.5) is None
         refreshes = session.sent[before:]
         assert {path for path, _timeout in refreshes} >= {"/v3/lease/keepalive", "/v3/kv/txn"}
-        assert all(isinstance(timeout, float) and timeout <= 1.5 for _path, timeout in refreshes), refreshes
+        # The wait's time left, or the least a request is given (a busy host's margin).
+        assert all(
+            isinstance(timeout, float) and timeout <= max(1.5, CALL_MARGIN) for _path, timeout in refreshes
+        ), refreshes
         line.leave(False)
     finally:
         backend.close()

@@ -67,7 +67,16 @@ import requests
 from ... import forksafe
 from ...errors import BackendUnavailableError, ValidationError
 from ...validation import check_bool, check_duration
-from ..base import Capabilities, ExtendRequest, LockState, ReleaseWatcher, WaitingLine, parse_bool, parse_url_options
+from ..base import (
+    CALL_MARGIN,
+    Capabilities,
+    ExtendRequest,
+    LockState,
+    ReleaseWatcher,
+    WaitingLine,
+    parse_bool,
+    parse_url_options,
+)
 from ..line import AnnouncedLine, Announcements, LineSlots, claim_for
 from ..service import ServiceStore
 from ._client import CODE_NOT_FOUND, EtcdClient, EtcdError, b64, prefix_end, unb64
@@ -75,7 +84,6 @@ from ._counters import count_in_window
 from ._handoff import EtcdHandoffWatcher, ReadyLease
 from ._leases import SpareLeases
 from ._line import (
-    LEAST_WITHIN,
     UNKNOWN,
     EtcdLineWatcher,
     EtcdWaitingLine,
@@ -315,10 +323,10 @@ class EtcdBackend(ServiceStore):
 
     def call_budget(self, seconds: float) -> ContextManager[None]:
         """Bound the requests this thread sends inside the block (see
-        :meth:`Backend.call_budget`): each ends by ``seconds`` and :data:`~._line.LEAST_WITHIN`
+        :meth:`Backend.call_budget`): each ends by ``seconds`` and :data:`~lease_lock.backends.base.CALL_MARGIN`
         from now, sooner than its ``timeout`` when that is shorter, and failing over to the
         next member only while time is left; the call then raises ``BackendUnavailableError``."""
-        return self._client.budget(seconds + LEAST_WITHIN)
+        return self._client.budget(seconds + CALL_MARGIN)
 
     def _txn(
         self,

@@ -39,12 +39,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
 
 from ...errors import BackendUnavailableError
-from ..base import LineGrant
+from ..base import CALL_MARGIN, LineGrant
 from ..line import FREED, Freed, Handed, Joined, LineSlots, RefreshedLine
 from ._client import CODE_NOT_FOUND, EtcdClient, EtcdError, b64, prefix_end, unb64
 from ._watch import RESERVED, WatchStream
 
-__all__ = ["FOLLOWED_LINES", "LEAST_WITHIN", "LINE_MARK", "UNKNOWN", "EtcdLineWatcher", "EtcdWaitingLine", "LineCalls",
+__all__ = ["FOLLOWED_LINES", "LINE_MARK", "UNKNOWN", "EtcdLineWatcher", "EtcdWaitingLine", "LineCalls",
            "Unknown", "fence_of", "holds", "line_prefix", "line_range", "owner_of", "ranged", "token_guard"]
 
 #: What follows the namespace in the name of every place in line.
@@ -102,10 +102,6 @@ class Unknown(NamedTuple):
 UNKNOWN = Unknown()
 #: Lines followed at once, at most; past it the oldest is forgotten (its release reads etcd).
 FOLLOWED_LINES = 16_384
-#: The least time (seconds) a refresh inside a wait is given, however little of the wait is
-#: left: a healthy cluster answers in milliseconds (a commit included), and a refresh cut short
-#: would read as an outage. A wait ends at most this much past its seconds.
-LEAST_WITHIN = 0.25
 
 
 @dataclass
@@ -367,7 +363,8 @@ class EtcdWaitingLine(RefreshedLine):
 
     def wait(self, seconds: float) -> Optional[LineGrant]:
         """See :meth:`~lease_lock.backends.handoff.WaitingLine.wait`. A refresh that falls due
-        in the wait ends with it (or :data:`LEAST_WITHIN` later), so a silent member holds the
+        in the wait ends with it (or :data:`~lease_lock.backends.base.CALL_MARGIN` later: a
+        refresh cut short would read as an outage), so a silent member holds the
         waiter no longer than the seconds given, instead of a request timeout per member."""
         self._until = time.monotonic() + seconds
         try:
@@ -379,7 +376,7 @@ class EtcdWaitingLine(RefreshedLine):
         """The seconds a request may take now: ``None`` (the client's timeouts) outside a wait."""
         if self._until is None:
             return None
-        return max(self._until - time.monotonic(), LEAST_WITHIN)
+        return max(self._until - time.monotonic(), CALL_MARGIN)
 
     def _join(self, sent: float) -> Joined:
         self._unanswered = True
