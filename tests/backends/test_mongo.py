@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import datetime
+import time
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import freezegun
+import lease_lock
 import pymongo
+import pymongo.errors
 import pytest
+from benchmarks.chaos_harness.proxy import TcpProxy
 from lease_lock.backends import backend_from_url
 from lease_lock.backends.base import Backend
-from lease_lock.backends.mongo import MongoBackend
-from lease_lock.testing import BackendContract, ServiceStoreContract
+from lease_lock.backends.mongo import MongoBackend, mongo_indexes
+from lease_lock.errors import BackendUnavailableError, ValidationError
+from lease_lock.testing import BackendContract, ServiceStoreContract, wait_until
 
 from tests.support.mongo_server import MongoServer
+from tests.support.ports import free_port
+from tests.support.silent_wait import check_a_silent_store_ends_a_wait_as_an_outage
 
 OWNER = "mongo-test:1"
 
@@ -79,4 +89,194 @@ def test_the_document_is_readable_by_operators(client: Any, backend: MongoBacken
     }
     counter = client[backend.database]["lease_lock-fences"].find_one({"_id": key})
     assert counter["fence"] == fence
-    assert pymongo.version
+
+
+# -- the server's clock --------------------------------------------------------------------------
+
+
+def test_expiry_is_judged_on_the_servers_clock_not_the_clients(backend: MongoBackend, key: str) -> None:
+    # The client's wall clock a century ahead changes nothing: no statement reads it.
+    mine = token()
+    with freezegun.freeze_time("2126-01-01"):
+        assert backend.acquire_fenced(key, mine, 60, OWNER) is not None
+        state = backend.inspect(key)
+        assert backend.is_held(key, mine)
+        assert backend.extend(key, mine, 60)
+    assert state.held and state.expires_at is not None and state.expires_in is not None
+    assert abs(state.expires_at.timestamp() - time.time() - 60) < 30
+    assert 0 < state.expires_in <= 60
+
+
+def test_a_lapsed_lease_still_stored_is_taken_over(client: Any, backend: MongoBackend, key: str) -> None:
+    # A real server's TTL monitor runs about once a minute, so a lapsed lease can still be
+    # there when the next grant comes: the grant takes it over instead of failing on the _id.
+    leases = client[backend.database]["lease_lock"]
+    backend.acquire(key, token(), 60, OWNER)
+    leases.update_one({"_id": key}, {"$set": {"expires": datetime.datetime(2000, 1, 1)}})
+    assert not backend.inspect(key).held
+    assert not list(backend.scan(key))
+    second = token()
+    assert backend.acquire(key, second, 60, OWNER)
+    assert backend.is_held(key, second)
+
+
+# -- fences ------------------------------------------------------------------------------------
+
+
+def test_fences_rise_after_the_lease_document_is_deleted_by_hand(
+    client: Any, backend: MongoBackend, key: str
+) -> None:
+    first = backend.acquire_fenced(key, token(), 60, OWNER)
+    client[backend.database]["lease_lock"].delete_one({"_id": key})
+    second = backend.acquire_fenced(key, token(), 60, OWNER)
+    assert first is not None and second is not None and second > first
+
+
+def test_fences_rise_after_the_counters_are_lost(client: Any, backend: MongoBackend, key: str) -> None:
+    # A counter a thousand grants ahead of the clock floor, then every counter and lease gone:
+    # the clock floor still puts the next fence above the last one handed out.
+    first = backend.acquire_fenced(key, token(), 60, OWNER)
+    assert first is not None
+    database = client[backend.database]
+    database["lease_lock-fences"].update_one({"_id": key}, {"$inc": {"fence": 1000}})
+    database["lease_lock"].delete_one({"_id": key})
+    ahead = backend.acquire_fenced(key, token(), 60, OWNER)
+    assert ahead is not None and ahead >= first + 1000
+    database.drop_collection("lease_lock-fences")
+    database.drop_collection("lease_lock")
+    wait_until(lambda: time.time() * 1e6 > ahead + 10_000, 30)
+    after = backend.acquire_fenced(key, token(), 60, OWNER)
+    assert after is not None and after > ahead
+
+
+def test_a_fence_counted_after_the_lease_ended_is_not_handed_out(
+    client: Any, backend: MongoBackend, key: str
+) -> None:
+    # The grant's lease ends before the counter's answer comes back (a 1 ms lease): the fence
+    # is not ordered by the lease, so the grant is given back and answers "not granted".
+    assert backend.acquire_fenced(key, token(), 0.001, OWNER) is None
+    assert not backend.inspect(key).held
+    assert client[backend.database]["lease_lock-fences"].find_one({"_id": key}) is not None
+
+
+# -- indexes and options -----------------------------------------------------------------------
+
+
+def test_the_ttl_index_is_created_on_first_use(client: Any, backend: MongoBackend, key: str) -> None:
+    assert backend.acquire(key, token(), 60, OWNER)
+    indexes = {index["name"]: index for index in client[backend.database]["lease_lock"].list_indexes()}
+    ttl = [index for index in indexes.values() if dict(index["key"]) == {"expires": 1}]
+    assert len(ttl) == 1 and ttl[0]["expireAfterSeconds"] == 0
+
+
+def test_without_create_indexes_a_missing_ttl_index_is_refused_until_made(
+    mongo_server: MongoServer, mongo_database: str, client: Any, key: str
+) -> None:
+    url = mongo_server.url(mongo_database, collection="locks", create_indexes="false")
+    backend = MongoBackend.from_url(url)
+    try:
+        with pytest.raises(ValidationError, match=r"no TTL index on 'expires'.*mongo_indexes"):
+            backend.acquire(key, token(), 60, OWNER)
+        assert "locks" not in client[mongo_database].list_collection_names()
+        for name, indexes in mongo_indexes(collection="locks").items():
+            client[mongo_database][name].create_indexes(indexes)
+        assert backend.acquire(key, token(), 60, OWNER)
+    finally:
+        backend.close()
+
+
+def test_the_url_names_database_collection_and_pymongo_options(
+    mongo_server: MongoServer, mongo_database: str, client: Any, key: str
+) -> None:
+    url = mongo_server.url(mongo_database, collection="app-locks", appname="ll-test", serverSelectionTimeoutMS="2500")
+    with lease_lock.connect(url) as locker:
+        backend = locker.backend
+        assert isinstance(backend, MongoBackend)
+        assert (backend.database, backend.collection) == (mongo_database, "app-locks")
+        assert backend.client.options.pool_options.metadata["application"]["name"] == "ll-test"
+        assert backend.client.options.server_selection_timeout == 2.5
+        with locker.lock(key):
+            assert client[mongo_database]["app-locks"].count_documents({"_id": key}) == 1
+
+
+def test_writes_ask_a_majority_unless_told_otherwise(mongo_server: MongoServer, mongo_database: str) -> None:
+    plain = MongoBackend.from_url(mongo_server.url(mongo_database))
+    own = MongoBackend.from_url(mongo_server.url(mongo_database, w="1"))
+    given = MongoBackend.from_url(mongo_server.url(mongo_database), write_concern={"w": 1, "wtimeout": 5000})
+    try:
+        assert plain.write_concern == pymongo.WriteConcern(w="majority")
+        assert own.write_concern is None and own.client.write_concern == pymongo.WriteConcern(w=1)
+        assert given.write_concern == pymongo.WriteConcern(w=1, wtimeout=5000)
+        for backend in (plain, own, given):
+            assert backend.acquire(f"wc:{uuid.uuid4().hex}", token(), 60, OWNER)
+    finally:
+        for backend in (plain, own, given):
+            backend.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "message"),
+    [
+        ("mongodb://127.0.0.1:1/", {}, "must name its database"),
+        ("mongodb://127.0.0.1:1/db?colection=x", {}, "colection"),
+        ("mongodb://127.0.0.1:1/db?serverSelectionTimeoutMS=soon", {}, "serverselectiontimeoutms"),
+        ("mongodb://127.0.0.1:1/db?create_indexes=maybe", {}, "create_indexes"),
+        ("mongodb://127.0.0.1:1/db?write_concern=majority", {}, "pymongo's own options w"),
+        ("mongodb://127.0.0.1:1/db", {"collection": "system.locks"}, "system."),
+        ("mongodb://127.0.0.1:1/db", {"collection": ""}, "collection must be"),
+        ("mongodb://127.0.0.1:1/db", {"write_concern": {"w": 0}}, "acknowledged"),
+        ("mongodb://127.0.0.1:1/db", {"write_concern": "majority"}, "write_concern must be a mapping"),
+        ("mongodb://127.0.0.1:1/db", {"tabel": "x"}, "tabel"),
+        ("mongodb://u:s3cret@127.0.0.1:1/", {}, r"u:\*\*\*@"),
+    ],
+)
+def test_bad_urls_and_options_are_validation_errors(url: str, options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=message) as caught:
+        lease_lock.connect(url, **options)
+    assert "s3cret" not in str(caught.value)
+
+
+# -- outages -----------------------------------------------------------------------------------
+
+
+def test_an_unreachable_server_is_backend_unavailable() -> None:
+    url = f"mongodb://127.0.0.1:{free_port()}/db?serverSelectionTimeoutMS=300"
+    with lease_lock.connect(url) as locker:
+        with pytest.raises(BackendUnavailableError) as caught:
+            locker.try_acquire("k")
+        assert isinstance(caught.value.__cause__, pymongo.errors.ServerSelectionTimeoutError)
+        assert caught.value.backend == "mongodb"
+        with pytest.raises(BackendUnavailableError):
+            locker.get("k")
+
+
+def test_a_silent_server_ends_a_wait_at_its_timeout(mongo_server: MongoServer, mongo_database: str, key: str) -> None:
+    # The waiter reaches the server through a proxy that then holds every byte back, with a
+    # socket timeout far longer than the wait: the call budget must end the wait.
+    port = int(urllib.parse.urlsplit(mongo_server.base).port or 27017)
+    proxy = TcpProxy("127.0.0.1", port)
+    holder = MongoBackend.from_url(mongo_server.url(mongo_database))
+    silent = mongo_server.url(mongo_database, socketTimeoutMS="60000").replace(f":{port}/", f":{proxy.port}/", 1)
+    waiter = MongoBackend.from_url(silent)
+    try:
+        check_a_silent_store_ends_a_wait_as_an_outage(
+            holder, waiter, key, proxy.stall, proxy.resume, pymongo.errors.PyMongoError
+        )
+    finally:
+        waiter.close()
+        proxy.close()
+        holder.force_release(key)
+        holder.close()
+
+
+def test_other_driver_errors_pass_through(mongo_server: MongoServer, mongo_database: str, client: Any) -> None:
+    # An index on 'expires' without expiry, made by someone else: creating the TTL index is
+    # refused by the server, an error of the statement, not an outage.
+    client[mongo_database]["lease_lock"].create_index("expires")
+    backend = MongoBackend.from_url(mongo_server.url(mongo_database))
+    try:
+        with pytest.raises(pymongo.errors.OperationFailure) as caught:
+            backend.acquire("k", token(), 60, OWNER)
+        assert not isinstance(caught.value, pymongo.errors.ConnectionFailure)
+    finally:
+        backend.close()

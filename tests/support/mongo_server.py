@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shutil
 import select
+import shutil
 import subprocess
 import tempfile
 import time
@@ -51,7 +51,9 @@ def _python_313() -> Optional[str]:
     candidates = [str(path) for path in sorted(root.glob("versions/3.13.*/bin/python"), reverse=True)]
     candidates.append(shutil.which("python3.13") or "")
     for candidate in filter(None, candidates):
-        check = subprocess.run([candidate, "-c", "import sys; assert sys.version_info[:2] == (3, 13)"], capture_output=True)
+        check = subprocess.run(
+            [candidate, "-c", "import sys; assert sys.version_info[:2] == (3, 13)"], capture_output=True
+        )
         if check.returncode == 0:
             return candidate
     return None

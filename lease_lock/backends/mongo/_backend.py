@@ -22,7 +22,16 @@ from ...validation import check_bool, check_duration
 from ..base import Capabilities, LockState
 from ..service import ServiceStore, check_amount
 from ._client import OPTIONS, plan_client, unavailable_on_outage
-from ._statements import counter_update, extend_update, fence_update, grant_filter, grant_update, held_pipeline, live, live_by
+from ._statements import (
+    counter_update,
+    extend_update,
+    fence_update,
+    grant_filter,
+    grant_update,
+    held_pipeline,
+    live,
+    live_by,
+)
 
 __all__ = ["MAJORITY", "MongoBackend", "mongo_indexes"]
 
@@ -34,7 +43,7 @@ MAJORITY: Mapping[str, Any] = MappingProxyType({"w": "majority"})
 #: with a majority write concern, under load.
 _ANSWER_MARGIN = 1.0
 #: Expiry dates come back as UTC-aware datetimes, whatever the client's own codec options say.
-_CODEC = CodecOptions(tz_aware=True, tzinfo=timezone.utc)
+_CODEC: CodecOptions[Any] = CodecOptions(tz_aware=True, tzinfo=timezone.utc)
 _TTL_KEY = {"expires": 1}
 _MAX_COLLECTION = 200
 
@@ -231,7 +240,8 @@ class MongoBackend(ServiceStore):
             if self.create_indexes:
                 self._leases.create_indexes(mongo_indexes(collection=self.collection)[self.collection])
             elif not any(
-                dict(index["key"]) == _TTL_KEY and "expireAfterSeconds" in index for index in self._leases.list_indexes()
+                dict(index["key"]) == _TTL_KEY and "expireAfterSeconds" in index
+                for index in self._leases.list_indexes()
             ):
                 raise ValidationError(
                     f"MongoDB collection {self._where} has no TTL index on 'expires' (expireAfterSeconds=0), which"

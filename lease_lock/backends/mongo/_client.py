@@ -24,7 +24,7 @@ from ...errors import BackendUnavailableError, ValidationError
 from ...validation import redact_url
 from ..base import parse_bool, parse_url_options
 
-__all__ = ["ClientPlan", "OPTIONS", "is_outage", "plan_client", "unavailable_on_outage"]
+__all__ = ["OPTIONS", "ClientPlan", "is_outage", "plan_client", "unavailable_on_outage"]
 
 
 
