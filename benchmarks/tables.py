@@ -135,6 +135,7 @@ TABLES: dict[str, tuple[str, list[str], Callable[[dict[str, Any]], Rows]]] = {
     "postgres-cycles": ("postgres_cycle", ["contestant", "cycles/s", "floor/s", "vs floor"], _cycles),
     "postgres-handoffs": ("postgres_cycle", ["hand-off", "p50 ms", "p99 ms", "vs durable floor"], _handoffs),
     "sqlite-cycles": ("sqlite_cycle", ["contestant", "cycles/s", "floor/s", "vs floor"], _cycles),
+    "mongodb-cycles": ("mongo_cycle", ["contestant", "cycles/s", "floor/s", "vs floor"], _cycles),
     "etcd-cycles": ("etcd_cycle", ["contestant", "cycles/s", "floor/s", "vs floor"], _etcd_cycles),
     "etcd-handoffs": ("etcd_cycle", ["row", "p50 ms (or grants/s)", "p99 ms (or vs 1 process)"], _etcd_handoffs),
     "contended": ("contended", ["store", "contestant", "grants/s", "vs 1 process", "hand-offs/s", "min/share",
