@@ -6,6 +6,7 @@ import datetime
 import time
 import urllib.parse
 import uuid
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +21,9 @@ from lease_lock.backends.base import Backend
 from lease_lock.backends.mongo import MongoBackend, mongo_indexes
 from lease_lock.errors import BackendUnavailableError, ValidationError
 from lease_lock.testing import BackendContract, ServiceStoreContract, wait_until
+from pymongo import monitoring
 
+from tests.support.children import check_forked_children_beside_the_parent
 from tests.support.mongo_server import MongoServer
 from tests.support.ports import free_port
 from tests.support.silent_wait import check_a_silent_store_ends_a_wait_as_an_outage
@@ -149,14 +152,41 @@ def test_fences_rise_after_the_counters_are_lost(client: Any, backend: MongoBack
     assert after is not None and after > ahead
 
 
+class _SlowCounter(monitoring.CommandListener):
+    """Holds back every write to a fences collection by ``delay`` seconds before it is sent."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        target = str(event.command.get("findAndModify", ""))
+        if event.command_name.lower() == "findandmodify" and target.endswith("-fences"):
+            time.sleep(self.delay)
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
 def test_a_fence_counted_after_the_lease_ended_is_not_handed_out(
-    client: Any, backend: MongoBackend, key: str
+    mongo_server: MongoServer, mongo_database: str, client: Any, key: str
 ) -> None:
-    # The grant's lease ends before the counter's answer comes back (a 1 ms lease): the fence
-    # is not ordered by the lease, so the grant is given back and answers "not granted".
-    assert backend.acquire_fenced(key, token(), 0.001, OWNER) is None
-    assert not backend.inspect(key).held
-    assert client[backend.database]["lease_lock-fences"].find_one({"_id": key}) is not None
+    # The counter's answer comes back after the grant's lease (50 ms) could have ended: the
+    # fence is not ordered by the lease, so it is not handed out and the grant is given back.
+    slow = pymongo.MongoClient(mongo_server.base, event_listeners=[_SlowCounter(0.2)])
+    backend = MongoBackend(slow, database=mongo_database)
+    try:
+        assert backend.acquire_fenced(key, token(), 0.05, OWNER) is None
+        document = client[mongo_database]["lease_lock"].find_one({"_id": key})
+        assert document is None or "fence" not in document
+        assert client[mongo_database]["lease_lock-fences"].find_one({"_id": key}) is not None
+        # In time, the same slow counter gives a fence.
+        assert backend.acquire_fenced(key, token(), 60, OWNER) is not None
+    finally:
+        backend.close()
+        slow.close()
 
 
 # -- indexes and options -----------------------------------------------------------------------
@@ -280,3 +310,26 @@ def test_other_driver_errors_pass_through(mongo_server: MongoServer, mongo_datab
         assert not isinstance(caught.value, pymongo.errors.ConnectionFailure)
     finally:
         backend.close()
+
+
+# -- fork ------------------------------------------------------------------------------------------
+
+
+def test_forked_children_use_clients_of_their_own(backend: MongoBackend) -> None:
+    # Each child's first call replaces the client the URL built (pymongo would warn about one
+    # opened before the fork, which the suite turns into an error): its cycles must all work
+    # while the parent keeps using its own client.
+    parent_client = backend.client
+
+    def child_cycles(index: int) -> int:
+        mine = f"child-{index}-" + "c" * 24
+        for cycle in range(20):
+            name = f"forked:{index}:{cycle}"
+            if backend.acquire_fenced(name, mine, 60, OWNER) is None or not backend.release(name, mine):
+                return 1
+        return 0 if backend.client is not parent_client else 2
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_forked_children_beside_the_parent(backend, child_cycles, token())
+    assert backend.client is parent_client
