@@ -1,6 +1,6 @@
 """The rest of the library on a MongoDB server: exclusion and rising fences across processes,
 the ``lease-lock`` command (``run``, ``status``, ``ls``, ``force-release --prefix``, an
-unreachable server), and RQ's ``enqueue_once`` with its claims and locks on MongoDB."""
+unreachable server, ``serve``), and RQ's ``enqueue_once`` with its claims and locks on MongoDB."""
 
 from __future__ import annotations
 
@@ -14,10 +14,13 @@ from typing import Any, Optional
 
 import lease_lock
 import pytest
+import requests
+from lease_lock.backends.http import HttpBackend
 from lease_lock.contrib.rq import enqueue_once, job_locker
 
 from tests.integration.test_cli import Cli
 from tests.integration.test_rq import WAIT, _fresh_queue, customer_job, start_workers
+from tests.support.http_server import make_keys, start_serve, stop_serve
 from tests.support.mongo_server import MongoServer
 from tests.support.polling import wait_until
 from tests.support.ports import free_port
@@ -102,6 +105,29 @@ def test_an_unreachable_server_exits_69_with_one_line(tmp_path: Path) -> None:
     result = cli.run("run", "k", "--", "true")
     assert result.returncode == 69, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_the_lock_service_serves_from_a_mongodb_store(url: str, tmp_path: Path) -> None:
+    # lease-lock serve --url mongodb://...: ready, and its clients' grants are the store's.
+    keys_file = tmp_path / "keys.toml"
+    keys = make_keys(keys_file)
+    process, served, _log = start_serve(tmp_path, url, keys_file, module="lease_lock")
+    first, second = HttpBackend(served, keys["alpha"]), HttpBackend(served, keys["alpha"])
+    try:
+        assert requests.get(f"{served}/readyz", timeout=30).status_code == 200
+        key = f"served-{uuid.uuid4().hex[:8]}"
+        mine = first.new_token()
+        fence = first.acquire_fenced(key, mine, 30, "first:1")
+        assert fence is not None
+        assert second.acquire_fenced(key, second.new_token(), 30, "second:1") is None
+        assert second.inspect(key).fence == fence
+        assert first.release(key, mine)
+        later = second.acquire_fenced(key, second.new_token(), 30, "second:1")
+        assert later is not None and later > fence
+    finally:
+        first.close()
+        second.close()
+        stop_serve(process)
 
 
 def test_enqueue_once_runs_one_job_per_key_with_its_locks_on_mongodb(
