@@ -182,7 +182,12 @@ class MongoBackend(ServiceStore):
         settings = dict(plan.options)
         if plan.own_write_concern:
             settings.setdefault("write_concern", None)
-        backend = cls(plan.client(), database=plan.database, close_client=True, **settings)
+        client = plan.client()
+        try:
+            backend = cls(client, database=plan.database, close_client=True, **settings)
+        except BaseException:
+            client.close()
+            raise
         backend._rebuild = plan.client
         return backend
 
