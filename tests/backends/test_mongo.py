@@ -110,17 +110,29 @@ def test_expiry_is_judged_on_the_servers_clock_not_the_clients(backend: MongoBac
     assert 0 < state.expires_in <= 60
 
 
-def test_a_lapsed_lease_still_stored_is_taken_over(client: Any, backend: MongoBackend, key: str) -> None:
+def test_a_lapsed_lease_still_stored_is_taken_over(
+    mongo_server: MongoServer, mongo_database: str, client: Any, key: str
+) -> None:
     # A real server's TTL monitor runs about once a minute, so a lapsed lease can still be
     # there when the next grant comes: the grant takes it over instead of failing on the _id.
-    leases = client[backend.database]["lease_lock"]
-    backend.acquire(key, token(), 60, OWNER)
-    leases.update_one({"_id": key}, {"$set": {"expires": datetime.datetime(2000, 1, 1)}})
-    assert not backend.inspect(key).held
-    assert not list(backend.scan(key))
-    second = token()
-    assert backend.acquire(key, second, 60, OWNER)
-    assert backend.is_held(key, second)
+    # Here the TTL index sweeps only after a year, so the lapsed document is surely still there.
+    leases = client[mongo_database]["lease_lock"]
+    leases.create_index("expires", expireAfterSeconds=365 * 86400)
+    backend = MongoBackend.from_url(mongo_server.url(mongo_database), create_indexes=False)
+    try:
+        first = backend.acquire_fenced(key, token(), 60, OWNER)
+        # An hour ago (on this host's clock; far beyond any skew from the server's).
+        lapsed = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=1)
+        leases.update_one({"_id": key}, {"$set": {"expires": lapsed}})
+        assert not backend.inspect(key).held and not list(backend.scan(key))
+        assert leases.count_documents({"_id": key}) == 1
+        second = token()
+        fence = backend.acquire_fenced(key, second, 60, OWNER)
+        assert backend.is_held(key, second)
+        assert first is not None and fence is not None and fence > first
+        assert leases.count_documents({"_id": key}) == 1
+    finally:
+        backend.close()
 
 
 # -- fences ------------------------------------------------------------------------------------
