@@ -40,8 +40,9 @@ __all__ = ["MAJORITY", "MongoBackend", "mongo_indexes"]
 MAJORITY: Mapping[str, Any] = MappingProxyType({"w": "majority"})
 
 #: Seconds a call may take beyond a caller's budget (see call_budget): a live server's answer
-#: with a majority write concern, under load.
-_ANSWER_MARGIN = 1.0
+#: with a majority write concern, and the wait of this host's reading thread for a CPU on a
+#: busy machine (as the other backends allow).
+_ANSWER_MARGIN = 2.0
 #: Expiry dates come back as UTC-aware datetimes, whatever the client's own codec options say.
 _CODEC: CodecOptions[Any] = CodecOptions(tz_aware=True, tzinfo=timezone.utc)
 _TTL_KEY = {"expires": 1}
@@ -255,8 +256,8 @@ class MongoBackend(ServiceStore):
             self._ready = True
 
     def call_budget(self, seconds: float) -> ContextManager[None]:
-        """Bound every pymongo call of this thread inside the block to ``seconds`` plus a second
-        (``pymongo.timeout``); a call out of time raises ``BackendUnavailableError``."""
+        """Bound every pymongo call of this thread inside the block to ``seconds`` plus two
+        seconds (``pymongo.timeout``); a call out of time raises ``BackendUnavailableError``."""
         if math.isinf(seconds):
             return contextlib.nullcontext()
         return pymongo.timeout(max(seconds, 0.0) + _ANSWER_MARGIN)
