@@ -5,24 +5,21 @@ unreachable server, ``serve``), and RQ's ``enqueue_once`` with its claims and lo
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import uuid
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import lease_lock
 import pytest
 import requests
 from lease_lock.backends.http import HttpBackend
-from lease_lock.contrib.rq import enqueue_once, job_locker
 
-from tests.integration.test_cli import Cli
-from tests.integration.test_rq import WAIT, _fresh_queue, customer_job, start_workers
+from tests.integration.test_cli import Cli, check_run_hands_rising_fences
+from tests.integration.test_rq import check_enqueue_once_with_locks_on
 from tests.support.http_server import make_keys, start_serve, stop_serve
 from tests.support.mongo_server import MongoServer
-from tests.support.polling import wait_until
 from tests.support.ports import free_port
 
 PROCESSES = 4
@@ -67,17 +64,7 @@ def test_processes_take_turns_with_rising_fences(url: str, tmp_path: Path) -> No
 
 
 def test_run_hands_the_child_its_key_and_a_rising_fence(url: str, tmp_path: Path) -> None:
-    cli = Cli(url, tmp_path)
-    key = f"cli-mongo-{uuid.uuid4().hex[:8]}"
-    fences = []
-    for _ in range(2):
-        result = cli.run("run", key, "--", "sh", "-c", 'echo "$LEASE_LOCK_KEY $LEASE_LOCK_FENCE"')
-        assert result.returncode == 0, result.stderr
-        seen_key, fence = result.stdout.split()
-        assert seen_key == key
-        fences.append(int(fence))
-    assert fences[1] > fences[0]
-    assert cli.status(key)[0]["held"] is False
+    check_run_hands_rising_fences(url, tmp_path, f"cli-mongo-{uuid.uuid4().hex[:8]}")
 
 
 def test_ls_status_and_force_release_by_prefix(
@@ -133,26 +120,5 @@ def test_the_lock_service_serves_from_a_mongodb_store(url: str, tmp_path: Path) 
 def test_enqueue_once_runs_one_job_per_key_with_its_locks_on_mongodb(
     url: str, redis_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The queue on Redis, the claims and the runs' locks on MongoDB (one LEASE_LOCK_URL for the
-    # sender and the worker): the worker's run adopts the claim in the grant's one upsert.
-    monkeypatch.setenv("LEASE_LOCK_URL", url)
-    queue_url = redis_server.url
-    client, flags, queue = _fresh_queue(queue_url)
-    first = enqueue_once(queue, customer_job, 1, flags, queue_url)
-    assert first is not None
-    assert getattr(enqueue_once(queue, customer_job, 1, flags, queue_url), "id", None) == first.id
-    key = f"{customer_job.__module__}.customer_job"
-    workers = start_workers(queue_url, flags, 1, dict(os.environ))
-    logs: list[Optional[str]] = []
-    try:
-        wait_until(lambda: client.llen(f"{flags}:started") == 1, "the job to start")
-        held = list(job_locker(client).list(key))
-        assert len(held) == 1
-        assert getattr(enqueue_once(queue, customer_job, 1, flags, queue_url), "id", None) == first.id
-    finally:
-        client.rpush(f"{flags}:go", "1")
-        logs = [worker.communicate(timeout=WAIT)[0] for worker in workers]
-    assert first.return_value(refresh=True) == "ran 1", logs
-    assert not list(job_locker(client).list(key))
-    client.delete(f"{flags}:started", f"{flags}:go")
-    job_locker(client).close()
+    # The run adopts the claim in the grant's one upsert.
+    check_enqueue_once_with_locks_on(url, redis_server, monkeypatch)

@@ -32,7 +32,7 @@ from typing import Any, Optional
 
 import pytest
 
-from tests.support.processes import log_tail, stop_process
+from tests.support.processes import log_tail, start_or_give_up, stop_process
 
 __all__ = ["MONGOECO", "MongoServer", "mongo_database", "mongo_server", "mongoeco_python"]
 
@@ -154,12 +154,6 @@ def start_private_mongo(workdir: Path) -> MongoServer:
     return server
 
 
-def _unavailable(reason: str) -> None:
-    if os.environ.get("CI"):
-        pytest.fail(f"a MongoDB server is required under CI but unavailable: {reason}")
-    pytest.skip(f"no MongoDB server: {reason}")
-
-
 @pytest.fixture(scope="session")
 def mongo_server() -> Iterator[MongoServer]:
     """The shared MongoDB server: ``$LEASE_LOCK_MONGO_URL`` or a private mongoeco server."""
@@ -168,12 +162,7 @@ def mongo_server() -> Iterator[MongoServer]:
         yield MongoServer(url)
         return
     workdir = Path(tempfile.mkdtemp(prefix="lease-lock-mongo-"))
-    try:
-        server = start_private_mongo(workdir)
-    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
-        detail = getattr(error, "stderr", b"") or b""
-        _unavailable(f"{error} {detail.decode(errors='replace')}".strip())
-        raise  # unreachable: _unavailable always raises
+    server = start_or_give_up("a MongoDB server", lambda: start_private_mongo(workdir))
     try:
         yield server
     finally:
