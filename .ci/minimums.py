@@ -11,7 +11,9 @@ import sys
 from pathlib import Path
 
 #: The extras whose lower bounds users rely on; test, docs and bench are tool sets, not claims.
-EXTRAS = ("redis", "postgres", "http", "server", "django", "celery", "flask", "rq", "prometheus", "opentelemetry")
+EXTRAS = (
+    "redis", "postgres", "mongodb", "http", "server", "django", "celery", "flask", "rq", "prometheus", "opentelemetry",
+)
 
 #: Packages we do not require ourselves that must still come from the same release line as a
 #: pinned minimum, or pip pairs the old release with a new one that refuses it: Celery's kombu

@@ -148,6 +148,7 @@ TABLES: dict[str, tuple[str, list[str], Callable[[dict[str, Any]], Rows]]] = {
     "postgres-cycles": ("postgres_cycle", ["contestant", "cycles/s", "floor/s", "vs floor"], _cycles),
     "postgres-handoffs": ("postgres_cycle", ["hand-off", "p50 ms", "p99 ms", "vs durable floor"], _handoffs),
     "sqlite-cycles": ("sqlite_cycle", ["contestant", "cycles/s", "floor/s", "vs floor"], _cycles),
+    "mongodb-cycles": ("mongo_cycle", ["contestant", "cycles/s", "floor/s", "vs floor"], _cycles),
     "etcd-cycles": ("etcd_cycle", ["contestant", "cycles/s", "floor/s", "vs floor"], _etcd_cycles),
     "etcd-handoffs": ("etcd_cycle", ["row", "p50 ms (or grants/s)", "p99 ms (or vs 1 process)"], _etcd_handoffs),
     "etcd-versions": ("etcd_versions", ["cycle", "1 member/s", "before/s", "vs before", "3 members/s", "before/s",

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent
-BUILT_IN_BACKENDS = ["memory", "sqlite", "redis", "postgresql", "http", "etcd"]
+BUILT_IN_BACKENDS = ["memory", "sqlite", "redis", "postgresql", "http", "etcd", "mongodb"]
 
 
 def capabilities() -> str:

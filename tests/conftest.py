@@ -16,6 +16,7 @@ pytest_plugins: list[str] = [
     "tests.support.redis_server",
     "tests.support.http_server",
     "tests.support.etcd_server",
+    "tests.support.mongo_server",
 ]
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.mongo_server import MongoServer
 from tests.support.polling import wait_until
 from tests.support.postgres_server import PostgresServer
 from tests.support.redis_server import RedisServer
@@ -124,6 +125,12 @@ def test_postgres_cycle_and_handoffs(postgres_server: PostgresServer) -> None:
         output.split("CPU per Locker cycle", 1)[1], "between PostgreSQL round trips", "hot loop on the memory backend"
     )
     assert all(float(cells[0]) > 0 and float(cells[1]) > 0 for cells in core.values())
+
+
+def test_mongo_cycle_against_the_statements_typed_by_hand(mongo_server: MongoServer, mongo_database: str) -> None:
+    output = run_benchmark("mongo_cycle", "--url", mongo_server.url(mongo_database), "--seconds", "0.2")
+    rows = table_rows(output, "backend acquire/release", "Locker", "backend fenced", "Locker fenced")
+    assert all(float(cells[0].replace(",", "")) > 0 and cells[-1].endswith("x") for cells in rows.values())
 
 
 def test_http_cycle_against_the_bare_floor_and_handoffs(redis_server: RedisServer) -> None:

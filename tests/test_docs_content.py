@@ -174,6 +174,7 @@ _BACKEND_NAMES = {
     "RedisBackend": "Redis",
     "PostgresBackend": "PostgreSQL",
     "EtcdBackend": "etcd",
+    "MongoBackend": "MongoDB",
     "HttpBackend": "HTTP",
 }
 

@@ -42,6 +42,8 @@ SCHEMES: dict[str, Union[str, type[Backend]]] = {
     "https": "lease_lock.backends.http:HttpBackend",
     "etcd": "lease_lock.backends.etcd:EtcdBackend",
     "etcds": "lease_lock.backends.etcd:EtcdBackend",
+    "mongodb": "lease_lock.backends.mongo:MongoBackend",
+    "mongodb+srv": "lease_lock.backends.mongo:MongoBackend",
     # Stand-ins that read Django's settings and build the backend of the store they name.
     "django": "lease_lock.contrib.django._schemes:DjangoDatabase",
     "django-cache": "lease_lock.contrib.django._schemes:DjangoCache",
@@ -55,6 +57,7 @@ _DRIVERS: dict[str, tuple[tuple[str, ...], str]] = {
     "lease_lock.backends.postgres": (("psycopg2",), "postgres"),
     "lease_lock.backends.http": (("requests", "urllib3"), "http"),
     "lease_lock.backends.etcd": (("requests", "urllib3"), "etcd"),
+    "lease_lock.backends.mongo": (("pymongo", "bson"), "mongodb"),
 }
 
 

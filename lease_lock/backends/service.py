@@ -8,7 +8,7 @@ belong to the HTTP lock service live here instead, each an interface a backend m
   grant of a free key that answers with the key's state when it is not free (so a fresh
   acquisition costs the server one round trip instead of a read and a write).
   ``lease-lock serve`` and :func:`lease_lock.server.create_app` refuse a store that lacks it.
-  The memory, SQLite, Redis, PostgreSQL and etcd backends offer it.
+  The memory, SQLite, Redis, PostgreSQL, etcd and MongoDB backends offer it.
 - :class:`RequestIdCarrier`: a backend that can send a caller's request id along with its
   acquisitions (the HTTP client backend). :func:`request_id_scope` enters it when a backend
   offers it and does nothing otherwise.

@@ -2,8 +2,9 @@
 notification only brings the next attempt sooner, and a held lock that is dropped is warned
 about and given back by the library.
 
-Each test runs on memory, SQLite, a private redis-server, PostgreSQL and a ``lease-lock serve``
-child, through ``connect()`` as a program would, with two Lockers (two holders) on one store.
+Each test runs on memory, SQLite, a private redis-server, PostgreSQL, MongoDB and a
+``lease-lock serve`` child, through ``connect()`` as a program would, with two Lockers (two
+holders) on one store.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 from lease_lock import DroppedLockWarning, Locker, LockEvent, LockHeldError, MemoryBackend, Retry, RetryState, connect
 
 from tests.support.http_server import ServiceInfo
+from tests.support.mongo_server import MongoServer
 from tests.support.postgres_server import PostgresServer
 
 #: How long a test waits for anything that should happen within a second or so.
@@ -28,7 +30,7 @@ DEADLINE = 30.0
 Lockers = Callable[..., Locker]
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis", "postgres", "http"])
+@pytest.fixture(params=["memory", "sqlite", "redis", "postgres", "mongodb", "http"])
 def lockers(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Lockers]:
     made: list[Locker] = []
     name = request.param
@@ -46,6 +48,9 @@ def lockers(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Lockers]
         elif name == "postgres":
             server: PostgresServer = request.getfixturevalue("postgres_server")
             url, backend_options = f"{server.url}?table=every_{uuid.uuid4().hex[:12]}", {}
+        elif name == "mongodb":
+            mongo: MongoServer = request.getfixturevalue("mongo_server")
+            url, backend_options = mongo.url(request.getfixturevalue("mongo_database")), {}
         else:
             service: ServiceInfo = request.getfixturevalue("lock_service")
             url, backend_options = service.url, {"api_key": service.keys["alpha"]}

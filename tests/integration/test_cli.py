@@ -84,6 +84,21 @@ class Cli:
         return states
 
 
+def check_run_hands_rising_fences(url: str, workdir: Path, key: str) -> None:
+    """Two ``lease-lock run`` of ``key`` on the store ``url`` names: each child sees its key and
+    a fence, the second fence is the larger, and the key is free afterwards."""
+    cli = Cli(url, workdir)
+    fences = []
+    for _ in range(2):
+        result = cli.run("run", key, "--", "sh", "-c", 'echo "$LEASE_LOCK_KEY $LEASE_LOCK_FENCE"')
+        assert result.returncode == 0, result.stderr
+        seen_key, fence = result.stdout.split()
+        assert seen_key == key
+        fences.append(int(fence))
+    assert fences[1] > fences[0]
+    assert cli.status(key)[0]["held"] is False
+
+
 def finish(process: subprocess.Popen[str]) -> tuple[int, str, str]:
     out, err = process.communicate(timeout=DEADLINE)
     return process.returncode, out, err

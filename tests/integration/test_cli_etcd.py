@@ -9,23 +9,13 @@ from pathlib import Path
 
 import lease_lock
 
-from tests.integration.test_cli import Cli
+from tests.integration.test_cli import Cli, check_run_hands_rising_fences
 from tests.support.etcd_nested import INNER, nested_namespaces
 from tests.support.etcd_server import EtcdCluster
 
 
 def test_run_hands_the_child_its_key_and_a_rising_fence(etcd_cluster: EtcdCluster, tmp_path: Path) -> None:
-    cli = Cli(etcd_cluster.url, tmp_path)
-    key = f"cli-etcd-{uuid.uuid4().hex[:8]}"
-    fences = []
-    for _ in range(2):
-        result = cli.run("run", key, "--", "sh", "-c", 'echo "$LEASE_LOCK_KEY $LEASE_LOCK_FENCE"')
-        assert result.returncode == 0, result.stderr
-        seen_key, fence = result.stdout.split()
-        assert seen_key == key
-        fences.append(int(fence))
-    assert fences[1] > fences[0]
-    assert cli.status(key)[0]["held"] is False
+    check_run_hands_rising_fences(etcd_cluster.url, tmp_path, f"cli-etcd-{uuid.uuid4().hex[:8]}")
 
 
 def test_ls_and_force_release_by_prefix(etcd_cluster: EtcdCluster, tmp_path: Path) -> None:

@@ -4,10 +4,9 @@ etcd, and the lock service's adoption over an etcd store."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import lease_lock
 import pytest
@@ -15,12 +14,10 @@ from flask import Flask, jsonify
 from lease_lock.backends.etcd import EtcdBackend
 from lease_lock.backends.http import HttpBackend
 from lease_lock.contrib.flask import LeaseLock, locker
-from lease_lock.contrib.rq import enqueue_once, job_locker
 
-from tests.integration.test_rq import WAIT, _fresh_queue, customer_job, start_workers
+from tests.integration.test_rq import check_enqueue_once_with_locks_on
 from tests.support.etcd_server import EtcdCluster
 from tests.support.http_server import make_keys, start_serve, stop_serve
-from tests.support.polling import wait_until
 
 
 def test_the_flask_extension_locks_on_etcd(etcd_cluster: EtcdCluster) -> None:
@@ -80,31 +77,7 @@ def test_leadership_passes_with_a_larger_fence(etcd_cluster: EtcdCluster) -> Non
 def test_enqueue_once_runs_one_job_per_key_with_its_locks_on_etcd(
     etcd_cluster: EtcdCluster, redis_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The queue on Redis, the claims and the runs' locks on etcd (one LEASE_LOCK_URL for the
-    # sender and the worker): the worker's run adopts the claim in etcd.
-    monkeypatch.setenv("LEASE_LOCK_URL", etcd_cluster.url)
-    url = redis_server.url
-    client, flags, queue = _fresh_queue(url)
-    first = enqueue_once(queue, customer_job, 1, flags, url)
-    assert first is not None
-    assert getattr(enqueue_once(queue, customer_job, 1, flags, url), "id", None) == first.id
-    key = f"{customer_job.__module__}.customer_job"
-    workers = start_workers(url, flags, 1, dict(os.environ))
-    logs: list[Optional[str]] = []
-    try:
-        wait_until(lambda: client.llen(f"{flags}:started") == 1, "the job to start")
-        # The run holds the key under a token of its own; a duplicate still finds the job.
-        held = list(job_locker(client).list(key))
-        assert len(held) == 1
-        assert getattr(enqueue_once(queue, customer_job, 1, flags, url), "id", None) == first.id
-    finally:
-        client.rpush(f"{flags}:go", "1")
-        logs = [worker.communicate(timeout=WAIT)[0] for worker in workers]
-    assert first.return_value(refresh=True) == "ran 1", logs
-    assert not list(job_locker(client).list(key))
-    client.delete(f"{flags}:started", f"{flags}:go")
-    # This process's locker from LEASE_LOCK_URL goes with the variable: a later get builds anew.
-    job_locker(client).close()
+    check_enqueue_once_with_locks_on(etcd_cluster.url, redis_server, monkeypatch)
 
 
 def test_the_service_adopts_a_claim_over_an_etcd_store(etcd_cluster: EtcdCluster, tmp_path: Path) -> None:

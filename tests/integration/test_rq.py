@@ -164,6 +164,35 @@ def start_workers(url: str, queue: str, count: int, environment: Optional[dict[s
     ]
 
 
+def check_enqueue_once_with_locks_on(lock_url: str, redis_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The queue on Redis, the claims and the runs' locks on the store ``lock_url`` names (one
+    ``LEASE_LOCK_URL`` for the sender and the worker): a worker's run adopts the claim there,
+    a duplicate meanwhile finds the job, and the run gives its key back."""
+    monkeypatch.setenv("LEASE_LOCK_URL", lock_url)
+    url = redis_server.url
+    client, flags, queue = _fresh_queue(url)
+    first = enqueue_once(queue, customer_job, 1, flags, url)
+    assert first is not None
+    assert getattr(enqueue_once(queue, customer_job, 1, flags, url), "id", None) == first.id
+    key = f"{customer_job.__module__}.customer_job"
+    workers = start_workers(url, flags, 1, dict(os.environ))
+    logs: list[Optional[str]] = []
+    try:
+        wait_until(lambda: client.llen(f"{flags}:started") == 1, "the job to start")
+        # The run holds the key under a token of its own; a duplicate still finds the job.
+        held = list(job_locker(client).list(key))
+        assert len(held) == 1
+        assert getattr(enqueue_once(queue, customer_job, 1, flags, url), "id", None) == first.id
+    finally:
+        client.rpush(f"{flags}:go", "1")
+        logs = [worker.communicate(timeout=WAIT)[0] for worker in workers]
+    assert first.return_value(refresh=True) == "ran 1", logs
+    assert not list(job_locker(client).list(key))
+    client.delete(f"{flags}:started", f"{flags}:go")
+    # This process's locker from LEASE_LOCK_URL goes with the variable: a later get builds anew.
+    job_locker(client).close()
+
+
 def test_enqueue_once_sends_one_job_per_key_to_real_workers(redis_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # No LEASE_LOCK_URL anywhere: the queue's own Redis holds the keys, here and in the workers.
     monkeypatch.delenv("LEASE_LOCK_URL", raising=False)

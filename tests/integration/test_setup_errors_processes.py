@@ -26,6 +26,7 @@ MISSING_DRIVERS = [
     ("redis", "redis://127.0.0.1:6379/0", "redis"),
     ("psycopg2", "postgresql://root@127.0.0.1:5432/test", "postgres"),
     ("requests", "http://127.0.0.1:9/", "http"),
+    ("pymongo", "mongodb://127.0.0.1:9/app", "mongodb"),
 ]
 
 

@@ -36,6 +36,7 @@ from typing import Iterator, Optional
 import pytest
 
 from tests.support.ports import free_port
+from tests.support.processes import start_or_give_up
 
 __all__ = [
     "PostgresServer",
@@ -166,19 +167,8 @@ def _remove(server: PostgresServer) -> None:
         shutil.rmtree(server.datadir, ignore_errors=True)
 
 
-def _unavailable(reason: str) -> None:
-    if os.environ.get("CI"):
-        pytest.fail(f"PostgreSQL is required under CI but unavailable: {reason}")
-    pytest.skip(f"PostgreSQL unavailable: {reason}")
-
-
 def _private_or_fail() -> Iterator[PostgresServer]:
-    try:
-        server = start_private_postgres()
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        detail = getattr(exc, "stderr", b"") or b""
-        _unavailable(f"{exc} {detail.decode(errors='replace')}".strip())
-        raise  # unreachable: _unavailable always raises
+    server = start_or_give_up("PostgreSQL", start_private_postgres)
     try:
         yield server
     finally:

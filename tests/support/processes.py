@@ -1,13 +1,19 @@
-"""Stopping, killing and reading the log of a test server's process, shared by the fixtures."""
+"""Starting, stopping, killing and reading the log of a test server's process, shared by the
+fixtures."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional, TypeVar
 
-__all__ = ["kill_process", "log_tail", "stop_process"]
+import pytest
+
+__all__ = ["kill_process", "log_tail", "start_or_give_up", "stop_process"]
+
+_Server = TypeVar("_Server")
 
 _GRACE = 10
 
@@ -43,3 +49,18 @@ def log_tail(path: Path, lines: int) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+def start_or_give_up(name: str, start: Callable[[], _Server]) -> _Server:
+    """What ``start()`` returns; when it cannot start its server (``OSError``, ``RuntimeError``,
+    a failed command), the test FAILS under the ``CI`` environment variable and is skipped
+    elsewhere, naming ``name`` and why (a failed command's stderr included)."""
+    try:
+        return start()
+    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+        detail = getattr(error, "stderr", b"") or b""
+        text = detail if isinstance(detail, str) else detail.decode(errors="replace")
+        reason = f"{error} {text}".strip()
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} is required under CI but unavailable: {reason}")
+        pytest.skip(f"{name} unavailable: {reason}")
