@@ -285,7 +285,7 @@ def test_lost_lock_stops_the_child(any_cli: Cli, key: str) -> None:
     started, go = any_cli.workdir / "started", any_cli.workdir / "go"
     termed = any_cli.workdir / "termed"
     holder = any_cli.start(
-        "run", key, "--ttl", "1", "--grace", "30", "--",
+        "run", key, "--ttl", "6", "--grace", "30", "--",
         *holder_script(started, go, on_term=f"echo > {termed}; exit 0"),
     )
     assert wait_until(started.exists, DEADLINE)
@@ -307,7 +307,7 @@ def test_child_ignoring_sigterm_is_killed_with_its_group(cli: Cli, key: str) -> 
         f"while [ ! -e {go} ]; do sleep 0.05; done"
     )
     holder = cli.start(
-        "run", key, "--ttl", "1", "--grace", "0.5", "--lost-exit", "9", "--", "sh", "-c", script
+        "run", key, "--ttl", "6", "--grace", "0.5", "--lost-exit", "9", "--", "sh", "-c", script
     )
     assert wait_until(started.exists, DEADLINE)
     assert cli.run("force-release", key, "--yes").returncode == 0
@@ -441,7 +441,7 @@ def test_status_json(any_cli: Cli, key: str) -> None:
 
 def test_force_release_asks_first(any_cli: Cli, key: str) -> None:
     started, go = any_cli.workdir / "started", any_cli.workdir / "go"
-    holder = any_cli.start("run", key, "--ttl", "1", "--", *holder_script(started, go))
+    holder = any_cli.start("run", key, "--ttl", "6", "--", *holder_script(started, go))
     assert wait_until(started.exists, DEADLINE)
     declined = any_cli.run("force-release", key, input="n\n")
     assert declined.returncode == 1

@@ -53,7 +53,7 @@ def test_after_a_loss_a_member_ignoring_sigterm_is_killed(cli: Cli, key: str, tm
         f"{sys.executable} -c \"import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
         f"open('{member_pid_file}', 'w').write(str(os.getpid())); time.sleep(600)\""
     )
-    supervisor = cli.start("run", key, "--ttl", "1", "--grace", "0.5", "--", "sh", "-c", f"{member} & wait")
+    supervisor = cli.start("run", key, "--ttl", "6", "--grace", "0.5", "--", "sh", "-c", f"{member} & wait")
     member_pid = _read_pid(member_pid_file)
     pids.append(member_pid)
     assert cli.run("force-release", key, "--yes").returncode == 0
@@ -73,7 +73,7 @@ def test_after_a_loss_a_leader_that_exits_does_not_shield_its_group(
     )
     # The leader traps SIGTERM and exits 0 after it, leaving its member behind.
     leader = f"trap 'exit 0' TERM; {member} & while [ ! -e '{go}' ]; do sleep 0.05; done"
-    supervisor = cli.start("run", key, "--ttl", "1", "--grace", "0.5", "--", "sh", "-c", leader)
+    supervisor = cli.start("run", key, "--ttl", "6", "--grace", "0.5", "--", "sh", "-c", leader)
     member_pid = _read_pid(member_pid_file)
     pids.append(member_pid)
     assert cli.run("force-release", key, "--yes").returncode == 0
