@@ -655,17 +655,27 @@ def test_one_live_holder_per_key_and_growing_fences(store: Store) -> None:
 def test_a_release_hands_nothing_to_a_waiter_for_a_look_alike_key(store: Store, waited: str, released: str) -> None:
     """One interleaving the search may take many examples to meet, replayed through the same
     model: both look-alike keys held, a waiter (in line where the store has one) for one of
-    them, the other released. The waiter must time out: its key is held throughout."""
-    machine = exclusion_machine(store)()
-    try:
-        machine.choose_keys([waited, released])
-        machine.try_acquire(process=0, key=0, auto_extend=True)
-        machine.try_acquire(process=1, key=1, auto_extend=True)
-        assert [grant.key for grant in machine.model.held()] == [waited, released]
-        machine.start_waiting(process=2, key=0, held=False, share=1.5, cancellable=False, auto_extend=True)
-        machine.end_a_hold(index=1, how="release")
-        machine.end_a_wait(index=0, cancel=False)
-        machine.check()
-        assert machine.waiters[0].outcome == "gave up (timeout)", machine.waiters[0].outcome
-    finally:
-        machine.teardown()
+    them, the other released. The waiter must time out: its key is held throughout.
+
+    The model's leases are short; on a busy machine the holder of the waited key can lose its
+    lease to a late extension, and the key is then free for the waiter by right. Such a run says
+    nothing about look-alike keys, so it is run again."""
+    for _ in range(5):
+        machine = exclusion_machine(store)()
+        try:
+            machine.choose_keys([waited, released])
+            machine.try_acquire(process=0, key=0, auto_extend=True)
+            machine.try_acquire(process=1, key=1, auto_extend=True)
+            assert [grant.key for grant in machine.model.held()] == [waited, released]
+            holder = machine.model.held()[0].lock
+            assert holder is not None
+            machine.start_waiting(process=2, key=0, held=False, share=1.5, cancellable=False, auto_extend=True)
+            machine.end_a_hold(index=1, how="release")
+            machine.end_a_wait(index=0, cancel=False)
+            machine.check()
+            if holder.lost_reason is None:
+                assert machine.waiters[0].outcome == "gave up (timeout)", machine.waiters[0].outcome
+                return
+        finally:
+            machine.teardown()
+    pytest.fail("the holder of the waited key lost its lease in every run")
