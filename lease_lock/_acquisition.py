@@ -29,6 +29,7 @@ import threading
 import time
 from typing import Any, Callable, Literal, NoReturn, Optional, Union, cast
 
+from ._crowd import Crowds, Place
 from ._held import HeldLeases
 from ._lease import BEATS, FirstAttempt, Lock, Plan, give_back, local_end, take_grant
 from .backends.base import Backend, LineGrant, WaitingLine
@@ -78,7 +79,7 @@ class Attempts:
     """
 
     __slots__ = (
-        "asked", "attempts", "claim", "end", "fence", "handed", "line", "max_hold", "outage", "policy",
+        "asked", "attempts", "claim", "end", "fence", "handed", "line", "max_hold", "outage", "place", "policy",
         "previous_delay", "reason", "received", "requested", "retries", "sent", "start", "timeout", "unreachable",
     )
 
@@ -114,6 +115,8 @@ class Attempts:
         self.line: Optional[WaitingLine] = None
         self.handed: Optional[LineGrant] = None
         self.claim: Optional[float] = None
+        #: The waiter's place in its key's crowd (see lease_lock._crowd), once it waits in one.
+        self.place: Optional[Place] = None
 
 
 def pick_pause(tries: Attempts, outcome: Outcome, elapsed: float) -> tuple[float, bool]:
@@ -131,7 +134,9 @@ def pick_pause(tries: Attempts, outcome: Outcome, elapsed: float) -> tuple[float
     """
     if outcome == RATE_LIMITED:
         return tries.asked, False
-    in_line = tries.line is not None and outcome != UNREACHABLE
+    # A follower in its key's crowd waits in line too: the crowd's (see lease_lock._crowd).
+    place = tries.place
+    in_line = (tries.line is not None or (place is not None and not place.leads)) and outcome != UNREACHABLE
     policy = tries.policy
     if policy.delay is None:
         return (math.inf if outcome != LATE else 0.0) if in_line else QUIET_PAUSE, in_line
@@ -175,8 +180,8 @@ class Acquisition:
     """
 
     __slots__ = (
-        "backend", "clock", "closed", "fake_time", "fencing", "heartbeat", "holds", "max_hold", "on_event",
-        "owner", "peek", "plans", "real_clock", "reentrant", "retry", "sleep",
+        "backend", "clock", "closed", "crowds", "fake_time", "fencing", "heartbeat", "holds", "max_hold",
+        "on_event", "owner", "peek", "plans", "real_clock", "reentrant", "retry", "sleep",
     )
 
     def __init__(
@@ -214,6 +219,8 @@ class Acquisition:
         self.closed = False
         #: The locks held, and by thread and key once asked (re-entrant joins, "this very thread").
         self.holds: HeldLeases[Lock] = HeldLeases(self.heartbeat.give_back_dropped)
+        #: The threads waiting for a key, by key (see lease_lock._crowd).
+        self.crowds = Crowds()
         # The attempt plans of the options recently acquired with, by id (see _plan_for).
         self.plans: dict[int, tuple[LockOptions, Plan]] = {}
 
@@ -233,6 +240,7 @@ class Acquisition:
         held at the fork (returned, emptying the set), which the child must never use."""
         held = self.holds.take()
         self.holds = HeldLeases(self.heartbeat.give_back_dropped)
+        self.crowds = Crowds()
         self.heartbeat.after_fork()
         return held
 
@@ -307,6 +315,8 @@ class Acquisition:
             del first  # see attempt: no reference cycle through an outage's error
         granted = False
         try:
+            if outcome is None and in_line and self.crowds.asking(lock.key):
+                self._queue(lock, tries, cancel)
             while True:
                 if outcome is None:
                     if self.closed:
@@ -325,9 +335,24 @@ class Acquisition:
                     break
                 outcome = None
         finally:
-            if tries.line is not None:
-                tries.line.leave(granted)
+            try:
+                if tries.line is not None:
+                    tries.line.leave(granted)
+            finally:
+                # After the line: the next thread's place in the store's line follows this one's.
+                if tries.place is not None:
+                    self.crowds.leave(lock.key, tries.place)
         self._give_up(lock, tries)
+
+    def _queue(self, lock: Lock, tries: Attempts, cancel: Optional[threading.Event]) -> None:
+        """Before the first attempt, while a thread of the key's crowd asks for it after a
+        release (see :mod:`lease_lock._crowd`): queue behind the crowd until it is this one's
+        turn, a thread of the Locker released the key, its pause ends or its time is up; the
+        attempt follows (a waiter asks at least once)."""
+        place = tries.place = self.crowds.join(lock.key)
+        if not place.leads:
+            pause, _ = pick_pause(tries, HELD, 0.0)
+            self._wait_in_crowd(lock, tries, min(pause, tries.timeout), cancel)
 
     def attempt(self, lock: Lock, tries: Attempts) -> Outcome:
         """One grant request for ``lock``, counted and timed in ``tries``, and what came of it.
@@ -460,6 +485,8 @@ class Acquisition:
     ) -> bool:
         """Wait before the next attempt; ``False`` when none may follow (the retries are spent,
         or the timeout came)."""
+        if tries.place is not None:
+            tries.place.asks = False  # its attempt was answered
         if tries.attempts > tries.retries:
             return False
         elapsed = self.clock() - tries.start
@@ -467,24 +494,66 @@ class Acquisition:
         if left <= 0:
             tries.reason = "timeout"
             return False
-        if in_line and tries.line is None and outcome in (HELD, LATE):
-            # Joined once the key was found busy, which keeps uncontended acquisitions cheap.
-            tries.line = self.backend.join_line(
-                lock.key, lock.token, tries.requested, self.owner, self.fencing, self.clock
-            )
+        busy = outcome in (HELD, LATE)
+        if in_line and tries.line is None and busy:
+            # Joined once the key was found busy, which keeps uncontended acquisitions cheap: the
+            # key's crowd in this Locker, whose first thread alone joins the store's line.
+            place = tries.place
+            if place is None:
+                place = tries.place = self.crowds.join(lock.key)
+            if place.leads:
+                self._join_line(lock, tries)
         pause, waits_in_line = pick_pause(tries, outcome, elapsed)
         pause = min(pause, left)
-        if waits_in_line:
+        if waits_in_line and tries.line is not None:
             self._wait_in_line(lock, tries, pause, cancel)
-            if tries.handed is not None:
-                return True
+        elif busy and tries.place is not None:
+            self._wait_in_crowd(lock, tries, pause, cancel)
         else:
             self._pause(pause, cancel)
+        if tries.handed is not None:
+            return True
         if self.clock() - tries.start >= tries.timeout:
             # The last wait is cut to the time left, and no attempt starts after the timeout.
             tries.reason = "timeout"
             return False
         return True
+
+    def _join_line(self, lock: Lock, tries: Attempts) -> None:
+        """Take the crowd's place in the store's line (``tries.line``, ``None`` on a store that
+        offers none); a release the leader was woken for meanwhile is its line's to bring."""
+        tries.line = self.backend.join_line(lock.key, lock.token, tries.requested, self.owner, self.fencing, self.clock)
+        if tries.line is not None and tries.place is not None:
+            tries.place.line = tries.line
+            tries.place.wake.clear()
+
+    def _wait_in_crowd(
+        self, lock: Lock, tries: Attempts, seconds: float, cancel: Optional[threading.Event]
+    ) -> None:
+        """Wait up to ``seconds`` in the key's crowd (see :mod:`lease_lock._crowd`), looking at a
+        cancel event and at the Locker's close between slices of it.
+
+        A follower that takes the lead meanwhile takes the crowd's place in the store's line at
+        once and waits there for the rest (on a store without a line, it asks at once). A release
+        of the key by a thread of this Locker ends the wait of the first place no line wakes (a
+        follower, or a leader on a store without a line), and it asks at once."""
+        place = tries.place
+        assert place is not None
+        led = place.leads
+        slice_ = _CLOSE_SLICE if cancel is None else _CANCEL_SLICE
+        deadline = self.real_clock() + seconds
+        while True:
+            left = deadline - self.real_clock()
+            if left <= 0 or self.closed or (cancel is not None and cancel.is_set()):
+                return
+            if place.wake.wait(min(left, slice_)):
+                break
+        place.wake.clear()
+        if led or not place.leads:
+            return  # a release by a thread of this Locker: ask at once
+        self._join_line(lock, tries)
+        if tries.line is not None:
+            self._wait_in_line(lock, tries, max(deadline - self.real_clock(), 0.0), cancel)
 
     def _wait_in_line(
         self, lock: Lock, tries: Attempts, seconds: float, cancel: Optional[threading.Event]
@@ -516,6 +585,8 @@ class Acquisition:
         except BackendUnavailableError as error:
             line.leave(False)
             tries.line = None
+            if tries.place is not None:
+                tries.place.line = None
             if tries.outage is None:
                 _log_outage(lock.key, error)
             tries.outage = error

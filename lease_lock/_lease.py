@@ -32,6 +32,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, Protocol, Sequence, TypeVar, Union
 
+from ._crowd import Crowds
 from ._held import HeldEntry, HeldLeases
 from .backends.base import Backend, ExtendRequest
 from .backends.service import ask_grant, request_id_scope
@@ -135,6 +136,8 @@ class LockHost(Protocol):
     holds: HeldLeases[Lock]
     #: Attempt plans by ``id`` of the options they were made for (see ``plan_for``).
     plans: dict[int, tuple[LockOptions, Plan]]
+    #: The Locker's threads waiting for a key, by key: empty (false) nearly always.
+    crowds: Crowds
 
     def check_open(self) -> None:
         """Raise ``LockStateError`` once the Locker is closed."""
@@ -514,7 +517,9 @@ class Lock(GuardedBlock):
             if timeout is not None and options.blocking:
                 plan = (plan[0], plan[1], min(plan[2], timeout), plan[3], plan[4])
             first: Optional[FirstAttempt] = None
-            if options.cancel is None:
+            # While threads of this Locker wait for a key (rarely), the acquisition sees first
+            # whether this one queues behind them (see lease_lock._crowd).
+            if options.cancel is None and not host.crowds:
                 max_hold = plan[3]
                 requested = self._ttl
                 if max_hold is not None and max_hold < requested:
@@ -836,6 +841,9 @@ class Lock(GuardedBlock):
         if ended_here:
             # HeldLeases.forget, without its call: a grant was given an entry.
             self._held_ref.done = True  # type: ignore[union-attr]
+            if host.crowds:
+                # Threads of this Locker wait for the key: the next one asks at once.
+                host.crowds.released(self._key)
             # Checked here too, as for "acquired": a release nobody listens to costs no _emit call.
             if host.on_event is not None or logger.isEnabledFor(_RELEASED_LEVEL):
                 self._emit("released")

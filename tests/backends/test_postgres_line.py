@@ -605,16 +605,20 @@ def test_a_silent_network_ends_a_wait_in_line_as_an_outage_in_bounded_time(
 def test_waiters_beyond_the_bound_wait_without_a_place_and_all_get_the_key(
     postgres_server: PostgresServer, admin: Any, table: str, key: str
 ) -> None:
-    locker = _locker(postgres_server.url, table, ttl=30)
+    backend = PostgresBackend.from_url(postgres_server.url, table=table, direct_handoff=True)
+    holder = Locker(backend, ttl=30)
+    # The bound is the backend's: threads of Lockers of their own on it (the threads of one
+    # Locker would queue in that Locker behind a single place).
+    lockers = [Locker(backend, ttl=30) for _ in range(LINE_WAITERS + 2)]
     taken: list[str] = []
 
-    def take_once() -> None:
+    def take_once(locker: Locker) -> None:
         with locker.lock(key, timeout=60) as lock:
             taken.append(lock.token)
 
     try:
-        held = locker.acquire(key)
-        threads = [threading.Thread(target=take_once, daemon=True) for _ in range(LINE_WAITERS + 2)]
+        held = holder.acquire(key)
+        threads = [threading.Thread(target=take_once, args=(locker,), daemon=True) for locker in lockers]
         for thread in threads:
             thread.start()
         # One listening connection per waiter in line, up to the bound; the others wait
@@ -625,9 +629,11 @@ def test_waiters_beyond_the_bound_wait_without_a_place_and_all_get_the_key(
             thread.join(60)
         assert len(set(taken)) == len(threads)
         assert _in_line(admin, table, key) == 0
-        assert not locker.backend.inspect(key).held
+        assert not backend.inspect(key).held
     finally:
-        locker.close()
+        for locker in [holder, *lockers]:
+            locker.close()
+        backend.close()
 
 
 def test_lockers_in_line_hand_a_key_round_many_times(postgres_server: PostgresServer, table: str, key: str) -> None:

@@ -328,17 +328,21 @@ def test_a_waiter_that_times_out_in_line_leaves_it(redis_server: RedisServer, ke
 
 
 def test_waiters_beyond_the_bound_wait_without_a_place_and_all_get_the_key(redis_server: RedisServer, key: str) -> None:
-    locker = Locker(RedisBackend.from_url(redis_server.url), ttl=30, owns_backend=True)
-    client = locker.backend.client
+    backend = RedisBackend.from_url(redis_server.url)
+    holder = Locker(backend, ttl=30)
+    # The bound is the backend's: threads of Lockers of their own on it (the threads of one
+    # Locker would queue in that Locker behind a single place).
+    lockers = [Locker(backend, ttl=30) for _ in range(LINE_WAITERS + 2)]
+    client = backend.client
     taken: list[str] = []
 
-    def take_once() -> None:
+    def take_once(locker: Locker) -> None:
         with locker.lock(key, timeout=60) as lock:
             taken.append(lock.token)
 
     try:
-        held = locker.acquire(key)
-        threads = [threading.Thread(target=take_once, daemon=True) for _ in range(LINE_WAITERS + 2)]
+        held = holder.acquire(key)
+        threads = [threading.Thread(target=take_once, args=(locker,), daemon=True) for locker in lockers]
         for thread in threads:
             thread.start()
         # One connection per waiter in line, up to the bound; the others wait without a place.
@@ -348,9 +352,11 @@ def test_waiters_beyond_the_bound_wait_without_a_place_and_all_get_the_key(redis
             thread.join(60)
         assert len(set(taken)) == len(threads)
         assert _in_line(client, key) == 0
-        assert not locker.backend.inspect(key).held
+        assert not backend.inspect(key).held
     finally:
-        locker.close()
+        for locker in [holder, *lockers]:
+            locker.close()
+        backend.close()
 
 
 def test_lockers_in_line_hand_a_key_round_many_times(redis_server: RedisServer, key: str) -> None:

@@ -323,11 +323,13 @@ class Waiter(threading.Thread):
     """A blocking acquire on a thread of its own. ``settled`` is set once it really waits: its
     first attempt was answered and, where it takes a place in the key's line, that place is
     taken (see :class:`ReportedLine`); or once it ended. The test goes on from there, so that a
-    release in the next step meets a waiter that is waiting, in line or not."""
+    release in the next step meets a waiter that is waiting, in line or not. A waiter ``behind``
+    another waiter of its Locker for the same key queues in that Locker and takes no place in
+    line until the one ahead leaves."""
 
     def __init__(
         self, model: ExclusionModel, process: int, locker: Locker, key: str, timeout: float,
-        cancel: Optional[threading.Event], auto_extend: bool, label: str,
+        cancel: Optional[threading.Event], auto_extend: bool, label: str, behind: bool = False,
     ) -> None:
         super().__init__(name=f"waiter {label}", daemon=True)
         self.model = model
@@ -340,7 +342,7 @@ class Waiter(threading.Thread):
         self.label = label
         self.settled = threading.Event()
         #: Whether this waiter takes a place in line once its first attempt is refused.
-        self.joins_line = cancel is None and hasattr(locker.backend, "join_line")
+        self.joins_line = cancel is None and not behind and hasattr(locker.backend, "join_line")
         self.outcome = "waiting"
         self.error: Optional[BaseException] = None
 
@@ -540,9 +542,11 @@ class ExclusionMachine(RuleBasedStateMachine):
         name = self._key(key) if holder is None else holder.key
         timeout = share * self.store.ttl
         label = f"wait#{next(self.labels)}({name!r}, timeout={timeout:g}{', cancel' if cancellable else ''})"
+        locker = self.lockers[process]
+        behind = any(other.locker is locker and other.key == name for other in self._pending())
         waiter = Waiter(
-            self.model, process, self.lockers[process], name, timeout,
-            threading.Event() if cancellable else None, auto_extend, label,
+            self.model, process, locker, name, timeout, threading.Event() if cancellable else None, auto_extend, label,
+            behind,
         )
         self.waiters.append(waiter)
         waiter.start()

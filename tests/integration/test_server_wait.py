@@ -299,14 +299,17 @@ def test_with_an_older_server_a_watching_request_grants_the_waiting_locker(tmp_p
 def test_waiters_beyond_the_bound_of_held_acquisitions_are_woken_by_the_watcher(rig: Any) -> None:
     _app, recorder, url, keys = rig
     holder = _locker(url, keys["alpha"])
-    waiter = _locker(url, keys["alpha"], retry=Retry(delay=0.5, timeout=60))
+    # The bound is the backend's: threads of Lockers of their own on it (the threads of one
+    # Locker would queue in that Locker behind a single place).
+    backend = HttpBackend(url, keys["alpha"])
+    waiters = [Locker(backend, ttl=5, retry=Retry(delay=0.5, timeout=60)) for _ in range(LINE_WAITERS + 1)]
     lease = "/locks/crowd/lease"
     done: list[int] = []
     try:
         held = holder.acquire("crowd", ttl=30)
 
         def take_turn(index: int) -> None:
-            with waiter.lock("crowd"):
+            with waiters[index].lock("crowd"):
                 done.append(index)
 
         threads = [threading.Thread(target=take_turn, args=(index,)) for index in range(LINE_WAITERS + 1)]
@@ -321,7 +324,9 @@ def test_waiters_beyond_the_bound_of_held_acquisitions_are_woken_by_the_watcher(
         assert sorted(done) == list(range(LINE_WAITERS + 1))
     finally:
         holder.close()
-        waiter.close()
+        for waiter in waiters:
+            waiter.close()
+        backend.close()
 
 
 def test_twenty_waiting_lockers_all_get_the_key(rig: Any) -> None:
