@@ -137,6 +137,18 @@ def _etcd_versions(results: dict[str, Any]) -> Rows:
     return rows
 
 
+def _crowd(results: dict[str, Any]) -> Rows:
+    rows = []
+    for row in results["rows"]:
+        versus = row["threads"] != row["vs_threads"]
+        rows.append([
+            row["code"], str(row["threads"]), _rate(row["rate"]), _rate(row["cpu_per_grant_us"]),
+            f"{row['min_share']:.2f}", _ratio(row["vs_fewest_rate"]) if versus else "–",
+            _ratio(row["vs_fewest_cpu"]) if versus else "–", str(row["overlaps"]),
+        ])
+    return rows
+
+
 def _instructions(results: dict[str, Any]) -> Rows:
     return [[row["name"], f"{row['instructions']:,.0f}"] for row in results["rows"]]
 
@@ -155,6 +167,8 @@ TABLES: dict[str, tuple[str, list[str], Callable[[dict[str, Any]], Rows]]] = {
                                         "vs before"], _etcd_versions),
     "contended": ("contended", ["store", "contestant", "grants/s", "vs 1 process", "hand-offs/s", "min/share",
                                 "p50 ms", "p99 ms", "overlaps"], _contended),
+    "crowd": ("crowd", ["code", "threads", "grants/s", "CPU us/grant", "min/share", "grants/s vs fewest",
+                        "CPU/grant vs fewest", "overlaps"], _crowd),
     "instructions": ("instructions", ["cycle on the memory backend", "instructions per cycle"], _instructions),
     "heartbeat-scale": ("heartbeat_scale", ["locks", "threads", "KiB per lock", "CPU", "extensions/s", "lost"],
                         _heartbeat),

@@ -250,6 +250,22 @@ def test_contended_in_miniature(tmp_path: Path, redis_server: RedisServer, postg
         assert rows[0]["p50_ms"] is None  # one process hands nothing to another
 
 
+def test_crowd_in_miniature(tmp_path: Path, redis_server: RedisServer) -> None:
+    # This checkout stands in for the older one that --old names: both codes take turns.
+    output = run_benchmark(
+        "crowd", "--threads", "2,4", "--seconds", "0.6", "--rounds", "2", "--redis-url", redis_server.url,
+        "--old", str(ROOT), "--json", str(tmp_path / "crowd.json"),
+    )
+    rows = [line.split() for line in output.splitlines() if line.startswith(("with crowds", "without crowds"))]
+    # code (two words), threads, grants/s, CPU us/grant, min/share, rate vs, CPU vs, overlaps.
+    assert [(row[2], row[-1]) for row in rows] == [("2", "0"), ("4", "0")] * 2
+    document = json.loads((tmp_path / "crowd.json").read_text())
+    assert document["benchmark"] == "crowd"
+    results = document["results"]["rows"]
+    assert [(row["threads"], row["vs_threads"]) for row in results] == [(2, 2), (4, 2)] * 2
+    assert all(row["grants"] > 0 and row["seconds"] == 0.6 and row["overlaps"] == 0 for row in results)
+
+
 def _require_valgrind() -> None:
     """Counted, not timed: callgrind is needed, and CI must have it (.ci/run installs it), so
     there a missing valgrind fails the test; elsewhere it skips."""
