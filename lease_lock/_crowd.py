@@ -16,7 +16,9 @@ leader without a line; a leader in an announced line is woken by the release its
 thread asks for the key at once (one round trip), and while it asks, a thread of the Locker that
 comes for the key queues behind the crowd instead of asking first (:meth:`Crowds.asking`): a key
 the store leaves free after a release goes to the crowd's next thread in turn, not to whichever
-thread of the Locker asks first (the one that released it, most often).
+thread of the Locker asks first (the one that released it, most often). The one exception to
+first come, first served: a leader told by a direct line to wait out a holder's burst (the store
+leaves the key free meanwhile) waits there while the followers take the burst's grants.
 
 The crowd decides only who asks: whether a thread holds the key is decided by the store, as for
 any attempt, so two threads of a Locker can never both hold it through the crowd. A follower
