@@ -506,8 +506,10 @@ class AnnouncedLine(WaitingLine):
                 look_at = min(look_at, now + QUIET_PAUSE)
             block = min(deadline, look_at) - now
             announced = wake.is_set() or (block > 0 and wake.wait(block))
-            if not announced and time.monotonic() < look_at:
-                return None  # the time ran out first
+            if not announced and (now := time.monotonic()) < look_at:
+                if now >= deadline:
+                    return None  # the time ran out first
+                continue  # a timed wait may end a hair early: not yet the time to look
             sent = self._clock()
             try:
                 fence = self.ask()
