@@ -27,11 +27,11 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Any, Callable, Literal, NoReturn, Optional, Union, cast
+from typing import Any, Callable, Literal, NoReturn, Optional, Union
 
 from ._crowd import Crowds, Place
 from ._held import HeldLeases
-from ._lease import BEATS, FirstAttempt, Lock, Plan, give_back, local_end, take_grant
+from ._lease import BEATS, Answer, FirstAttempt, Lock, Plan, give_back, local_end, take_grant
 from .backends.base import Backend, LineGrant, WaitingLine
 from .backends.service import SlowDown, ask_grant, request_id_scope
 from .clock import QUIET_PAUSE, LeaseClock
@@ -51,8 +51,6 @@ _CANCEL_SLICE = 0.05
 _CLOSE_SLICE = 1.0
 
 
-#: What one grant request got: its fence, ``None`` (held), a pause asked for, or the outage.
-_Answer = Union[int, SlowDown, None, BackendUnavailableError]
 #: How many attempt plans an acquisition keeps before it starts afresh.
 _PLANS = 16
 
@@ -311,7 +309,7 @@ class Acquisition:
         else:
             tries = Attempts(policy, retries, timeout, requested, max_hold, first[0])
             tries.attempts = 1
-            outcome = self._judge(lock, tries, cast(_Answer, first[1]), first[2])
+            outcome = self._judge(lock, tries, first[1], first[2])
             del first  # see attempt: no reference cycle through an outage's error
         granted = False
         try:
@@ -367,7 +365,7 @@ class Acquisition:
         if tries.attempts:
             tries.sent = self.clock()
         tries.attempts += 1
-        answer: _Answer
+        answer: Answer
         try:
             # Bounded by the time the wait has left, so that a silent store ends the wait at
             # its timeout; in line, the line asks: it keeps the waiter's place, and a grant
@@ -403,7 +401,7 @@ class Acquisition:
         return outcome
 
     def _judge(
-        self, lock: Lock, tries: Attempts, answer: _Answer, received: float, lease: Optional[float] = None
+        self, lock: Lock, tries: Attempts, answer: Answer, received: float, lease: Optional[float] = None
     ) -> Outcome:
         """What the answer to the latest attempt (``answer``, at ``received``) came to; see
         :meth:`attempt`. ``lease`` is the seconds a grant runs in the store when that is not the

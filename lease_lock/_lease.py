@@ -34,11 +34,11 @@ from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, Protocol, S
 
 from ._crowd import Crowds
 from ._held import HeldEntry, HeldLeases
-from .backends.base import Backend, ExtendRequest
-from .backends.service import ask_grant, request_id_scope
+from .backends.base import Backend
+from .backends.service import SlowDown, ask_grant, request_id_scope
 from .errors import BackendUnavailableError, LockHeldError, LockLostError, LockStateError, LostReason
 from .events import EVENT_TYPES, EventHook, EventType, LockEvent, emit, logger, wanted
-from .heartbeat import ARRIVAL_LEAD, Heartbeat, Timer, beat_interval, clamp_to_deadline, next_beat
+from .heartbeat import ARRIVAL_LEAD, Beating, Heartbeat, Timer, beat_interval, clamp_to_deadline, next_beat
 from .options import LockOptions, check_extend_interval, check_request_id
 from .retry import Retry
 from .validation import check_cancel, check_ttl, describe_token
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
 __all__ = [
-    "BEATS", "LEASE_MARGIN", "WAIT_SLICE", "FirstAttempt", "GuardedBlock", "Lock", "LockHost", "LossSignal",
+    "BEATS", "LEASE_MARGIN", "WAIT_SLICE", "Answer", "FirstAttempt", "GuardedBlock", "Lock", "LockHost", "LossSignal",
     "acquire_or_raise", "close_lease", "fork_lease", "give_back", "give_up", "local_end", "lost_cause", "on_loss",
     "refresh_together", "run_guarded", "states_of", "take_grant", "wait_for_loss",
 ]
@@ -60,9 +60,11 @@ WAIT_SLICE = 1.0
 LEASE_MARGIN = 0.01
 _KEPT = 1 - LEASE_MARGIN
 
-#: A first attempt that was not held at once: when it left, its answer (a fence, ``None`` for
-#: held, the store's request to slow down, or the outage), and when that came.
-FirstAttempt = tuple[float, object, float]
+#: What one grant request got: its fence, ``None`` (held), a pause the store asked for, or the
+#: outage.
+Answer = Union[int, SlowDown, None, BackendUnavailableError]
+#: A first attempt that was not held at once: when it left, its answer, and when that came.
+FirstAttempt = tuple[float, Answer, float]
 
 
 def local_end(sent: float, requested: float, received: float) -> Optional[float]:
@@ -527,7 +529,7 @@ class Lock(GuardedBlock):
                 # The send needs no pause check of its own: the reading at the answer finds a
                 # pause of the round trip (or before it), which only makes the grant look later.
                 sent = host.peek()
-                answer: object
+                answer: Answer
                 try:
                     answer = ask_grant(
                         host.backend, self._key, self._token, requested, host.owner, host.fencing,
@@ -1130,29 +1132,16 @@ def _renew(host: LockHost, locks: list[Lock], request_id: Optional[str]) -> None
         for lock in locks:
             lock.extend(request_id=request_id)
         return
-    sent = host.clock()
-    sending: list[tuple[Lock, float]] = []
+    # Each renewal in flight, as the heartbeat counts a due one, then the heartbeat's own batch.
     for lock in locks:
         with lock._mutex:
             lock._in_flight += 1
-        # The deadline's clamp, as for a heartbeat's extension (None: no time left, lock lost).
-        requested = lock._beat_sending(lock._ttl, sent)
-        if requested is not None:
-            sending.append((lock, requested))
-    requests = [ExtendRequest(lock._key, lock._token, requested) for lock, requested in sending]
-    try:
-        if request_id is None:
-            answers = backend.extend_many(requests)
-        else:
-            with request_id_scope(backend, request_id):
-                answers = backend.extend_many(requests)
-    except Exception as error:
-        for lock, _ in sending:
-            lock._beat_failed(error)
-        raise
-    received = host.clock()
-    for (lock, requested), granted in zip(sending, answers):
-        lock._beat_answered(sent, received, requested, granted)
+    plans: list[tuple[Beating, float]] = [(lock, lock._ttl) for lock in locks]
+    if request_id is None:
+        host.heartbeat.extend_batch(plans)
+    else:
+        with request_id_scope(backend, request_id):
+            host.heartbeat.extend_batch(plans)
     for lock in locks:
         if lock._state != "held":
             raise LockLostError(lock._key, lock._lost_reason or "extend") from lock._lost_cause

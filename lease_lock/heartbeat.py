@@ -33,6 +33,7 @@ owner calls :meth:`Heartbeat.run_due` to do the due work on a thread of its own.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import math
@@ -427,26 +428,33 @@ class Heartbeat:
             self._extend(plans)
         return len(due)
 
+    def extend_batch(self, plans: list[tuple[Beating, float]]) -> None:
+        """Send the planned extensions (each lock with the TTL it is due, counted in flight by
+        its ``Beats.due``) as one ``extend_many``, each clamped as it leaves, and apply every
+        answer. A driver error is each lock's failed extension, then raised."""
+        beats = self._beats
+        sent = self._clock()
+        plans = [(lock, clamped) for lock, requested in plans if (clamped := beats.sending(lock, requested, sent))]
+        try:
+            answers = self._backend.extend_many(
+                [ExtendRequest(lock.key, lock.token, requested) for lock, requested in plans]
+            )
+        except Exception as error:
+            for lock, _ in plans:
+                beats.failed(lock, error)
+            raise
+        # Every answer arrived with the batch: judge lateness by that moment, not by when the
+        # loop below gets to each lock (thousands of answers take a while to apply).
+        received = self._clock()
+        for (lock, requested), granted in zip(plans, answers):
+            beats.answered(lock, sent, received, requested, granted)
+
     def _extend(self, plans: list[tuple[Beating, float]]) -> None:
         beats = self._beats
         if len(plans) > 1 and self._backend.capabilities.batch_extend:
-            sent = self._clock()
-            plans = [
-                (lock, clamped) for lock, requested in plans if (clamped := beats.sending(lock, requested, sent))
-            ]
-            try:
-                answers = self._backend.extend_many(
-                    [ExtendRequest(lock.key, lock.token, requested) for lock, requested in plans]
-                )
-            except Exception as error:  # noqa: BLE001 - a driver error is a failed extension
-                for lock, _ in plans:
-                    beats.failed(lock, error)
-                return
-            # Every answer arrived with the batch: judge lateness by that moment, not by when the
-            # loop below gets to each lock (thousands of answers take a while to apply).
-            received = self._clock()
-            for (lock, requested), granted in zip(plans, answers):
-                beats.answered(lock, sent, received, requested, granted)
+            # A driver error is each lock's failed extension, which extend_batch reported.
+            with contextlib.suppress(Exception):
+                self.extend_batch(plans)
             return
         for lock, planned in plans:
             sent = self._clock()
