@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any, Callable, NamedTuple, Optional
 
 import pytest
-from lease_lock import Locker, LockHeldError, Retry
+from lease_lock import Lock, Locker, LockHeldError, Retry
 from lease_lock.backends.base import LineGrant, WaitingLine
 from lease_lock.backends.memory import MemoryBackend
 from lease_lock.backends.redis import RedisBackend, line_keys
@@ -113,11 +113,16 @@ def _start(target: Callable[[], None]) -> threading.Thread:
     return thread
 
 
-def test_the_waiting_threads_of_one_locker_take_one_place_in_the_stores_line(store: Store, key: str) -> None:
+def _busy(store: Store, key: str) -> tuple[Lock, Locker, Recorder]:
+    """``key`` held by one Locker, and another Locker, with its events, whose threads wait for it."""
     holder = store.locker(ttl=60)
     events = Recorder()
     waiter = store.locker(ttl=60, on_event=events)
-    held = holder.acquire(key)
+    return holder.acquire(key), waiter, events
+
+
+def test_the_waiting_threads_of_one_locker_take_one_place_in_the_stores_line(store: Store, key: str) -> None:
+    held, waiter, events = _busy(store, key)
     seen: list[int] = []
     threads_count = 6  # within the bound of threads in a direct line, which each could take today
 
@@ -139,10 +144,7 @@ def test_the_waiting_threads_of_one_locker_take_one_place_in_the_stores_line(sto
 
 
 def test_local_waiters_get_the_key_in_the_order_they_came(store: Store, key: str) -> None:
-    holder = store.locker(ttl=60)
-    events = Recorder()
-    waiter = store.locker(ttl=60, on_event=events)
-    held = holder.acquire(key)
+    held, waiter, events = _busy(store, key)
     order: list[int] = []
 
     def take_once(index: int) -> None:
@@ -181,10 +183,7 @@ def _failing(locker: Locker, key: str, out: list[BaseException], **options: Any)
 
 
 def test_a_queued_waiter_that_times_out_leaves_and_the_rest_still_get_the_key(store: Store, key: str) -> None:
-    holder = store.locker(ttl=60)
-    events = Recorder()
-    waiter = store.locker(ttl=60, on_event=events)
-    held = holder.acquire(key)
+    held, waiter, events = _busy(store, key)
     got: list[int] = []
 
     def take_once(index: int) -> None:
@@ -211,10 +210,7 @@ def test_a_queued_waiter_that_times_out_leaves_and_the_rest_still_get_the_key(st
 
 
 def test_a_queued_waiter_can_be_cancelled(store: Store, key: str) -> None:
-    holder = store.locker(ttl=60)
-    events = Recorder()
-    waiter = store.locker(ttl=60, on_event=events)
-    held = holder.acquire(key)
+    held, waiter, events = _busy(store, key)
     got: list[bool] = []
     first = _start(lambda: got.append(waiter.acquire(key, timeout=60).release()))
     assert events.wait_for("contended", 1)
@@ -232,10 +228,7 @@ def test_a_queued_waiter_can_be_cancelled(store: Store, key: str) -> None:
 
 
 def test_a_delegate_that_times_out_hands_the_crowds_place_on(store: Store, key: str) -> None:
-    holder = store.locker(ttl=60)
-    events = Recorder()
-    waiter = store.locker(ttl=60, on_event=events)
-    held = holder.acquire(key)
+    held, waiter, events = _busy(store, key)
     failed: list[BaseException] = []
     delegate = _failing(waiter, key, failed, timeout=0.5)
     assert events.wait_for("contended", 1)
@@ -256,10 +249,7 @@ def test_a_delegate_that_times_out_hands_the_crowds_place_on(store: Store, key: 
 
 
 def test_a_waiter_that_may_not_queue_never_waits_behind_the_crowd(store: Store, key: str) -> None:
-    holder = store.locker(ttl=60)
-    events = Recorder()
-    waiter = store.locker(ttl=60, on_event=events)
-    held = holder.acquire(key)
+    held, waiter, events = _busy(store, key)
     got: list[Any] = []
     queued = _start(lambda: got.append(waiter.acquire(key, timeout=60)))
     assert events.wait_for("contended", 1)
