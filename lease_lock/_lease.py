@@ -85,7 +85,6 @@ def give_back(backend: Backend, key: str, token: str) -> None:
 
 #: The log levels of the events of every lock cycle, looked up once.
 _ACQUIRED_LEVEL = EVENT_TYPES["acquired"]
-_RELEASED_LEVEL = EVENT_TYPES["released"]
 #: The events that report how long the lock was held.
 _EVENTS_WITH_HELD_FOR = frozenset({"lost", "extended", "extend_failed", "released", "release_failed"})
 
@@ -276,6 +275,9 @@ class Lock(GuardedBlock):
     #: use: most locks have no listener.
     _loss_listeners: Optional[list[Callable[[], None]]] = None
     _given_back = False
+    #: Whether the grant's ``acquired`` event reached anyone: its ``released`` event is then
+    #: offered too, and only then (one logger check per cycle instead of two; both are DEBUG).
+    _reported = False
     #: How many handles hold this lease while it is held: one from the grant, one more for each
     #: re-entrant acquire that joined it, one less for each that let go.
     _holds = 1
@@ -846,8 +848,8 @@ class Lock(GuardedBlock):
             if host.crowds:
                 # Threads of this Locker wait for the key: the next one asks at once.
                 host.crowds.released(self._key)
-            # Checked here too, as for "acquired": a release nobody listens to costs no _emit call.
-            if host.on_event is not None or logger.isEnabledFor(_RELEASED_LEVEL):
+            # A lock whose grant nobody heard of has no release to tell either (see _reported).
+            if self._reported:
                 self._emit("released")
             return True
         if state == "lost":
@@ -1057,6 +1059,7 @@ def take_grant(
         mutex.release()
     # Checked here (as events.wanted does) so that the uncontended path builds no event fields.
     if host.on_event is not None or logger.isEnabledFor(_ACQUIRED_LEVEL):
+        lock._reported = True
         lock._emit("acquired", waited=waited, attempts=attempts)
 
 
