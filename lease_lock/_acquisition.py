@@ -32,7 +32,7 @@ from typing import Any, Callable, Literal, NoReturn, Optional, Union
 from ._crowd import Crowds, Place
 from ._held import HeldLeases
 from ._lease import BEATS, Answer, FirstAttempt, Lock, Plan, give_back, local_end, take_grant
-from .backends.base import Backend, LineGrant, WaitingLine
+from .backends.base import Backend, LineGrant, WaitingLine, limit_mismatch
 from .backends.service import SlowDown, ask_grant, request_id_scope
 from .clock import QUIET_PAUSE, LeaseClock
 from .errors import BackendUnavailableError, HeldReason, LockHeldError, LockStateError
@@ -178,7 +178,7 @@ class Acquisition:
     """
 
     __slots__ = (
-        "backend", "clock", "closed", "crowds", "fake_time", "fencing", "heartbeat", "holds", "max_hold",
+        "backend", "clock", "closed", "crowds", "fake_time", "fencing", "heartbeat", "holds", "limit", "max_hold",
         "on_event", "owner", "peek", "plans", "real_clock", "reentrant", "retry", "sleep",
     )
 
@@ -193,6 +193,7 @@ class Acquisition:
         owner: str,
         reentrant: bool,
         on_event: Optional[EventHook],
+        limit: int = 1,
     ) -> None:
         self.backend = backend
         # A LeaseClock is read through its bound method: calling the instance itself goes
@@ -212,6 +213,8 @@ class Acquisition:
         self.fencing = fencing
         self.owner = owner
         self.reentrant = reentrant
+        #: How many leases a key admits at once unless a lock's options say otherwise.
+        self.limit = limit
         self.on_event = on_event
         #: Set by the Locker's close(): no attempt starts, and a grant in flight goes back.
         self.closed = False
@@ -313,7 +316,9 @@ class Acquisition:
             del first  # see attempt: no reference cycle through an outage's error
         granted = False
         try:
-            if outcome is None and in_line and self.crowds.asking(lock.key):
+            # A counting key's waiters wait each in its own place: a freed place is one of several.
+            crowded = in_line and lock.limit == 1
+            if outcome is None and crowded and self.crowds.asking(lock.key):
                 self._queue(lock, tries, cancel)
             while True:
                 if outcome is None:
@@ -373,7 +378,7 @@ class Acquisition:
             with self.backend.call_budget(max(tries.timeout - (tries.sent - tries.start), 0.0)):
                 answer = ask_grant(
                     self.backend, lock.key, lock.token, tries.requested, self.owner, self.fencing, None,
-                    tries.line,
+                    tries.line, lock.limit,
                 )
         except BackendUnavailableError as error:
             answer = error
@@ -435,7 +440,8 @@ class Acquisition:
         if end is None:
             return LATE
         tries.end = end
-        tries.fence = answer if self.fencing else None
+        # A counting lease always carries its fence: it tells its holders apart.
+        tries.fence = answer if self.fencing or lock.limit > 1 else None
         return GRANTED
 
     def _take(self, lock: Lock, tries: Attempts, cancel: Optional[threading.Event]) -> bool:
@@ -475,8 +481,18 @@ class Acquisition:
             tries.reason = "late-acquire"
             self._emit(lock, "contended", attempt=tries.attempts, elapsed=elapsed, reason="late")
         else:
+            if tries.attempts == 1 and lock.limit == 1 and self.backend.capabilities.counting:
+                self._check_not_counting(lock)
             tries.reason = "held"
             self._emit(lock, "contended", attempt=tries.attempts, elapsed=elapsed, reason="held")
+
+    def _check_not_counting(self, lock: Lock) -> None:
+        """An exclusive acquire's first refusal, on a store that grants counting leases: refuse
+        a key whose live holders hold counting leases with ``limit_mismatch``'s error (a store's
+        exclusive grant only finds such a key held). One ``inspect``, on contention only."""
+        state = self.backend.inspect(lock.key)
+        if state.held and state.limit != 1:
+            raise limit_mismatch(lock.key, 1, state.limit)
 
     def _wait(
         self, lock: Lock, tries: Attempts, outcome: Outcome, in_line: bool, cancel: Optional[threading.Event]
@@ -495,11 +511,12 @@ class Acquisition:
         busy = outcome in (HELD, LATE)
         if in_line and tries.line is None and busy:
             # Joined once the key was found busy, which keeps uncontended acquisitions cheap: the
-            # key's crowd in this Locker, whose first thread alone joins the store's line.
+            # key's crowd in this Locker, whose first thread alone joins the store's line (a
+            # counting key's waiter joins it itself: see _attempt).
             place = tries.place
-            if place is None:
+            if place is None and lock.limit == 1:
                 place = tries.place = self.crowds.join(lock.key)
-            if place.leads:
+            if place is None or place.leads:
                 self._join_line(lock, tries)
         pause, waits_in_line = pick_pause(tries, outcome, elapsed)
         pause = min(pause, left)
@@ -520,7 +537,14 @@ class Acquisition:
     def _join_line(self, lock: Lock, tries: Attempts) -> None:
         """Take the crowd's place in the store's line (``tries.line``, ``None`` on a store that
         offers none); a release the leader was woken for meanwhile is its line's to bring."""
-        tries.line = self.backend.join_line(lock.key, lock.token, tries.requested, self.owner, self.fencing, self.clock)
+        if lock.limit == 1:
+            tries.line = self.backend.join_line(
+                lock.key, lock.token, tries.requested, self.owner, self.fencing, self.clock
+            )
+        else:
+            tries.line = self.backend.join_line(
+                lock.key, lock.token, tries.requested, self.owner, self.fencing, self.clock, limit=lock.limit
+            )
         if tries.line is not None and tries.place is not None:
             tries.place.line = tries.line
             tries.place.wake.clear()

@@ -133,6 +133,8 @@ class LockHost(Protocol):
     owner: str
     fencing: bool
     reentrant: bool
+    #: How many leases a key admits at once unless a lock's options say otherwise.
+    limit: int
     closed: bool
     holds: HeldLeases[Lock]
     #: Attempt plans by ``id`` of the options they were made for (see ``plan_for``).
@@ -231,7 +233,7 @@ class Lock(GuardedBlock):
     """A lease on one key. Created unacquired by ``Locker.lock()``; ``with`` acquires it.
 
     Its public names are the whole of it: ``key`` (prefix included), ``token``, ``fence``
-    (``int`` or ``None``), the read-only state (``ttl``, ``state``, ``lost``, ``lost_reason``,
+    (``int`` or ``None``), the read-only state (``ttl``, ``limit``, ``state``, ``lost``, ``lost_reason``,
     ``held_for``, ``expires_in``, ``holds``, ``thread``, ``retry``), ``acquire``, ``release``,
     ``extend``, ``check``, ``is_held`` and ``with``. The error behind a loss is the
     ``__cause__`` of the ``LockLostError`` that reports it. Thread-safe.
@@ -344,6 +346,13 @@ class Lock(GuardedBlock):
     def ttl(self) -> float:
         """The latest TTL asked for, in seconds."""
         return (self._outer or self)._ttl
+
+    @property
+    def limit(self) -> int:
+        """How many leases the key admits at once: 1 for an exclusive lock, N for one of the N
+        places of a counting key (the lock's ``limit`` option, else its Locker's)."""
+        lease = self._outer or self
+        return lease._options.limit or lease._host.limit
 
     @property
     def state(self) -> str:
@@ -530,12 +539,13 @@ class Lock(GuardedBlock):
                     requested = max_hold
                 # The send needs no pause check of its own: the reading at the answer finds a
                 # pause of the round trip (or before it), which only makes the grant look later.
+                limit = options.limit or host.limit
                 sent = host.peek()
                 answer: Answer
                 try:
                     answer = ask_grant(
                         host.backend, self._key, self._token, requested, host.owner, host.fencing,
-                        options.request_id,
+                        options.request_id, None, limit,
                     )
                 except BackendUnavailableError as error:
                     answer = error
@@ -543,8 +553,9 @@ class Lock(GuardedBlock):
                 if type(answer) is int and not host.closed:
                     end = sent + requested * _KEPT
                     if received < end:
+                        # A counting lease always carries its fence: it tells its holders apart.
                         take_grant(
-                            self, sent, end, requested, answer if host.fencing else None, max_hold,
+                            self, sent, end, requested, answer if host.fencing or limit > 1 else None, max_hold,
                             received - sent, 1,
                         )
                         return True

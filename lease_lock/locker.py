@@ -77,6 +77,7 @@ def _lock_options(
     token: Optional[str],
     request_id: Optional[str],
     reentrant: Optional[bool],
+    limit: Optional[int],
 ) -> LockOptions:
     """The options of a ``lock()`` or ``acquire()`` call, passed on in this order."""
     # Most calls give no option. Saying so with identity checks spares reading locals(): some
@@ -93,9 +94,18 @@ def _lock_options(
         and token is None
         and request_id is None
         and reentrant is None
+        and limit is None
     ):
         return _DEFAULT_OPTIONS
     return lock_options(_GIVEN(locals()))
+
+
+def _check_counting(backend: Backend, limit: int) -> None:
+    """Refuse ``limit`` > 1 on a backend that grants no counting leases, before anything is written."""
+    if limit > 1 and not backend.capabilities.counting:
+        raise ValidationError(
+            f"limit={limit} needs a backend that grants counting leases; {type(backend).__name__} does not"
+        )
 
 
 class _Resources:
@@ -175,17 +185,19 @@ class Locker:
         reentrant: bool = False,
         heartbeat_thread: bool = True,
         owns_backend: bool = False,
+        limit: int = 1,
     ) -> None:
         settings = check_locker_options(
             ttl=ttl, max_hold=max_hold, retry=retry, key_prefix=key_prefix, fencing=fencing,
             owner=owner, on_event=on_event, clock=clock, token_factory=token_factory, reentrant=reentrant,
-            heartbeat_thread=heartbeat_thread,
+            heartbeat_thread=heartbeat_thread, limit=limit,
         )
         check_bool(owns_backend, "owns_backend")
         if not isinstance(backend, Backend):
             raise ValidationError(f"backend must be a lease_lock Backend, not {type(backend).__name__}")
         if settings["fencing"] and not backend.capabilities.fencing:
             raise ValidationError(f"fencing=True needs a backend with fencing; {type(backend).__name__} has none")
+        _check_counting(backend, settings["limit"])
         self._backend = backend
         self.ttl: float = settings["ttl"]
         self.key_prefix: str = key_prefix
@@ -206,6 +218,7 @@ class Locker:
             owner=owner if owner is not None else f"{socket.gethostname()}:{os.getpid()}",
             reentrant=settings["reentrant"],
             on_event=settings.get("on_event"),
+            limit=settings["limit"],
         )
         self._heartbeat = self._acquisition.heartbeat
         # Set before any lock exists: the thread starts with the first lock to look after.
@@ -237,6 +250,11 @@ class Locker:
     def owner(self) -> str:
         """The label stored beside each lease."""
         return self._acquisition.owner
+
+    @property
+    def limit(self) -> int:
+        """How many leases a key admits at once unless a call says otherwise (1: exclusive)."""
+        return self._acquisition.limit
 
     @property
     def reentrant(self) -> bool:
@@ -322,6 +340,7 @@ class Locker:
         token: Optional[str] = None,
         request_id: Optional[str] = None,
         reentrant: Optional[bool] = None,
+        limit: Optional[int] = None,
     ) -> Lock:
         """An unacquired :class:`Lock` on ``key``; ``with`` acquires and releases it.
 
@@ -341,6 +360,7 @@ class Locker:
             and token is None
             and request_id is None
             and reentrant is None
+            and limit is None
             and type(key) is str
             and self._token_factory is None
             and self._checked_prefix is self.key_prefix
@@ -350,7 +370,8 @@ class Locker:
             if full_key is not None:
                 return Lock(self._acquisition, full_key, self.ttl, _DEFAULT_OPTIONS, self._backend.new_token(), self)
         options = _lock_options(
-            retry, timeout, blocking, cancel, auto_extend, max_hold, extend_interval, token, request_id, reentrant
+            retry, timeout, blocking, cancel, auto_extend, max_hold, extend_interval, token, request_id, reentrant,
+            limit,
         )
         return self._make_lock(key, ttl, options)
 
@@ -361,6 +382,8 @@ class Locker:
         lease = self.ttl if ttl is None else check_ttl(ttl)
         if options.extend_interval is not None:
             check_extend_interval(options.extend_interval, lease)
+        if options.limit is not None:
+            _check_counting(self._backend, options.limit)
         if options.token is not None:
             self._backend.check_token(options.token)
             token = options.token
@@ -385,6 +408,7 @@ class Locker:
         token: Optional[str] = None,
         request_id: Optional[str] = None,
         reentrant: Optional[bool] = None,
+        limit: Optional[int] = None,
     ) -> Lock:
         """A held :class:`Lock`; raises ``LockHeldError`` when the retry budget is spent.
 
@@ -410,7 +434,8 @@ class Locker:
         at once.
         """
         options = _lock_options(
-            retry, timeout, blocking, cancel, auto_extend, max_hold, extend_interval, token, request_id, reentrant
+            retry, timeout, blocking, cancel, auto_extend, max_hold, extend_interval, token, request_id, reentrant,
+            limit,
         )
         lock = self._make_lock(key, ttl, options, "acquire")
         acquire_or_raise(lock, options)
@@ -428,6 +453,7 @@ class Locker:
         token: Optional[str] = None,
         request_id: Optional[str] = None,
         reentrant: Optional[bool] = None,
+        limit: Optional[int] = None,
     ) -> Optional[Lock]:
         """Exactly one attempt: a held :class:`Lock`, or ``None`` when another holder has it.
 
@@ -445,6 +471,7 @@ class Locker:
             and token is None
             and request_id is None
             and reentrant is None
+            and limit is None
         ):
             options = _ONE_ATTEMPT
         else:
@@ -475,6 +502,7 @@ class Locker:
         token: Optional[str] = None,
         request_id: Optional[str] = None,
         reentrant: Optional[bool] = None,
+        limit: Optional[int] = None,
     ) -> Callable[[_Function], _Function]:
         """A decorator running the function under a fresh lock per call.
 
@@ -527,6 +555,7 @@ class Locker:
         token: None = None,
         request_id: Optional[str] = None,
         reentrant: Optional[bool] = None,
+        limit: Optional[int] = None,
     ) -> LockSet:
         """Hold every key or none: deduplicated, sorted, acquired in order.
 

@@ -21,6 +21,7 @@ from .validation import (
     check_cancel,
     check_duration,
     check_key,
+    check_limit,
     check_optional_duration,
     check_owner,
     check_token,
@@ -47,7 +48,7 @@ __all__ = [
 LOCKER_OPTIONS = frozenset(
     {
         "ttl", "max_hold", "retry", "key_prefix", "fencing", "owner", "on_event", "clock", "token_factory", "reentrant",
-        "heartbeat_thread",
+        "heartbeat_thread", "limit",
     }
 )
 
@@ -70,6 +71,7 @@ def check_locker_options(**options: Any) -> dict[str, Any]:
         raise ValidationError(f"key_prefix must be a str, not {type(prefix).__name__}")
     if prefix:
         check_key(prefix, "key_prefix")
+    checked["limit"] = check_limit(options.get("limit", 1))
     for flag, default in (("fencing", False), ("reentrant", False), ("heartbeat_thread", True)):
         checked[flag] = check_bool(options.get(flag, default), flag)
     if options.get("owner") is not None:
@@ -105,6 +107,8 @@ class LockOptions:
     #: Join a hold of the same key by the same thread through the same locker (None: the
     #: locker's default).
     reentrant: Optional[bool] = None
+    #: How many leases the key admits at once (None: the locker's default; 1: exclusive).
+    limit: Optional[int] = None
 
     @classmethod
     def from_kwargs(cls, options: Mapping[str, Any]) -> LockOptions:
@@ -122,6 +126,7 @@ class LockOptions:
         request_id = check_request_id(options.get("request_id"))
         token = options.get("token")
         reentrant = options.get("reentrant")
+        limit = options.get("limit")
         return cls(
             retry=retry,
             blocking=check_bool(options.get("blocking", True), "blocking"),
@@ -132,6 +137,7 @@ class LockOptions:
             token=None if token is None else check_token(token),
             request_id=request_id,
             reentrant=None if reentrant is None else check_bool(reentrant, "reentrant"),
+            limit=None if limit is None else check_limit(limit),
         )
 
     def with_attempt_budget(self, blocking: Optional[bool], timeout: Optional[float]) -> LockOptions:

@@ -37,6 +37,7 @@ import pytest
 from .backends.base import Backend, ExtendRequest, LineGrant, LockState, WaitingLine
 from .backends.service import ServiceStore
 from .errors import ValidationError
+from .events import LockEvent
 from .locker import Locker
 
 __all__ = ["BackendContract", "ServiceStoreContract", "wait_until"]
@@ -98,14 +99,16 @@ class BackendContract:
         return backend.acquire(key, token, ttl, self.owner)
 
     def skip_without(self, backend: Backend, capability: str, key: str) -> None:
-        """Return when ``backend`` declares ``capability`` (``"fencing"``, ``"scan"`` or
-        ``"release_notify"``), so the calling test runs. Otherwise check that the backend
+        """Return when ``backend`` declares ``capability`` (``"fencing"``, ``"scan"``,
+        ``"release_notify"`` or ``"counting"``), so the calling test runs. Otherwise check that the backend
         refuses it plainly and skip the test, naming the capability in the report: an
         undeclared capability is neither tested as present nor counted as passed.
 
         The refusals: ``acquire_fenced`` raises ``NotImplementedError`` without taking the key
         and ``Locker(fencing=True)`` raises ``ValidationError``; ``scan`` and
-        ``watch_releases`` raise ``NotImplementedError``.
+        ``watch_releases`` raise ``NotImplementedError``; ``acquire_counted`` raises
+        ``NotImplementedError`` without taking the key and ``Locker(limit=2)`` raises
+        ``ValidationError`` naming the backend.
         """
         if getattr(backend.capabilities, capability):
             return
@@ -124,6 +127,13 @@ class BackendContract:
             with pytest.raises(NotImplementedError):
                 backend.watch_releases(lambda _key: None)
             refusal = "watch_releases raises NotImplementedError"
+        elif capability == "counting":
+            with pytest.raises(NotImplementedError):
+                backend.acquire_counted(key, self.token(backend), self.long_ttl(backend), self.owner, 2)
+            assert not backend.inspect(key).held
+            with pytest.raises(ValidationError, match=type(backend).__name__):
+                Locker(backend, limit=2)
+            refusal = "acquire_counted raises NotImplementedError and Locker(limit=2) is refused"
         else:
             raise ValueError(f"no refusal check for capability {capability!r}")
         pytest.skip(f"{type(backend).__name__} does not declare capabilities.{capability} ({refusal})")
@@ -462,6 +472,175 @@ class BackendContract:
         finally:
             watcher.close()
         assert not watcher.active
+
+    # -- counting leases (optional) --------------------------------------------------------------
+
+    def places(self, backend: Backend, key: str, limit: int, count: int, ttl: Optional[float] = None) -> list[str]:
+        """Grant ``count`` places of ``key`` (a counting key of ``limit``) to fresh tokens; the
+        tokens, in the order granted. Skips the test (checking the refusal) on a backend that
+        grants no counting leases."""
+        self.skip_without(backend, "counting", key)
+        tokens = [self.token(backend) for _ in range(count)]
+        for token in tokens:
+            fence = backend.acquire_counted(key, token, ttl or self.long_ttl(backend), self.owner, limit)
+            assert fence is not None, "a counting key refused a place below its limit"
+        return tokens
+
+    def test_counting_admits_up_to_the_limit(self, backend: Backend, key: str) -> None:
+        tokens = self.places(backend, key, 3, 3)
+        ttl = self.long_ttl(backend)
+        assert backend.acquire_counted(key, self.token(backend), ttl, self.owner, 3) is None
+        assert all(backend.is_held(key, token) for token in tokens)
+        state = backend.inspect(key)
+        assert state.held and state.limit == 3 and len(state.holders) == 3
+        fences = [holder.fence for holder in state.holders]
+        assert all(fence is not None for fence in fences) and fences == sorted(set(fences))  # type: ignore[type-var]
+        assert state.fence == fences[-1]
+        assert all(holder.owner == self.owner for holder in state.holders)
+        assert all(holder.expires_in is not None and 0 < holder.expires_in <= ttl + 1 for holder in state.holders)
+
+    def test_counting_fences_rise_with_every_grant(self, backend: Backend, key: str) -> None:
+        self.skip_without(backend, "counting", key)
+        ttl = self.long_ttl(backend)
+        exclusive = self.token(backend)
+        first = backend.acquire_fenced(key, exclusive, ttl, self.owner) if backend.capabilities.fencing else 0
+        assert first is not None and backend.release(key, exclusive)
+        fences = []
+        for _ in range(3):
+            token = self.token(backend)
+            fence = backend.acquire_counted(key, token, ttl, self.owner, 2)
+            assert fence is not None
+            fences.append(fence)
+            assert backend.release(key, token)
+        assert fences == sorted(set(fences)) and fences[0] > first
+        if backend.capabilities.fencing:
+            again = backend.acquire_fenced(key, exclusive, ttl, self.owner)
+            assert again is not None and again > fences[-1]
+
+    def test_counting_renewal_keeps_the_place_and_its_fence(self, backend: Backend, key: str) -> None:
+        first, second = self.places(backend, key, 2, 2)
+        ttl = self.long_ttl(backend)
+        fences = {holder.fence for holder in backend.inspect(key).holders}
+        assert backend.acquire_counted(key, first, ttl / 2, self.owner, 2) in fences
+        assert backend.extend(key, second, ttl / 2) is True
+        assert backend.extend(key, self.token(backend), ttl) is False
+        assert backend.extend_many(
+            [ExtendRequest(key, first, ttl), ExtendRequest(key, self.token(backend), ttl)]
+        ) == [True, False]
+        state = backend.inspect(key)
+        assert {holder.fence for holder in state.holders} == fences and len(state.holders) == 2
+
+    def test_counting_release_frees_one_place(self, backend: Backend, key: str) -> None:
+        first, second = self.places(backend, key, 2, 2)
+        ttl = self.long_ttl(backend)
+        assert backend.release(key, self.token(backend)) is False
+        assert backend.release(key, first) is True
+        assert backend.release(key, first) is False
+        assert not backend.is_held(key, first) and backend.is_held(key, second)
+        newcomer = self.token(backend)
+        assert backend.acquire_counted(key, newcomer, ttl, self.owner, 2) is not None
+        assert backend.acquire_counted(key, self.token(backend), ttl, self.owner, 2) is None
+        assert backend.release(key, second) and backend.release(key, newcomer)
+        assert not backend.inspect(key).held
+
+    def test_counting_places_expire_one_by_one(self, backend: Backend, key: str) -> None:
+        ttl = self.short_ttl(backend)
+        (short,) = self.places(backend, key, 2, 1, ttl)
+        (long,) = self.places(backend, key, 2, 1)
+        assert wait_until(lambda: not backend.is_held(key, short), ttl + self.expiry_grace + 10)
+        assert backend.is_held(key, long)
+        assert backend.acquire_counted(key, self.token(backend), self.long_ttl(backend), self.owner, 2) is not None
+        assert len(backend.inspect(key).holders) == 2
+
+    def test_counting_limit_mismatch_is_refused_and_writes_nothing(self, backend: Backend, key: str) -> None:
+        self.places(backend, key, 2, 1)
+        before = backend.inspect(key)
+        ttl = self.long_ttl(backend)
+        with pytest.raises(ValidationError, match=r"limit=3.*limit=2"):
+            backend.acquire_counted(key, self.token(backend), ttl, self.owner, 3)
+        # An exclusive grant finds the key held; the Locker tells why.
+        assert self.grant(backend, key, self.token(backend), ttl) is False
+        with Locker(backend) as locker, pytest.raises(ValidationError, match=r"limit=1.*limit=2"):
+            locker.try_acquire(key)
+        after = backend.inspect(key)
+        assert (after.limit, [holder.fence for holder in after.holders]) == (
+            before.limit, [holder.fence for holder in before.holders]
+        )
+        # And a counting acquire on an exclusive holder's key.
+        exclusive_key = f"{key}:exclusive"
+        holder = self.token(backend)
+        assert self.grant(backend, exclusive_key, holder, ttl)
+        with pytest.raises(ValidationError, match=r"limit=2.*limit=1"):
+            backend.acquire_counted(exclusive_key, self.token(backend), ttl, self.owner, 2)
+        state = backend.inspect(exclusive_key)
+        assert state.held and state.limit == 1 and len(state.holders) == 1 and backend.is_held(exclusive_key, holder)
+
+    def test_counting_force_release_drops_every_place(self, backend: Backend, key: str) -> None:
+        tokens = self.places(backend, key, 3, 2)
+        fences = [holder.fence or 0 for holder in backend.inspect(key).holders]
+        assert backend.force_release(key) is True
+        assert not backend.inspect(key).held
+        assert not any(backend.is_held(key, token) for token in tokens)
+        fence = backend.acquire_counted(key, self.token(backend), self.long_ttl(backend), self.owner, 3)
+        assert fence is not None and fence > max(fences)
+
+    def test_counting_scan_lists_the_key_once(self, backend: Backend, key: str) -> None:
+        self.skip_without(backend, "scan", key)
+        self.places(backend, key + ":counted", 3, 2)
+        listed = [state for state in backend.scan(key + ":") if state.key == key + ":counted"]
+        assert len(listed) == 1 and listed[0].limit == 3 and len(listed[0].holders) == 2
+
+    def test_counting_release_lets_one_waiter_in(self, backend: Backend, key: str) -> None:
+        self.skip_without(backend, "counting", key)
+        ttl = self.long_ttl(backend)
+        refused = threading.Semaphore(0)
+
+        def on_event(event: LockEvent) -> None:
+            if event.type == "contended" and event.attempt == 1:
+                refused.release()
+
+        with Locker(backend, ttl=ttl, limit=2, on_event=on_event) as locker:
+            first, second = locker.acquire(key), locker.acquire(key)
+            got: list[int] = []
+            entered = threading.Semaphore(0)
+            stop = threading.Event()
+
+            def waiter() -> None:
+                try:
+                    lock = locker.acquire(key, timeout=ttl, cancel=stop)
+                except Exception:  # noqa: BLE001 - the waiter left unserved ends with an error
+                    return
+                got.append(lock.fence or 0)
+                entered.release()
+                stop.wait(ttl)
+                lock.release()
+
+            waiters = [threading.Thread(target=waiter) for _ in range(2)]
+            for thread in waiters:
+                thread.start()
+            # Both waiters have found the key full before a place frees.
+            assert refused.acquire(timeout=30) and refused.acquire(timeout=30)
+            first.release()
+            # Woken by the release, long before any lease could run out.
+            assert entered.acquire(timeout=ttl / 2)
+            assert len(got) == 1 and got[0] > max(first.fence or 0, second.fence or 0)
+            assert not entered.acquire(timeout=1.0), "one release let two waiters in"
+            stop.set()
+            for thread in waiters:
+                thread.join(60)
+            second.release()
+
+    def test_counting_heartbeat_keeps_every_place(self, backend: Backend, key: str) -> None:
+        self.skip_without(backend, "counting", key)
+        ttl = max(2.0, backend.capabilities.min_ttl)
+        with Locker(backend, ttl=ttl, limit=2) as locker:
+            with locker.lock(key) as first, locker.lock(key) as second:
+                # Twice the lease: each place lives on its extensions only.
+                assert not first.lost.wait(ttl * 2)
+                assert first.state == "held" and second.state == "held"
+                assert backend.is_held(key, first.token) and backend.is_held(key, second.token)
+                assert first.limit == 2 and first.fence != second.fence
+            assert not backend.inspect(key).held
 
     # -- the waiting line (optional) -------------------------------------------------------------
 

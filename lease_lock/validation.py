@@ -20,10 +20,12 @@ from .errors import ValidationError
 __all__ = [
     "MAX_DURATION",
     "MAX_KEY_BYTES",
+    "MAX_LIMIT",
     "check_bool",
     "check_cancel",
     "check_duration",
     "check_key",
+    "check_limit",
     "check_optional_duration",
     "check_owner",
     "check_token",
@@ -145,6 +147,21 @@ def check_bool(value: object, name: str) -> bool:
     """A flag: exactly ``True`` or ``False``."""
     if not isinstance(value, bool):
         raise ValidationError(f"{name} must be True or False, not {_type_name(value)}")
+    return value
+
+
+#: The most leases one counting key admits at once (see ``limit``).
+MAX_LIMIT = 1_000_000
+
+
+def check_limit(value: object, name: str = "limit") -> int:
+    """How many leases a key admits at once: an ``int`` from 1 (an exclusive lock) to
+    :data:`MAX_LIMIT`."""
+    if type(value) is not int or not 1 <= value <= MAX_LIMIT:
+        shown = repr(value) if type(value) in (int, float, bool) else _type_name(value)
+        raise ValidationError(
+            f"{name} must be an int from 1 to {MAX_LIMIT:,} (how many leases the key admits at once), not {shown}"
+        )
     return value
 
 

@@ -37,13 +37,27 @@ __all__ = [
     "CallBudget",
     "Capabilities",
     "ExtendRequest",
+    "Holder",
     "LineGrant",
     "LockState",
     "ReleaseWatcher",
     "WaitingLine",
+    "limit_mismatch",
     "parse_bool",
     "parse_url_options",
 ]
+
+
+@dataclass(frozen=True)
+class Holder:
+    """One live lease of a key: its holder's ``owner`` label, its ``fence`` (``None`` for an
+    unfenced grant), when it ends on the backend's clock (``expires_at``, UTC-aware) and the
+    seconds it has left as the backend measured them (``expires_in``)."""
+
+    owner: Optional[str] = None
+    fence: Optional[int] = None
+    expires_at: Optional[datetime] = None
+    expires_in: Optional[float] = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -54,6 +68,13 @@ class LockState:
     not held. ``fence`` is the current holder's fencing token, ``None`` when not held or when the
     grant was not fenced. ``owner`` is the holder's label. ``expires_in`` is the holder's
     remaining lease in seconds as the backend measured it (not derived from the local clock).
+
+    ``limit`` is how many leases the key admits at once: 1 for an exclusive lock, N for a
+    counting one (``limit=N``), as its live holders were granted; 1 when nobody holds it.
+    ``holders`` has one :class:`Holder` per live lease, by fence. For a counting key the
+    top-level ``fence``, ``owner``, ``expires_at`` and ``expires_in`` are those of its latest
+    grant (the largest fence). A state built with only the top-level fields of a held key gets
+    its one holder from them.
     """
 
     key: str
@@ -62,11 +83,42 @@ class LockState:
     fence: Optional[int] = None
     owner: Optional[str] = None
     expires_in: Optional[float] = field(default=None, compare=False)
+    limit: int = 1
+    holders: tuple[Holder, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.held and not self.holders:
+            # An exclusive key's one holder is the key's own fields (every backend builds it so).
+            holder = Holder(self.owner, self.fence, self.expires_at, self.expires_in)
+            object.__setattr__(self, "holders", (holder,))
 
     @classmethod
     def free(cls, key: str) -> LockState:
         """The state of a key nobody holds."""
         return cls(key=key, held=False)
+
+    @classmethod
+    def counting(cls, key: str, limit: int, holders: Sequence[Holder]) -> LockState:
+        """The state of a counting key (``limit`` > 1) from its live ``holders`` (any order):
+        free when there are none, else held, with the latest grant's fields on top."""
+        if not holders:
+            return cls.free(key)
+        ordered = tuple(sorted(holders, key=lambda holder: holder.fence or 0))
+        latest = ordered[-1]
+        return cls(
+            key=key, held=True, expires_at=latest.expires_at, fence=latest.fence, owner=latest.owner,
+            expires_in=latest.expires_in, limit=limit, holders=ordered,
+        )
+
+
+def limit_mismatch(key: str, asked: int, held: int) -> ValidationError:
+    """The error of an acquire whose ``limit`` (``asked``) differs from the limit the live
+    holders of ``key`` were granted with (``held``; 1 for an exclusive holder). A backend raises
+    it from :meth:`Backend.acquire_counted` having written nothing."""
+    return ValidationError(
+        f"limit={asked} differs from limit={held} of the live holders of {key!r}: every holder of a "
+        "key must use the same limit"
+    )
 
 
 @dataclass(frozen=True)
@@ -83,6 +135,7 @@ class Capabilities:
     - ``replica_wait``: writes can wait for replicas (Redis ``wait_for_replicas``).
     - ``scan``: ``scan(prefix)`` lists held keys.
     - ``batch_extend``: ``extend_many`` extends several leases in one round trip.
+    - ``counting``: ``acquire_counted`` grants counting leases (``limit`` > 1).
     - ``min_ttl``: the shortest lease the backend grants; the contract suite scales to it.
     - ``clock``: a short description of the clock that judges expiry, for the docs.
     - ``wake``: a short description of how a waiter learns the key is free, for the docs.
@@ -94,6 +147,7 @@ class Capabilities:
     replica_wait: bool = False
     scan: bool = False
     batch_extend: bool = False
+    counting: bool = False
     min_ttl: float = 0.0
     clock: str = "not declared"
     wake: str = "not declared"
@@ -304,6 +358,30 @@ class Backend(abc.ABC):
         """Held keys starting with ``prefix`` (``capabilities.scan``)."""
         raise NotImplementedError(f"{type(self).__name__} cannot list keys")
 
+    def acquire_counted(self, key: str, token: str, ttl: float, owner: str, limit: int) -> Optional[int]:
+        """Grant ``token`` one of the ``limit`` places (``limit`` >= 2) of the counting key
+        ``key`` for ``ttl`` seconds, in one atomic step on the store (``counting``).
+
+        Places whose lease ended are dropped first. A token that holds a place renews it (its
+        lease reset to ``ttl``, its fence kept) and gets its fence again; a new place is
+        granted while fewer than ``limit`` live places remain, with a fence drawn from the
+        key's fence sequence (larger than every earlier grant of the key, exclusive ones
+        included); otherwise the answer is ``None``. When the live holders were granted with
+        another limit (an exclusive holder counts as limit 1), it raises
+        :func:`limit_mismatch`'s error and writes nothing.
+
+        A backend that grants counting leases makes the other primitives work on a place by
+        its token: :meth:`extend`, :meth:`release`, :meth:`is_held` and :meth:`extend_many`
+        act on the token's own place; an exclusive grant (:meth:`acquire`,
+        :meth:`acquire_fenced`, :meth:`adopt`) finds a key with live places held; :meth:`inspect`
+        and :meth:`scan` report ``limit`` and every holder (a counting key once, see
+        :meth:`LockState.counting`); :meth:`force_release` drops every place; a place's release
+        is announced as a key's release is, wherever releases are announced; and
+        :meth:`join_line` given ``limit`` offers a line whose :meth:`WaitingLine.ask` asks for
+        a place. The default refuses with ``NotImplementedError``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot grant counting leases (limit > 1)")
+
     def extend_many(self, requests: Sequence[ExtendRequest]) -> list[bool]:
         """Extend several leases; one answer per request, in order (``batch_extend``).
 
@@ -327,11 +405,14 @@ class Backend(abc.ABC):
         return contextlib.nullcontext()
 
     def join_line(
-        self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float]
+        self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float],
+        limit: int = 1,
     ) -> Optional[WaitingLine]:
         """A waiting line for a thread that found ``key`` held and waits for it with ``token``
         (a lease of ``ttl`` seconds labelled ``owner``, fenced when ``fenced``), timed on
-        ``clock``; asks the store nothing.
+        ``clock``; asks the store nothing. With ``limit`` > 1 (only for a backend that grants
+        counting leases) the thread waits for a place of a counting key, and the line asks
+        with :meth:`acquire_counted`.
 
         The default is ``None``: this store announces nothing, and the waiter sleeps out its
         retry pause between attempts. A backend that announces releases returns a line

@@ -441,6 +441,7 @@ class HttpBackend(Backend, RequestIdCarrier):
         release_notify=True,
         replica_wait=False,
         batch_extend=False,
+        counting=False,
         min_ttl=float(wire.MIN_TTL),
         clock="the lock service's clock (its store's clock for a lease_lock server)",
         wake="the service holds the request (Prefer: wait), else the backend's release watcher",
@@ -1018,7 +1019,8 @@ class HttpBackend(Backend, RequestIdCarrier):
     # -- a waiting thread's own held acquisition --------------------------------------------------
 
     def join_line(
-        self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float]
+        self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float],
+        limit: int = 1,
     ) -> Optional[WaitingLine]:
         """A waiting thread's own acquisition held by the server, instead of a sleep and a wake
         from the watcher's thread: between attempts it sends its acquisition with ``Prefer:

@@ -467,6 +467,7 @@ class AnnouncedLine(WaitingLine):
         owner: str,
         fenced: bool,
         clock: Callable[[], float],
+        limit: int = 1,
     ) -> None:
         self._announcements = announcements
         self._backend = backend
@@ -476,6 +477,8 @@ class AnnouncedLine(WaitingLine):
         self._owner = owner
         self._fenced = fenced
         self._clock = clock
+        #: Above 1, the line waits for a place of a counting key (see Backend.acquire_counted).
+        self._limit = limit
         self._wake: Optional[threading.Event] = None
         #: When (real time) the holder's lease ends as last read; ``None`` to read it again.
         self._holder_end: Optional[float] = None
@@ -488,6 +491,8 @@ class AnnouncedLine(WaitingLine):
             # An announcement from now on is one this attempt did not see.
             self._wake.clear()
         self._holder_end = None
+        if self._limit > 1:
+            return self._backend.acquire_counted(self._key, self._token, self._ttl, self._owner, self._limit)
         if self._fenced:
             return self._backend.acquire_fenced(self._key, self._token, self._ttl, self._owner)
         return 0 if self._backend.acquire(self._key, self._token, self._ttl, self._owner) else None
@@ -525,13 +530,15 @@ class AnnouncedLine(WaitingLine):
         """When (real time) to look at the key unless a release is announced first."""
         end = self._holder_end
         if end is None:
-            left = self._announcements.lease_left(self._key)
+            left = self._announcements.lease_left(self._key) if self._limit == 1 else None
             if left is None:
                 state = self._backend.inspect(self._key)
+                # A counting key frees a place when its first lease ends.
+                ends = [holder.expires_in for holder in state.holders if holder.expires_in is not None]
                 if not state.held:
                     left = _LEAST_LEASE_WAIT  # released before the watcher heard: ask (almost) at once
                 else:
-                    left = _UNTOLD_LEASE if state.expires_in is None else max(state.expires_in, _LEAST_LEASE_WAIT)
+                    left = _UNTOLD_LEASE if not ends else max(min(ends), _LEAST_LEASE_WAIT)
             end = self._holder_end = now + left
         return end
 

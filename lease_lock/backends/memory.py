@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, ClassVar, Iterator, Optional, Union
 
 from .. import forksafe
-from .base import Capabilities, LockState, ReleaseWatcher, WaitingLine, parse_url_options
+from .base import Capabilities, Holder, LockState, ReleaseWatcher, WaitingLine, limit_mismatch, parse_url_options
 from .line import AnnouncedLine, Announcements
 from .service import ServiceStore, check_amount
 
@@ -27,6 +27,20 @@ class _Lease:
     expires_at: float
     fence: Optional[int]
     owner: str
+
+
+@dataclass
+class _Places:
+    """A counting key: up to ``limit`` leases, each by its token."""
+
+    limit: int
+    leases: dict[str, _Lease]
+    #: When the first of the leases ends (``inf`` when there are none).
+    expires_at: float = 0.0
+
+    def prune(self, now: float) -> None:
+        self.leases = {token: lease for token, lease in self.leases.items() if lease.expires_at > now}
+        self.expires_at = min((lease.expires_at for lease in self.leases.values()), default=0.0)
 
 
 class _MemoryWatcher(ReleaseWatcher):
@@ -46,7 +60,8 @@ class _MemoryWatcher(ReleaseWatcher):
 
 
 class MemoryBackend(ServiceStore, forksafe.MutexForkGuard):
-    """Leases in a dict guarded by one lock; one process only.
+    """Leases in a dict guarded by one lock; one process only. A counting key (``limit`` > 1)
+    keeps its places in one entry of that dict, each under its token.
 
     ``clear()`` drops every lease but keeps the fence counters, and fences are never below the
     wall clock in microseconds, so they keep rising after ``clear()`` and across processes.
@@ -59,6 +74,7 @@ class MemoryBackend(ServiceStore, forksafe.MutexForkGuard):
         release_notify=True,
         scan=True,
         batch_extend=True,
+        counting=True,
         replica_wait=False,
         min_ttl=0.0,
         clock="this process's monotonic clock",
@@ -68,7 +84,7 @@ class MemoryBackend(ServiceStore, forksafe.MutexForkGuard):
     def __init__(self, *, clock: Optional[Callable[[], float]] = None) -> None:
         self._clock = clock or time.monotonic
         self._mutex = threading.Lock()
-        self._leases: dict[str, _Lease] = {}
+        self._leases: dict[str, Union[_Lease, _Places]] = {}
         self._fences: dict[str, int] = {}
         self._watchers: list[_MemoryWatcher] = []
         self._counters: dict[str, tuple[int, int]] = {}
@@ -81,12 +97,32 @@ class MemoryBackend(ServiceStore, forksafe.MutexForkGuard):
         parse_url_options(url, {}, options, backend="memory")
         return cls()
 
-    def _live(self, key: str, now: float) -> Optional[_Lease]:
+    def _live(self, key: str, now: float) -> Union[_Lease, _Places, None]:
         lease = self._leases.get(key)
         if lease is not None and lease.expires_at <= now:
+            if isinstance(lease, _Places):
+                lease.prune(now)
+                if lease.leases:
+                    return lease
             del self._leases[key]
             return None
         return lease
+
+    def _mine(self, key: str, token: str, now: float) -> Optional[_Lease]:
+        """The live lease ``token`` holds on ``key``: the key's own, or its place."""
+        lease = self._live(key, now)
+        if isinstance(lease, _Places):
+            return lease.leases.get(token)
+        return lease if lease is not None and lease.token == token else None
+
+    def _drop(self, key: str, token: str) -> None:
+        """Drop the lease ``token`` holds on ``key`` (found live by :meth:`_mine`)."""
+        entry = self._leases[key]
+        if isinstance(entry, _Places) and len(entry.leases) > 1:
+            del entry.leases[token]
+            entry.prune(self._clock())
+        else:
+            del self._leases[key]
 
     def _grant(
         self, key: str, token: str, ttl: float, owner: str, fenced: bool, replaces: Optional[str] = None
@@ -94,6 +130,8 @@ class MemoryBackend(ServiceStore, forksafe.MutexForkGuard):
         with self._mutex:
             now = self._clock()
             lease = self._live(key, now)
+            if isinstance(lease, _Places):
+                return None  # a counting key's places: held, as for any exclusive grant
             if lease is not None and replaces is not None and lease.token == replaces:
                 lease = None  # an adopted claim: the new lease below takes its place
             if lease is not None:
@@ -130,6 +168,28 @@ class MemoryBackend(ServiceStore, forksafe.MutexForkGuard):
         lease = self._grant(key, token, ttl, owner, fenced=True, replaces=claim_token)
         return None if lease is None else lease.fence
 
+    def acquire_counted(self, key: str, token: str, ttl: float, owner: str, limit: int) -> Optional[int]:
+        """Grant or renew one of the ``limit`` places of ``key`` for ``token``; its fence."""
+        with self._mutex:
+            now = self._clock()
+            entry = self._live(key, now)
+            if entry is None:
+                entry = self._leases[key] = _Places(limit, {})
+            elif isinstance(entry, _Lease):
+                raise limit_mismatch(key, limit, 1)
+            elif entry.limit != limit:
+                raise limit_mismatch(key, limit, entry.limit)
+            lease = entry.leases.get(token)
+            if lease is not None:
+                lease.expires_at = now + ttl
+                lease.owner = owner
+            elif len(entry.leases) < limit:
+                lease = entry.leases[token] = _Lease(token, now + ttl, self._next_fence(key), owner)
+            else:
+                return None
+            entry.prune(now)
+            return lease.fence
+
     def grant_if_free(self, key: str, token: str, ttl: float, owner: str) -> Union[int, LockState]:
         """Grant a key no lease holds and return its fence, else the key's state; one step."""
         with self._mutex:
@@ -144,10 +204,9 @@ class MemoryBackend(ServiceStore, forksafe.MutexForkGuard):
     def release(self, key: str, token: str) -> bool:
         """Delete ``key`` if ``token`` holds it."""
         with self._mutex:
-            lease = self._live(key, self._clock())
-            if lease is None or lease.token != token:
+            if self._mine(key, token, self._clock()) is None:
                 return False
-            del self._leases[key]
+            self._drop(key, token)
         self._notify(key)
         return True
 
@@ -155,26 +214,35 @@ class MemoryBackend(ServiceStore, forksafe.MutexForkGuard):
         """Set ``key``'s lease to ``ttl`` from now if ``token`` holds it."""
         with self._mutex:
             now = self._clock()
-            lease = self._live(key, now)
-            if lease is None or lease.token != token:
+            lease = self._mine(key, token, now)
+            if lease is None:
                 return False
             lease.expires_at = now + ttl
+            entry = self._leases[key]
+            if isinstance(entry, _Places):
+                entry.prune(now)
             return True
 
     def is_held(self, key: str, token: str) -> bool:
         """``True`` if ``token`` holds a live lease on ``key``."""
         with self._mutex:
-            lease = self._live(key, self._clock())
-            return lease is not None and lease.token == token
+            return self._mine(key, token, self._clock()) is not None
 
-    def _state(self, key: str, lease: Optional[_Lease], now: float) -> LockState:
+    def _state(self, key: str, lease: Union[_Lease, _Places, None], now: float) -> LockState:
         if lease is None:
             return LockState.free(key)
+        wall = datetime.now(timezone.utc)
+        if isinstance(lease, _Places):
+            holders = []
+            for place in lease.leases.values():
+                left = place.expires_at - now
+                holders.append(Holder(place.owner, place.fence, wall + timedelta(seconds=left), left))
+            return LockState.counting(key, lease.limit, holders)
         remaining = lease.expires_at - now
         return LockState(
             key=key,
             held=True,
-            expires_at=datetime.now(timezone.utc) + timedelta(seconds=remaining),
+            expires_at=wall + timedelta(seconds=remaining),
             fence=lease.fence,
             owner=lease.owner,
             expires_in=remaining,
@@ -226,11 +294,12 @@ class MemoryBackend(ServiceStore, forksafe.MutexForkGuard):
             self._notify(key)
 
     def join_line(
-        self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float]
+        self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float],
+        limit: int = 1,
     ) -> Optional[WaitingLine]:
         """A line woken by this backend's release notifications (see
         :class:`~lease_lock.backends.line.AnnouncedLine`)."""
-        return AnnouncedLine(self._announcements, self, key, token, ttl, owner, fenced, clock)
+        return AnnouncedLine(self._announcements, self, key, token, ttl, owner, fenced, clock, limit)
 
     def watch_releases(self, callback: Callable[[str], None]) -> ReleaseWatcher:
         """Call ``callback(key)`` on every release and force release."""

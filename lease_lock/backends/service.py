@@ -117,6 +117,7 @@ def ask_grant(
     fenced: bool,
     request_id: Optional[str],
     line: Optional[WaitingLine] = None,
+    limit: int = 1,
 ) -> Union[int, SlowDown, None]:
     """One grant request of an acquisition: the answer, whichever backend it goes to.
 
@@ -124,15 +125,18 @@ def ask_grant(
     when the key is held, or a :class:`SlowDown` when the store asked the caller to wait first.
     ``request_id`` travels with the request when the backend is a :class:`RequestIdCarrier`
     and is ignored otherwise. A waiter's ``line`` (see :meth:`Backend.join_line`) asks in its
-    place, as :meth:`WaitingLine.ask`. An unreachable store raises ``BackendUnavailableError``,
-    as every primitive does.
+    place, as :meth:`WaitingLine.ask`. A ``limit`` above 1 asks for a place of a counting key
+    (:meth:`Backend.acquire_counted`, always fenced). An unreachable store raises
+    ``BackendUnavailableError``, as every primitive does.
     """
     try:
         if request_id is not None:
             with request_id_scope(backend, request_id):
-                return ask_grant(backend, key, token, ttl, owner, fenced, None, line)
+                return ask_grant(backend, key, token, ttl, owner, fenced, None, line, limit)
         if line is not None:
             return line.ask()
+        if limit > 1:
+            return backend.acquire_counted(key, token, ttl, owner, limit)
         if fenced:
             return backend.acquire_fenced(key, token, ttl, owner)
         return 0 if backend.acquire(key, token, ttl, owner) else None

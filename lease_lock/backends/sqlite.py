@@ -223,6 +223,7 @@ class SqliteBackend(ServiceStore, forksafe.MutexForkGuard):
         release_notify=False,
         scan=True,
         batch_extend=True,
+        counting=False,
         replica_wait=False,
         min_ttl=0.0,
         clock="CLOCK_BOOTTIME of the host with its boot id (the wall clock where unavailable)",

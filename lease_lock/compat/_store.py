@@ -156,6 +156,7 @@ class PeerRedisBackend(Backend):
         replica_wait=False,
         scan=False,
         batch_extend=False,
+        counting=False,
         min_ttl=0.0,
         clock="the Redis server's clock (key expiry)",
         wake="none: waiters pause 0.2 s between attempts",

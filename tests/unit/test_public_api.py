@@ -123,14 +123,14 @@ def test_version_is_a_string() -> None:
 
 #: Everything a user may call or read on a Lock (its context manager aside).
 LOCK_NAMES = {
-    "acquire", "check", "expires_in", "extend", "fence", "held_for", "holds", "is_held", "key", "lost",
+    "acquire", "check", "expires_in", "extend", "fence", "held_for", "holds", "is_held", "key", "limit", "lost",
     "lost_reason", "release", "retry", "state", "thread", "token", "ttl",
 }
 #: Everything a user may call or read on a Locker's class (``ttl`` and ``key_prefix`` are
 #: attributes of each locker).
 LOCKER_NAMES = {
     "acquire", "acquire_many", "backend", "close", "closed", "elect", "fencing", "force_release", "get", "list",
-    "lock", "locked", "max_hold", "owner", "reentrant", "retry", "run_heartbeat", "try_acquire",
+    "limit", "lock", "locked", "max_hold", "owner", "reentrant", "retry", "run_heartbeat", "try_acquire",
 }
 
 

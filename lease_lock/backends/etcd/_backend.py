@@ -179,6 +179,7 @@ class EtcdBackend(ServiceStore):
         release_notify=True,
         scan=True,
         batch_extend=True,
+        counting=False,
         replica_wait=False,
         min_ttl=float(MIN_TTL),
         clock="the etcd leader's lease clock (whole seconds; a leader change restarts every lease)",
@@ -807,7 +808,8 @@ class EtcdBackend(ServiceStore):
         return watcher
 
     def join_line(
-        self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float]
+        self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float],
+        limit: int = 1,
     ) -> Optional[WaitingLine]:
         """A waiting line for ``key`` (see :meth:`Backend.join_line`).
 

@@ -138,6 +138,7 @@ class MongoBackend(ServiceStore):
         replica_wait=True,
         scan=True,
         batch_extend=False,
+        counting=False,
         min_ttl=0.0,
         clock="the MongoDB server's clock ($$NOW)",
         wake="none: waiters pause 0.2 s between attempts",

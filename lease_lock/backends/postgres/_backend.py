@@ -147,6 +147,7 @@ class PostgresBackend(ServiceStore):
         release_notify=True,
         scan=True,
         batch_extend=True,
+        counting=False,
         replica_wait=False,
         min_ttl=0.0,
         clock="the PostgreSQL server's clock_timestamp()",
@@ -633,7 +634,8 @@ class PostgresBackend(ServiceStore):
         return watcher
 
     def join_line(
-        self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float]
+        self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float],
+        limit: int = 1,
     ) -> Optional[WaitingLine]:
         """A waiting line for ``key`` (see :meth:`Backend.join_line`).
 

@@ -322,6 +322,7 @@ class RedisBackend(ServiceStore):
         replica_wait=True,
         scan=True,
         batch_extend=True,
+        counting=False,
         min_ttl=0.0,
         clock="the Redis server's clock (key expiry and TIME)",
         wake=(
@@ -752,7 +753,8 @@ class RedisBackend(ServiceStore):
         return self._commands.budget.block(seconds)
 
     def join_line(
-        self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float]
+        self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float],
+        limit: int = 1,
     ) -> Optional[WaitingLine]:
         """A waiting line for ``key`` (see :meth:`Backend.join_line`).
 
