@@ -27,7 +27,7 @@ from .errors import (
 
 if _typing.TYPE_CHECKING:
     from .backends import register_scheme
-    from .backends.base import Backend, Capabilities, ExtendRequest, LockState, ReleaseWatcher
+    from .backends.base import Backend, Capabilities, ExtendRequest, Holder, LockState, ReleaseWatcher
     from .backends.memory import MemoryBackend
     from .events import EventType, LockEvent
     from .leadership import Leadership
@@ -47,6 +47,7 @@ __all__ = [
     "EventType",
     "ExtendRequest",
     "HeldReason",
+    "Holder",
     "Leadership",
     "LeaseLockError",
     "Lock",
@@ -77,6 +78,7 @@ _LAZY = {
     "Capabilities": ".backends.base",
     "EventType": ".events",
     "ExtendRequest": ".backends.base",
+    "Holder": ".backends.base",
     "Leadership": ".leadership",
     "Lock": ".lock",
     "LockEvent": ".events",
