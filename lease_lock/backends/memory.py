@@ -115,15 +115,6 @@ class MemoryBackend(ServiceStore, forksafe.MutexForkGuard):
             return lease.leases.get(token)
         return lease if lease is not None and lease.token == token else None
 
-    def _drop(self, key: str, token: str) -> None:
-        """Drop the lease ``token`` holds on ``key`` (found live by :meth:`_mine`)."""
-        entry = self._leases[key]
-        if isinstance(entry, _Places) and len(entry.leases) > 1:
-            del entry.leases[token]
-            entry.prune(self._clock())
-        else:
-            del self._leases[key]
-
     def _grant(
         self, key: str, token: str, ttl: float, owner: str, fenced: bool, replaces: Optional[str] = None
     ) -> Optional[_Lease]:
@@ -204,9 +195,19 @@ class MemoryBackend(ServiceStore, forksafe.MutexForkGuard):
     def release(self, key: str, token: str) -> bool:
         """Delete ``key`` if ``token`` holds it."""
         with self._mutex:
-            if self._mine(key, token, self._clock()) is None:
+            now = self._clock()
+            entry = self._live(key, now)
+            if isinstance(entry, _Lease):
+                if entry.token != token:
+                    return False
+                del self._leases[key]
+            elif entry is None or token not in entry.leases:
                 return False
-            self._drop(key, token)
+            elif len(entry.leases) > 1:
+                del entry.leases[token]
+                entry.prune(now)
+            else:
+                del self._leases[key]
         self._notify(key)
         return True
 
