@@ -55,6 +55,7 @@ class Campaigner(Protocol):
         retry: Optional[Retry] = None,
         cancel: Optional[threading.Event] = None,
         max_hold: Optional[float] = None,
+        limit: Optional[int] = None,
     ) -> Lock:
         """An unacquired lock on ``key`` with the options a campaign uses."""
 
@@ -177,7 +178,8 @@ class Leadership:
 
     def _new_lock(self, key: str) -> Lock:
         # No max-hold deadline: a term lasts until the lease is lost, or resign() or close().
-        return self._locker.lock(key, self._ttl, retry=_FOR_EVER, cancel=self._stop, max_hold=math.inf)
+        # One leader at a time, whatever limit the Locker gives its other locks.
+        return self._locker.lock(key, self._ttl, retry=_FOR_EVER, cancel=self._stop, max_hold=math.inf, limit=1)
 
     def _set_lock(self, lock: Optional[Lock]) -> None:
         with self._changed:
