@@ -160,7 +160,8 @@ class Locker:
     ``clock`` replaces the lease clock (tests); ``token_factory`` makes tokens (default: the
     backend's preferred form); ``reentrant=True`` makes a nested acquire of a key that the same
     thread already holds through this locker join that hold instead of contending with it (also
-    a per-call option; see :meth:`acquire`).
+    a per-call option; see :meth:`acquire`); ``limit=N`` makes a key admit up to N leases at once
+    (a counting lease; 1, the default, is exclusive; also a per-call option).
 
     ``heartbeat_thread=False`` runs no heartbeat thread: the program does the heartbeat's work
     itself by calling :meth:`run_heartbeat`, on its own schedule (an injected ``clock``'s tests
@@ -425,6 +426,12 @@ class Locker:
         released when the last hold is. Without it a nested acquire contends with the outer
         hold like any other holder, and its ``LockHeldError`` says so.
 
+        ``limit=N`` (here or on the Locker) takes one of the N places of a counting key: up to
+        N holders at once, each with a lease, heartbeat and fence of its own; an acquire beyond
+        them contends as on a held key. Every holder of a key must use one limit: another one
+        raises ``ValidationError`` naming both, and a backend that cannot count refuses
+        ``limit > 1`` the same way.
+
         While the budget lasts, a store that cannot be reached (``BackendUnavailableError``)
         is one more failed attempt (an ``attempt_failed`` event): the call keeps trying on its
         retry schedule. When the budget is spent, the error describes the last attempt: one
@@ -633,7 +640,8 @@ class Locker:
     # -- inspection and administration ---------------------------------------------------------
 
     def get(self, key: str, *, request_id: Optional[str] = None) -> LockState:
-        """The state of ``key`` (prefix applied); no token needed.
+        """The state of ``key`` (prefix applied); no token needed. Its ``limit`` and ``holders``
+        tell how many leases the key admits and who holds them (see :class:`~lease_lock.LockState`).
 
         ``request_id`` goes with the request as ``acquire``'s does (the HTTP backend sends it as
         ``X-Volcano-Request-Id``; other backends accept and ignore it)."""
@@ -657,7 +665,8 @@ class Locker:
         return iter(self._backend.scan(self.key_prefix + prefix))
 
     def force_release(self, key: str, *, request_id: Optional[str] = None) -> bool:
-        """Drop whatever token holds ``key``; ``True`` when a live lease was dropped.
+        """Drop whatever token holds ``key`` (every place of a counting key); ``True`` when a live
+        lease was dropped.
 
         ``request_id`` goes with the request as ``acquire``'s does (the HTTP backend sends it as
         ``X-Volcano-Request-Id``; other backends accept and ignore it)."""
