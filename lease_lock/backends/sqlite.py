@@ -23,11 +23,18 @@ sees another ``CLOCK_BOOTTIME``; do not share one file across time namespaces.
 ``expires_at`` in a :class:`~lease_lock.backends.base.LockState` is the wall-clock time now plus
 the remaining lease, computed when the row is read; ``expires_in`` is the remaining lease on the
 host clock.
+
+Counting keys (``limit`` > 1) keep one row per place in a table of their own, and the key's row
+in the leases table stands for all of them: its token is ``*``, which no caller's token can be,
+and its lease runs until the last place ends. Exclusive grants therefore find a counting key
+held with the same one-row read as any other key, and a database file written before counting
+keys existed only gains the new table.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import sqlite3
@@ -42,7 +49,7 @@ from typing import Any, Callable, ClassVar, Optional, Union
 from .. import forksafe
 from ..errors import BackendUnavailableError, ValidationError
 from ..validation import check_duration, parse_duration, redact_url
-from .base import Capabilities, ExtendRequest, LockState, parse_url_options
+from .base import Capabilities, ExtendRequest, Holder, LockState, limit_mismatch, parse_url_options
 from .service import ServiceStore, check_amount
 
 __all__ = ["DEFAULT_BUSY_TIMEOUT", "HostClock", "SqliteBackend", "default_path", "default_url"]
@@ -52,11 +59,16 @@ DEFAULT_BUSY_TIMEOUT = 10.0
 
 _BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 
-# Inputs: none. Creates the three tables if missing; safe to run from several processes at once.
+# Inputs: none. Creates the four tables if missing; safe to run from several processes at once.
+# A file made before counting keys existed gains the places table and nothing else changes, so
+# processes running an earlier version keep working on it (and see a counting key as held).
 # leases: one row per held (or lapsed, not yet overwritten) key. `boot` and `expires` are the
-#   host clock's epoch and reading at which the lease ends.
+#   host clock's epoch and reading at which the lease ends. A counting key's row has the token
+#   `*` and stands for its places: the largest fence with its owner, and the last place's end.
 # fences: the last fence handed out per key; kept when the lease row goes, so fences only rise.
 # counters: fixed-window counters of count_in_window.
+# places: one row per place of a counting key, valid only while the key's row has the token `*`;
+#   `key_limit` is the limit the place was granted with.
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS lease_lock_leases (
         key TEXT PRIMARY KEY NOT NULL,
@@ -76,7 +88,22 @@ _SCHEMA = (
         window INTEGER NOT NULL,
         count INTEGER NOT NULL
     ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS lease_lock_places (
+        key TEXT NOT NULL,
+        token TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        fence INTEGER NOT NULL,
+        boot TEXT NOT NULL,
+        expires REAL NOT NULL,
+        key_limit INTEGER NOT NULL,
+        PRIMARY KEY (key, token)
+    ) WITHOUT ROWID""",
 )
+
+#: The token of a counting key's row in the leases table. Callers' tokens are 16 to 128
+#: characters, so none is ever equal to it, and every exclusive statement, which matches the
+#: caller's token, leaves the row alone.
+_PLACES = "*"
 
 # Inputs: key. Result: the lease row (token, owner, fence, boot, expires) or nothing.
 _SELECT_LEASE = "SELECT token, owner, fence, boot, expires FROM lease_lock_leases WHERE key = ?"
@@ -96,10 +123,48 @@ _DELETE_OWN = (
 _IS_HELD = (
     "SELECT 1 FROM lease_lock_leases WHERE key = ? AND token = ? AND boot = ? AND expires > ?"
 )
-# Inputs: prefix, prefix, boot, now. Result: live leases whose key starts with the prefix.
+# The condition under which a place row counts: its key's row still stands for places (an
+# earlier version's force release drops that row only).
+_PLACES_STAND = f"EXISTS (SELECT 1 FROM lease_lock_leases WHERE key = ?1 AND token = '{_PLACES}')"
+# Inputs: key, token, boot, now. Result: rowcount 1 when the token's live place was deleted.
+_DELETE_OWN_PLACE = (
+    "DELETE FROM lease_lock_places WHERE key = ?1 AND token = ?2 AND boot = ?3 AND expires > ?4"
+    f" AND {_PLACES_STAND}"
+)
+# Inputs: key, token, boot, now, new expires. Result: rowcount 1 when the token's live place
+# was extended.
+_SET_PLACE_EXPIRY = (
+    "UPDATE lease_lock_places SET expires = ?5 WHERE key = ?1 AND token = ?2 AND boot = ?3"
+    f" AND expires > ?4 AND {_PLACES_STAND}"
+)
+# Inputs: key, token, boot, now. Result: one row when the token holds a live place.
+_HOLDS_PLACE = (
+    "SELECT 1 FROM lease_lock_places WHERE key = ?1 AND token = ?2 AND boot = ?3 AND expires > ?4"
+    f" AND {_PLACES_STAND}"
+)
+# Inputs: key, boot, now. Result: (token, fence, key_limit) of the key's live places.
+_LIVE_PLACES = (
+    "SELECT token, fence, key_limit FROM lease_lock_places WHERE key = ? AND boot = ? AND expires > ?"
+)
+# Inputs: key, boot, now. Result: the key's places whose lease ended are gone.
+_DROP_LAPSED_PLACES = (
+    "DELETE FROM lease_lock_places WHERE key = ? AND NOT (boot = ? AND expires > ?)"
+)
+# The key's row, and for a counting key each of its live places (NULLs for an exclusive key),
+# read in one statement so that the row and its places are one snapshot.
+_WITH_PLACES = (
+    "SELECT l.key, l.token, l.owner, l.fence, l.boot, l.expires,"
+    " p.owner, p.fence, p.expires, p.key_limit FROM lease_lock_leases AS l"
+    " LEFT JOIN lease_lock_places AS p"
+    f" ON l.token = '{_PLACES}' AND p.key = l.key AND p.boot = ?1 AND p.expires > ?2"
+)
+# Inputs: boot, now, key. Result: rows of _WITH_PLACES for the key.
+_INSPECT = f"{_WITH_PLACES} WHERE l.key = ?3"
+# Inputs: boot, now, prefix. Result: rows of _WITH_PLACES for live keys starting with the
+# prefix, by key.
 _SCAN = (
-    "SELECT key, owner, fence, boot, expires FROM lease_lock_leases"
-    " WHERE substr(key, 1, length(?)) = ? AND boot = ? AND expires > ? ORDER BY key"
+    f"{_WITH_PLACES} WHERE substr(l.key, 1, length(?3)) = ?3 AND l.boot = ?1 AND l.expires > ?2"
+    " ORDER BY l.key"
 )
 
 
@@ -223,7 +288,7 @@ class SqliteBackend(ServiceStore, forksafe.MutexForkGuard):
         release_notify=False,
         scan=True,
         batch_extend=True,
-        counting=False,
+        counting=True,
         replica_wait=False,
         min_ttl=0.0,
         clock="CLOCK_BOOTTIME of the host with its boot id (the wall clock where unavailable)",
@@ -357,6 +422,9 @@ class SqliteBackend(ServiceStore, forksafe.MutexForkGuard):
                     return False, None
                 fence: Optional[int] = row[2]
             else:
+                if row is not None and row[0] == _PLACES:
+                    # Every place of the counting key has lapsed with the row: drop them.
+                    connection.execute("DELETE FROM lease_lock_places WHERE key = ?", (key,))
                 fence = None
             if fenced and fence is None:
                 fence = self._next_fence(connection, key)
@@ -393,34 +461,95 @@ class SqliteBackend(ServiceStore, forksafe.MutexForkGuard):
         granted, fence = self._grant(key, token, ttl, owner, fenced=True, replaces=claim_token)
         return fence if granted else None
 
-    def release(self, key: str, token: str) -> bool:
-        """Delete ``key`` if ``token`` holds a live lease on it."""
+    def acquire_counted(self, key: str, token: str, ttl: float, owner: str, limit: int) -> Optional[int]:
+        """Grant or renew one of the ``limit`` places of ``key`` for ``token`` in one write
+        transaction; its fence, drawn from the key's fence row."""
+        epoch = self._clock.epoch
         with self._write() as (connection, now):
-            cursor = connection.execute(_DELETE_OWN, (key, token, self._clock.epoch, now))
-            return cursor.rowcount == 1
+            row = connection.execute(_SELECT_LEASE, (key,)).fetchone()
+            if self._live(row, now):
+                if row[0] != _PLACES:
+                    raise limit_mismatch(key, limit, 1)
+                places = connection.execute(_LIVE_PLACES, (key, epoch, now)).fetchall()
+            else:
+                # Places left by a lapsed key, or by a force release of an earlier version
+                # (which drops the key's row only), must not count again.
+                connection.execute("DELETE FROM lease_lock_places WHERE key = ?", (key,))
+                places = []
+            if places and places[0][2] != limit:
+                raise limit_mismatch(key, limit, places[0][2])
+            fence = next((place_fence for holder, place_fence, _ in places if holder == token), None)
+            if fence is not None:
+                connection.execute(
+                    "UPDATE lease_lock_places SET owner = ?, expires = ? WHERE key = ? AND token = ?",
+                    (owner, now + ttl, key, token),
+                )
+            elif len(places) < limit:
+                fence = self._next_fence(connection, key)
+                connection.execute(
+                    "INSERT INTO lease_lock_places VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (key, token, owner, fence, epoch, now + ttl, limit),
+                )
+            else:
+                return None
+            self._settle(connection, key, now)
+            return fence
+
+    def _settle(self, connection: sqlite3.Connection, key: str, now: float) -> None:
+        """Drop the lapsed places of a counting key and make its row stand for the rest: the
+        latest grant's fence and owner, and the end of the last lease. No place left: no row."""
+        epoch = self._clock.epoch
+        connection.execute(_DROP_LAPSED_PLACES, (key, epoch, now))
+        places = connection.execute(
+            "SELECT owner, fence, expires FROM lease_lock_places WHERE key = ?", (key,)
+        ).fetchall()
+        if not places:
+            connection.execute("DELETE FROM lease_lock_leases WHERE key = ?", (key,))
+            return
+        owner, fence, _ = max(places, key=lambda place: place[1])
+        expires = max(place[2] for place in places)
+        connection.execute(_PUT_LEASE, (key, _PLACES, owner, fence, epoch, expires))
+
+    def release(self, key: str, token: str) -> bool:
+        """Delete ``key``, or ``token``'s place of it, if ``token`` holds a live lease on it."""
+        epoch = self._clock.epoch
+        with self._write() as (connection, now):
+            if connection.execute(_DELETE_OWN, (key, token, epoch, now)).rowcount == 1:
+                return True
+            if connection.execute(_DELETE_OWN_PLACE, (key, token, epoch, now)).rowcount != 1:
+                return False
+            self._settle(connection, key, now)
+            return True
 
     def extend(self, key: str, token: str, ttl: float) -> bool:
         """Set ``key``'s lease to ``ttl`` from now if ``token`` holds it."""
         return self.extend_many([ExtendRequest(key, token, ttl)])[0]
 
     def extend_many(self, requests: Sequence[ExtendRequest]) -> list[bool]:
-        """Extend several leases in one write transaction; one answer per request, in order."""
+        """Extend several leases (keys or places) in one write transaction; one answer per
+        request, in order."""
         if not requests:
             return []
         epoch = self._clock.epoch
         with self._write() as (connection, now):
-            return [
-                connection.execute(
-                    _SET_EXPIRY, (epoch, now + item.ttl, item.key, item.token, epoch, now)
-                ).rowcount
-                == 1
-                for item in requests
-            ]
+            return [self._extend_one(connection, item, epoch, now) for item in requests]
+
+    def _extend_one(self, connection: sqlite3.Connection, item: ExtendRequest, epoch: str, now: float) -> bool:
+        expires = now + item.ttl
+        if connection.execute(_SET_EXPIRY, (epoch, expires, item.key, item.token, epoch, now)).rowcount == 1:
+            return True
+        if connection.execute(_SET_PLACE_EXPIRY, (item.key, item.token, epoch, now, expires)).rowcount != 1:
+            return False
+        self._settle(connection, item.key, now)
+        return True
 
     def is_held(self, key: str, token: str) -> bool:
-        """``True`` if ``token`` holds a live lease on ``key``."""
+        """``True`` if ``token`` holds a live lease on ``key``, or a live place of it."""
+        arguments = (key, token, self._clock.epoch)
         with self._read() as (connection, now):
-            row = connection.execute(_IS_HELD, (key, token, self._clock.epoch, now)).fetchone()
+            row = connection.execute(_IS_HELD, (*arguments, now)).fetchone()
+            if row is None:
+                row = connection.execute(_HOLDS_PLACE, (*arguments, now)).fetchone()
         return row is not None
 
     def _state(
@@ -436,28 +565,45 @@ class SqliteBackend(ServiceStore, forksafe.MutexForkGuard):
             expires_in=remaining,
         )
 
-    def inspect(self, key: str) -> LockState:
-        """The state of ``key``; ``expires_in`` is measured on the host clock."""
-        with self._read() as (connection, now):
-            row = connection.execute(_SELECT_LEASE, (key,)).fetchone()
-        if not self._live(row, now):
+    def _key_state(self, rows: Sequence[tuple[Any, ...]], now: float) -> LockState:
+        """The state of one key from its rows of ``_WITH_PLACES``."""
+        key, token, owner, fence, boot, expires = rows[0][:6]
+        if boot != self._clock.epoch or expires <= now:
             return LockState.free(key)
-        return self._state(key, row[1], row[2], row[4], now)
+        if token != _PLACES:
+            return self._state(key, owner, fence, expires, now)
+        wall = datetime.now(timezone.utc)
+        holders = [
+            Holder(place_owner, place_fence, wall + timedelta(seconds=place_end - now), place_end - now)
+            for *_, place_owner, place_fence, place_end, _ in rows
+            if place_fence is not None
+        ]
+        return LockState.counting(key, rows[0][9] or 1, holders)
+
+    def inspect(self, key: str) -> LockState:
+        """The state of ``key`` (each place of a counting key), read in one snapshot;
+        ``expires_in`` is measured on the host clock."""
+        with self._read() as (connection, now):
+            rows = connection.execute(_INSPECT, (self._clock.epoch, now, key)).fetchall()
+        return self._key_state(rows, now) if rows else LockState.free(key)
 
     def force_release(self, key: str) -> bool:
-        """Delete ``key`` whoever holds it; ``True`` when a live lease was dropped."""
+        """Delete ``key`` and every place of it, whoever holds them; ``True`` when a live lease
+        was dropped."""
         with self._write() as (connection, now):
             row = connection.execute(_SELECT_LEASE, (key,)).fetchone()
             connection.execute("DELETE FROM lease_lock_leases WHERE key = ?", (key,))
+            if row is not None and row[0] == _PLACES:
+                connection.execute("DELETE FROM lease_lock_places WHERE key = ?", (key,))
             return self._live(row, now)
 
     def scan(self, prefix: str) -> Iterator[LockState]:
-        """Held keys starting with ``prefix``, sorted by key (read in one snapshot)."""
+        """Held keys starting with ``prefix``, sorted by key, a counting key once (read in one
+        snapshot)."""
         with self._read() as (connection, now):
-            rows = connection.execute(_SCAN, (prefix, prefix, self._clock.epoch, now)).fetchall()
-        return iter(
-            [self._state(key, owner, fence, expires, now) for key, owner, fence, _, expires in rows]
-        )
+            rows = connection.execute(_SCAN, (self._clock.epoch, now, prefix)).fetchall()
+        states = (self._key_state(list(group), now) for _, group in itertools.groupby(rows, lambda row: row[0]))
+        return iter([state for state in states if state.held])
 
     def count_in_window(self, name: str, window: float, amount: int = 1) -> tuple[int, float]:
         """Add ``amount`` to counter ``name`` in the current fixed window on the host clock.

@@ -12,11 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from lease_lock import Locker
 from lease_lock.backends import backend_from_url
 from lease_lock.backends.base import ExtendRequest
 from lease_lock.backends.sqlite import HostClock, SqliteBackend, default_path, default_url
 from lease_lock.errors import BackendUnavailableError, ValidationError
-from lease_lock.testing import BackendContract, ServiceStoreContract
+from lease_lock.testing import BackendContract, ServiceStoreContract, wait_until
 
 TOKEN_A = "a" * 32
 TOKEN_B = "b" * 32
@@ -245,6 +246,67 @@ def test_count_in_window_is_shared_by_connections(db: Path) -> None:
     second.close()
 
 
+# The tables as the version before counting keys created them.
+PREVIOUS_SCHEMA = (
+    "CREATE TABLE lease_lock_leases (key TEXT PRIMARY KEY NOT NULL, token TEXT NOT NULL,"
+    " owner TEXT NOT NULL, fence INTEGER, boot TEXT NOT NULL, expires REAL NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE lease_lock_fences (key TEXT PRIMARY KEY NOT NULL, fence INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE lease_lock_counters (name TEXT PRIMARY KEY NOT NULL, boot TEXT NOT NULL,"
+    " window INTEGER NOT NULL, count INTEGER NOT NULL) WITHOUT ROWID",
+)
+
+
+def test_a_file_of_the_previous_version_keeps_its_leases_and_gains_counting_keys(db: Path) -> None:
+    clock = HostClock()
+    with contextlib.closing(sqlite3.connect(db)) as raw, raw:
+        raw.execute("PRAGMA journal_mode=WAL")
+        for statement in PREVIOUS_SCHEMA:
+            raw.execute(statement)
+        raw.execute("INSERT INTO lease_lock_fences VALUES ('old', 7)")
+        lease = (TOKEN_A, clock.epoch, clock() + 60)
+        raw.execute("INSERT INTO lease_lock_leases VALUES ('old', ?, 'before', 7, ?, ?)", lease)
+    backend = SqliteBackend(db)
+    assert backend.is_held("old", TOKEN_A) and backend.inspect("old").fence == 7
+    assert backend.acquire_fenced("old", TOKEN_B, 30, "o") is None
+    assert backend.extend("old", TOKEN_A, 30) and backend.release("old", TOKEN_A)
+    fences = [backend.acquire_counted("new", token, 30, "o", 2) or 0 for token in (TOKEN_A, TOKEN_B)]
+    assert all(fences) and backend.inspect("new").limit == 2
+    with contextlib.closing(sqlite3.connect(db)) as raw, raw:
+        # The previous version's tables kept their shape: its grant, six values, still fits,
+        # and the read it grants by finds the counting key held by a token no caller has.
+        raw.execute("INSERT OR REPLACE INTO lease_lock_leases VALUES ('other', ?, 'o', NULL, ?, ?)", lease)
+        token, _, _, boot, expires = raw.execute(
+            "SELECT token, owner, fence, boot, expires FROM lease_lock_leases WHERE key = 'new'"
+        ).fetchone()
+        assert token not in (TOKEN_A, TOKEN_B) and boot == clock.epoch and expires > clock()
+        # Its force release drops the key's row only; the places left behind count no more.
+        raw.execute("DELETE FROM lease_lock_leases WHERE key = 'new'")
+    assert not backend.is_held("new", TOKEN_A) and not backend.inspect("new").held
+    assert backend.extend("new", TOKEN_A, 30) is False and backend.release("new", TOKEN_B) is False
+    later = backend.acquire_counted("new", "c" * 32, 30, "o", 3)
+    assert later is not None and later > max(fences)
+    assert len(backend.inspect("new").holders) == 1
+    assert backend.is_held("other", TOKEN_A)
+    backend.close()
+
+
+def test_exclusive_grants_find_a_counting_key_held_until_its_last_place_ends(db: Path) -> None:
+    backend = SqliteBackend(db)
+    counted = [backend.acquire_counted("k", token, ttl, "o", 2) or 0 for token, ttl in ((TOKEN_A, 0.2), (TOKEN_B, 0.6))]
+    assert all(counted)
+    assert backend.acquire("k", TOKEN_A, 30, "o") is False
+    assert backend.adopt("k", TOKEN_A, "c" * 32, 30, "o") is None
+    assert wait_until(lambda: not backend.is_held("k", TOKEN_A), 10)
+    assert backend.acquire_fenced("k", "c" * 32, 30, "o") is None  # one place still lives
+    assert wait_until(lambda: not backend.inspect("k").held, 10)
+    fence = backend.acquire_fenced("k", "c" * 32, 30, "o")
+    assert fence is not None and fence > max(counted)
+    # The lapsed places went with the grant that took the key over.
+    with contextlib.closing(sqlite3.connect(db)) as raw, raw:
+        assert raw.execute("SELECT count(*) FROM lease_lock_places").fetchone()[0] == 0
+    backend.close()
+
+
 def test_close_then_reuse_reopens(db: Path) -> None:
     backend = SqliteBackend(db)
     assert backend.acquire("k", TOKEN_A, 30, "o")
@@ -353,3 +415,49 @@ def test_processes_racing_to_create_the_file_all_succeed(tmp_path: Path) -> None
 def test_url_without_the_slashes_is_refused() -> None:
     with pytest.raises(ValidationError, match="must start with sqlite:///"):
         backend_from_url("sqlite:x.db")
+
+
+HOLDERS_LIMIT = 2
+COUNTED_ROUNDS = 10
+
+
+def _hold_a_place(path: str, start: float) -> list[tuple[int, float, float]]:
+    """Take a place of the limit-2 key COUNTED_ROUNDS times through a Locker; (fence, entered,
+    left) per grant, on CLOCK_MONOTONIC, which every process of the host shares. The times are
+    read inside the holding, so they can only understate how many held at once."""
+    while time.time() < start:
+        time.sleep(0.001)
+    backend = SqliteBackend(path)
+    grants = []
+    try:
+        with Locker(backend, limit=HOLDERS_LIMIT) as locker:
+            for _ in range(COUNTED_ROUNDS):
+                lock = locker.acquire("counted", timeout=60)
+                entered = time.monotonic()
+                time.sleep(0.02)
+                left = time.monotonic()
+                assert lock.fence is not None
+                grants.append((lock.fence, entered, left))
+                lock.release()
+    finally:
+        backend.close()
+    return grants
+
+
+def test_four_processes_hold_a_limit_2_key_at_most_two_at_once(tmp_path: Path) -> None:
+    path = str(tmp_path / "locks.db")
+    SqliteBackend(path).close()
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(WORKERS) as pool:
+        start = time.time() + 1.0  # after every spawned interpreter is ready
+        results = pool.starmap(_hold_a_place, [(path, start)] * WORKERS)
+    grants = [grant for worker_grants in results for grant in worker_grants]
+    assert len(grants) == WORKERS * COUNTED_ROUNDS
+    assert len({fence for fence, _, _ in grants}) == len(grants)
+    # Sweep the holdings in time order (a leaving before an entering at the same instant).
+    changes = sorted([(entered, 1) for _, entered, _ in grants] + [(left, -1) for _, _, left in grants])
+    holding = most = 0
+    for _, change in changes:
+        holding += change
+        most = max(most, holding)
+    assert most == HOLDERS_LIMIT
