@@ -345,3 +345,9 @@ def test_forked_children_use_clients_of_their_own(backend: MongoBackend) -> None
         warnings.simplefilter("error")
         check_forked_children_beside_the_parent(backend, child_cycles, token())
     assert backend.client is parent_client
+
+
+def test_an_owner_label_is_text_not_a_field_path(backend: MongoBackend, key: str) -> None:
+    holder = token()
+    assert backend.acquire(key, holder, 30.0, "$token")
+    assert backend.inspect(key).owner == "$token"

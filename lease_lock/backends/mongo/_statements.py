@@ -79,7 +79,8 @@ def grant_update(token: str, ttl: float, owner: str) -> list[dict[str, Any]]:
         {
             "$set": {
                 "token": token,
-                "owner": owner,
+                # A label such as "$token" is text, not a field path.
+                "owner": {"$literal": owner},
                 "expires": _lease_end(ttl),
                 "fence": {"$cond": [renewal, "$fence", "$$REMOVE"]},
             }
