@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import threading
 import time
 import urllib.parse
 import uuid
@@ -92,6 +93,12 @@ def test_the_document_is_readable_by_operators(client: Any, backend: MongoBacken
     }
     counter = client[backend.database]["lease_lock-fences"].find_one({"_id": key})
     assert counter["fence"] == fence
+
+
+def test_an_owner_label_is_text_not_a_field_path(backend: MongoBackend, key: str) -> None:
+    holder = token()
+    assert backend.acquire(key, holder, 30.0, "$token")
+    assert backend.inspect(key).owner == "$token"
 
 
 # -- the server's clock --------------------------------------------------------------------------
@@ -199,6 +206,99 @@ def test_a_fence_counted_after_the_lease_ended_is_not_handed_out(
     finally:
         backend.close()
         slow.close()
+
+
+# -- counting keys -------------------------------------------------------------------------------
+
+
+def test_a_counting_key_is_one_document_readable_by_operators(
+    client: Any, backend: MongoBackend, key: str
+) -> None:
+    first, second = token(), token()
+    fences = [backend.acquire_counted(key, first, 60, OWNER, 3), backend.acquire_counted(key, second, 30, "other", 3)]
+    document = client[backend.database]["lease_lock"].find_one({"_id": key})
+    assert set(document) == {"_id", "limit", "expires", "places"} and document["limit"] == 3
+    assert [(place["token"], place["owner"], place["fence"]) for place in document["places"]] == [
+        (first, OWNER, fences[0]), (second, "other", fences[1]),
+    ]
+    assert document["expires"] == max(place["expires"] for place in document["places"])
+    # Places are numbered by the key's one fence counter, the one exclusive grants use.
+    assert client[backend.database]["lease_lock-fences"].find_one({"_id": key})["fence"] == fences[1]
+
+
+def test_lapsed_documents_of_either_kind_still_stored_are_taken_over(
+    mongo_server: MongoServer, mongo_database: str, client: Any, key: str
+) -> None:
+    # As in test_a_lapsed_lease_still_stored_is_taken_over: the TTL index sweeps only after a
+    # year, so each lapsed document is surely still there for the next grant to take over.
+    leases = client[mongo_database]["lease_lock"]
+    leases.create_index("expires", expireAfterSeconds=365 * 86400)
+    backend = MongoBackend.from_url(mongo_server.url(mongo_database), create_indexes=False)
+    lapsed = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=1)
+    try:
+        exclusive = backend.acquire_fenced(key, token(), 60, OWNER)
+        leases.update_one({"_id": key}, {"$set": {"expires": lapsed}})
+        place = backend.acquire_counted(key, token(), 60, OWNER, 2)
+        assert exclusive is not None and place is not None and place > exclusive
+        document = leases.find_one({"_id": key})
+        assert set(document) == {"_id", "limit", "expires", "places"} and len(document["places"]) == 1
+        # Lapsed places of another limit: the key is free, and the new limit is the key's.
+        leases.update_one({"_id": key}, {"$set": {"expires": lapsed, "places.0.expires": lapsed}})
+        other = backend.acquire_counted(key, token(), 60, OWNER, 3)
+        assert other is not None and other > place and backend.inspect(key).limit == 3
+        leases.update_one({"_id": key}, {"$set": {"expires": lapsed, "places.0.expires": lapsed}})
+        holder = token()
+        again = backend.acquire_fenced(key, holder, 60, OWNER)
+        assert again is not None and again > other
+        document = leases.find_one({"_id": key})
+        assert set(document) == {"_id", "token", "owner", "expires", "fence"} and document["token"] == holder
+    finally:
+        backend.close()
+
+
+def test_a_place_numbered_after_its_lease_ended_is_given_back(
+    mongo_server: MongoServer, mongo_database: str, client: Any, key: str
+) -> None:
+    # As for an exclusive grant: the counter answers after the place (50 ms) could have ended.
+    slow = pymongo.MongoClient(mongo_server.base, event_listeners=[_SlowCounter(0.2)])
+    backend = MongoBackend(slow, database=mongo_database)
+    late = token()
+    try:
+        assert backend.acquire_counted(key, late, 0.05, OWNER, 2) is None
+        document = client[mongo_database]["lease_lock"].find_one({"_id": key})
+        assert document is None or late not in [place["token"] for place in document["places"]]
+        assert backend.acquire_counted(key, token(), 60, OWNER, 2) is not None
+    finally:
+        backend.close()
+        slow.close()
+
+
+def test_racing_counting_grants_never_exceed_the_limit(backend: MongoBackend, key: str) -> None:
+    limit, inside, most, fences = 3, [0], [0], []
+    guard = threading.Lock()
+
+    def worker() -> None:
+        for _ in range(15):
+            mine = token()
+            fence = backend.acquire_counted(key, mine, 60, OWNER, limit)
+            if fence is None:
+                continue
+            with guard:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+                fences.append(fence)
+            time.sleep(0.005)
+            with guard:
+                inside[0] -= 1
+            assert backend.release(key, mine)
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert 1 <= most[0] <= limit and len(fences) == len(set(fences))
+    assert not backend.inspect(key).held
 
 
 # -- indexes and options -----------------------------------------------------------------------

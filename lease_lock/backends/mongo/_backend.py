@@ -19,7 +19,7 @@ from pymongo import IndexModel, ReturnDocument, WriteConcern
 
 from ...errors import ValidationError
 from ...validation import check_bool, check_duration
-from ..base import Capabilities, LockState
+from ..base import Capabilities, Holder, LockState, limit_mismatch
 from ..service import ServiceStore, check_amount
 from ._client import OPTIONS, plan_client, unavailable_on_outage
 from ._statements import (
@@ -28,9 +28,16 @@ from ._statements import (
     fence_update,
     grant_filter,
     grant_update,
+    held_by,
     held_pipeline,
     live,
     live_by,
+    place_extend_update,
+    place_fence_update,
+    place_filter,
+    place_grant_filter,
+    place_grant_update,
+    place_release_update,
 )
 
 __all__ = ["MAJORITY", "MongoBackend", "mongo_indexes"]
@@ -59,6 +66,11 @@ def _check_collection(collection: object) -> str:
     if collection.startswith("system."):
         raise ValidationError(f"collection must not start with 'system.', got {collection!r}")
     return collection
+
+
+def _fence(place: Mapping[str, Any]) -> Optional[int]:
+    fence = place.get("fence")
+    return None if fence is None else int(fence)
 
 
 def mongo_indexes(*, collection: str = "lease_lock") -> dict[str, list[IndexModel]]:
@@ -109,6 +121,13 @@ class MongoBackend(ServiceStore):
     ``DuplicateKeyError``, which is "held". Extensions and releases match the token and a
     running lease. No operation reads the client's clock.
 
+    A counting key (``limit`` > 1) is one document too: ``limit``, ``places`` (one
+    ``{token, owner, expires, fence}`` per holder) and ``expires``, the end of its last place,
+    so that exclusive grants find it held while a place runs. A place is granted, renewed,
+    extended or released by one pipeline update of that document that drops the places that
+    ended first; a new place is numbered by the key's fence counter as a fenced grant is.
+    Releases wake nobody (``join_line`` answers ``None``): waiters pause between attempts.
+
     Fences come from a counter document per key in ``<collection>-fences``, moved by a second
     write after the grant and then written into the lease (a third, guarded by the token and
     a running lease): a fence counts only when the counter's answer came back before the lease
@@ -138,7 +157,7 @@ class MongoBackend(ServiceStore):
         replica_wait=True,
         scan=True,
         batch_extend=False,
-        counting=False,
+        counting=True,
         min_ttl=0.0,
         clock="the MongoDB server's clock ($$NOW)",
         wake="none: waiters pause 0.2 s between attempts",
@@ -296,16 +315,22 @@ class MongoBackend(ServiceStore):
                 return None
             if granted.get("fence") is not None:
                 return int(granted["fence"])  # the holder's renewal keeps its fence
-            fence = int(self._upsert(self._fences, {"_id": key}, fence_update())["fence"])
-            if time.monotonic() - sent >= ttl:
-                # The counter may have moved after the lease ended, and after the next holder's
-                # counter: this fence would not be ordered by the lease. Give the grant back.
+            fence = self._next_fence(key, sent, ttl)
+            if fence is None:
                 self._leases.delete_one(live_by(key, token))
                 return None
             # Written only while the lease still runs on the server's clock: then the counter
             # moved before the lease ended, so before any later grant of the key.
             recorded = self._leases.update_one(live_by(key, token), {"$set": {"fence": fence}})
             return fence if recorded.matched_count == 1 else None
+
+    def _next_fence(self, key: str, sent: float, ttl: float) -> Optional[int]:
+        """Move ``key``'s fence counter for a grant asked for at ``sent`` (monotonic) with a
+        lease of ``ttl``; the fence, or ``None`` when the answer came too late to count: the
+        counter may have moved after the lease ended, and after the next holder's counter, so
+        the fence would not be ordered by the lease (the caller gives the grant back)."""
+        fence = int(self._upsert(self._fences, {"_id": key}, fence_update())["fence"])
+        return fence if time.monotonic() - sent < ttl else None
 
     def acquire(self, key: str, token: str, ttl: float, owner: str) -> bool:
         """Grant or renew ``key`` for ``token``: one pipeline upsert."""
@@ -321,33 +346,88 @@ class MongoBackend(ServiceStore):
         grant to ``token``, in the grant's one upsert; ``token``'s own lease is renewed."""
         return self._fenced(key, (claim_token, token), token, ttl, owner)
 
+    def _place(self, key: str, token: str, ttl: float, owner: str, limit: int) -> Optional[Any]:
+        """The counting document of ``key`` after a grant of a place to ``token``, or ``None``
+        when the key was held otherwise at each of two tries; raises the limit mismatch."""
+        for _ in range(2):
+            try:
+                return self._leases.find_one_and_update(
+                    place_grant_filter(key, limit),
+                    place_grant_update(token, ttl, owner, limit),
+                    projection={"places": True},
+                    upsert=True,
+                    return_document=ReturnDocument.AFTER,
+                )
+            except pymongo.errors.DuplicateKeyError:
+                # Nothing was written. A running lease of another kind or limit is the mismatch;
+                # a document that changed in between (or the first two grants of a key racing to
+                # insert it) is sent again.
+                held = self._leases.find_one(live(key), projection={"limit": True})
+                if held is not None and int(held.get("limit", 1)) != limit:
+                    raise limit_mismatch(key, limit, int(held.get("limit", 1))) from None
+        return None
+
+    def acquire_counted(self, key: str, token: str, ttl: float, owner: str, limit: int) -> Optional[int]:
+        """Grant or renew one of the ``limit`` places of ``key`` for ``token``: one pipeline
+        upsert decides; a new place is then numbered by the key's fence counter, the one
+        exclusive grants of the key use, as a fenced exclusive grant is."""
+        sent = time.monotonic()
+        with self._calls():
+            granted = self._place(key, token, ttl, owner, limit)
+            place = None if granted is None else next((p for p in granted["places"] if p["token"] == token), None)
+            if place is None:
+                return None
+            if place.get("fence") is not None:
+                return int(place["fence"])  # the holder's renewal keeps its fence
+            fence = self._next_fence(key, sent, ttl)
+            if fence is None:
+                self._leases.update_one(place_filter(key, token), place_release_update(token))
+                return None
+            # As for an exclusive grant: written only while the place still runs, so the counter
+            # moved before the place ended, before any grant that needed its end.
+            recorded = self._leases.update_one(place_filter(key, token), place_fence_update(token, fence))
+            return fence if recorded.matched_count == 1 else None
+
     # -- the holder's operations ---------------------------------------------------------------
 
     def release(self, key: str, token: str) -> bool:
-        """Delete ``key``'s document if ``token`` holds a running lease on it."""
+        """Delete ``key``'s document if ``token`` holds a running lease on it, else drop
+        ``token``'s running place of a counting key."""
         with self._calls():
-            return bool(self._leases.delete_one(live_by(key, token)).deleted_count == 1)
+            if self._leases.delete_one(live_by(key, token)).deleted_count == 1:
+                return True
+            released = self._leases.update_one(place_filter(key, token), place_release_update(token))
+            return bool(released.matched_count)
 
     def extend(self, key: str, token: str, ttl: float) -> bool:
-        """Set ``key``'s lease to ``ttl`` from the server's now if ``token`` holds it."""
+        """Set ``key``'s lease, or ``token``'s place of a counting key, to ``ttl`` from the
+        server's now if ``token`` holds it."""
         with self._calls():
-            return bool(self._leases.update_one(live_by(key, token), extend_update(ttl)).matched_count == 1)
+            if self._leases.update_one(live_by(key, token), extend_update(ttl)).matched_count == 1:
+                return True
+            extended = self._leases.update_one(place_filter(key, token), place_extend_update(token, ttl))
+            return bool(extended.matched_count)
 
     def is_held(self, key: str, token: str) -> bool:
-        """``True`` if ``token`` holds a running lease on ``key`` (read from the primary)."""
+        """``True`` if ``token`` holds a running lease or place on ``key`` (read from the primary)."""
         with self._calls():
-            return self._leases.find_one(live_by(key, token), projection={"_id": True}) is not None
+            return self._leases.find_one(held_by(key, token), projection={"_id": True}) is not None
 
     # -- reads and administration --------------------------------------------------------------
 
     @staticmethod
     def _state(document: Mapping[str, Any]) -> LockState:
-        fence = document.get("fence")
+        if "places" in document:
+            holders = [
+                Holder(place.get("owner"), _fence(place), place["expires"], place["left"] / 1000)
+                for place in document["places"]
+            ]
+            return LockState.counting(document["_id"], int(document["limit"]), holders)
         return LockState(
             key=document["_id"],
             held=True,
             expires_at=document["expires"],
-            fence=None if fence is None else int(fence),
+            fence=_fence(document),
             owner=document.get("owner"),
             expires_in=document["left"] / 1000,
         )
