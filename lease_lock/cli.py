@@ -300,8 +300,8 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--limit", type=_limit, default=1, metavar="N",
-        help="let up to N runs hold KEY at once, each with a fence of its own (default 1: one "
-        "at a time); every run of KEY must give the same N",
+        help="let up to N runs hold KEY at once, each with a fence of its own; every run of KEY "
+        "must give the same N (default 1)",
     )
     parser.add_argument(
         "--wait", action="store_true",
