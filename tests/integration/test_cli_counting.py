@@ -194,6 +194,9 @@ def test_run_limit_takes_a_free_place_and_is_busy_when_none_is_left(
         also = other.acquire("jobs", limit=2)
         assert main(["run", "jobs", "--limit", "2", "--url", "memory://", "--", "true"]) == 75
         busy = capsys.readouterr().err
+        # Every run of a key gives the same limit: an exclusive run is a usage error.
+        assert main(["run", "jobs", "--url", "memory://", "--", "true"]) == 2
+        assert "limit=1 differs from limit=2 of the live holders of 'jobs'" in capsys.readouterr().err
         assert held.is_held() and also.is_held()
     assert busy.startswith("lease-lock: 'jobs' is busy (2/2 held, latest by web-1:7 job, leases renewed by")
     assert busy.endswith("; not running the command\n")
