@@ -17,7 +17,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Optional, TextIO
 
-from .backends.base import LockState
+from .backends.base import Holder, LockState
 from .errors import ValidationError
 from .locker import Locker
 from .validation import check_key, escape_text
@@ -30,10 +30,13 @@ __all__ = [
     "describe_holder",
     "describe_holder_of",
     "describe_lost_reason",
+    "describe_place",
     "held_for",
     "held_locks",
+    "holder_json",
     "locks_json",
     "locks_table",
+    "places_held",
     "release_keys",
     "release_prefix",
     "state_json",
@@ -86,14 +89,42 @@ def describe_holder(state: LockState) -> str:
     """Who holds the key and when its current lease ends, in words that do not suggest the key
     frees itself then (the holder renews its lease while it works):
     ``held by vm:26622 sh, lease renewed by its holder; current lease ends in 4.6s``.
-    ``""`` for a free key.
+    A counting key tells how many of its places are held, its latest holder and when the first
+    of its leases ends: ``2/3 held, latest by vm:26622 sh, leases renewed by their holders;
+    first current lease ends in 4.6s``. ``""`` for a free key.
     """
     if not state.held:
         return ""
+    if state.limit > 1:
+        text = f"{places_held(state)} held"
+        if state.owner:
+            text += f", latest by {escape_text(state.owner)}"
+        ends = [holder.expires_in for holder in state.holders if holder.expires_in is not None]
+        if ends:
+            text += f", leases renewed by their holders; first current lease ends in {_seconds(min(ends))}"
+        return text
     text = f"held by {escape_text(state.owner)}" if state.owner else "held"
     if state.expires_in is not None:
         text += f", lease renewed by its holder; current lease ends in {_seconds(state.expires_in)}"
     return text
+
+
+def describe_place(holder: Holder) -> str:
+    """One lease of a counting key: ``held by vm:26622 sh, fence 17, current lease ends in
+    4.6s (2026-11-30T17:49:33.007Z)``, leaving out what the store does not know."""
+    text = f"held by {escape_text(holder.owner)}" if holder.owner else "held"
+    if holder.fence is not None:
+        text += f", fence {holder.fence}"
+    if holder.expires_in is not None:
+        text += f", current lease ends in {_seconds(holder.expires_in)}"
+    if holder.expires_at is not None:
+        text += f" ({_timestamp(holder.expires_at)})"
+    return text
+
+
+def places_held(state: LockState) -> str:
+    """How many of the key's places are held, of its limit: ``2/3`` (``0/1`` for a free key)."""
+    return f"{len(state.holders)}/{state.limit}"
 
 
 def describe_holder_of(locker: Locker, key: str) -> str:
@@ -106,19 +137,37 @@ def describe_holder_of(locker: Locker, key: str) -> str:
     return f" ({describe_holder(state)})" if state.held else ""
 
 
+def _timestamp(moment: Optional[datetime]) -> Optional[str]:
+    return None if moment is None else moment.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _remaining(seconds: Optional[float]) -> Optional[float]:
+    return None if seconds is None else round(seconds, 3)
+
+
+def holder_json(holder: Holder) -> dict[str, Any]:
+    """The JSON object of one lease of a key (an item of ``holders`` in ``status --json``)."""
+    return {
+        "owner": holder.owner,
+        "fence": holder.fence,
+        "expires_at": _timestamp(holder.expires_at),
+        "expires_in": _remaining(holder.expires_in),
+    }
+
+
 def state_json(state: LockState) -> dict[str, Any]:
-    """The JSON object of one key (the ``status --json`` fields)."""
-    expires_at = state.expires_at
+    """The JSON object of one key (the ``status --json`` fields): the top-level fields are
+    the latest grant's, ``holders`` has every live lease (one for an exclusive key, none for a
+    free one) and ``limit`` how many the key admits at once."""
     return {
         "key": state.key,
         "held": state.held,
-        "expires_at": (
-            None if expires_at is None
-            else expires_at.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
-        ),
-        "expires_in": None if state.expires_in is None else round(state.expires_in, 3),
+        "expires_at": _timestamp(state.expires_at),
+        "expires_in": _remaining(state.expires_in),
         "fence": state.fence,
         "owner": state.owner,
+        "limit": state.limit,
+        "holders": [holder_json(holder) for holder in state.holders],
     }
 
 
@@ -180,10 +229,18 @@ def held_for(state: LockState) -> Optional[float]:
 
 def locks_table(states: Sequence[LockState]) -> str:
     """An aligned table for people, one line per key (in the order given), ``-`` for what the
-    store does not know (``HELD FOR``: see :func:`held_for`)."""
-    rows = [_COLUMNS] + [
+    store does not know (``HELD FOR``: see :func:`held_for`).
+
+    A counting key is one line too: when the listing has one, a ``HOLDERS`` column tells how many
+    places of each key are held (``2/3``), and the other columns of a counting key are those of
+    its latest grant.
+    """
+    counting = any(state.limit > 1 for state in states)
+    header: tuple[str, ...] = (_COLUMNS[0], "HOLDERS", *_COLUMNS[1:]) if counting else _COLUMNS
+    rows = [header] + [
         (
             escape_text(state.key),
+            *((places_held(state),) if counting else ()),
             escape_text(state.owner) if state.owner else "-",
             "-" if state.fence is None else str(state.fence),
             _seconds(held_for(state)),
@@ -191,7 +248,7 @@ def locks_table(states: Sequence[LockState]) -> str:
         )
         for state in states
     ]
-    widths = [max(len(row[column]) for row in rows) for column in range(len(_COLUMNS))]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     return "\n".join(lines)
 

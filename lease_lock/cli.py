@@ -42,14 +42,16 @@ from .admin import (
     describe_holder,
     describe_holder_of,
     describe_lost_reason,
+    describe_place,
     held_locks,
     locks_json,
     locks_table,
+    places_held,
     release_prefix,
     state_json,
 )
 from .errors import AccessDeniedError, BackendUnavailableError, LeaseLockError, LockHeldError, ValidationError
-from .validation import check_key, escape_text, parse_duration, redact_url
+from .validation import MAX_LIMIT, check_key, check_limit, escape_text, parse_duration, redact_url
 
 if TYPE_CHECKING:
     from .backends.base import LockState
@@ -178,6 +180,19 @@ def _exit_code(name: str) -> Callable[[str], int]:
     return parse
 
 
+def _limit(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--limit must be a whole number from 1 to {MAX_LIMIT:,}, not {text!r}"
+        ) from None
+    try:
+        return check_limit(value, "--limit")
+    except ValidationError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _key(text: str) -> str:
     try:
         return check_key(text)
@@ -282,6 +297,11 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-hold", type=duration("--max-hold"), default=86400.0, metavar="DURATION",
         help="stop the command when it has held the lock this long (default 24h)",
+    )
+    parser.add_argument(
+        "--limit", type=_limit, default=1, metavar="N",
+        help="let up to N runs hold KEY at once, each with a fence of its own; every run of KEY "
+        "must give the same N (default 1)",
     )
     parser.add_argument(
         "--wait", action="store_true",
@@ -472,10 +492,10 @@ def _take(locker: Locker, args: argparse.Namespace, signals: _Signals) -> Option
     with backend_errors():
         try:
             if not args.wait:
-                return locker.try_acquire(args.key)
+                return locker.try_acquire(args.key, limit=args.limit)
             timeout = math.inf if args.timeout is None else args.timeout
             with _WaitingLine(locker, args.key, enabled=not args.quiet):
-                return locker.acquire(args.key, timeout=timeout, cancel=signals.cancel)
+                return locker.acquire(args.key, timeout=timeout, cancel=signals.cancel, limit=args.limit)
         except LockHeldError as error:
             if error.reason == "cancelled" and signals.received:
                 raise CommandError(
@@ -621,6 +641,15 @@ def _release(lock: Lock) -> bool:
         return True
 
 
+def _check_counting(locker: Locker, limit: int) -> None:
+    if limit > 1 and not locker.backend.capabilities.counting:
+        raise CommandError(
+            f"--limit {limit} needs a store that grants counting leases; "
+            f"{type(locker.backend).__name__} does not",
+            EXIT_USAGE,
+        )
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.stray:
         raise CommandError(
@@ -641,6 +670,7 @@ def _run(args: argparse.Namespace) -> int:
             on_event=note if args.wait and not args.quiet else None,
         )
         try:
+            _check_counting(locker, args.limit)
             lock = _take(locker, args, signals)
             if lock is None:
                 holder = "" if args.quiet else describe_holder_of(locker, args.key)
@@ -672,9 +702,12 @@ def _add_status_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _state_line(state: LockState) -> str:
+    """One line for a key; a counting key's holders follow it in :func:`_holder_lines`."""
     key = escape_text(state.key)
     if not state.held:
         return f"{key}: free"
+    if state.limit > 1:
+        return f"{key}: {places_held(state)} held (limit {state.limit})"
     line = f"{key}: {describe_holder(state)}"
     expires_at = state_json(state)["expires_at"]
     if expires_at is not None:
@@ -682,6 +715,14 @@ def _state_line(state: LockState) -> str:
     if state.fence is not None:
         line += f", fence {state.fence}"
     return line
+
+
+def _holder_lines(state: LockState) -> list[str]:
+    """One indented line per holder of a counting key, by fence (none for an exclusive key,
+    whose one holder is on its key's line)."""
+    if state.limit == 1:
+        return []
+    return ["  " + describe_place(holder) for holder in state.holders]
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -695,7 +736,7 @@ def _status(args: argparse.Namespace) -> int:
         print(locks_json(states))
     else:
         for state in states:
-            print(_state_line(state))
+            print("\n".join([_state_line(state), *_holder_lines(state)]))
     return 0
 
 
@@ -774,7 +815,11 @@ def _force_release(args: argparse.Namespace) -> int:
     finally:
         locker.close()
     key = escape_text(args.key)
-    print(f"{key}: released" if dropped else f"{key}: free, nothing to release")
+    if not dropped:
+        print(f"{key}: free, nothing to release")
+    else:
+        # The store drops every place of a counting key at once, whoever holds each.
+        print(f"{key}: released, all places dropped" if state.limit > 1 else f"{key}: released")
     return 0
 
 

@@ -25,9 +25,21 @@ from ..backends import Backend, LockState
 from ..errors import ValidationError
 from ..lock import Lock
 from ..locker import Locker
-from ..validation import check_key, check_token, check_ttl
+from ..validation import check_key, check_limit, check_token, check_ttl
 
-__all__ = ["adopt", "call_key", "check_adopts", "claim", "job_id_of", "label", "log_skip", "run_holder", "unclaim"]
+__all__ = [
+    "adopt",
+    "call_key",
+    "check_adopts",
+    "check_limit_alone",
+    "claim",
+    "first_lease_end",
+    "job_id_of",
+    "label",
+    "log_skip",
+    "run_holder",
+    "unclaim",
+]
 
 #: What separates the locker's owner label from the job id in a claim's owner label.
 _JOB_TAG = " job="
@@ -74,6 +86,19 @@ def _grant(locker: Locker, full_key: str, token: str, job_id: str, ttl: float) -
     if locker.fencing:
         return backend.acquire_fenced(full_key, token, ttl, owner) is not None
     return backend.acquire(full_key, token, ttl, owner)
+
+
+def check_limit_alone(limit: object, name: str, option: str, instead: str) -> None:
+    """Refuse ``limit`` (named ``name``) above 1 with ``option``, a claim taken when a job is
+    enqueued: a claim keeps one call per key queued or running and is adopted by one run, so it
+    has no meaning for a key that admits several runs at once. ``instead`` says what to do to
+    run at most ``limit`` at once per key."""
+    if check_limit(limit, name) > 1:
+        raise ValidationError(
+            f"{option} cannot go with {name}={limit}: a key claimed when a job is enqueued stands for "
+            f"one call queued or running, while {name} > 1 lets several run at once; {instead} to run "
+            f"at most {limit} at once per key"
+        )
 
 
 def check_adopts(locker: Locker, option: str) -> None:
@@ -194,11 +219,21 @@ def label(locker: Locker, lock: Lock, job_id: str) -> None:
     _grant(locker, lock.key, lock.token, job_id, lock.ttl)
 
 
+def first_lease_end(state: LockState) -> Optional[float]:
+    """Seconds until the first lease of ``state``'s holders ends (of an exclusive key, its one
+    holder's), as the store measured them; ``None`` when the store does not say."""
+    ends = [holder.expires_in for holder in state.holders if holder.expires_in is not None]
+    return min(ends) if ends else None
+
+
 def log_skip(what: str, key: str, state: LockState, log: logging.Logger = logger) -> None:
     """One WARNING line saying ``what`` (``"RQ job NAME[ID]"``) was skipped because ``key`` was
-    busy, and who holds it."""
+    busy, and who holds it (of a counting key: how many places are held, and the latest holder)."""
     holder = state.owner or "an unknown holder"
-    if state.expires_in is not None:
-        log.warning("%s skipped: lock %r is held by %s (lease ends in %.1fs)", what, key, holder, state.expires_in)
+    if state.limit > 1:
+        holder = f"{len(state.holders)} of its {state.limit} holders, latest {holder}"
+    ends = first_lease_end(state)
+    if ends is not None:
+        log.warning("%s skipped: lock %r is held by %s (lease ends in %.1fs)", what, key, holder, ends)
     else:
         log.warning("%s skipped: lock %r is held by %s", what, key, holder)

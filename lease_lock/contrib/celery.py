@@ -35,9 +35,20 @@ from ..backends import LockState
 from ..connect import connect
 from ..errors import LockLostError, ValidationError
 from ..locker import Locker
-from ..validation import check_bool, check_duration, check_ttl
+from ..validation import check_bool, check_duration, check_limit, check_ttl
 from ._config import check_backend_options, resolve_url
-from ._enqueue import adopt, call_key, check_adopts, claim, job_id_of, log_skip, run_holder, unclaim
+from ._enqueue import (
+    adopt,
+    call_key,
+    check_adopts,
+    check_limit_alone,
+    claim,
+    first_lease_end,
+    job_id_of,
+    log_skip,
+    run_holder,
+    unclaim,
+)
 from ._lazy import LazyLocker
 
 __all__ = [
@@ -155,7 +166,8 @@ class CheckSettingsStep(bootsteps.Step):  # type: ignore[misc]  # Celery ships n
 
 
 class SingletonTask(Task):  # type: ignore[misc]  # Celery ships no type hints
-    """A task base class: at most one run per lock key at a time, across every worker.
+    """A task base class: at most one run per lock key at a time (``lock_limit`` runs, when
+    set), across every worker.
 
     Options, as class attributes or ``@app.task(...)`` keywords:
 
@@ -164,6 +176,10 @@ class SingletonTask(Task):  # type: ignore[misc]  # Celery ships no type hints
       in a SHA-256 digest of the arguments); a format string over the call's arguments
       (``"report:{0}"``, ``"user:{user_id}"``); or a callable receiving them and returning the key.
     - ``lock_ttl``, ``lock_max_hold``: seconds; the locker's defaults when ``None``.
+    - ``lock_limit``: at most this many runs per key at once (default 1), each holding a
+      place of a counting key (the lock store must grant counting leases). A run finding every
+      place taken is busy, as below. Refused with ``lock_on_enqueue``, whose claim keeps one
+      call per key queued or running.
     - ``lock_on_busy``: ``"skip"`` (default) returns ``None`` without running and logs a
       WARNING naming the key and its holder; ``"retry"`` calls ``self.retry(countdown=...)``
       with the shorter of the holder's remaining lease and a back-off that doubles per retry
@@ -190,6 +206,7 @@ class SingletonTask(Task):  # type: ignore[misc]  # Celery ships no type hints
     lock_key: ClassVar[Union[str, Callable[..., str], None]] = None
     lock_ttl: ClassVar[Optional[float]] = None
     lock_max_hold: ClassVar[Optional[float]] = None
+    lock_limit: ClassVar[int] = 1
     lock_on_busy: ClassVar[str] = "skip"
     lock_retry_backoff: ClassVar[float] = 1.0
     lock_fail_on_loss: ClassVar[bool] = True
@@ -223,6 +240,9 @@ class SingletonTask(Task):  # type: ignore[misc]  # Celery ships no type hints
                 f"lock_duplicate must be one of {', '.join(DUPLICATE)}, not {cls.lock_duplicate!r}"
             )
         check_ttl(cls.lock_enqueue_ttl, "lock_enqueue_ttl")
+        check_limit(cls.lock_limit, "lock_limit")
+        if cls.lock_on_enqueue:
+            check_limit_alone(cls.lock_limit, "lock_limit", "lock_on_enqueue", "drop lock_on_enqueue")
 
     def lease_lock_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """The key of one call: ``lock_key`` applied to its arguments, or the task's name plus
@@ -296,6 +316,8 @@ class SingletonTask(Task):  # type: ignore[misc]  # Celery ships no type hints
         locker = task_locker(self.app)
         key = self.lease_lock_key(args, kwargs)
         options: dict[str, Any] = {} if self.lock_max_hold is None else {"max_hold": self.lock_max_hold}
+        if self.lock_limit > 1:
+            options["limit"] = self.lock_limit
         claimed = self.lock_on_enqueue and self.request.id is not None and not self.request.called_directly
         if claimed:
             # The run takes over the claim its apply_async took, under a token of its own: a
@@ -357,14 +379,16 @@ class SingletonTask(Task):  # type: ignore[misc]  # Celery ships no type hints
         return None
 
     def retry_countdown(self, state: LockState) -> float:
-        """Seconds before a busy run is tried again: the holder's remaining lease, or sooner, a
-        back-off that doubles from ``lock_retry_backoff`` with each retry (with jitter), since
-        the heartbeat keeps a running holder's lease full."""
+        """Seconds before a busy run is tried again: the holder's remaining lease (of a counting
+        key, the first of its holders' to end), or sooner, a back-off that doubles from
+        ``lock_retry_backoff`` with each retry (with jitter), since the heartbeat keeps a running
+        holder's lease full."""
         if not state.held:
             return 0.0
         backoff = self.lock_retry_backoff * 2 ** int(self.request.retries or 0)
         backoff *= _JITTER.uniform(0.5, 1.0)  # spreads the retries of many waiters
-        remaining = max(state.expires_in if state.expires_in is not None else backoff, 0.0)
+        ends = first_lease_end(state)
+        remaining = max(ends if ends is not None else backoff, 0.0)
         countdown = min(remaining, backoff)
         logger.info("%s: lock %r is held by %s; retrying in %.1fs", self.name, state.key, state.owner, countdown)
         return float(countdown)

@@ -33,7 +33,17 @@ from ..locker import Locker
 from ..options import LockOptions
 from ..validation import check_key, check_ttl
 from ._config import ENV_URL, warn_if_one_host
-from ._enqueue import adopt, call_key, check_adopts, claim, job_id_of, log_skip, run_holder, unclaim
+from ._enqueue import (
+    adopt,
+    call_key,
+    check_adopts,
+    check_limit_alone,
+    claim,
+    job_id_of,
+    log_skip,
+    run_holder,
+    unclaim,
+)
 from ._lazy import LazyLocker
 
 __all__ = ["META_KEY", "enqueue_once", "job_locker", "process_locker", "run_claimed", "singleton", "was_skipped"]
@@ -136,7 +146,8 @@ def singleton(
 
     ``key`` is a ``str`` or a callable receiving the job's arguments; by default the function's
     dotted name. ``opts`` are lock options (``ttl``, ``max_hold``, ``timeout``, ...); the lock
-    is tried once unless ``blocking`` or ``timeout`` says otherwise. A busy key returns ``None``
+    is tried once unless ``blocking`` or ``timeout`` says otherwise. ``limit=N`` lets up to N
+    runs per key at once (the lock store must grant counting leases). A busy key returns ``None``
     without running the function, logs a WARNING naming the key and its holder and, in a
     worker, records the skip in ``job.meta["lease_lock"]`` (see :func:`was_skipped`). Options
     are checked here, when the job function is defined.
@@ -174,6 +185,7 @@ def enqueue_once(
     *args: Any,
     key: Optional[str] = None,
     enqueue_ttl: float = 3600.0,
+    lock_limit: int = 1,
     **kwargs: Any,
 ) -> Optional[Any]:
     """``queue.enqueue(func, *args, **kwargs)`` unless a job with the same key is queued or
@@ -187,11 +199,19 @@ def enqueue_once(
     whose first job can no longer be found returns ``None``. Keywords RQ takes (``job_id``,
     ``job_timeout``, ``meta``, ...) go to RQ; the rest are the function's. The sender and the
     workers must find the same store: the queue's Redis, or one ``LEASE_LOCK_URL`` for all.
+
+    ``lock_limit`` above 1 is refused (``ValidationError``, nothing sent): a claim stands for one
+    job queued or running per key. To run at most N at once per key, send the job with
+    ``queue.enqueue`` and decorate its function with ``singleton(limit=N)``.
     """
     from rq.exceptions import NoSuchJobError
     from rq.job import Job
     from rq.utils import import_attribute
 
+    check_limit_alone(
+        lock_limit, "lock_limit", "enqueue_once",
+        f"send the job with queue.enqueue and decorate its function with singleton(limit={lock_limit})",
+    )
     options = {name: kwargs.pop(name) for name in list(kwargs) if name in _RQ_OPTIONS}
     function = import_attribute(func) if isinstance(func, str) else func
     name = func if isinstance(func, str) else f"{function.__module__}.{function.__qualname__}"

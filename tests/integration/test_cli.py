@@ -418,13 +418,16 @@ def test_status_json(any_cli: Cli, key: str) -> None:
     with holding(any_cli, key, "--ttl", "40"):
         held, free = any_cli.status(key, f"{key}-free")
         text = any_cli.run("status", key)
-    assert set(held) == {"key", "held", "expires_at", "expires_in", "fence", "owner"}
+    assert set(held) == {"key", "held", "expires_at", "expires_in", "fence", "owner", "limit", "holders"}
     assert held["key"] == key
     assert held["held"] is True
     assert isinstance(held["fence"], int)
     assert held["fence"] > 0
     assert isinstance(held["owner"], str)
     assert held["owner"].endswith(" sh")
+    # An exclusive key's one holder is the key's own fields.
+    assert held["limit"] == 1
+    assert held["holders"] == [{name: held[name] for name in ("owner", "fence", "expires_at", "expires_in")}]
     assert isinstance(held["expires_in"], float)
     assert 0 < held["expires_in"] <= 40
     assert isinstance(held["expires_at"], str)
@@ -432,7 +435,7 @@ def test_status_json(any_cli: Cli, key: str) -> None:
     assert expires_at.utcoffset() is not None
     assert free == {
         "key": f"{key}-free", "held": False, "expires_at": None, "expires_in": None,
-        "fence": None, "owner": None,
+        "fence": None, "owner": None, "limit": 1, "holders": [],
     }
     assert text.returncode == 0
     assert text.stdout.startswith(f"{key}: held by ")

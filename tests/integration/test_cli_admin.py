@@ -28,7 +28,7 @@ from lease_lock.validation import escape_text
 
 from tests.integration.test_cli import DEADLINE, Cli, backend_url, finish, holder_script
 
-STATUS_FIELDS = {"key", "held", "expires_at", "expires_in", "fence", "owner"}
+STATUS_FIELDS = {"key", "held", "expires_at", "expires_in", "fence", "owner", "limit", "holders"}
 
 HOLDER = textwrap.dedent(
     """

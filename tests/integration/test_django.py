@@ -25,7 +25,7 @@ import pytest
 from django.conf import settings
 from django.core.management import CommandError, ManagementUtility, call_command
 from django.test import Client, override_settings
-from lease_lock import LockLostError, ValidationError
+from lease_lock import Locker, LockLostError, MemoryBackend, ValidationError
 from lease_lock.contrib.django import (
     BUSY_RETURNCODE,
     LOST_RETURNCODE,
@@ -209,6 +209,40 @@ class DayReport(SingletonCommand):
 def test_lock_key_callable_of_the_options(fresh_gate: None) -> None:
     call_command(DayReport(), "mon", stdout=io.StringIO())
     assert gate.runs == [PREFIX + "report:mon", PREFIX + "report:tue"]
+
+
+class Batch(SingletonCommand):
+    """At most two runs at once, its locks on a memory store the test shares."""
+
+    lock_key = "batch"
+    lock_limit = 2
+    store = Locker(MemoryBackend())
+
+    def get_locker(self) -> Locker:
+        return self.store
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        assert self.lock is not None
+        gate.runs.append(f"{self.lock.limit}:{len(self.store.get('batch').holders)}")
+
+
+def test_lock_limit_lets_that_many_runs_hold_the_key(fresh_gate: None) -> None:
+    held = Batch.store.acquire("batch", limit=2)
+    call_command(Batch(), stdout=io.StringIO())
+    assert gate.runs == ["2:2"]  # the run held the second place
+    also = Batch.store.acquire("batch", limit=2)
+    with pytest.raises(CommandError) as busy:
+        call_command(Batch(), stdout=io.StringIO(), stderr=io.StringIO())
+    assert busy.value.returncode == 75
+    assert "'batch' is busy (2/2 held, latest by " in str(busy.value)
+    assert str(busy.value).endswith("; 2 other runs hold it, not started")
+    assert held.release() and also.release()
+
+
+def test_lock_limit_is_checked_when_the_command_class_is_defined() -> None:
+    for bad in (0, 1.5, "2"):
+        with pytest.raises(ValidationError, match="lock_limit must be an int from 1"):
+            type("Bad", (SingletonCommand,), {"lock_limit": bad})
 
 
 class LosesItsLock(SingletonCommand):

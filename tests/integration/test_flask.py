@@ -203,3 +203,29 @@ def test_an_option_the_backend_does_not_take_fails_init_app_before_connecting() 
     app = make_app(LEASE_LOCK_URL="redis://127.0.0.1:1/0", LEASE_LOCK_OPTIONS={"table": "locks"})
     with pytest.raises(ValidationError, match=r"table.*redis://"):
         LeaseLock(app)
+
+
+def test_a_view_may_let_several_requests_hold_a_key_with_limit() -> None:
+    app = Flask(__name__)
+    LeaseLock(app, locker=Locker(MemoryBackend()))
+
+    @app.post("/exports")
+    def export() -> Any:
+        # At most two exports at once: a third request is turned away while both run.
+        lock = locker.try_acquire("exports", limit=2)
+        if lock is None:
+            return jsonify(busy=True), 429
+        with lock:
+            return jsonify(places=len(locker.get("exports").holders))
+
+    with app.app_context():
+        held = locker.acquire("exports", limit=2)
+        assert app.test_client().post("/exports").get_json() == {"places": 2}
+        also = locker.acquire("exports", limit=2)
+        assert app.test_client().post("/exports").status_code == 429
+        assert held.is_held() and also.is_held()
+        with pytest.raises(ValidationError, match="limit must be an int from 1"):
+            locker.lock("exports", limit=0)
+        held.release()
+        also.release()
+        locker.close()

@@ -46,7 +46,8 @@ def test_table_is_sorted_aligned_with_dashes_for_the_unknown(locker: Locker) -> 
         assert line.split()[3:5] == ["-", "-"]
         assert line.split()[5] in ("1m29s", "1m30s")
     first = json.loads(locks_json(states))[0]
-    assert set(first) == {"key", "held", "expires_at", "expires_in", "fence", "owner"}
+    assert set(first) == {"key", "held", "expires_at", "expires_in", "fence", "owner", "limit", "holders"}
+    assert (first["limit"], len(first["holders"])) == (1, 1)
     assert (first["key"], first["held"], first["fence"], first["owner"]) == ("a", True, None, "web-1:42 job")
 
 
@@ -129,3 +130,32 @@ def test_keys_and_owners_with_control_characters_are_one_escaped_line_each(locke
     assert release_keys(locker, CONTROL_KEYS, confirm=None, write=written.append) == len(CONTROL_KEYS)
     assert all(line.isprintable() for text in written for line in text.splitlines())
     assert sum(len(text.splitlines()) for text in written) == 1 + 2 * len(CONTROL_KEYS)
+
+
+def test_a_counting_key_is_one_row_telling_its_places_and_every_holder_in_json() -> None:
+    with Locker(MemoryBackend(), fencing=True, owner="web-1:42 job") as locker:
+        first = locker.acquire("jobs", ttl=60, limit=3)
+        second = locker.acquire("jobs", ttl=90, limit=3)
+        solo = locker.acquire("solo", ttl=60)
+        states = held_locks(locker)
+        assert all(lock.is_held() for lock in (first, second, solo))
+    jobs, alone = states
+    assert (jobs.key, jobs.limit, len(jobs.holders)) == ("jobs", 3, 2)
+    header, *rows = locks_table(states).splitlines()
+    assert header.split()[:3] == ["KEY", "HOLDERS", "OWNER"]
+    assert [row.split()[:2] for row in rows] == [["jobs", "2/3"], ["solo", "1/1"]]
+    # The other columns of a counting key are its latest grant's.
+    assert rows[0].split()[4] == str(second.fence)
+    assert describe_holder(jobs).startswith("2/3 held, latest by web-1:42 job, leases renewed by their holders; ")
+    assert describe_holder(jobs).endswith(" first current lease ends in 59s") or describe_holder(jobs).endswith(
+        " first current lease ends in 1m00s"
+    )
+    listed = json.loads(locks_json(states))
+    assert listed[0]["limit"] == 3
+    assert [holder["fence"] for holder in listed[0]["holders"]] == [first.fence, second.fence]
+    assert set(listed[0]["holders"][0]) == {"owner", "fence", "expires_at", "expires_in"}
+    assert listed[1]["holders"] == [
+        {name: listed[1][name] for name in ("owner", "fence", "expires_at", "expires_in")}
+    ]
+    # A listing without a counting key keeps its columns.
+    assert locks_table([alone]).splitlines()[0].split()[:2] == ["KEY", "OWNER"]

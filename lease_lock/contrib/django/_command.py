@@ -11,6 +11,7 @@ from ...admin import describe_holder_of, describe_lost_reason
 from ...errors import LockHeldError, LockLostError, ValidationError
 from ...lock import Lock
 from ...locker import Locker
+from ...validation import check_limit
 
 __all__ = ["BUSY_RETURNCODE", "LOST_RETURNCODE", "SingletonCommand"]
 
@@ -25,7 +26,9 @@ class SingletonCommand(BaseCommand):  # type: ignore[misc]  # Django ships no ty
 
     The key is ``"command:<name>"`` unless the class sets ``lock_key``: a ``str``, or a callable
     receiving the command's options as a dict and returning the key. ``lock_ttl`` and
-    ``lock_max_hold`` (seconds) default to the locker's. The heartbeat keeps the lease alive for
+    ``lock_max_hold`` (seconds) default to the locker's. ``lock_limit = N`` lets up to N runs
+    hold the key at once (default 1; the lock store must grant counting leases); it is checked
+    when the class is defined. The heartbeat keeps the lease alive for
     the whole run; ``self.lock`` is the held :class:`~lease_lock.Lock` while ``handle()`` runs,
     so a long command can call ``self.lock.check()`` between steps.
 
@@ -40,8 +43,14 @@ class SingletonCommand(BaseCommand):  # type: ignore[misc]  # Django ships no ty
     lock_key: ClassVar[Union[str, Callable[[dict[str, Any]], str], None]] = None
     lock_ttl: ClassVar[Optional[float]] = None
     lock_max_hold: ClassVar[Optional[float]] = None
+    lock_limit: ClassVar[int] = 1
     lock: Optional[Lock] = None
     _lock_from_argv = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # A bad limit fails when the command module is imported, not when a run is busy.
+        super().__init_subclass__(**kwargs)
+        check_limit(cls.lock_limit, "lock_limit")
 
     def get_locker(self) -> Locker:
         """The locker to use: the process-wide one of ``settings.LEASE_LOCK`` (override to
@@ -90,6 +99,8 @@ class SingletonCommand(BaseCommand):  # type: ignore[misc]  # Django ships no ty
             lock_options["timeout"] = math.inf if timeout is None else timeout
         if self.lock_max_hold is not None:
             lock_options["max_hold"] = self.lock_max_hold
+        if self.lock_limit > 1:
+            lock_options["limit"] = self.lock_limit
         key = self.get_lock_key(options)
         locker = self.get_locker()
         try:
@@ -98,7 +109,8 @@ class SingletonCommand(BaseCommand):  # type: ignore[misc]  # Django ships no ty
             # The words of ``lease-lock run``, with the key as this command names it (without
             # the locker's prefix).
             waited = f" after waiting {error.elapsed:.1f}s" if error.reason == "timeout" else ""
-            message = f"{key!r} is busy{describe_holder_of(locker, key)}{waited}; another run holds it, not started"
+            others = "another run holds it" if self.lock_limit == 1 else f"{self.lock_limit} other runs hold it"
+            message = f"{key!r} is busy{describe_holder_of(locker, key)}{waited}; {others}, not started"
             if not self._lock_from_argv:
                 self.stderr.write(message)
             raise CommandError(message, returncode=BUSY_RETURNCODE) from error
