@@ -50,6 +50,7 @@ from .base import (
     Backend,
     CallBudget,
     Capabilities,
+    Holder,
     LineGrant,
     LockState,
     ReleaseWatcher,
@@ -136,6 +137,27 @@ def _held_back(response: requests.Response, sent: float) -> float:
     except ValueError:
         return 0.0  # then the request's sending is the earliest start there is
     return min(max(held_back, 0.0), time.monotonic() - sent) if math.isfinite(held_back) else 0.0
+
+
+def _refusal(response: requests.Response) -> tuple[Optional[str], Optional[str]]:
+    """The ``error`` message and ``code`` of an error answer (``None`` where it has none)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None, None
+    if not isinstance(body, dict):
+        return None, None
+    message, code = body.get("error"), body.get("code")
+    return (message if isinstance(message, str) else None), (code if isinstance(code, str) else None)
+
+
+def _json_field(response: requests.Response, name: str) -> Any:
+    """Field ``name`` of a JSON object answer, ``None`` when absent or not an object."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return body.get(name) if isinstance(body, dict) else None
 
 
 def _json_body(value: Any) -> bytes:
@@ -264,6 +286,7 @@ class _Refused:
     token: str
     wire_ttl: int
     headers: dict[str, str]  # token, request id and owner label, as the refused request sent them
+    limit: int = 1  # a place of a counting key asked for when above 1
 
 
 @dataclass(frozen=True)
@@ -274,6 +297,7 @@ class _Won:
     earliest: float  # time.monotonic(): the store's lease began no earlier
     wire_ttl: int
     owner: Optional[str]  # the owner header it was granted with
+    limit: int  # the limit it was granted with (1: the key itself)
     taken: threading.Event = field(default_factory=threading.Event, compare=False)
 
 
@@ -328,7 +352,8 @@ class _WaitWatcher(ReleaseWatcher):
 
 class _HeldAcquisition(WaitingLine):
     """One waiting thread's line (see :meth:`HttpBackend.join_line`): every wait is the
-    thread's acquisition, held by the server for that long while the key is held."""
+    thread's acquisition, held by the server for that long while the key is held (while every
+    place is taken, for a place of a counting key)."""
 
     direct = True
 
@@ -341,8 +366,10 @@ class _HeldAcquisition(WaitingLine):
         owner: str,
         fenced: bool,
         clock: Callable[[], float],
+        limit: int = 1,
     ) -> None:
         self._backend = backend
+        self._limit = limit
         self._key = key
         self._token = token
         self._ttl = ttl
@@ -359,12 +386,15 @@ class _HeldAcquisition(WaitingLine):
 
     def _acquire(self, wait: Optional[float]) -> _Answer:
         self._unsure = True
-        answer = self._backend._acquire(self._key, self._token, self._ttl, self._owner, watch=False, wait=wait)
+        answer = self._backend._acquire(
+            self._key, self._token, self._ttl, self._owner, watch=False, wait=wait, limit=self._limit
+        )
         self._unsure = False
         return answer
 
     def _fence(self, fence: int) -> int:
-        return fence if self._fenced else 0
+        # A place of a counting key is always fenced (the core reads its fence).
+        return fence if self._fenced or self._limit > 1 else 0
 
     def ask(self) -> Optional[int]:
         """See :meth:`WaitingLine.ask`: a plain acquisition, or, right after a wait the server
@@ -441,7 +471,8 @@ class HttpBackend(Backend, RequestIdCarrier):
         release_notify=True,
         replica_wait=False,
         batch_extend=False,
-        counting=False,
+        # Asked of the service, which answers per store (a store that grants none: ValidationError).
+        counting=True,
         min_ttl=float(wire.MIN_TTL),
         clock="the lock service's clock (its store's clock for a lease_lock server)",
         wake="the service holds the request (Prefer: wait), else the backend's release watcher",
@@ -684,12 +715,7 @@ class HttpBackend(Backend, RequestIdCarrier):
         status = response.status_code
         if status == expected:
             return
-        try:
-            body = response.json()
-        except ValueError:
-            body = {}
-        message = body.get("error") if isinstance(body, dict) else None
-        code = body.get("code") if isinstance(body, dict) else None
+        message, code = _refusal(response)
         detail = f"lock service: {message or response.reason} ({code or status})"
         if status == 429:
             try:
@@ -749,12 +775,32 @@ class HttpBackend(Backend, RequestIdCarrier):
         self.check_token(token)
         return self._acquire(key, token, ttl, owner, watch=True).fence
 
+    def acquire_counted(self, key: str, token: str, ttl: float, owner: str, limit: int) -> Optional[int]:
+        """Grant or renew ``token``'s place among the ``limit`` places of ``key``: an
+        acquisition (``POST /locks/{key}/lease``) whose body carries ``limit``, a lease_lock
+        server extension. The fence, or ``None`` when every place is taken.
+
+        Raises ``ValidationError`` when the key's holders were granted another limit (the
+        server's ``409 limit_mismatch``), when the service's store grants no counting leases
+        (its ``501``, naming the store) and when the service answers a grant without the
+        limit (a service without the extension, which granted the key itself: that grant is
+        released first). A grant a watching request won for this place is taken as
+        :meth:`acquire_fenced` takes one.
+        """
+        self.check_key(key)
+        self.check_token(token)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 2:
+            raise ValidationError(f"limit must be an int >= 2 for a counting lease, got {limit!r}")
+        return self._acquire(key, token, ttl, owner, watch=True, limit=limit).fence
+
     def _acquire(
-        self, key: str, token: str, ttl: float, owner: str, *, watch: bool, wait: Optional[float] = None
+        self, key: str, token: str, ttl: float, owner: str, *, watch: bool, wait: Optional[float] = None,
+        limit: int = 1,
     ) -> _Answer:
         """:meth:`acquire_fenced`'s work. ``watch``: a refusal starts the watching request of
         the key (see :meth:`watch_releases`); ``wait``: seconds the server may hold the request
-        while the key is held (``Prefer: wait``), for a waiting line (see :meth:`join_line`)."""
+        while the key is held (``Prefer: wait``), for a waiting line (see :meth:`join_line`);
+        ``limit`` above 1: a place of a counting key (see :meth:`acquire_counted`)."""
         wire_ttl = self.wire_ttl(ttl)
         owner_header = urllib.parse.quote(owner, safe=_OWNER_SAFE) if owner else None
         attempt = (key, token)
@@ -763,34 +809,56 @@ class HttpBackend(Backend, RequestIdCarrier):
             if (
                 won is not None
                 and won.owner == owner_header
+                and won.limit == limit
                 and time.monotonic() + ttl <= won.earliest + won.wire_ttl + _CLAIM_SLACK
             ):
                 self._remember(key, token, won.fence, won.wire_ttl)
                 return _Answer(won.fence)
-            return self._post_acquisition(key, token, wire_ttl, owner_header, watch, wait)
+            return self._post_acquisition(key, token, wire_ttl, owner_header, watch, wait, limit)
         finally:
             self._end_attempt(attempt)
 
     def _post_acquisition(
-        self, key: str, token: str, wire_ttl: int, owner_header: Optional[str], watch: bool, wait: Optional[float]
+        self, key: str, token: str, wire_ttl: int, owner_header: Optional[str], watch: bool, wait: Optional[float],
+        limit: int = 1,
     ) -> _Answer:
         request_id = getattr(self._scope, "request_id", None) or str(uuid.uuid4())
         headers = {wire.HEADER_TOKEN: token, wire.HEADER_REQUEST_ID: request_id}
         if owner_header is not None:
             headers[wire.HEADER_OWNER] = owner_header
         url = self._url(key, lease=True)
-        body = {"ttl_seconds": wire_ttl}
+        body = {"ttl_seconds": wire_ttl} if limit == 1 else {"ttl_seconds": wire_ttl, "limit": limit}
         sent = time.monotonic()
         response = self._post_twice(url, headers, body, wait)
         applied = wire.HEADER_PREFERENCE_APPLIED in response.headers
+        if limit > 1:
+            self._raise_for_counted(key, token, response, limit)
         if response.status_code == 409:
             if watch:
-                self._watch(key, _Refused(time.monotonic(), token, wire_ttl, headers))
+                self._watch(key, _Refused(time.monotonic(), token, wire_ttl, headers, limit))
             return _Answer(None, applied)
         self._raise_for(response, 201)
         fence = self._fence_of(response)
         self._remember(key, token, fence, wire_ttl)
         return _Answer(fence, applied, _held_back(response, sent) if applied else 0.0)
+
+    def _raise_for_counted(self, key: str, token: str, response: requests.Response, limit: int) -> None:
+        """Raise what an answer to a counting acquisition means beyond the answers every
+        acquisition gets: another limit held, a store that cannot count, a service that
+        ignored the limit (its grant of the key itself is given back first)."""
+        status = response.status_code
+        if status == 201:
+            if _json_field(response, "limit") == limit:
+                return
+            with contextlib.suppress(Exception):
+                self._release(key, token, min(self.timeout, CALL_MARGIN))
+            raise ValidationError(
+                f"lock service at {redact_url(self.base_url)} does not grant counting leases: it answered "
+                f"limit={limit} with a grant of the whole key (released again)"
+            )
+        if status == 501 or (status == 409 and _refusal(response)[1] == "limit_mismatch"):
+            message, code = _refusal(response)
+            raise ValidationError(f"lock service: {message or response.reason} ({code or status})")
 
     def adopt(self, key: str, claim_token: str, token: str, ttl: float, owner: str) -> Optional[int]:
         """Replace the claim ``claim_token`` on ``key`` (or a free key) with a new grant to
@@ -961,16 +1029,41 @@ class HttpBackend(Backend, RequestIdCarrier):
         return True
 
     def is_held(self, key: str, token: str) -> bool:
-        """``True`` if the key is held with the fence this backend's grant to ``token`` got."""
+        """``True`` if the key is held with the fence this backend's grant to ``token`` got (one
+        of its places, for a counting key)."""
         self.check_token(token)
         with self._mutex:
             known = self._fences.get((key, token))
         state = self.inspect(key)
-        return known is not None and state.held and state.fence == known[0]
+        return known is not None and state.held and any(holder.fence == known[0] for holder in state.holders)
 
     def _state(self, key: str, body: dict[str, Any], expires_in: Optional[str]) -> LockState:
         if not body.get("held"):
             return LockState.free(key)
+        limit = body.get("limit")
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 1:
+            # A counting key: every place, each with its own remaining time.
+            places = body.get("holders")
+            if not isinstance(places, list):
+                raise requests.exceptions.InvalidJSONError(f"holders is not a list: {places!r}")
+            return LockState.counting(key, limit, [self._holder(place, place.get("expires_in")) for place in places])
+        holder = self._holder(body, expires_in)
+        return LockState(
+            key=key,
+            held=True,
+            expires_at=holder.expires_at,
+            fence=holder.fence,
+            owner=holder.owner,
+            expires_in=holder.expires_in,
+        )
+
+    @staticmethod
+    def _holder(body: Any, expires_in: Any) -> Holder:
+        """One lease as the service describes it (a held key, or a place of a counting key);
+        ``expires_in``: the seconds until another token could take it, as the server measured
+        them (``None`` when it did not say)."""
+        if not isinstance(body, dict):
+            raise requests.exceptions.InvalidJSONError(f"a holder is not an object: {body!r}")
         expires_at = _parse_time(body.get("expires_at"))
         if expires_in is not None:
             # Our server measures the time until another token may take the key, which is the
@@ -980,12 +1073,10 @@ class HttpBackend(Backend, RequestIdCarrier):
             # The hosted service reports no remaining time: estimate it on our wall clock.
             remaining = (expires_at - datetime.now(timezone.utc)).total_seconds()
         fence = body.get("fencing_token")
-        return LockState(
-            key=key,
-            held=True,
-            expires_at=expires_at,
-            fence=fence if isinstance(fence, int) and not isinstance(fence, bool) else None,
+        return Holder(
             owner=body.get("owner"),
+            fence=fence if isinstance(fence, int) and not isinstance(fence, bool) else None,
+            expires_at=expires_at,
             expires_in=max(0.0, remaining),
         )
 
@@ -1030,12 +1121,14 @@ class HttpBackend(Backend, RequestIdCarrier):
         Offered while the server announces waits to the millisecond (``X-Lease-Lock-Wait-Step``,
         a lease_lock server; a key's pause is mostly a fraction of a second), to at most
         :data:`LINE_WAITERS` threads of this backend at once; other threads are woken through
-        :meth:`watch_releases` (see :class:`~lease_lock.backends.line.AnnouncedLine`). Asks the
-        server nothing.
+        :meth:`watch_releases` (see :class:`~lease_lock.backends.line.AnnouncedLine`). With
+        ``limit`` above 1 the thread waits for a place of a counting key the same way: its
+        acquisitions carry the limit, and the server holds them while every place is taken.
+        Asks the server nothing.
         """
         if self._wait_offered <= 0 or not self._wait_step or not self._line_slots.take():
-            return AnnouncedLine(self._announcements, self, key, token, ttl, owner, fenced, clock)
-        return _HeldAcquisition(self, key, token, ttl, owner, fenced, clock)
+            return AnnouncedLine(self._announcements, self, key, token, ttl, owner, fenced, clock, limit)
+        return _HeldAcquisition(self, key, token, ttl, owner, fenced, clock, limit)
 
     # -- release notifications through the wait extension -------------------------------------
 
@@ -1138,13 +1231,18 @@ class HttpBackend(Backend, RequestIdCarrier):
             if wait <= 0:
                 return None
             sent = time.monotonic()
+            body: dict[str, int] = {"ttl_seconds": refused.wire_ttl}
+            if refused.limit > 1:
+                body["limit"] = refused.limit
             response = self._call(
                 "POST",
                 self._url(key, lease=True),
                 headers={**refused.headers, wire.HEADER_PREFER: f"wait={wait}"},
-                json={"ttl_seconds": refused.wire_ttl},
+                json=body,
                 timeout=self._held(wait),
             )
+            if refused.limit > 1:
+                self._raise_for_counted(key, refused.token, response, refused.limit)
             if response.status_code == 201:
                 return self._keep(key, refused, response, sent)
             self._raise_for(response, 409)
@@ -1159,7 +1257,10 @@ class HttpBackend(Backend, RequestIdCarrier):
     ) -> Optional[tuple[_Refused, _Won]]:
         """Keep a watching request's grant for the acquisition it repeats."""
         fence = self._fence_of(response)
-        grant = _Won(fence, sent + _held_back(response, sent), refused.wire_ttl, refused.headers.get(wire.HEADER_OWNER))
+        grant = _Won(
+            fence, sent + _held_back(response, sent), refused.wire_ttl, refused.headers.get(wire.HEADER_OWNER),
+            refused.limit,
+        )
         attempt = (key, refused.token)
         with self._mutex:
             if attempt in self._fences:

@@ -37,7 +37,7 @@ from ..backends import backend_from_url
 from ..backends.base import Backend, LineGrant
 from ..backends.service import ServiceStore
 from ..errors import BackendUnavailableError
-from ..validation import check_owner
+from ..validation import MAX_LIMIT, check_owner
 from ..wire import (
     HEADER_ADOPT,
     HEADER_EXPIRES_IN,
@@ -59,7 +59,7 @@ from ._logs import log_access
 from .keys import KeyFile, KeyRecord, PathLike
 from .metrics import Metrics
 from .ratelimit import RateLimiter
-from .service import Conflict, Grant, Holder, LockService, ReservedKeyError
+from .service import Conflict, Grant, Holder, LockService, Place, ReservedKeyError
 from .waits import WAIT_STEP, WaitRoom, parse_wait_preference
 
 __all__ = ["BUDGETS", "LockServiceApp", "budget_of", "create_app", "format_time"]
@@ -269,11 +269,25 @@ def _decoded_key(segment: str) -> Optional[str]:
     return key if KEY_PATTERN.fullmatch(key) else None
 
 
-def _lease_response(status: int, grant: Grant, headers: Optional[list[tuple[str, str]]] = None) -> _Response:
+def _lease_response(
+    status: int, grant: Grant, headers: Optional[list[tuple[str, str]]] = None, limit: Optional[int] = None
+) -> _Response:
     """A granted or renewed lease, ``{"expires_at", "fencing_token"}``, its JSON written
-    directly (the text is our own time and an int)."""
-    encoded = f'{{"expires_at": "{format_time(grant.expires_at)}", "fencing_token": {int(grant.fence)}}}'.encode()
+    directly (the text is our own time and an int); a place of a counting key says its
+    ``limit`` too, so that a client knows the service granted a place, not the key."""
+    counted = "" if limit is None else f', "limit": {int(limit)}'
+    encoded = (
+        f'{{"expires_at": "{format_time(grant.expires_at)}", "fencing_token": {int(grant.fence)}{counted}}}'.encode()
+    )
     return _Response(status, headers=headers or [], encoded=encoded)
+
+
+def _place_body(place: Place) -> dict[str, Any]:
+    body: dict[str, Any] = {"expires_at": format_time(place.expires_at), "fencing_token": place.fence}
+    if place.owner:
+        body["owner"] = place.owner
+    body["expires_in"] = round(place.takeover_in, 3)
+    return body
 
 
 def _holder_body(holder: Holder, *, with_key: bool = False) -> dict[str, Any]:
@@ -284,6 +298,8 @@ def _holder_body(holder: Holder, *, with_key: bool = False) -> dict[str, Any]:
         body["fencing_token"] = holder.fence
         if holder.owner:
             body["owner"] = holder.owner
+        body["limit"] = holder.limit
+        body["holders"] = [_place_body(place) for place in holder.places]
     return body
 
 
@@ -466,17 +482,24 @@ class LockServiceApp:
             raise _Reject(400, "invalid_token", f"{HEADER_TOKEN} header is required")
         if method == "DELETE":
             return self._released(project, key, self._store(self.service.release, project, key, token))
-        ttl = self._ttl(environ)
+        ttl, limit = self._lease_request(environ, acquire=method == "POST")
         if method == "POST":
             owner = self._owner(environ)
             claim = _uuid(_header(environ, _ENV_ADOPT), HEADER_ADOPT, "invalid_token")
             if claim is not None:
+                if limit is not None:
+                    # The request is well formed; what it asks for (a place) is not what an
+                    # adoption grants (the key itself).
+                    raise _Reject(
+                        409, "limit_mismatch", f"limit={limit} with {HEADER_ADOPT}: an adoption grants the key "
+                        "itself (limit=1)"
+                    )
                 # One attempt: an adoption that finds another holder is a duplicate, which
                 # waiting would not make less of one.
                 return _lease_response(
                     201, self._store(self.service.adopt, project, key, claim, token, ttl, owner)
                 )
-            return self._acquire(project, key, token, ttl, owner, wait, gone)
+            return self._acquire(project, key, token, ttl, owner, wait, gone, limit)
         grant = self._store(self.service.renew, project, key, token, ttl)
         return _lease_response(200, grant)
 
@@ -531,10 +554,16 @@ class LockServiceApp:
             # Deeply nested arrays exhaust the parser's recursion well inside the size limit.
             raise _Reject(400, "invalid_request", "body must be a JSON object") from None
 
-    def _ttl(self, environ: dict[str, Any]) -> int:
+    def _lease_request(self, environ: dict[str, Any], *, acquire: bool) -> tuple[int, Optional[int]]:
+        """The ``ttl_seconds`` of a lease request's body, and on an acquisition its ``limit``
+        (``None`` for an exclusive lock; a renewal leaves any ``limit`` unread, as it leaves
+        every other field)."""
         data = self._body(environ)
         simple = _TTL_ONLY.fullmatch(data)
-        body = {"ttl_seconds": int(simple[1])} if simple is not None else self._json(data)
+        if simple is not None:
+            body: Any = {"ttl_seconds": int(simple[1])}
+        else:
+            body = self._json(data)
         if not isinstance(body, dict):
             raise _Reject(400, "invalid_request", "body must be a JSON object")
         ttl = body.get("ttl_seconds")
@@ -542,7 +571,17 @@ class LockServiceApp:
             raise _Reject(
                 400, "invalid_ttl", f"ttl_seconds must be an integer from {MIN_TTL} to {MAX_TTL}"
             )
-        return ttl
+        if not acquire or "limit" not in body:
+            return ttl, None
+        limit = body["limit"]
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 2 <= limit <= MAX_LIMIT:
+            raise _Reject(
+                400,
+                "invalid_request",
+                f"limit must be an integer from 2 to {MAX_LIMIT} (how many holders the key admits at "
+                "once); leave it out for an exclusive lock",
+            )
+        return ttl, limit
 
     @staticmethod
     def _owner(environ: dict[str, Any]) -> str:
@@ -615,14 +654,26 @@ class LockServiceApp:
         owner: str,
         wait: Optional[float],
         gone: Optional[Callable[[], bool]] = None,
+        limit: Optional[int] = None,
     ) -> _Response:
         received = time.monotonic()
+        service = self.service
+        acquire: Callable[[], Grant]
+        if limit is None:
+            acquire = functools.partial(service.acquire, project, key, token, ttl, owner)
+        else:
+            acquire = functools.partial(service.acquire_counted, project, key, token, ttl, owner, limit)
         try:
-            grant = self._store(self.service.acquire, project, key, token, ttl, owner)
+            grant = self._store(acquire)
         except _Reject as reject:
             if not wait or reject.code != "lock_held":
                 raise
-            in_line = self._wait_in_line(project, key, token, ttl, owner, wait, gone, reject.takeover_in)
+            # A store's line hands a whole key over; a place of a counting key is waited for
+            # on the releases, as on a store without a line.
+            in_line = (
+                None if limit is not None
+                else self._wait_in_line(project, key, token, ttl, owner, wait, gone, reject.takeover_in)
+            )
             if in_line is not None:
                 applied, claimed = in_line
                 if claimed is None:
@@ -631,13 +682,13 @@ class LockServiceApp:
                 line_grant, sent = claimed
                 return _lease_response(201, line_grant, [*applied, (HEADER_WAITED, _waited(sent - received))])
             # Each wake-up tries the grant itself: a release is turned into this request's grant
-            # in one store round trip, with no read before it.
+            # at once (for an exclusive key in one store round trip, with no read before it).
             granted: list[tuple[Grant, float]] = []
 
             def held_for() -> Optional[float]:
                 tried = time.monotonic()
                 try:
-                    granted.append((self.service.acquire(project, key, token, ttl, owner), tried))
+                    granted.append((acquire(), tried))
                 except Conflict as conflict:
                     if conflict.code != "lock_held":
                         raise
@@ -651,8 +702,8 @@ class LockServiceApp:
                 reject.response.headers.extend(applied)
                 raise
             grant, tried = granted[-1]
-            return _lease_response(201, grant, [*applied, (HEADER_WAITED, _waited(tried - received))])
-        return _lease_response(201, grant)
+            return _lease_response(201, grant, [*applied, (HEADER_WAITED, _waited(tried - received))], limit)
+        return _lease_response(201, grant, limit=limit)
 
     def _wait_in_line(
         self,

@@ -26,6 +26,15 @@ conflict, never a second holder. An acquisition first asks the store to grant th
 no lease holds it (``grant_if_free``): a free key needs no earlier read, since a fresh grant
 takes a fresh deadline, and a held key comes back with the state the rules need. The remaining
 windows are documented where they are handled.
+
+Counting keys
+-------------
+An acquisition with a ``limit`` (N >= 2) asks for one of the key's N places
+(:meth:`~lease_lock.backends.base.Backend.acquire_counted`). Each place is a lease of its own
+in the store, with its own label (so its own deadline and token digest), lease and fence, and
+the rules above hold for each place as for an exclusive key: the grace second, the 90-day
+deadline, the renewal margin. Renewals and releases find the token's place by the digest in
+its label.
 """
 
 from __future__ import annotations
@@ -34,14 +43,15 @@ import hashlib
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, Union
 
-from ..backends.base import LineGrant, LockState, WaitingLine
+from ..backends.base import Holder as StoreHolder
+from ..backends.base import LineGrant, LockState, WaitingLine, limit_mismatch
 from ..backends.service import ServiceStore
 from ..errors import ValidationError
 from ..wire import MAX_LIFETIME, RENEW_MARGIN, TAKEOVER_GRACE
 
-__all__ = ["Conflict", "Grant", "Holder", "LockService", "ReservedKeyError"]
+__all__ = ["Conflict", "Grant", "Holder", "LockService", "Place", "ReservedKeyError"]
 
 _LABEL_TAG = "svc1"
 # How many accepted keys a service remembers (see LockService.store_key).
@@ -75,6 +85,11 @@ def _lost_conflict(message: str) -> Conflict:
     return Conflict("lock_ownership_lost", message)
 
 
+def _mismatch_conflict(key: str, asked: int, held: int) -> Conflict:
+    # The message the store's own refusal carries, naming the key as the client knows it.
+    return Conflict("limit_mismatch", str(limit_mismatch(key, asked, held)))
+
+
 @dataclass(frozen=True)
 class Grant:
     """A granted or renewed lease: its expiry (Unix seconds) and fence."""
@@ -84,11 +99,24 @@ class Grant:
 
 
 @dataclass(frozen=True)
+class Place:
+    """One live lease of a key: its service expiry (Unix seconds), fence, owner label and the
+    seconds until another token could take it (the remaining lease plus the grace)."""
+
+    expires_at: float
+    fence: int
+    owner: Optional[str]
+    takeover_in: float
+
+
+@dataclass(frozen=True)
 class Holder:
     """What a read reports about one key.
 
     ``expires_at`` is the service expiry in Unix seconds; ``takeover_in`` is the seconds until
-    another token could take the key (the remaining lease plus the grace).
+    another token could take the key (the remaining lease plus the grace). For a counting key
+    (``limit`` > 1) these, the fence and the owner are those of its latest grant; ``places``
+    has every live lease, by fence (the one lease of an exclusive key).
     """
 
     key: str
@@ -97,6 +125,8 @@ class Holder:
     fence: Optional[int] = None
     owner: Optional[str] = None
     takeover_in: Optional[float] = None
+    limit: int = 1
+    places: tuple[Place, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -170,13 +200,27 @@ class LockService:
         self._store_keys[(project, key)] = store_key
         return store_key
 
-    def _takeover_in(self, state: LockState) -> float:
-        """Seconds until the backend lease (service lease + grace) ends, on the store's clock."""
+    @staticmethod
+    def _takeover_in(state: Union[LockState, StoreHolder]) -> float:
+        """Seconds until the backend lease (service lease + grace) of a key or of one of its
+        places ends, on the store's clock."""
         if state.expires_in is not None:
             return state.expires_in
         if state.expires_at is None:
             return 0.0
         return (state.expires_at - datetime.now(timezone.utc)).total_seconds()
+
+    @staticmethod
+    def _own(state: LockState, digest: str) -> Optional[tuple[StoreHolder, _Label]]:
+        """The live lease of the token with ``digest`` on a key (its place on a counting key)
+        and its label, or ``None`` when the token holds none."""
+        if not state.held:
+            return None
+        for holder in state.holders:
+            label = _Label.parse(holder.owner)
+            if label is not None and label.digest == digest:
+                return holder, label
+        return None
 
     def acquire(self, project: str, key: str, token: str, ttl: int, owner: str) -> Grant:
         """Grant ``key`` to ``token`` or repeat a live grant (resetting it to ``ttl``).
@@ -198,8 +242,9 @@ class LockService:
         state = answer
         if state.held:
             label = _Label.parse(state.owner)
-            if label is None or label.digest != digest:
-                raise _held_conflict(max(0.0, self._takeover_in(state)))
+            if label is None or label.digest != digest or state.limit != 1:
+                # A counting key is held for an exclusive grant while any of its places lives.
+                raise _held_conflict(max(0.0, max(self._takeover_in(holder) for holder in state.holders)))
             if self._takeover_in(state) - TAKEOVER_GRACE <= 0:
                 raise _lost_conflict("the lease of this token lapsed; retry after the grace second")
             deadline = label.deadline
@@ -216,6 +261,57 @@ class LockService:
         if fence is None:
             raise _held_conflict()
         return Grant(now + granted, fence)
+
+    def acquire_counted(self, project: str, key: str, token: str, ttl: int, owner: str, limit: int) -> Grant:
+        """Grant ``token`` one of the ``limit`` places of ``key`` or repeat its live grant
+        (resetting it to ``ttl``, its deadline and fence kept).
+
+        Raises :class:`Conflict` ``lock_held`` when every place is taken by other tokens,
+        ``lock_ownership_lost`` as :meth:`acquire` does for the token's own place, and
+        ``limit_mismatch`` when the key's live holders were granted another limit (an
+        exclusive holder counts as 1), having written nothing. A store that grants no counting
+        leases raises ``NotImplementedError`` naming it.
+        """
+        if not self.backend.capabilities.counting:
+            raise NotImplementedError(
+                f"the lock store ({type(self.backend).__name__}) grants no counting leases: "
+                "limit needs a store that does (memory, for one)"
+            )
+        store_key = self.store_key(project, key)
+        digest = _digest(token)
+        # One read first: a repeat keeps the deadline its place's label carries, and a full key
+        # or another limit is answered without a write.
+        state = self.backend.inspect(store_key)
+        now = self._clock()
+        if state.held and state.limit != limit:
+            raise _mismatch_conflict(key, limit, state.limit)
+        own = self._own(state, digest)
+        if own is None:
+            if state.held and len(state.holders) >= limit:
+                raise _held_conflict(self._next_place_in(state))
+            deadline = now + MAX_LIFETIME
+        else:
+            if self._takeover_in(own[0]) - TAKEOVER_GRACE <= 0:
+                raise _lost_conflict("the lease of this token lapsed; retry after the grace second")
+            deadline = own[1].deadline
+        granted = min(float(ttl), deadline - now)
+        if granted <= 0:
+            raise _lost_conflict("the acquisition reached its 90-day deadline")
+        try:
+            fence = self.backend.acquire_counted(
+                store_key, token, granted + TAKEOVER_GRACE, _label_text(deadline, digest, owner), limit
+            )
+        except ValidationError:
+            # The holders changed since the read (the store's message names the store key,
+            # which stays here): read the limit they hold now.
+            raise _mismatch_conflict(key, limit, self.backend.inspect(store_key).limit) from None
+        if fence is None:
+            raise _held_conflict()
+        return Grant(now + granted, fence)
+
+    def _next_place_in(self, state: LockState) -> float:
+        """Seconds until the first place of a full counting key could be taken by another token."""
+        return max(0.0, min(self._takeover_in(holder) for holder in state.holders))
 
     def join_line(self, project: str, key: str, token: str, ttl: int, owner: str) -> Optional[WaitingLine]:
         """A place in the store's line of ``key`` for an acquisition that waits for it, or
@@ -285,26 +381,29 @@ class LockService:
     def renew(self, project: str, key: str, token: str, ttl: int) -> Grant:
         """Set the lease of ``token`` to ``ttl`` seconds from now, capped by its deadline.
 
-        Raises :class:`Conflict` ``lock_ownership_lost`` unless ``token`` holds the key and the
-        request arrived more than one second before the lease's expiry.
+        Raises :class:`Conflict` ``lock_ownership_lost`` unless ``token`` holds the key (a place
+        of a counting key) and the request arrived more than one second before the lease's
+        expiry.
         """
         store_key = self.store_key(project, key)
         state = self.backend.inspect(store_key)
         now = self._clock()
-        label = _Label.parse(state.owner) if state.held else None
-        if label is None or label.digest != _digest(token) or state.fence is None:
+        own = self._own(state, _digest(token))
+        lease, label = own if own is not None else (None, None)
+        if lease is None or label is None or lease.fence is None:
             raise _lost_conflict("this token does not hold the lock")
-        if self._takeover_in(state) - TAKEOVER_GRACE <= RENEW_MARGIN:
+        if self._takeover_in(lease) - TAKEOVER_GRACE <= RENEW_MARGIN:
             raise _lost_conflict("renewal arrived less than one second before expiry")
         granted = min(float(ttl), label.deadline - now)
-        # ``extend`` is token-checked and atomic; it leaves the label (and so the deadline) as
-        # the acquisition wrote it.
+        # ``extend`` is token-checked and atomic (on the token's place of a counting key); it
+        # leaves the label (and so the deadline) as the acquisition wrote it.
         if granted <= 0 or not self.backend.extend(store_key, token, granted + TAKEOVER_GRACE):
             raise _lost_conflict("this token does not hold the lock")
-        return Grant(now + granted, state.fence)
+        return Grant(now + granted, lease.fence)
 
     def release(self, project: str, key: str, token: str) -> bool:
-        """Drop the lease of ``token``; ``True`` when one was dropped, ``False`` when absent.
+        """Drop the lease of ``token`` (its place of a counting key); ``True`` when one was
+        dropped, ``False`` when absent.
 
         Raises :class:`Conflict` ``lock_ownership_lost`` when another token holds the key, which
         is left as it is.
@@ -313,10 +412,8 @@ class LockService:
         if self.backend.release(store_key, token):
             return True
         state = self.backend.inspect(store_key)
-        if state.held:
-            label = _Label.parse(state.owner)
-            if label is None or label.digest != _digest(token):
-                raise _lost_conflict("another token holds the lock")
+        if state.held and self._own(state, _digest(token)) is None:
+            raise _lost_conflict("another token holds the lock")
         return False
 
     def force_release(self, project: str, key: str) -> bool:
@@ -337,15 +434,28 @@ class LockService:
     def _holder(self, key: str, state: LockState) -> Holder:
         if not state.held:
             return Holder(key=key, held=False)
-        takeover_in = max(0.0, self._takeover_in(state))
-        label = _Label.parse(state.owner)
+        now = self._clock()
+        places = tuple(self._place(holder, now) for holder in state.holders)
+        latest = places[-1]  # the state's top-level fields are its latest grant's
         return Holder(
             key=key,
             held=True,
-            expires_at=self._clock() + takeover_in - TAKEOVER_GRACE,
+            expires_at=latest.expires_at,
+            fence=latest.fence,
+            owner=latest.owner,
+            takeover_in=latest.takeover_in,
+            limit=state.limit,
+            places=places,
+        )
+
+    def _place(self, holder: StoreHolder, now: float) -> Place:
+        takeover_in = max(0.0, self._takeover_in(holder))
+        label = _Label.parse(holder.owner)
+        return Place(
+            expires_at=now + takeover_in - TAKEOVER_GRACE,
             # A lease written around the service (no fence) still reads as held; 0 is below
             # every real fence, so a fencing check never trusts it.
-            fence=state.fence if state.fence is not None else 0,
-            owner=label.owner if label is not None else state.owner,
+            fence=holder.fence if holder.fence is not None else 0,
+            owner=label.owner if label is not None else holder.owner,
             takeover_in=takeover_in,
         )

@@ -79,8 +79,10 @@ def test_wire_format_of_a_full_cycle(alpha: Client) -> None:
     read = alpha.call("GET", f"/locks/{key}")
     assert read.status_code == 200
     state = read.json()
-    assert set(state) == {"held", "expires_at", "fencing_token"}
+    assert set(state) == {"held", "expires_at", "fencing_token", "limit", "holders"}
     assert state["held"] is True and state["fencing_token"] == body["fencing_token"]
+    # The extension's fields: an exclusive lock admits one holder, the one the top level names.
+    assert state["limit"] == 1 and [holder["fencing_token"] for holder in state["holders"]] == [body["fencing_token"]]
     # A read rebuilds the expiry from the lease left at that moment: the same instant as the
     # grant's, give or take the millisecond it may round across.
     assert abs(_instant(state["expires_at"]) - _instant(body["expires_at"])) <= 0.002
