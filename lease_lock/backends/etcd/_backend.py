@@ -105,7 +105,6 @@ from ._places import (
     place_value,
     places_created_by,
     places_range,
-    places_under,
 )
 from ._watch import EtcdReleaseWatcher, WatchStream, counted_key, lock_key
 
@@ -928,28 +927,27 @@ class EtcdBackend(ServiceStore):
         return bool(dropped)
 
     def scan(self, prefix: str) -> Iterator[LockState]:
-        """Held keys starting with ``prefix``, in key order (one transaction reading the lock
-        keys and the places of counting keys, then each lease's time)."""
+        """Held keys starting with ``prefix``, in key order (one range over the lock keys and
+        the places of counting keys, then each lease's time)."""
         name = self._name(prefix)
         # An empty name (no namespace, no prefix) is etcd's "from the first key": NUL.
         body = {"key": b64(name or b"\x00"), "range_end": b64(prefix_end(name))}
-        answer = self._txn([], [{"request_range": body}, places_under(self._prefix, prefix.encode())])
-        kvs, places = ranged(answer["responses"][0]), ranged(answer["responses"][1])
+        kvs = self._call("/v3/kv/range", body).get("kvs", [])
         # The hand-off queues and lines, the places (and, in the empty namespace, the rate
         # counters) are no lock keys; a counting key is listed once, from its places.
-        states = {
-            self._key_of(unb64(kv.get("key"))): self._state(kv)
-            for kv in kvs if lock_key(self._prefix, unb64(kv.get("key"))) is not None
-        }
+        states: list[LockState] = []
         counted: dict[bytes, list[dict[str, Any]]] = {}
-        for kv in places:
-            key = counted_key(self._prefix, unb64(kv.get("key")))
-            if key is not None:
-                counted.setdefault(key, []).append(kv)
-        for key, kvs in counted.items():
-            text = key.decode("utf-8", "replace")
-            states[text] = self._counted_state(text, kvs)
-        return iter([states[key] for key in sorted(states)])
+        for kv in kvs:
+            name = unb64(kv.get("key"))
+            if lock_key(self._prefix, name) is not None:
+                states.append(self._state(kv))
+            else:
+                key = counted_key(self._prefix, name)
+                if key is not None:
+                    counted.setdefault(key, []).append(kv)
+        for key, places in counted.items():
+            states.append(self._counted_state(key.decode("utf-8", "replace"), places))
+        return iter(sorted(states, key=lambda state: state.key.encode()) if counted else states)
 
     def count_in_window(self, name: str, window: float, amount: int = 1) -> tuple[int, float]:
         """Add ``amount`` to counter ``name`` in the current window (see

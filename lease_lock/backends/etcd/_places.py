@@ -1,11 +1,14 @@
 """Counting keys on etcd (``limit`` > 1): one etcd key per place, on the place's own lease.
 
 A place of the counting key ``key`` held by ``token`` is the name
-``namespace + NUL + "place" + NUL + key + NUL + token``; its value is the token, a NUL byte, the
+``namespace + key + NUL + "place" + NUL + token``; its value is the token, a NUL byte, the
 owner label, a NUL byte and the limit it was granted with, as decimal digits. It rides on an
 etcd lease of its own, so etcd ends each place by itself when its lease runs out, and a release
-deletes it. The lock key ``namespace + key`` does not exist while the key is counted: listing
-sees only lock keys, and a counting key is listed once from its places.
+deletes it. The lock key ``namespace + key`` does not exist while the key is counted. A place's
+name contains a NUL, so it is no lock key, and it lies in the range of every key prefix its
+key starts with: a listing reads lock keys and places in one range and lists a counting key
+once, from its places; and a namespace nested in another (``locks/eu/`` in ``locks/``) has the
+places of its key ``k`` where the outer one has those of ``eu/k``, as it has its lock keys.
 
 etcd's transactions cannot count keys, so a grant is decided on a read and written by one
 transaction guarded by what the decision rests on: "no lock key (no exclusive holder) and no
@@ -29,17 +32,16 @@ from __future__ import annotations
 from typing import Any
 
 from ._client import b64, prefix_end, unb64
-from ._watch import PLACE_MARK, RESERVED
+from ._watch import PLACE_MARK
 
 __all__ = [
     "limit_of", "no_places", "place_name", "place_prefix", "place_value", "places_created_by", "places_range",
-    "places_under",
 ]
 
 
 def place_prefix(prefix: bytes, key: bytes) -> bytes:
     """The first bytes of every place of lock key ``key`` under ``prefix``."""
-    return prefix + PLACE_MARK + key + RESERVED
+    return prefix + key + PLACE_MARK
 
 
 def place_name(prefix: bytes, key: bytes, token: str) -> bytes:
@@ -62,12 +64,6 @@ def places_range(prefix: bytes, key: bytes, **options: Any) -> dict[str, Any]:
     request)."""
     start = place_prefix(prefix, key)
     return {"request_range": {"key": b64(start), "range_end": b64(prefix_end(start)), **options}}
-
-
-def places_under(prefix: bytes, start: bytes) -> dict[str, Any]:
-    """The request that reads the places of every key that starts with ``start``."""
-    first = prefix + PLACE_MARK + start
-    return {"request_range": {"key": b64(first), "range_end": b64(prefix_end(first))}}
 
 
 def no_places(prefix: bytes, key: bytes) -> dict[str, Any]:

@@ -14,8 +14,8 @@ no NUL): the hand-off queues and lines and the places of counting keys live ther
 empty namespace the rate counters too. A namespace nested in another (``locks/eu/`` in
 ``locks/``) puts its own there, which the outer one sees with a NUL further in.
 :func:`lock_key` tells them all apart: any NUL after the namespace makes a name no lock key.
-:func:`counted_key` tells which key a place belongs to: a place's end announces a release of
-its key as the key's own delete does.
+:func:`counted_key` tells which key a place of a counting key (``key + NUL + "place" + NUL +
+token``) belongs to: a place's end announces a release of its key as the key's own delete does.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ _FIRST_RETRY = 0.05
 _MAX_RETRY = 1.0
 #: What follows the namespace in every name of the namespace that is not a lock key.
 RESERVED = b"\x00"
-#: What follows the namespace in the name of every place of a counting key (see ``_places``).
+#: What follows the key in the name of every place of a counting key (see ``_places``).
 PLACE_MARK = RESERVED + b"place" + RESERVED
 
 
@@ -53,13 +53,11 @@ def lock_key(prefix: bytes, name: bytes) -> Optional[bytes]:
 
 
 def counted_key(prefix: bytes, name: bytes) -> Optional[bytes]:
-    """The lock key (encoded) whose place ``name`` is, or ``None`` when ``name`` is no place of a
-    counting key under ``prefix`` (a nested namespace's places are not this namespace's)."""
-    start = prefix + PLACE_MARK
-    if not name.startswith(start):
-        return None
-    key, separator, _token = name[len(start):].partition(RESERVED)
-    return key if separator else None
+    """The lock key (encoded) whose place ``name`` under ``prefix`` is, or ``None`` when
+    ``name`` is no place of a counting key. A nested namespace's places are places of the
+    outer one's key that names the inner namespace and the key, as its lock keys are."""
+    key, mark, _token = name[len(prefix):].partition(PLACE_MARK)
+    return key if mark and key and RESERVED not in key else None
 
 
 class WatchStream(abc.ABC):
