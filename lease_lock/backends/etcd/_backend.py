@@ -46,6 +46,11 @@ no NUL. So a guard needs no read before the write, and the owner rides in the sa
   lease runs up to two seconds longer in etcd than asked until its first extend moves it to a
   lease of its own length.
 
+- **counting keys** (``limit`` > 1): one key per place, ``namespace + key + NUL + "place" +
+  NUL + token``, on a lease of its own; each grant is one transaction guarded by "no lock key,
+  and no place created since the read it decided on" (see :mod:`._places`). Exclusive grants
+  guard on "no place", and the other primitives act on the token's place.
+
 TTLs: etcd grants whole seconds, at least its minimum (2 s with the default 1 s election
 timeout), so a ttl is rounded up to whole seconds and to that minimum; the core still judges
 the local lease on the ttl the caller asked for, from when the request was sent, so the store's
