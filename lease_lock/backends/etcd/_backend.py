@@ -608,13 +608,16 @@ class EtcdBackend(ServiceStore):
         # The first attempt decides on "free" without a read: no lock key and no place at all.
         guard = [absent, no_places(self._prefix, raw)]
         renewed: Optional[int] = None
-        lease = self._lease_for(seconds)
+        # A queued waiter's attempt takes a lease its watcher kept ready (as acquire_fenced does).
+        ready = watcher.take_lease(seconds) if watcher is not None else None
+        lease = ready.lease if ready is not None else self._lease_for(seconds)
         while True:
             put = {"key": b64(place), "value": value, "lease": lease, "prev_kv": True}
             try:
                 answer = self._txn(guard, [{"request_put": put}, *also], reads)
             except _LeaseGone:
-                lease = self._grant(seconds)  # it ran out before the write: nothing was written
+                # Revoked, or run out before the write: nothing was written.
+                ready, lease = None, self._grant(seconds)
                 continue
             if answer.get("succeeded"):
                 break
@@ -623,11 +626,14 @@ class EtcdBackend(ServiceStore):
             mine = next((kv for kv in places if unb64(kv.get("key")) == place), None)
             if held_limit != limit or (mine is None and len(places) >= limit):
                 # Nothing went on the lease: kept for this lock's next attempt.
-                if not self._spares.keep(seconds, lease):
+                if ready is not None and watcher is not None:
+                    watcher.keep_lease(ready)
+                elif not self._spares.keep(seconds, lease):
                     self._revoke(lease)
                 if held_limit != limit:
                     raise limit_mismatch(key, limit, held_limit)
-                self._expect_wait(seconds)
+                if ready is None:
+                    self._expect_wait(seconds)
                 return None
             if mine is not None:
                 renewed = int(mine["create_revision"])
@@ -635,7 +641,8 @@ class EtcdBackend(ServiceStore):
             else:
                 renewed = None
                 guard = [absent, places_created_by(self._prefix, raw, int(answer["header"]["revision"]))]
-        self._note_holding(place, token, lease, seconds)
+        # The backend's own lease of `seconds` is kept as a spare by the release; a ready one is not.
+        self._note_holding(place, token, lease, seconds if ready is None else None)
         if watcher is not None and entry is not None:
             watcher.granted(key, entry)
         if renewed is None:
