@@ -676,17 +676,21 @@ class EtcdBackend(ServiceStore):
         it: one guarded delete, its lease kept as a spare (or, for a waiter's lease, one
         revoke); see the module's notes."""
         name = self._name(key)
-        place = place_name(self._prefix, key.encode(), token)
-        if (name, token) not in self._holdings and (place, token) in self._holdings:
-            return self._delete_held(place, token, [])
+        otherwise: list[dict[str, Any]] = []
+        if (name, token) not in self._holdings:
+            place = place_name(self._prefix, key.encode(), token)
+            if (place, token) in self._holdings:
+                return self._delete_held(place, token, [])
+            # Not a holding this backend noted: a place of a counting key it did not grant (or
+            # forgot) is deleted the same way, in the same request.
+            otherwise = [{"request_txn": {
+                "compare": token_guard(place, token),
+                "success": [{"request_delete_range": {"key": b64(place), "prev_kv": True}}],
+                "failure": [],
+            }}]
         if self.direct_handoff and self._hand_on(name, token):
             return True
-        # A place of a counting key this backend did not grant (or forgot): deleted the same way.
-        return self._delete_held(name, token, [{"request_txn": {
-            "compare": token_guard(place, token),
-            "success": [{"request_delete_range": {"key": b64(place), "prev_kv": True}}],
-            "failure": [],
-        }}])
+        return self._delete_held(name, token, otherwise)
 
     def _delete_held(self, name: bytes, token: str, otherwise: list[dict[str, Any]]) -> bool:
         """Delete ``name`` (a lock key or a place) if ``token`` holds it, else run ``otherwise``
