@@ -120,6 +120,127 @@ def test_rate_counters_stay_out_of_every_scan_even_of_the_empty_namespace(etcd_s
         whole.close()
 
 
+def counted_places(cluster: EtcdCluster, key: str, namespace: str = "lease_lock/") -> list[dict[str, Any]]:
+    """The places of the counting key ``key`` in etcd, oldest first, read by hand."""
+    start = f"{namespace}{key}\x00place\x00"
+    body = {"key": b64(start), "range_end": b64(start[:-1] + "\x01")}
+    return sorted(raw(cluster, "/v3/kv/range", body).get("kvs", []), key=lambda kv: int(kv["create_revision"]))
+
+
+def test_counting_places_are_keys_of_their_own_on_leases_of_their_own(
+    etcd_server: EtcdCluster, backend: EtcdBackend, key: str
+) -> None:
+    first, second = token(), token()
+    fences = [backend.acquire_counted(key, item, 30, OWNER, 3) for item in (first, second)]
+    # No lock key: the places hold the key, each its fence as create_revision and its limit.
+    assert "kvs" not in raw(etcd_server, "/v3/kv/range", {"key": b64("lease_lock/" + key)})
+    places = counted_places(etcd_server, key)
+    names = [base64.b64decode(kv["key"]).decode() for kv in places]
+    assert names == [f"lease_lock/{key}\x00place\x00{item}" for item in (first, second)]
+    values = [f"{item}\x00{OWNER}\x003".encode() for item in (first, second)]
+    assert [base64.b64decode(kv["value"]) for kv in places] == values
+    assert fences == [int(kv["create_revision"]) for kv in places]
+    assert len({kv["lease"] for kv in places}) == 2
+    # An exclusive grant finds the key held, and writes nothing.
+    assert backend.acquire_fenced(key, token(), 30, OWNER) is None
+    assert backend.adopt(key, token(), token(), 30, OWNER) is None
+    assert "kvs" not in raw(etcd_server, "/v3/kv/range", {"key": b64("lease_lock/" + key)})
+    # A place's release deletes its key and no other; the place's lease is kept as a spare.
+    assert backend.release(key, first)
+    assert [kv["key"] for kv in counted_places(etcd_server, key)] == [places[1]["key"]]
+    assert places[0]["lease"] in live_leases(etcd_server)
+
+
+def test_counting_grant_on_a_free_key_is_one_transaction(etcd_server: EtcdCluster, key: str) -> None:
+    session = CountingSession()
+    backend = EtcdBackend(etcd_server.endpoints, session=session)
+    try:
+        assert backend.acquire_counted(key, token(), 30, OWNER, 2) is not None
+        assert session.paths.count("/v3/kv/txn") == 1
+        # With a place taken, the first transaction's failure brings the read; one more writes.
+        session.paths.clear()
+        assert backend.acquire_counted(key, token(), 30, OWNER, 2) is not None
+        assert session.paths.count("/v3/kv/txn") == 2
+        session.paths.clear()
+        assert backend.acquire_counted(key, token(), 30, OWNER, 2) is None
+        assert session.paths.count("/v3/kv/txn") == 1
+    finally:
+        backend.close()
+
+
+def test_counting_a_place_released_by_another_backend_is_released_by_a_guarded_delete(
+    etcd_server: EtcdCluster, backend: EtcdBackend, key: str
+) -> None:
+    mine = token()
+    assert backend.acquire_counted(key, mine, 30, OWNER, 2) is not None
+    other = EtcdBackend(etcd_server.endpoints)
+    try:
+        assert other.is_held(key, mine)
+        assert other.extend(key, mine, 30)
+        assert other.release(key, mine)
+        assert not counted_places(etcd_server, key)
+        assert not backend.is_held(key, mine)
+    finally:
+        other.close()
+
+
+def test_counting_keys_of_a_nested_namespace_are_listed_once_by_the_outer_one(etcd_server: EtcdCluster) -> None:
+    outer = f"nest-{uuid.uuid4().hex[:8]}/"
+    inner = EtcdBackend(etcd_server.endpoints, namespace=outer + INNER)
+    whole = EtcdBackend(etcd_server.endpoints, namespace=outer)
+    try:
+        for _ in range(2):
+            assert inner.acquire_counted("c", token(), 30, OWNER, 3) is not None
+        assert inner.acquire("d", token(), 30, OWNER)
+        assert [(state.key, state.limit, len(state.holders)) for state in whole.scan("")] == [
+            (f"{INNER}c", 3, 2), (f"{INNER}d", 1, 1),
+        ]
+        assert [state.key for state in whole.scan(f"{INNER}c")] == [f"{INNER}c"]
+        assert [state.key for state in inner.scan("")] == ["c", "d"]
+        # The outer namespace's key eu/c is the inner one's c, places and all.
+        assert whole.inspect(f"{INNER}c").limit == 3
+        assert whole.acquire(f"{INNER}c", token(), 30, OWNER) is False
+        assert whole.force_release(f"{INNER}c")
+        assert not inner.inspect("c").held
+    finally:
+        inner.close()
+        whole.close()
+
+
+def test_counting_a_place_released_wakes_a_waiter_of_another_backend(etcd_server: EtcdCluster, key: str) -> None:
+    holder = EtcdBackend(etcd_server.endpoints)
+    woken: list[str] = []
+    backend = EtcdBackend(etcd_server.endpoints)
+    note_taken_wakes(backend, woken.append)
+    # The retry delay bounds every wait: one this long leaves the waiter only the place's wake.
+    waiter = lease_lock.Locker(backend, ttl=30, limit=2, retry=lease_lock.Retry(delay=600))
+    try:
+        first, second = token(), token()
+        assert holder.acquire_counted(key, first, 30, OWNER, 2) is not None
+        assert holder.acquire_counted(key, second, 30, OWNER, 2) is not None
+        got = threading.Event()
+
+        def wait() -> None:
+            with waiter.lock(key, timeout=1200):
+                got.set()
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        assert wait_until(lambda: bool(queue_entries(etcd_server, key)), 30)
+        started = time.monotonic()
+        assert holder.release(key, first)
+        assert got.wait(20)
+        # Woken by the release, long before the places' 30 s leases end.
+        assert time.monotonic() - started < 10
+        assert woken == [key]
+        thread.join(30)
+    finally:
+        holder.force_release(key)
+        holder.close()
+        waiter.close()
+        backend.close()
+
+
 def test_ttls_are_whole_seconds_at_least_two() -> None:
     assert [lease_seconds(ttl) for ttl in (0.1, 1.0, 2.0, 2.01, 29.5)] == [2, 2, 2, 3, 30]
     with pytest.raises(ValidationError, match="ttl must be at most"):

@@ -6,7 +6,8 @@ request goes through that session; without, all but the watch streams go over th
 own connections). Each lock is one
 etcd key on an etcd lease of its own, checked and written in single transactions; its fence is
 the key's ``create_revision`` (or, for a key a release handed straight to a waiter with
-``direct_handoff``, the one its value carries). The etcd backend page of the documentation gives the layout, the
+``direct_handoff``, the one its value carries); a counting key (``limit`` > 1) keeps one key per
+holder's place beside it, each on a lease of its own. The etcd backend page of the documentation gives the layout, the
 TTL rules (whole seconds, at least 2 s; a leader change restarts every lease) and the failure
 behaviour.
 """

@@ -46,6 +46,11 @@ no NUL. So a guard needs no read before the write, and the owner rides in the sa
   lease runs up to two seconds longer in etcd than asked until its first extend moves it to a
   lease of its own length.
 
+- **counting keys** (``limit`` > 1): one key per place, ``namespace + key + NUL + "place" +
+  NUL + token``, on a lease of its own; each grant is one transaction guarded by "no lock key,
+  and no place created since the read it decided on" (see :mod:`._places`). Exclusive grants
+  guard on "no place", and the other primitives act on the token's place.
+
 TTLs: etcd grants whole seconds, at least its minimum (2 s with the default 1 s election
 timeout), so a ttl is rounded up to whole seconds and to that minimum; the core still judges
 the local lease on the ttl the caller asked for, from when the request was sent, so the store's
@@ -71,9 +76,11 @@ from ..base import (
     CALL_MARGIN,
     Capabilities,
     ExtendRequest,
+    Holder,
     LockState,
     ReleaseWatcher,
     WaitingLine,
+    limit_mismatch,
     parse_bool,
     parse_url_options,
 )
@@ -96,7 +103,15 @@ from ._line import (
     ranged,
     token_guard,
 )
-from ._watch import EtcdReleaseWatcher, WatchStream, lock_key
+from ._places import (
+    limit_of,
+    no_places,
+    place_name,
+    place_value,
+    places_created_by,
+    places_range,
+)
+from ._watch import EtcdReleaseWatcher, WatchStream, counted_key, lock_key
 
 __all__ = ["DEFAULT_NAMESPACE", "MIN_TTL", "EtcdBackend", "lease_seconds"]
 
@@ -179,7 +194,7 @@ class EtcdBackend(ServiceStore):
         release_notify=True,
         scan=True,
         batch_extend=True,
-        counting=False,
+        counting=True,
         replica_wait=False,
         min_ttl=float(MIN_TTL),
         clock="the etcd leader's lease clock (whole seconds; a leader change restarts every lease)",
@@ -491,16 +506,21 @@ class EtcdBackend(ServiceStore):
         """One decision of :meth:`adopt` on ``lease``: the fence granted, ``None`` for another
         holder, ``0`` when the key changed under the guard."""
         value = token.encode() + b"\x00" + owner.encode()
+        key = name[len(self._prefix):]
         answer = self._txn(
-            [{"key": b64(name), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
+            [
+                {"key": b64(name), "target": "CREATE", "result": "EQUAL", "create_revision": "0"},
+                no_places(self._prefix, key),
+            ],
             [{"request_put": {"key": b64(name), "value": b64(value), "lease": lease}}],
-            [{"request_range": {"key": b64(name)}}],
+            [{"request_range": {"key": b64(name)}}, places_range(self._prefix, key, count_only=True)],
         )
         if answer.get("succeeded"):
             return int(answer["header"]["revision"])
         held = ranged(answer["responses"][0])
         if not held:
-            return 0  # released since the transaction's compare
+            # Places of a counting key hold it; else it was released since the compare.
+            return None if int(answer["responses"][1]["response_range"].get("count") or 0) else 0
         kv = held[0]
         if holds(kv, claim_token):
             fence = fence_of(kv) + 1
@@ -550,11 +570,15 @@ class EtcdBackend(ServiceStore):
         return watcher
 
     def _take(self, name: bytes, token: str, value: str, lease: str, also: list[dict[str, Any]]) -> dict[str, Any]:
-        """The acquire transaction: put the key on ``lease`` if it is free (and run ``also``),
-        or if ``token`` holds it already (then read it: its create_revision is the fence).
+        """The acquire transaction: put the key on ``lease`` if it is free, with no place of a
+        counting key either (and run ``also``), or if ``token`` holds it already (then read it:
+        its create_revision is the fence).
         Raises :class:`_LeaseGone` when etcd no longer has ``lease``."""
         return self._txn(
-            [{"key": b64(name), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
+            [
+                {"key": b64(name), "target": "CREATE", "result": "EQUAL", "create_revision": "0"},
+                no_places(self._prefix, name[len(self._prefix):]),
+            ],
             [{"request_put": {"key": b64(name), "value": value, "lease": lease}}, *also],
             [{"request_txn": {
                 "compare": token_guard(name, token),
@@ -566,6 +590,67 @@ class EtcdBackend(ServiceStore):
                 "failure": [],
             }}],
         )
+
+    def acquire_counted(self, key: str, token: str, ttl: float, owner: str, limit: int) -> Optional[int]:
+        """Grant or renew ``token``'s place of the counting key ``key`` (see
+        :meth:`~lease_lock.backends.base.Backend.acquire_counted` and :mod:`._places`): each
+        write is one transaction guarded by the read it decides on; a guard that lost to
+        another grant decides again on the read its failure brings back."""
+        seconds = lease_seconds(ttl)
+        name, raw = self._name(key), key.encode()
+        place = place_name(self._prefix, raw, token)
+        value = b64(place_value(token, owner, limit))
+        watcher, entry = self._queue_entry(key)
+        # A waiter of this process queued for the key leaves the queue as it takes a place.
+        also = [{"request_delete_range": {"key": b64(entry)}}] if entry is not None else []
+        absent = {"key": b64(name), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+        reads = [{"request_range": {"key": b64(name), "keys_only": True}}, places_range(self._prefix, raw)]
+        # The first attempt decides on "free" without a read: no lock key and no place at all.
+        guard = [absent, no_places(self._prefix, raw)]
+        renewed: Optional[int] = None
+        # A queued waiter's attempt takes a lease its watcher kept ready (as acquire_fenced does).
+        ready = watcher.take_lease(seconds) if watcher is not None else None
+        lease = ready.lease if ready is not None else self._lease_for(seconds)
+        while True:
+            put = {"key": b64(place), "value": value, "lease": lease, "prev_kv": True}
+            try:
+                answer = self._txn(guard, [{"request_put": put}, *also], reads)
+            except _LeaseGone:
+                # Revoked, or run out before the write: nothing was written.
+                ready, lease = None, self._grant(seconds)
+                continue
+            if answer.get("succeeded"):
+                break
+            held, places = ranged(answer["responses"][0]), ranged(answer["responses"][1])
+            held_limit = 1 if held else next((limit_of(kv) for kv in places if limit_of(kv) != limit), limit)
+            mine = next((kv for kv in places if unb64(kv.get("key")) == place), None)
+            if held_limit != limit or (mine is None and len(places) >= limit):
+                # Nothing went on the lease: kept for this lock's next attempt.
+                if ready is not None and watcher is not None:
+                    watcher.keep_lease(ready)
+                elif not self._spares.keep(seconds, lease):
+                    self._revoke(lease)
+                if held_limit != limit:
+                    raise limit_mismatch(key, limit, held_limit)
+                if ready is None:
+                    self._expect_wait(seconds)
+                return None
+            if mine is not None:
+                renewed = int(mine["create_revision"])
+                guard = [{"key": b64(place), "target": "CREATE", "result": "EQUAL", "create_revision": str(renewed)}]
+            else:
+                renewed = None
+                guard = [absent, places_created_by(self._prefix, raw, int(answer["header"]["revision"]))]
+        # The backend's own lease of `seconds` is kept as a spare by the release; a ready one is not.
+        self._note_holding(place, token, lease, seconds if ready is None else None)
+        if watcher is not None and entry is not None:
+            watcher.granted(key, entry)
+        if renewed is None:
+            return int(answer["header"]["revision"])  # the place was created by this write
+        previous = answer["responses"][0]["response_put"].get("prev_kv", {}).get("lease")
+        if previous != lease:
+            self._revoke(previous)
+        return renewed
 
     def _expect_wait(self, seconds: int) -> None:
         """An attempt found the key held: when this backend hands keys over by wake-one, its
@@ -587,21 +672,47 @@ class EtcdBackend(ServiceStore):
         return None, None
 
     def release(self, key: str, token: str) -> bool:
-        """End ``key``'s lease if ``token`` holds it: one guarded delete, its lease kept as a
-        spare (or, for a waiter's lease, one revoke); see the module's notes."""
+        """End ``key``'s lease, or ``token``'s place of a counting ``key``, if ``token`` holds
+        it: one guarded delete, its lease kept as a spare (or, for a waiter's lease, one
+        revoke); see the module's notes."""
         name = self._name(key)
+        otherwise: list[dict[str, Any]] = []
+        if (name, token) not in self._holdings:
+            place = place_name(self._prefix, key.encode(), token)
+            if (place, token) in self._holdings:
+                return self._delete_held(place, token, [])
+            # Not a holding this backend noted: a place of a counting key it did not grant (or
+            # forgot) is deleted the same way, in the same request.
+            otherwise = [{"request_txn": {
+                "compare": token_guard(place, token),
+                "success": [{"request_delete_range": {"key": b64(place), "prev_kv": True}}],
+                "failure": [],
+            }}]
         if self.direct_handoff and self._hand_on(name, token):
             return True
+        return self._delete_held(name, token, otherwise)
+
+    def _delete_held(self, name: bytes, token: str, otherwise: list[dict[str, Any]]) -> bool:
+        """Delete ``name`` (a lock key or a place) if ``token`` holds it, else run ``otherwise``
+        (a guarded delete of the token's place, in the same transaction); the lease it was on
+        is kept as a spare when it is one of this backend's own, else revoked."""
         with self._holdings_mutex:
             lease, seconds = self._holdings.pop((name, token), (None, None))
         if lease is not None and seconds is None and self._revoke_holding(lease):
             return True
-        answer = self._txn(token_guard(name, token), [{"request_delete_range": {"key": b64(name), "prev_kv": True}}])
+        delete = {"request_delete_range": {"key": b64(name), "prev_kv": True}}
+        answer = self._txn(token_guard(name, token), [delete], otherwise)
+        response = answer["responses"][0] if answer.get("responses") else {}
         if not answer.get("succeeded"):
+            nested = response.get("response_txn", {})
+            if nested.get("succeeded"):
+                for kv in nested["responses"][0]["response_delete_range"].get("prev_kvs", []):
+                    self._revoke(str(kv.get("lease") or "0"))
+                return True
             # Not ours (any more): a lease of ours it was on holds nothing now, or is gone.
             self._revoke(lease if seconds is not None else None)
             return False
-        for kv in answer["responses"][0]["response_delete_range"].get("prev_kvs", []):
+        for kv in response["response_delete_range"].get("prev_kvs", []):
             on = str(kv.get("lease") or "0")
             if on != lease or seconds is None or not self._spares.keep(seconds, on):
                 self._revoke(on)
@@ -664,7 +775,8 @@ class EtcdBackend(ServiceStore):
         return True
 
     def _holder_leases(self, items: Sequence[tuple[bytes, str]]) -> list[Optional[str]]:
-        """The lease of each key its token holds (``None`` where it does not), in one read.
+        """The lease of each name (a lock key or a place) its token holds (``None`` where it
+        does not), in one read.
 
         The read is serializable: the member asked answers from its own state, without the
         leader. During an election a linearizable read stalls for etcd's whole request timeout
@@ -694,18 +806,41 @@ class EtcdBackend(ServiceStore):
 
     def _extend_batch(self, batch: Sequence[ExtendRequest]) -> list[bool]:
         seconds = [lease_seconds(item.ttl) for item in batch]
-        leases = self._holder_leases([(self._name(item.key), item.token) for item in batch])
+        names = [self._held_name(item.key, item.token) for item in batch]
+        leases = self._holder_leases([(name, item.token) for name, item in zip(names, batch)])
+        # Not held under the name read: a place of a counting key this backend did not grant
+        # (or forgot), else a lock lost; one more read tells (never for a lease that is kept).
+        others = [
+            index for index, (item, name, lease) in enumerate(zip(batch, names, leases))
+            if lease is None and name == self._name(item.key)
+        ]
+        if others:
+            places = [(place_name(self._prefix, batch[index].key.encode(), batch[index].token), batch[index].token)
+                      for index in others]
+            for index, (place, _token), lease in zip(others, places, self._holder_leases(places)):
+                if lease is not None:
+                    names[index], leases[index] = place, lease
         live = [lease for lease in leases if lease is not None and lease != "0"]
         left = self._keepalive(sorted(set(live))) if live else {}
         answers = []
-        for item, length, lease in zip(batch, seconds, leases):
+        for item, name, length, lease in zip(batch, names, seconds, leases):
             if lease is None or left.get(lease, 0) <= 0:
                 answers.append(False)
             elif left[lease] == self._granted.get(length, length):
                 answers.append(True)
             else:
-                answers.append(self._move(self._name(item.key), item.token, lease, length))
+                answers.append(self._move(name, item.token, lease, length))
         return answers
+
+    def _held_name(self, key: str, token: str) -> bytes:
+        """The name ``token`` holds ``key`` under as this backend granted it: the key's own,
+        or the token's place of a counting key."""
+        name = self._name(key)
+        if (name, token) not in self._holdings:
+            place = place_name(self._prefix, key.encode(), token)
+            if (place, token) in self._holdings:
+                return place
+        return name
 
     def _move(self, name: bytes, token: str, old: str, seconds: int) -> bool:
         """Put the key on a new lease of ``seconds`` (the value stays) and revoke the old one."""
@@ -726,8 +861,12 @@ class EtcdBackend(ServiceStore):
         return False
 
     def is_held(self, key: str, token: str) -> bool:
-        """``True`` if ``token`` holds ``key`` (one guarded, empty transaction)."""
-        return bool(self._txn(token_guard(self._name(key), token), []).get("succeeded"))
+        """``True`` if ``token`` holds ``key``, or a place of it (one guarded, empty transaction)."""
+        place = token_guard(place_name(self._prefix, key.encode(), token), token)
+        answer = self._txn(
+            token_guard(self._name(key), token), [], [{"request_txn": {"compare": place, "success": [], "failure": []}}]
+        )
+        return bool(answer.get("succeeded") or answer["responses"][0]["response_txn"].get("succeeded"))
 
     def _state(self, kv: dict[str, Any]) -> LockState:
         key = self._key_of(unb64(kv.get("key")))
@@ -741,15 +880,30 @@ class EtcdBackend(ServiceStore):
             expires_in=remaining,
         )
 
+    def _counted_state(self, key: str, places: Sequence[dict[str, Any]]) -> LockState:
+        """The state of a counting key from its places (each lease's time read from etcd)."""
+        now = datetime.now(timezone.utc)
+        holders = []
+        for kv in places:
+            left = self._remaining(kv.get("lease"))
+            expires_at = None if left is None else now + timedelta(seconds=left)
+            value = unb64(kv.get("value"))
+            holders.append(Holder(owner_of(value), int(kv.get("create_revision") or 0), expires_at, left))
+        return LockState.counting(key, limit_of(places[0]), holders) if places else LockState.free(key)
+
     def inspect(self, key: str) -> LockState:
-        """The state of ``key``: its owner, fence and the lease time etcd has left."""
-        kvs = self._call("/v3/kv/range", {"key": b64(self._name(key))}).get("kvs", [])
-        return self._state(kvs[0]) if kvs else LockState.free(key)
+        """The state of ``key``: its owner, fence and the lease time etcd has left; for a
+        counting key, its limit and each place's (the key and its places read at once)."""
+        name = self._name(key)
+        answer = self._txn([], [{"request_range": {"key": b64(name)}}, places_range(self._prefix, key.encode())])
+        held, places = ranged(answer["responses"][0]), ranged(answer["responses"][1])
+        return self._state(held[0]) if held else self._counted_state(key, places)
 
     def force_release(self, key: str) -> bool:
         """End ``key``'s lease whoever holds it: delete the key if the holding read is still
         there (never a newer holder's), then revoke the lease it was on in that very write, so
-        the holder's extends and release find it gone.
+        the holder's extends and release find it gone. A counting key's places (no lock key
+        read) are all deleted in one write, and the leases it found them on revoked.
 
         Only the lease the delete saw is revoked: a holder's backend keeps the lease of a key it
         released as a spare for its next lock (see :mod:`._leases`), so a lease read before the
@@ -758,7 +912,7 @@ class EtcdBackend(ServiceStore):
         name = self._name(key)
         kvs = self._call("/v3/kv/range", {"key": b64(name)}).get("kvs", [])
         if not kvs:
-            return False
+            return self._drop_places(name, key)
         # The same holding: a key handed over keeps its create_revision but not its value.
         same_holding = [
             {"key": b64(name), "target": "CREATE", "result": "EQUAL", "create_revision": kvs[0]["create_revision"]},
@@ -772,14 +926,44 @@ class EtcdBackend(ServiceStore):
                     self._revoke_holding(lease)
         return True
 
+    def _drop_places(self, name: bytes, key: str) -> bool:
+        """Delete every place of the counting key ``key`` in one write (while no lock key is
+        there), then revoke the leases that write found them on; whether it dropped any."""
+        answer = self._txn(
+            [{"key": b64(name), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
+            [{"request_delete_range": {**places_range(self._prefix, key.encode())["request_range"], "prev_kv": True}}],
+        )
+        if not answer.get("succeeded"):
+            return False  # an exclusive holder that came after the read: it stays
+        dropped = answer["responses"][0]["response_delete_range"].get("prev_kvs", [])
+        for kv in dropped:
+            lease = str(kv.get("lease") or "0")
+            if lease != "0":
+                self._revoke_holding(lease)
+        return bool(dropped)
+
     def scan(self, prefix: str) -> Iterator[LockState]:
-        """Held keys starting with ``prefix``, in key order (one range, then each lease's time)."""
+        """Held keys starting with ``prefix``, in key order (one range over the lock keys and
+        the places of counting keys, then each lease's time)."""
         name = self._name(prefix)
         # An empty name (no namespace, no prefix) is etcd's "from the first key": NUL.
         body = {"key": b64(name or b"\x00"), "range_end": b64(prefix_end(name))}
         kvs = self._call("/v3/kv/range", body).get("kvs", [])
-        # The hand-off queues (and, in the empty namespace, the rate counters) are no locks.
-        return iter([self._state(kv) for kv in kvs if lock_key(self._prefix, unb64(kv.get("key"))) is not None])
+        # The hand-off queues and lines, the places (and, in the empty namespace, the rate
+        # counters) are no lock keys; a counting key is listed once, from its places.
+        states: list[LockState] = []
+        counted: dict[bytes, list[dict[str, Any]]] = {}
+        for kv in kvs:
+            name = unb64(kv.get("key"))
+            if lock_key(self._prefix, name) is not None:
+                states.append(self._state(kv))
+            else:
+                key = counted_key(self._prefix, name)
+                if key is not None:
+                    counted.setdefault(key, []).append(kv)
+        for key, places in counted.items():
+            states.append(self._counted_state(key.decode("utf-8", "replace"), places))
+        return iter(sorted(states, key=lambda state: state.key.encode()) if counted else states)
 
     def count_in_window(self, name: str, window: float, amount: int = 1) -> tuple[int, float]:
         """Add ``amount`` to counter ``name`` in the current window (see
@@ -819,10 +1003,11 @@ class EtcdBackend(ServiceStore):
         :data:`~lease_lock.backends.line.LINE_WAITERS` threads of one backend wait this way at
         once. Other waiters (and every one without ``direct_handoff``, or once the backend is
         closed) are woken by the backend's shared wake-one watcher (see
-        :class:`~lease_lock.backends.line.AnnouncedLine`).
+        :class:`~lease_lock.backends.line.AnnouncedLine`), and so are the waiters for a place
+        of a counting key (``limit`` > 1), whose lines ask with :meth:`acquire_counted`.
         """
-        if not self.direct_handoff or self._closed or not self._line_slots.take():
-            return AnnouncedLine(self._announcements, self, key, token, ttl, owner, fenced, clock)
+        if limit > 1 or not self.direct_handoff or self._closed or not self._line_slots.take():
+            return AnnouncedLine(self._announcements, self, key, token, ttl, owner, fenced, clock, limit)
         name = self._name(key)
         claim = claim_for(ttl)
 

@@ -17,7 +17,11 @@ and the others stay asleep.
 
 The queue decides only who is woken, never who may take the key: the lock is still the single
 key holding the token, taken by whichever attempt's transaction comes first, and a process that
-never queued may take a free key. A wake that is lost (its process died while first) costs the
+never queued may take a free key.
+
+A counting key (``limit`` > 1) is free while it has fewer places than its limit (each place's
+value carries the limit): a place's end starts a free spell as the key's own release does, and
+a grant that fills the last place ends it. A wake that is lost (its process died while first) costs the
 others latency, never correctness: their waiters still try again by the retry delay and the
 holder's lease end.
 
@@ -44,7 +48,8 @@ from typing import Any, Callable, NamedTuple, Optional
 from ...errors import BackendUnavailableError
 from ..handoff import HandoffWatcher
 from ._client import CODE_NOT_FOUND, EtcdClient, EtcdError, b64, prefix_end, unb64
-from ._watch import RESERVED, WatchStream, lock_key
+from ._places import limit_of, places_range
+from ._watch import RESERVED, WatchStream, counted_key, lock_key
 
 __all__ = [
     "QUEUE_KEEPALIVE", "QUEUE_MARK", "QUEUE_TTL", "READY_MARGIN", "EtcdHandoffWatcher", "ReadyLease", "queue_prefix",
@@ -59,8 +64,8 @@ QUEUE_MARK = RESERVED + b"queue" + RESERVED
 QUEUE_TTL = 5
 #: Seconds between the keep-alives of that lease.
 QUEUE_KEEPALIVE = 1.0
-# Lines (keys) read per snapshot transaction: two ranges each, below etcd's 128 operations.
-_SNAPSHOT_BATCH = 50
+# Lines (keys) read per snapshot transaction: three ranges each, below etcd's 128 operations.
+_SNAPSHOT_BATCH = 40
 _FIRST_RETRY = 0.05
 _MAX_RETRY = 1.0
 #: Seconds a lease kept ready runs beyond the length asked: the keep-alives come every
@@ -103,35 +108,53 @@ class _Line:
     seen: int = 0
     #: The queue's entries -> their create_revision.
     entries: dict[bytes, int] = field(default_factory=dict)
+    #: Whether the lock key exists (an exclusive holder).
     held: bool = True
+    #: The places of a counting key -> the limit each was granted with.
+    places: dict[bytes, int] = field(default_factory=dict)
     #: A waiter here was woken (or told to try) for the key's current free spell.
     woken: bool = False
-    #: Events that came before the first snapshot: (revision, is lock key, is put, name, create).
-    backlog: list[tuple[int, bool, bool, bytes, int]] = field(default_factory=list)
+    #: Events that came before the first snapshot: (revision, kind, is put, name, create, limit).
+    backlog: list[tuple[int, str, bool, bytes, int, int]] = field(default_factory=list)
 
-    def settle(self, revision: int, entries: dict[bytes, int], held: bool, woken: bool) -> None:
+    @property
+    def busy(self) -> bool:
+        """Whether the key has no room: held by an exclusive holder, or every place taken."""
+        return self.held or (bool(self.places) and len(self.places) >= max(self.places.values()))
+
+    def settle(
+        self, revision: int, entries: dict[bytes, int], held: bool, woken: bool, places: dict[bytes, int]
+    ) -> None:
         """Take the snapshot read at ``revision`` unless the state is as new already."""
         if revision <= self.seen:
             return
         self.base = self.seen = revision
-        self.entries, self.held, self.woken = entries, held, woken
+        self.entries, self.held, self.woken, self.places = entries, held, woken, places
         backlog, self.backlog = self.backlog, []
         for event in backlog:
             self.apply(*event)
 
-    def apply(self, revision: int, lock: bool, put: bool, name: bytes, create: int) -> None:
-        """One event of the key or of its queue (several may share a revision: one transaction);
-        one the snapshot already has is skipped."""
+    def apply(self, revision: int, kind: str, put: bool, name: bytes, create: int, limit: int) -> None:
+        """One event of the key (``kind`` "lock"), of one of its places ("place", with the
+        place's ``limit``) or of its queue ("queue"); several may share a revision (one
+        transaction); one the snapshot already has is skipped."""
         if not self.base:
-            self.backlog.append((revision, lock, put, name, create))
+            self.backlog.append((revision, kind, put, name, create, limit))
             return
         if revision <= self.base:
             return
         self.seen = max(self.seen, revision)
-        if lock:
+        if kind == "lock":
             self.held = put
             if put:
                 self.woken = False
+        elif kind == "place":
+            if put:
+                self.places[name] = limit
+                # A grant that took the last place: the next place's end is a new free spell.
+                self.woken = self.woken and not self.busy
+            else:
+                self.places.pop(name, None)
         elif put:
             self.entries.setdefault(name, create)
         else:
@@ -139,7 +162,7 @@ class _Line:
 
     def due(self) -> bool:
         """Whether a waiter here is to be woken now: the entry first, the key free, not woken."""
-        if not self.base or self.held or self.woken:
+        if not self.base or self.busy or self.woken:
             return False
         mine = self.entries.get(self.entry)
         return mine is not None and mine == min(self.entries.values())
@@ -198,11 +221,13 @@ class EtcdHandoffWatcher(WatchStream, HandoffWatcher):
                     del self._lines[name]
                     self._drop(line.entry)
             raise
-        revision, entries, lease = self._read_snapshot(answer, 0)
+        revision, entries, lease, places = self._read_snapshot(answer, 0)
         with self._mutex:
+            line.settle(revision, entries, held=lease is not None, woken=False, places=places)
             # Free: the waiter tries at once on this answer, so no wake is due for this spell.
-            line.settle(revision, entries, held=lease is not None, woken=lease is None)
-        return 0.0 if lease is None else self._lease_left(lease)
+            line.woken = not line.busy
+            first = lease if lease is not None else self._first_lease(answer, 0) if line.busy else None
+        return 0.0 if first is None else self._lease_left(first)
 
     def unwant(self, key: str) -> None:
         """Leave ``key``'s queue; a free key's turn passes to the next entry as this one goes."""
@@ -333,6 +358,7 @@ class EtcdHandoffWatcher(WatchStream, HandoffWatcher):
             start = queue_prefix(self._prefix, key)
             reads.append({"request_range": {"key": b64(start), "range_end": b64(prefix_end(start)), "keys_only": True}})
             reads.append({"request_range": {"key": b64(self._prefix + key), "keys_only": True}})
+            reads.append(places_range(self._prefix, key))
         try:
             return self._put_then(puts, reads)
         except EtcdError as error:
@@ -352,15 +378,25 @@ class EtcdHandoffWatcher(WatchStream, HandoffWatcher):
                 self._lost_lease(lease)
             raise
 
-    def _read_snapshot(self, answer: dict[str, Any], index: int) -> tuple[int, dict[bytes, int], Optional[str]]:
-        """The revision, the queue's entries and the lock's lease (``None``: free) of the
-        ``index``-th key of a snapshot transaction."""
+    def _read_snapshot(
+        self, answer: dict[str, Any], index: int
+    ) -> tuple[int, dict[bytes, int], Optional[str], dict[bytes, int]]:
+        """The revision, the queue's entries, the lock's lease (``None``: no lock key) and the
+        places (each with its limit) of the ``index``-th key of a snapshot transaction."""
         responses = [item for item in answer.get("responses", []) if "response_range" in item]
-        queue = responses[2 * index]["response_range"].get("kvs", [])
-        lock = responses[2 * index + 1]["response_range"].get("kvs", [])
+        queue = responses[3 * index]["response_range"].get("kvs", [])
+        lock = responses[3 * index + 1]["response_range"].get("kvs", [])
+        places = responses[3 * index + 2]["response_range"].get("kvs", [])
         entries = {unb64(kv.get("key")): int(kv.get("create_revision") or 0) for kv in queue}
         lease = str(lock[0].get("lease") or "0") if lock else None
-        return int(answer["header"]["revision"]), entries, lease
+        return int(answer["header"]["revision"]), entries, lease, {unb64(kv.get("key")): limit_of(kv) for kv in places}
+
+    def _first_lease(self, answer: dict[str, Any], index: int) -> Optional[str]:
+        """The lease of the oldest place of the ``index``-th key of a snapshot transaction."""
+        responses = [item for item in answer.get("responses", []) if "response_range" in item]
+        places = responses[3 * index + 2]["response_range"].get("kvs", [])
+        oldest = min(places, key=lambda kv: int(kv.get("create_revision") or 0), default=None)
+        return None if oldest is None else str(oldest.get("lease") or "0")
 
     def _want_length(self, seconds: int, now: float) -> None:
         """Note that a waiter here asked for leases of ``seconds`` (under the mutex); the
@@ -412,9 +448,9 @@ class EtcdHandoffWatcher(WatchStream, HandoffWatcher):
                 for index, key in enumerate(chunk):
                     line = self._lines.get(key)
                     if line is not None:
-                        revision, entries, lease = self._read_snapshot(answer, index)
+                        revision, entries, lease, places = self._read_snapshot(answer, index)
                         # What happened in the gap is not known: a release in it is due now.
-                        line.settle(revision, entries, held=lease is not None, woken=False)
+                        line.settle(revision, entries, held=lease is not None, woken=False, places=places)
         self._next_revision = start + 1
         self._wake(keys)
 
@@ -425,17 +461,21 @@ class EtcdHandoffWatcher(WatchStream, HandoffWatcher):
             for event in events:
                 kv = event.get("kv", {})
                 name = unb64(kv.get("key"))
-                key = lock_key(self._prefix, name)
-                is_lock = key is not None
+                put = event.get("type") != "DELETE"  # etcd's JSON leaves out PUT, the default
+                key, kind, limit = lock_key(self._prefix, name), "lock", 0
+                if key is None:
+                    key, kind = counted_key(self._prefix, name), "place"
+                    limit = limit_of(kv) if key is not None and put else 0
                 if key is None:
                     if not name.startswith(queue):
-                        continue  # a rate counter of the empty namespace
-                    key = name[len(queue):].partition(RESERVED)[0]
+                        continue  # a place in a direct line, or a rate counter of the empty namespace
+                    key, kind = name[len(queue):].partition(RESERVED)[0], "queue"
                 line = self._lines.get(key)
                 if line is None:
                     continue
-                put = event.get("type") != "DELETE"  # etcd's JSON leaves out PUT, the default
-                line.apply(int(kv.get("mod_revision") or 0), is_lock, put, name, int(kv.get("create_revision") or 0))
+                line.apply(
+                    int(kv.get("mod_revision") or 0), kind, put, name, int(kv.get("create_revision") or 0), limit
+                )
                 touched.append(key)
         self._wake(touched)
 

@@ -42,6 +42,7 @@ from ...errors import BackendUnavailableError
 from ..base import CALL_MARGIN, LineGrant
 from ..line import FREED, Freed, Handed, Joined, LineSlots, RefreshedLine
 from ._client import CODE_NOT_FOUND, EtcdClient, EtcdError, b64, prefix_end, unb64
+from ._places import no_places
 from ._watch import RESERVED, WatchStream
 
 __all__ = ["FOLLOWED_LINES", "LINE_MARK", "UNKNOWN", "EtcdLineWatcher", "EtcdWaitingLine", "LineCalls",
@@ -316,6 +317,8 @@ class EtcdWaitingLine(RefreshedLine):
         self._name = name
         self._place = line_prefix(prefix, name[len(prefix):]) + uuid.uuid4().hex.encode()
         self._line_range = line_range(prefix, name[len(prefix):])
+        # A counting key's places hold the key as well: the line takes no key that has any.
+        self._no_places = no_places(prefix, name[len(prefix):])
         self._token = token
         self._value = b64(token.encode() + b"\x00" + owner.encode())
         self._fenced = fenced
@@ -437,7 +440,7 @@ class EtcdWaitingLine(RefreshedLine):
         name = b64(self._name)
         place = b64(self._place)
         return self._calls.call("/v3/kv/txn", {
-            "compare": [{"key": name, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
+            "compare": [{"key": name, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}, self._no_places],
             "success": [
                 {"request_put": {"key": name, "value": self._value, "lease": self._full_lease}},
                 {"request_delete_range": {"key": place}},

@@ -10,10 +10,12 @@ serves every key its locker waits for, and a release, a force release and an exp
 as the same ``DELETE`` event.
 
 Names in the namespace that start with a NUL byte after it are not lock keys (lock keys contain
-no NUL): the hand-off queues and lines live there, and with an empty namespace the rate counters
-too. A namespace nested in another (``locks/eu/`` in ``locks/``) puts its own there, which the
-outer one sees with a NUL further in. :func:`lock_key` tells them all apart: any NUL after the
-namespace makes a name no lock key.
+no NUL): the hand-off queues and lines and the places of counting keys live there, and with an
+empty namespace the rate counters too. A namespace nested in another (``locks/eu/`` in
+``locks/``) puts its own there, which the outer one sees with a NUL further in.
+:func:`lock_key` tells them all apart: any NUL after the namespace makes a name no lock key.
+:func:`counted_key` tells which key a place of a counting key (``key + NUL + "place" + NUL +
+token``) belongs to: a place's end announces a release of its key as the key's own delete does.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import requests
 from ..base import ReleaseWatcher
 from ._client import EtcdClient, b64, prefix_end, unb64
 
-__all__ = ["RESERVED", "EtcdReleaseWatcher", "WatchStream", "lock_key"]
+__all__ = ["PLACE_MARK", "RESERVED", "EtcdReleaseWatcher", "WatchStream", "counted_key", "lock_key"]
 
 _log = logging.getLogger("lease_lock")
 
@@ -38,6 +40,8 @@ _FIRST_RETRY = 0.05
 _MAX_RETRY = 1.0
 #: What follows the namespace in every name of the namespace that is not a lock key.
 RESERVED = b"\x00"
+#: What follows the key in the name of every place of a counting key (see ``_places``).
+PLACE_MARK = RESERVED + b"place" + RESERVED
 
 
 def lock_key(prefix: bytes, name: bytes) -> Optional[bytes]:
@@ -46,6 +50,14 @@ def lock_key(prefix: bytes, name: bytes) -> Optional[bytes]:
     namespace or of one nested in it)."""
     rest = name[len(prefix):]
     return None if RESERVED in rest else rest
+
+
+def counted_key(prefix: bytes, name: bytes) -> Optional[bytes]:
+    """The lock key (encoded) whose place ``name`` under ``prefix`` is, or ``None`` when
+    ``name`` is no place of a counting key. A nested namespace's places are places of the
+    outer one's key that names the inner namespace and the key, as its lock keys are."""
+    key, mark, _token = name[len(prefix):].partition(PLACE_MARK)
+    return key if mark and key and RESERVED not in key else None
 
 
 class WatchStream(abc.ABC):
@@ -164,7 +176,7 @@ class WatchStream(abc.ABC):
 
 class EtcdReleaseWatcher(WatchStream, ReleaseWatcher):
     """A thread reading one watch stream of deletes under ``prefix``; ``callback(key)`` for
-    every deleted lock key."""
+    every deleted lock key and every deleted place of a counting key."""
 
     _filters = ("NOPUT",)
 
@@ -177,7 +189,10 @@ class EtcdReleaseWatcher(WatchStream, ReleaseWatcher):
         for event in events:
             if event.get("type") != "DELETE":
                 continue
-            key = lock_key(self._prefix, unb64(event.get("kv", {}).get("key")))
+            name = unb64(event.get("kv", {}).get("key"))
+            key = lock_key(self._prefix, name)
+            if key is None:
+                key = counted_key(self._prefix, name)
             if key is not None:
                 self._callback(key.decode("utf-8", "replace"))
 
