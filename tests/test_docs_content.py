@@ -119,12 +119,17 @@ def pages_over_their_size(limits: dict[str, int], total_limit: int) -> list[str]
     return over
 
 
+#: The whole of the docs, in lines: room for what the product does (counting keys added a section
+#: to each store's page), none for logs of runs.
+_TOTAL_LIMIT = 4800
+
+
 def test_pages_fit_their_size() -> None:
-    assert pages_over_their_size(_LIMITS, 4500) == []
+    assert pages_over_their_size(_LIMITS, _TOTAL_LIMIT) == []
 
 
 def test_the_size_check_fails_on_a_page_over_its_limit() -> None:
-    assert pages_over_their_size({"docs/server.md": 10}, 4500) != []
+    assert pages_over_their_size({"docs/server.md": 10}, _TOTAL_LIMIT) != []
     assert pages_over_their_size({}, 10) != []
 
 
