@@ -76,11 +76,12 @@ class Script:
 # later do that anyway, Redis 3.2 and 4 need it or they refuse the write.
 _EFFECTS = "if redis.replicate_commands then redis.replicate_commands() end\n"
 
-# ``next_fence(counter, lifetime)``: the next fence of the counter key (which then lives
-# ``lifetime`` ms), or nil when that name holds something other than a counter.
+# ``next_fence(counter, lifetime[, now])``: the next fence of the counter key (which then lives
+# ``lifetime`` ms), or nil when that name holds something other than a counter; ``now`` is the
+# reply of a TIME the caller has just read (TIME is read when it is not given).
 _NEXT_FENCE = """
-local function next_fence(counter, lifetime)
-  local now = redis.call('TIME')
+local function next_fence(counter, lifetime, now)
+  now = now or redis.call('TIME')
   local micros = tonumber(now[1]) * 1000000 + tonumber(now[2])
   local stored = redis.call('GET', counter) or '0'
   -- Only a counter may be read as one: anything else (a lease written under the counter's
@@ -95,14 +96,21 @@ local function next_fence(counter, lifetime)
 end
 """
 
-# Takes the next fence of KEYS[2] (counter lifetime ARGV[5] ms) into the Lua local ``fence``,
-# failing loudly when KEYS[2] is no counter. Needs _NEXT_FENCE.
-_TAKE_FENCE = """
-fence = next_fence(KEYS[2], ARGV[5])
+
+
+def _take_fence(now: str = "nil") -> str:
+    """Lua that takes the next fence of KEYS[2] (counter lifetime ARGV[5] ms) into the local
+    ``fence``, failing loudly when KEYS[2] is no counter; ``now`` names a TIME reply the script
+    has read already. Needs _NEXT_FENCE."""
+    return f"""
+fence = next_fence(KEYS[2], ARGV[5], {now})
 if not fence then
   return redis.error_reply('lease_lock: fence counter ' .. KEYS[2] .. ' holds a non-counter value')
 end
 """
+
+
+_TAKE_FENCE = _take_fence()
 
 # ``server_millis()``: the server time in milliseconds.
 _SERVER_MILLIS = """
@@ -135,12 +143,11 @@ end
 # The places of a counting key KEYS[1] (a hash: "#limit" -> its limit, each holder's token ->
 # "<lease end, server ms>|<fence>|<owner>"), which lives exactly as long as its last place.
 _PLACES = """
--- Reads the places at server time ``millis`` and drops those whose lease ended. Returns the
--- key's limit (text; nil when the name holds no counting key), how many live places other
--- than ``token``'s it has, the latest lease end among those (0 when none), and ``token``'s
--- own live place (its value) or nil.
-local function read_places(millis, token)
-  local all = redis.call('HGETALL', KEYS[1])
+-- Reads the places (``all``, the hash's HGETALL) at server time ``millis`` and drops those
+-- whose lease ended. Returns the key's limit (text; nil when the name holds no counting key),
+-- how many live places other than ``token``'s it has, the latest lease end among those (0
+-- when none), and ``token``'s own live place (its value) or nil.
+local function read_places(all, millis, token)
   local limit, others, last, own, ended = nil, 0, 0, nil, {}
   for i = 1, #all, 2 do
     local field, value = all[i], all[i + 1]
@@ -166,6 +173,12 @@ local function read_places(millis, token)
     end
   end
   return limit, others, last, own
+end
+
+-- Whether ``all`` (a hash's HGETALL of two fields) is a counting key's limit and ``token``'s
+-- place alone: that place is then live, since the key lives exactly as long as its last place.
+local function sole_place(all, token)
+  return (all[1] == '#limit' and all[3] == token) or (all[1] == token and all[3] == '#limit')
 end
 
 -- The key ends with its last place: its expiry moves to ``last`` (server ms), or the key goes
@@ -206,7 +219,9 @@ _ANSWER_WAKE = (
     _SERVER_MILLIS
     + _ANSWER_WAKE_FN
     + """
-answer_wake(current and string.sub(current, 1, #mine) ~= mine)
+if ARGV[6] == '1' then
+  answer_wake(current and string.sub(current, 1, #mine) ~= mine)
+end
 """
 )
 
@@ -283,16 +298,22 @@ ACQUIRE_COUNTED = Script(
     + _ANSWER_WAKE_FN
     + _PLACES
     + """
-if redis.call('TYPE', KEYS[1]).ok == 'string' then
+local all = redis.pcall('HGETALL', KEYS[1])
+if all.err then
+  -- No hash: an exclusive holder's lease (a string), else data of another type.
+  if redis.call('TYPE', KEYS[1]).ok ~= 'string' then
+    return all
+  end
   answer_wake(false)
   return redis.error_reply('"""
     + LIMIT_HELD
     + """ 1')
 end
-local millis = server_millis()
+local now = redis.call('TIME')
+local millis = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local token = string.sub(ARGV[1], 1, -2)
-local limit, others, last, own = read_places(millis, token)
-if not limit and redis.call('EXISTS', KEYS[1]) == 1 then
+local limit, others, last, own = read_places(all, millis, token)
+if not limit and #all > 0 then
   return redis.error_reply('lease_lock: ' .. KEYS[1] .. ' holds a hash that is no counting key')
 end
 local live = others + (own and 1 or 0)
@@ -307,7 +328,7 @@ if own then
   fence = string.match(own, '^%d+|(%d*)|')
 elseif live < tonumber(ARGV[4]) then
 """
-    + _TAKE_FENCE
+    + _take_fence("now")
     + """
 else
   answer_wake(true)
@@ -363,7 +384,8 @@ if type(current) == 'table' then
   if redis.replicate_commands then redis.replicate_commands() end
   local millis = server_millis()
   local token = string.sub(ARGV[1], 1, -2)
-  local limit, others, last, own = read_places(millis, token)
+  local all = redis.call('HGETALL', KEYS[1])
+  local limit, others, last, own = read_places(all, millis, token)
   if not (limit and own) then
     return 0
   end
@@ -521,11 +543,19 @@ _RELEASE_IF_HELD = """
 local current = redis.pcall('GET', KEYS[1])
 if type(current) == 'table' then
   -- A counting key's places (another type fails in HGETALL, as in GET).
-  local limit, others, last, own = read_places(server_millis(), string.sub(ARGV[1], 1, -2))
-  if not (limit and own) then
-    return 0
+  local token = string.sub(ARGV[1], 1, -2)
+  local all = redis.call('HGETALL', KEYS[1])
+  local last = 0
+  if not (#all == 4 and sole_place(all, token)) then
+    local limit, others, own
+    limit, others, last, own = read_places(all, server_millis(), token)
+    if not (limit and own) then
+      return 0
+    end
+    if others > 0 then
+      redis.call('HDEL', KEYS[1], token)
+    end
   end
-  redis.call('HDEL', KEYS[1], string.sub(ARGV[1], 1, -2))
   if not settle_places(last) or not hand_on(ARGV[6]) then
     announce(ARGV[2], ARGV[3], ARGV[4], ARGV[5])
   end
