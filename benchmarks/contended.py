@@ -2,7 +2,7 @@
 
     python -m benchmarks.contended [--workers 8] [--seconds 10] [--rounds 5] [--stores redis,postgres]
         [--redis-url redis://127.0.0.1:6379/0] [--postgres-url postgresql://postgres@127.0.0.1:5432/test]
-        [--spinners 0]
+        [--spinners 0] [--limit 1]
 
 Each worker is its own process with its own connection and Locker (default options, the
 default retry policy with a timeout longer than the run) and loops ``locker.acquire(key)`` /
@@ -21,6 +21,11 @@ store, all in one run:
   ``BLPOP`` signal list); PostgreSQL: ``pg_advisory_lock, N processes`` (a session advisory
   lock, the server's own wait queue): peers that wait in the server.
 
+With ``--limit N`` (N > 1), each store whose backend grants counting leases adds the row
+``Locker limit=N, W processes``: the same loop on one counting key of N places (``locker.lock``
+with ``limit=N``), so up to N workers hold it at once, printed against the exclusive row's
+grants per second. Hand-offs are not counted there (holders overlap by design).
+
 With ``--spinners N``, N processes spin at nice 19 for the whole run, so that no CPU is ever
 idle (see :func:`benchmarks.measure.spinning`): on a virtual machine whose idle CPUs halt, the
 one-process row otherwise pays a CPU's wake-up at every round trip, which the contended rows,
@@ -33,13 +38,15 @@ and the fewest as a fraction of a fair share (total / N; under 0.25 is called st
 ``p50``/``p99`` hand-off latency, the time from a worker's last look at the clock before its
 ``release()`` to the next grant *to another worker* (read right after its ``acquire()``
 returned). Both are ``time.monotonic()``, which on Linux is one system-wide clock, so the
-stamps of different processes compare. ``overlaps`` counts grants stamped before the previous
-holder's release started (must be 0: two holders at once).
+stamps of different processes compare. ``overlaps`` counts grants stamped while as many holds
+as the key admits (1, or N with ``--limit``) had not started their release yet (must be 0: one
+holder too many at once).
 """
 
 from __future__ import annotations
 
 import argparse
+import heapq
 import multiprocessing
 import statistics
 import time
@@ -84,24 +91,32 @@ def _timed_holds(take: Callable[[], Callable[[], None]]) -> Loop:
     return loop
 
 
-@contextmanager
-def _locker_loop(store: str, url: str, key: str, seconds: float, *, direct_handoff: bool = False) -> Iterator[Loop]:
-    from lease_lock import Locker, Retry
-
+def _backend_class(store: str) -> Any:
     if store == "redis":
         from lease_lock.backends.redis import RedisBackend
 
-        backend: Any = RedisBackend.from_url(url)
-    else:
-        from lease_lock.backends.postgres import PostgresBackend
+        return RedisBackend
+    from lease_lock.backends.postgres import PostgresBackend
 
-        backend = PostgresBackend.from_url(url, table=_TABLE, direct_handoff=direct_handoff)
+    return PostgresBackend
+
+
+@contextmanager
+def _locker_loop(
+    store: str, url: str, key: str, seconds: float, *, direct_handoff: bool = False, limit: int = 1
+) -> Iterator[Loop]:
+    from lease_lock import Locker, Retry
+
+    if store == "redis":
+        backend: Any = _backend_class(store).from_url(url)
+    else:
+        backend = _backend_class(store).from_url(url, table=_TABLE, direct_handoff=direct_handoff)
     # A waiter must outlast the run: a timeout would be a failure of the benchmark, not a result.
     locker = Locker(backend, ttl=TTL, retry=Retry(timeout=seconds + 60.0))
-    locker.acquire(key).release()  # connect and warm up before the start
+    locker.acquire(key, limit=limit).release()  # connect and warm up before the start
 
     try:
-        yield _timed_holds(lambda: locker.acquire(key).release)
+        yield _timed_holds(lambda: locker.acquire(key, limit=limit).release)
     finally:
         locker.close()
         backend.close()
@@ -155,9 +170,11 @@ _TABLE = "bench_contended"
 _DIRECT = "Locker direct_handoff"
 
 
-def _worker(contestant: str, store: str, url: str, key: str, seconds: float, ready: Any, go: Any, out: Any) -> None:
+def _worker(
+    contestant: str, store: str, url: str, key: str, seconds: float, limit: int, ready: Any, go: Any, out: Any
+) -> None:
     if contestant in ("Locker", _DIRECT):
-        loops = _locker_loop(store, url, key, seconds, direct_handoff=contestant == _DIRECT)
+        loops = _locker_loop(store, url, key, seconds, direct_handoff=contestant == _DIRECT, limit=limit)
     elif contestant == "python-redis-lock":
         loops = _redis_lock_loop(url, key)
     else:
@@ -178,19 +195,22 @@ class Run:
     counts: list[int]
     latencies: list[float]
     overlaps: int
+    #: How many holders the key admits at once (1: exclusive).
+    limit: int = 1
 
     def __add__(self, other: Run) -> Run:
         """This run and a later round of the same contestant, as one run."""
         counts = [mine + theirs for mine, theirs in zip(self.counts, other.counts)]
         return Run(
             self.name, self.workers, self.seconds + other.seconds, counts,
-            self.latencies + other.latencies, self.overlaps + other.overlaps,
+            self.latencies + other.latencies, self.overlaps + other.overlaps, self.limit,
         )
 
     @property
-    def handoffs(self) -> float:
-        """Grants per second that went to another worker than the grant before."""
-        return len(self.latencies) / self.seconds
+    def handoffs(self) -> Optional[float]:
+        """Grants per second that went to another worker than the grant before (``None`` for a
+        counting key, whose holders overlap)."""
+        return len(self.latencies) / self.seconds if self.limit == 1 else None
 
     @property
     def rate(self) -> float:
@@ -204,27 +224,37 @@ class Run:
         return min(self.counts) / share if share else 0.0
 
 
-def _summarise(name: str, seconds: float, per_worker: list[list[tuple[float, float]]]) -> Run:
+def _summarise(name: str, seconds: float, per_worker: list[list[tuple[float, float]]], limit: int = 1) -> Run:
     holds = sorted(
         (granted, releasing, worker) for worker, spans in enumerate(per_worker) for granted, releasing in spans
     )
-    latencies: list[float] = []
     overlaps = 0
-    for (_, released, before), (granted, _, after) in zip(holds, holds[1:]):
-        if granted < released:
+    # The releases (stamped as they start) of the holds not yet released at each grant.
+    holding: list[float] = []
+    for granted, releasing, _ in holds:
+        while holding and holding[0] <= granted:
+            heapq.heappop(holding)
+        if len(holding) >= limit:
             overlaps += 1
-        elif after != before:
-            latencies.append(granted - released)
-    return Run(name, len(per_worker), seconds, [len(spans) for spans in per_worker], latencies, overlaps)
+        heapq.heappush(holding, releasing)
+    latencies: list[float] = []
+    if limit == 1:
+        for (_, released, before), (granted, _, after) in zip(holds, holds[1:]):
+            if granted >= released and after != before:
+                latencies.append(granted - released)
+    return Run(name, len(per_worker), seconds, [len(spans) for spans in per_worker], latencies, overlaps, limit)
 
 
-def run(contestant: str, store: str, url: str, workers: int, seconds: float) -> Run:
-    """Start ``workers`` processes on one fresh key, let them loop for ``seconds``, collect."""
+def run(contestant: str, store: str, url: str, workers: int, seconds: float, limit: int = 1) -> Run:
+    """Start ``workers`` processes on one fresh key (of ``limit`` places), let them loop for
+    ``seconds``, collect."""
     context = multiprocessing.get_context("spawn")
     ready, go, out = context.Queue(), context.Event(), context.Queue()
     key = f"bench:contended:{uuid.uuid4().hex}"
     processes = [
-        context.Process(target=_worker, args=(contestant, store, url, key, seconds, ready, go, out), daemon=True)
+        context.Process(
+            target=_worker, args=(contestant, store, url, key, seconds, limit, ready, go, out), daemon=True
+        )
         for _ in range(workers)
     ]
     for process in processes:
@@ -242,8 +272,9 @@ def run(contestant: str, store: str, url: str, workers: int, seconds: float) -> 
     failed = [process.exitcode for process in processes if process.exitcode]
     if failed:
         raise RuntimeError(f"{contestant} workers exited with {failed}")
-    label = f"{contestant}, {workers} process{'es' if workers > 1 else ''}"
-    return _summarise(label, seconds, per_worker)
+    counting = f" limit={limit}" if limit > 1 else ""
+    label = f"{contestant}{counting}, {workers} process{'es' if workers > 1 else ''}"
+    return _summarise(label, seconds, per_worker, limit)
 
 
 def _ms(latencies: list[float], fraction: float) -> str:
@@ -251,8 +282,9 @@ def _ms(latencies: list[float], fraction: float) -> str:
 
 
 def _print_row(run: Run, single: Run) -> None:
+    handoffs = "-" if run.handoffs is None else f"{run.handoffs:,.0f}"
     print(
-        f"{run.name:<34} {run.rate:>9,.0f} {run.rate / single.rate:>8.2f}x {run.handoffs:>10,.0f} "
+        f"{run.name:<34} {run.rate:>9,.0f} {run.rate / single.rate:>8.2f}x {handoffs:>10} "
         f"{min(run.counts):>7,} {max(run.counts):>7,} {run.fairness:>9.2f} {_ms(run.latencies, 0.5):>8} "
         f"{_ms(run.latencies, 0.99):>8} {run.overlaps:>8}"
     )
@@ -260,7 +292,7 @@ def _print_row(run: Run, single: Run) -> None:
 
 def _as_json(run: Run, single: Run) -> dict[str, Any]:
     return {
-        "name": run.name, "workers": run.workers, "seconds": run.seconds, "rate": run.rate,
+        "name": run.name, "workers": run.workers, "limit": run.limit, "seconds": run.seconds, "rate": run.rate,
         "vs_single": run.rate / single.rate, "handoffs_per_second": run.handoffs,
         "min": min(run.counts), "max": max(run.counts), "min_share": run.fairness, "overlaps": run.overlaps,
         "p50_ms": percentile(run.latencies, 0.5) * 1000 if run.latencies else None,
@@ -279,6 +311,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--postgres-url", default="postgresql://postgres@127.0.0.1:5432/test")
     parser.add_argument(
+        "--limit", type=int, default=1,
+        help="above 1: add a row of the workers on one counting key of this many places",
+    )
+    parser.add_argument(
         "--spinners", type=int, default=0,
         help="keep this many processes busy at nice 19 throughout (see benchmarks.measure.spinning)",
     )
@@ -288,6 +324,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         parser.error("--rounds must be at least 1")
     if args.spinners < 0:
         parser.error("--spinners must be at least 0")
+    if args.limit < 1:
+        parser.error("--limit must be at least 1")
     with spinning(args.spinners):
         _run_stores(args, argv)
 
@@ -304,12 +342,18 @@ def _run_stores(args: argparse.Namespace, argv: Optional[list[str]]) -> None:
         peer = "python-redis-lock" if store == "redis" else "pg_advisory_lock"
         # The rows take turns, round after round, so that a change in the machine's load during
         # the run weighs on every row alike instead of on whichever ran at that moment.
-        contestants = [("Locker", 1), ("Locker", args.workers), (peer, args.workers)]
+        contestants = [("Locker", 1, 1), ("Locker", args.workers, 1), (peer, args.workers, 1)]
         if store == "postgres":
-            contestants.append((_DIRECT, args.workers))
+            contestants.append((_DIRECT, args.workers, 1))
+        counting = args.limit > 1 and _backend_class(store).capabilities.counting
+        if counting:
+            contestants.append(("Locker", args.workers, args.limit))
         rows: list[Run] = []
         for round_index in range(args.rounds):
-            results = [run(name, store, url, workers, args.seconds / args.rounds) for name, workers in contestants]
+            results = [
+                run(name, store, url, workers, args.seconds / args.rounds, limit)
+                for name, workers, limit in contestants
+            ]
             rows = results if round_index == 0 else [total + result for total, result in zip(rows, results)]
         single = rows[0]
         print(f"\n{store}: one key, each process loops acquire/release")
@@ -319,6 +363,8 @@ def _run_stores(args: argparse.Namespace, argv: Optional[list[str]]) -> None:
             _print_row(row, single)
         contended, peer_run = rows[1], rows[2]
         print(f"Locker, {args.workers} processes vs {peer}: {contended.rate / peer_run.rate:.2f}x")
+        if counting:
+            print(f"{rows[-1].name} vs {contended.name}: {rows[-1].rate / contended.rate:.2f}x grants/s")
         output[store] = [_as_json(row, single) for row in rows]
     write_json(args.json, "contended", argv, output)
 

@@ -23,6 +23,10 @@ The Locker against the backend alone: the same alternation with the backend's ow
 cycle as every lock needs, so that the ratio is the core's own share of a cycle on this store,
 measured in the same run as the rest.
 
+A counting key against an exclusive one: ``with locker.lock(key, limit=4):`` alternating with
+``with locker.lock(key):`` (each on a key of its own, same Locker options), so that the ratio
+is what a place of a counting key costs over an exclusive lease.
+
 Hand-off latency: a waiter blocks in each library's own blocking acquire while another client
 holds the key; the time from the start of the holder's release to the waiter holding the lock
 is recorded (p50/p99), next to a bare ``BLPOP`` wake-up (``LPUSH`` to a blocked ``BLPOP``).
@@ -253,6 +257,23 @@ def versus_backend(client: Any) -> list[tuple[str, Callable[[], None], Callable[
     ]
 
 
+def counting_versus_exclusive(client: Any) -> list[tuple[str, Callable[[], None], Callable[[], None]]]:
+    """``(name, exclusive cycle, counting cycle)``: ``with locker.lock(key)`` against
+    ``with locker.lock(key, limit=4)``, on one Locker with default options, keys of their own."""
+    locker = Locker(RedisBackend(client), ttl=TTL)
+    exclusive_key, counting_key = _key("exclusive"), _key("counting")
+
+    def exclusive_cycle() -> None:
+        with locker.lock(exclusive_key):
+            pass
+
+    def counting_cycle() -> None:
+        with locker.lock(counting_key, limit=4):
+            pass
+
+    return [("Locker limit=4 vs exclusive", exclusive_cycle, counting_cycle)]
+
+
 # -- hand-off ---------------------------------------------------------------------------------
 
 
@@ -443,6 +464,16 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:<40} {pairing.rate:>10,.0f} {pairing.floor_rate:>10,.0f} {pairing.ratio:>9.2f}x")
         results["versus_backend"].append({"name": name, "rate": pairing.rate, "backend_rate": pairing.floor_rate,
                                           "ratio": pairing.ratio})
+
+    print("\nA counting key against an exclusive one (each alternating with the exclusive cycle,")
+    print(f"for {args.seconds:g} s; the ratio is the counting key's cycles per exclusive cycle)")
+    print(f"{'contestant':<40} {'cycles/s':>10} {'exclusive/s':>11} {'vs exclusive':>12}")
+    results["counting"] = []
+    for name, exclusive_cycle, counting_cycle in counting_versus_exclusive(client):
+        pairing = paired(exclusive_cycle, counting_cycle, args.seconds)
+        print(f"{name:<40} {pairing.rate:>10,.0f} {pairing.floor_rate:>11,.0f} {pairing.ratio:>11.2f}x")
+        results["counting"].append({"name": name, "rate": pairing.rate, "exclusive_rate": pairing.floor_rate,
+                                    "ratio": pairing.ratio})
 
     print(f"\nHand-off latency, release -> waiter holds ({args.handoffs} samples)")
     print(f"{'contestant':<40} {'p50 ms':>9} {'p99 ms':>9}")

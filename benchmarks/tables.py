@@ -70,9 +70,10 @@ def _contended(results: dict[str, Any]) -> Rows:
     rows = []
     for store, runs in results.items():
         for row in runs:
+            handoffs = row["handoffs_per_second"]  # None on a counting key, whose holders overlap
             rows.append([
                 store, row["name"], _rate(row["rate"]), _ratio(row["vs_single"]),
-                _rate(row["handoffs_per_second"]) if row["workers"] > 1 else "–",
+                _rate(handoffs) if row["workers"] > 1 and handoffs is not None else "–",
                 f"{row['min_share']:.2f}" if row["workers"] > 1 else "–",
                 _ms(row["p50_ms"]), _ms(row["p99_ms"]), str(row["overlaps"]),
             ])

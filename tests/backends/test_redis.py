@@ -439,6 +439,12 @@ def test_sentinel_url(redis_factory: Any, key: str) -> None:
         assert backend.acquire(key, TOKEN_A, 30, "o")
         direct = primary.client(db=2)
         assert direct.get(key) == f"{TOKEN_A}||o".encode()
+        # A counting key's places, through the primary the sentinel names.
+        counted = f"{key}:counted"
+        assert backend.acquire_counted(counted, TOKEN_A, 30, "o", 2) is not None
+        assert backend.acquire_counted(counted, TOKEN_B, 30, "o", 2) is not None
+        assert direct.type(counted) == b"hash" and direct.hlen(counted) == 3
+        assert backend.release(counted, TOKEN_A) and backend.inspect(counted).holders[0].owner == "o"
         direct.close()
     finally:
         backend.close()

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from lease_lock.backends import backend_from_url
-from lease_lock.backends.redis import RedisBackend, fence_key
+from lease_lock.backends.redis import RedisBackend, fence_key, handoff_keys, line_keys
 from lease_lock.errors import ValidationError
 from lease_lock.locker import Locker
 from lease_lock.testing import BackendContract
@@ -53,6 +53,28 @@ def test_fences_across_slots(cluster_client: Any) -> None:
         second = backend.acquire_fenced(name, "b" * 32, 30, "o")
         assert second is not None and second > first
         assert backend.inspect(name).fence == second
+
+
+def test_a_counting_keys_places_and_structures_share_its_slot(cluster_client: Any) -> None:
+    # The places are a hash under the key's own name; its fence counter, waiting marker, wake
+    # list and line are the exclusive key's structures: one slot, so every script runs there.
+    backend = RedisBackend(cluster_client)
+    keys = [f"count-{index}:{uuid.uuid4().hex}" for index in range(12)] + [f"{{jobs}}:{uuid.uuid4().hex}"]
+    assert len({cluster_client.get_node_from_key(name).name for name in keys}) == 3
+    for name in keys:
+        slot = cluster_client.keyslot(name)
+        structures = [fence_key(name), *handoff_keys(name), *line_keys(name)]
+        assert [cluster_client.keyslot(structure) for structure in structures] == [slot] * 5
+        tokens = ["a" * 32, "b" * 32]
+        fences = [backend.acquire_counted(name, token, 30, "o", 2) for token in tokens]
+        assert all(fences) and backend.acquire_counted(name, "c" * 32, 30, "o", 2) is None
+        assert cluster_client.type(name) == b"hash"
+        assert int(cluster_client.get(fence_key(name))) == max(fence or 0 for fence in fences)
+        state = backend.inspect(name)
+        assert state.limit == 2 and [holder.fence for holder in state.holders] == fences
+        assert backend.extend(name, tokens[0], 60) and backend.is_held(name, tokens[0])
+        assert backend.release(name, tokens[1]) and not backend.is_held(name, tokens[1])
+        assert backend.force_release(name) and not cluster_client.exists(name)
 
 
 def test_hash_tagged_keys_share_a_slot(cluster_client: Any) -> None:

@@ -201,3 +201,44 @@ def test_listing_and_prefix_release_see_only_lock_keys_under_nested_prefixes(red
     finally:
         for made in [outer, inner, admin, *waiters]:
             made.close()
+
+
+def test_a_counting_key_and_its_look_alikes_keep_apart(redis_server: RedisServer) -> None:
+    # A counting key's places are a hash under its own name, its fence counter and waiting
+    # marker the usual structures: neither its places nor its structures are read for a
+    # look-alike key, and a listing shows lock keys only (a waiting marker is a hash as well).
+    base = f"count-{uuid.uuid4().hex}"
+    counting, tagged, plain_look_alike = base, "{" + base + "}", base + ":fence"
+    backend = RedisBackend.from_url(redis_server.url)
+    client = backend.client
+    tokens = [backend.new_token() for _ in range(3)]
+    try:
+        places = [backend.acquire_counted(counting, token, 30, "place", 2) for token in tokens[:2]]
+        assert all(places) and client.type(counting) == b"hash"
+        # The look-alikes are free and grant as what they are: no limit of the counting key.
+        assert not backend.inspect(tagged).held and not backend.inspect(plain_look_alike).held
+        exclusive = backend.acquire_fenced(tagged, tokens[2], 30, "exclusive")
+        assert exclusive is not None and exclusive > max(fence or 0 for fence in places)
+        assert backend.acquire_counted(plain_look_alike, tokens[0], 30, "other", 3) is not None
+        assert client.get(fence_key(tagged)) != client.get(fence_key(counting))
+        # A waiter for the counting key puts up its marker (a hash beside the key).
+        with Locker(RedisBackend.from_url(redis_server.url), ttl=30, limit=2, owns_backend=True) as waiter:
+            thread = threading.Thread(target=lambda: waiter.acquire(counting, timeout=60).release(), daemon=True)
+            thread.start()
+            assert wait_until(lambda: client.exists(handoff_keys(counting)[0]) == 1, 30)
+            listed = {state.key: (state.limit, len(state.holders)) for state in backend.scan(base)}
+            assert listed == {counting: (2, 2), plain_look_alike: (3, 1)}
+            listed_tagged = {state.key: state.limit for state in backend.scan("{" + base)}
+            assert listed_tagged == {tagged: 1}
+            # A place's release wakes the counting key's waiter and touches no look-alike.
+            assert backend.release(counting, tokens[1])
+            thread.join(60)
+            assert not thread.is_alive()
+        assert backend.is_held(tagged, tokens[2]) and backend.inspect(tagged).limit == 1
+        assert backend.is_held(plain_look_alike, tokens[0])
+        assert backend.force_release(counting)
+        assert backend.inspect(plain_look_alike).limit == 3 and backend.inspect(tagged).held
+    finally:
+        for name in (counting, tagged, plain_look_alike):
+            backend.force_release(name)
+        backend.close()

@@ -1,9 +1,11 @@
 """The Redis backend (redis-py): standalone, Sentinel and Cluster.
 
 Each lease is one string key named exactly like the lock (prefix included), so ``PTTL <key>``
-shows the lease and Redis's own clock ends it. Every primitive is one round trip: a Lua script
-run with EVALSHA (EVAL when the server has lost its script cache), or a plain ``GET`` for
-``is_held``. The fence counter of a key lives next to it in the same hash slot.
+shows the lease and Redis's own clock ends it; a counting key (``limit`` > 1) is a hash of its
+places under the same name, which expires with its last place. Every primitive is one round
+trip: a Lua script run with EVALSHA (EVAL when the server has lost its script cache), or a
+plain ``GET`` for ``is_held`` (a second, scripted read for a counting key). The fence counter
+of a key lives next to it in the same hash slot.
 
 What Redis cannot promise: a primary that fails over before its replicas have a lease can give
 the key to a second holder (``wait_for_replicas`` narrows that window, it does not close it);
@@ -21,14 +23,18 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any, Callable, ClassVar, ContextManager, Optional, TypeVar, Union, cast
 
+from redis.exceptions import ResponseError
+
 from ...errors import BackendUnavailableError, ReplicationError, ValidationError
 from ...validation import check_duration
 from ..base import (
     Capabilities,
     ExtendRequest,
+    Holder,
     LockState,
     ReleaseWatcher,
     WaitingLine,
+    limit_mismatch,
     parse_url_options,
 )
 from ..handoff import HandoffWatcher
@@ -37,7 +43,7 @@ from ..service import ServiceStore, check_amount
 from . import _scripts
 from ._connections import DirectCommands
 from ._line import BURST, RedisWaitingLine
-from ._scripts import GRANTED_PREFIX, Script
+from ._scripts import GRANTED_PREFIX, LIMIT_HELD, Script
 from ._url import (
     URL_OPTIONS,
     build_client,
@@ -231,6 +237,31 @@ def _parse_value(value: Any) -> Optional[tuple[str, Optional[int], str]]:
     return token, int(fence) if fence else None, owner
 
 
+#: The field of a counting key's hash that holds its limit (no token can be named so).
+_LIMIT_FIELD = b"#limit"
+
+
+def _counting_state(key: str, fields: Sequence[Any], seconds: int, micros: int) -> LockState:
+    """The state of a counting key from its hash (flat fields and values, see ``_scripts``),
+    read at the server time ``seconds`` + ``micros``: its live places, by their lease ends."""
+    values = dict(zip(fields[::2], fields[1::2]))
+    limit = values.pop(_LIMIT_FIELD, b"")
+    if not limit.isdigit():
+        return LockState.free(key)  # a hash that is no counting key holds no lease
+    now = seconds + micros / 1_000_000
+    holders = []
+    for value in values.values():
+        ends, _, rest = value.partition(b"|")
+        fence, _, owner = rest.partition(b"|")
+        if not (ends.isdigit() and fence.isdigit()):
+            continue
+        left = int(ends) / 1000 - now
+        if left > 0:
+            expires_at = datetime.fromtimestamp(int(ends) / 1000, tz=timezone.utc)
+            holders.append(Holder(owner.decode("utf-8", "replace"), int(fence), expires_at, left))
+    return LockState.counting(key, int(limit), holders)
+
+
 def _escape_glob(text: str) -> str:
     return "".join(f"\\{char}" if char in "\\*?[]" else char for char in text)
 
@@ -322,7 +353,7 @@ class RedisBackend(ServiceStore):
         replica_wait=True,
         scan=True,
         batch_extend=True,
-        counting=False,
+        counting=True,
         min_ttl=0.0,
         clock="the Redis server's clock (key expiry and TIME)",
         wake=(
@@ -545,6 +576,26 @@ class RedisBackend(ServiceStore):
         return None if fence is None else int(fence)
 
     @_reports_unavailable
+    def acquire_counted(self, key: str, token: str, ttl: float, owner: str, limit: int) -> Optional[int]:
+        """Grant ``token`` one of the ``limit`` places of ``key`` (or renew its own) in one
+        script: the places are a hash under the key's name, judged on the server's clock, and
+        a new place's fence comes from the key's fence counter, as for an exclusive grant."""
+        ms = _millis(ttl)
+        argv: list[Any] = [f"{token}|", ms, owner, limit, max(_COUNTER_LIFETIME_MS, ms)]
+        keys = [key, self._fence_key(key)]
+        # A counting waiter keeps no turn: its line does not try again on its own (see
+        # AnnouncedLine), so a loss lets the next release wake a waiter at once.
+        self._answer_wake(key, keys, argv, keep_turn=False)
+        try:
+            fence = self._ask_grant(key, token, keys, argv, _scripts.ACQUIRE_COUNTED)
+        except ResponseError as exc:
+            code, _, held = str(exc).partition(" ")
+            if code != LIMIT_HELD or not held.isdigit():
+                raise
+            raise limit_mismatch(key, limit, int(held)) from None
+        return None if fence is None else int(fence)
+
+    @_reports_unavailable
     def adopt(self, key: str, claim_token: str, token: str, ttl: float, owner: str) -> Optional[int]:
         """Replace the claim ``claim_token`` on ``key`` (or a free key) with a new fenced grant:
         one script, the fence counter in the key's hash slot as for every fenced grant."""
@@ -630,12 +681,21 @@ class RedisBackend(ServiceStore):
 
     @_reports_unavailable
     def is_held(self, key: str, token: str) -> bool:
-        """``True`` if ``token`` holds a live lease on ``key`` (one ``GET``)."""
-        parsed = _parse_value(self._commands.execute_command("GET", key))
+        """``True`` if ``token`` holds a live lease on ``key`` (one ``GET``), or a live place
+        of it when ``key`` is a counting key (which ``GET`` refuses; then one script more)."""
+        try:
+            value = self._commands.execute_command("GET", key)
+        except ResponseError as exc:
+            if not str(exc).startswith("WRONGTYPE"):
+                raise
+            return bool(_scripts.IS_HELD_PLACE(self._commands, [key], [token]))
+        parsed = _parse_value(value)
         return parsed is not None and parsed[0] == token
 
     def _state(self, key: str, reply: Sequence[Any]) -> LockState:
         value, pttl, seconds, micros = reply
+        if isinstance(value, list):
+            return _counting_state(key, value, int(seconds), int(micros))
         parsed = _parse_value(value)
         # PTTL is -2 for a missing key; -1 (no expiry) is never written by this backend.
         if parsed is None or int(pttl) == -2:
@@ -655,12 +715,14 @@ class RedisBackend(ServiceStore):
 
     @_reports_unavailable
     def inspect(self, key: str) -> LockState:
-        """The holder's fence, owner and remaining lease (PTTL), read in one script."""
-        return self._state(key, _scripts.INSPECT(self._commands, [key], []))
+        """The holder's fence, owner and remaining lease (PTTL), or every place of a counting
+        key, read in one script."""
+        return self._state(key, _scripts.INSPECT(self._commands, [key], ["0"]))
 
     @_reports_unavailable
     def force_release(self, key: str) -> bool:
-        """Delete ``key`` whoever holds it and announce the release to watchers."""
+        """Delete ``key`` (every place of a counting key) whoever holds it and announce the
+        release to watchers."""
         keys, argv = self._release_call(key, None)
         return bool(_scripts.FORCE_RELEASE(self._commands, keys, argv))
 
@@ -694,14 +756,13 @@ class RedisBackend(ServiceStore):
         Not a snapshot: a key granted or released during the scan may or may not be listed.
         """
         pattern = _escape_glob(prefix) + "*"
+        # Leases are strings and counting keys hashes: every type is listed, and the backend's
+        # own structures (some of which are hashes too) are left out by their names.
         names = sorted(
-            {
-                name.decode("utf-8", "replace")
-                for name in self.client.scan_iter(match=pattern, count=1000, _type="string")
-            }
+            {name.decode("utf-8", "replace") for name in self.client.scan_iter(match=pattern, count=1000)}
         )
-        names = [name for name in names if name.startswith(prefix)]
-        replies = self._batch([(_scripts.INSPECT, [name], []) for name in names], wait=False)
+        names = [name for name in names if name.startswith(prefix) and store_structure(name) is None]
+        replies = self._batch([(_scripts.INSPECT, [name], ["1"]) for name in names], wait=False)
         states = [self._state(name, reply) for name, reply in zip(names, replies)]
         return iter([state for state in states if state.held])
 
@@ -764,10 +825,12 @@ class RedisBackend(ServiceStore):
         way at once, and none on a Cluster (one grant list per waiter cannot share every key's
         hash slot) or on a server older than Redis 6 (``BLPOP`` takes whole seconds there).
         Other waiters are woken by the backend's shared watcher (wake-one, or the release
-        channel on a Cluster; see :class:`~lease_lock.backends.line.AnnouncedLine`).
+        channel on a Cluster; see :class:`~lease_lock.backends.line.AnnouncedLine`), and so are
+        the waiters for a place of a counting key (``limit`` > 1), whose releases announce
+        themselves the same way.
         """
-        if not self._lines_usable() or not self._line_slots.take():
-            return AnnouncedLine(self._announcements, self, key, token, ttl, owner, fenced, clock)
+        if limit > 1 or not self._lines_usable() or not self._line_slots.take():
+            return AnnouncedLine(self._announcements, self, key, token, ttl, owner, fenced, clock, limit)
         claim = claim_for(ttl)
         ms, claim_ms = _millis(ttl), _millis(claim)
         granted = GRANTED_PREFIX + token

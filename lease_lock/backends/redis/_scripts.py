@@ -5,6 +5,12 @@ A lease is one string key holding ``<token>|<fence>|<owner>`` with a Redis expir
 unfenced grant. Tokens never contain ``|``, so ``<token>|`` is an unambiguous prefix;
 the owner label is last and may contain anything.
 
+A counting key (``limit`` > 1) keeps its places in a hash under the same name instead: the
+field ``#limit`` holds its limit and each holder's token maps to ``<lease end>|<fence>|<owner>``
+(the end in server milliseconds, from ``TIME``). The hash expires with its last lease
+(``PEXPIREAT``), so it exists exactly while a place is live, and a script that finds a hash
+under the key's name knows the key is held by places.
+
 Lua numbers are doubles and ``tostring`` prints them with 14 significant digits, which loses
 the low digits of a microsecond timestamp (about 1.8e15). Every integer a script writes or
 returns as text is therefore formatted with ``%.0f``, which prints a double's exact integer.
@@ -21,6 +27,7 @@ from redis.exceptions import NoScriptError
 
 __all__ = [
     "ACQUIRE",
+    "ACQUIRE_COUNTED",
     "ADOPT",
     "COUNT_IN_WINDOW",
     "EXTEND",
@@ -28,8 +35,10 @@ __all__ = [
     "GRANTED_PREFIX",
     "GRANT_IF_FREE",
     "INSPECT",
+    "IS_HELD_PLACE",
     "JOIN_LINE",
     "LEAVE_LINE",
+    "LIMIT_HELD",
     "MARK_WAITING",
     "PUSH_WAKE",
     "RELEASE",
@@ -67,11 +76,12 @@ class Script:
 # later do that anyway, Redis 3.2 and 4 need it or they refuse the write.
 _EFFECTS = "if redis.replicate_commands then redis.replicate_commands() end\n"
 
-# ``next_fence(counter, lifetime)``: the next fence of the counter key (which then lives
-# ``lifetime`` ms), or nil when that name holds something other than a counter.
+# ``next_fence(counter, lifetime[, now])``: the next fence of the counter key (which then lives
+# ``lifetime`` ms), or nil when that name holds something other than a counter; ``now`` is the
+# reply of a TIME the caller has just read (TIME is read when it is not given).
 _NEXT_FENCE = """
-local function next_fence(counter, lifetime)
-  local now = redis.call('TIME')
+local function next_fence(counter, lifetime, now)
+  now = now or redis.call('TIME')
   local micros = tonumber(now[1]) * 1000000 + tonumber(now[2])
   local stored = redis.call('GET', counter) or '0'
   -- Only a counter may be read as one: anything else (a lease written under the counter's
@@ -86,41 +96,134 @@ local function next_fence(counter, lifetime)
 end
 """
 
-# Takes the next fence of KEYS[2] (counter lifetime ARGV[5] ms) into the Lua local ``fence``,
-# failing loudly when KEYS[2] is no counter. Needs _NEXT_FENCE.
-_TAKE_FENCE = """
-fence = next_fence(KEYS[2], ARGV[5])
+
+
+def _take_fence(now: str = "nil") -> str:
+    """Lua that takes the next fence of KEYS[2] (counter lifetime ARGV[5] ms) into the local
+    ``fence``, failing loudly when KEYS[2] is no counter; ``now`` names a TIME reply the script
+    has read already. Needs _NEXT_FENCE."""
+    return f"""
+fence = next_fence(KEYS[2], ARGV[5], {now})
 if not fence then
   return redis.error_reply('lease_lock: fence counter ' .. KEYS[2] .. ' holds a non-counter value')
 end
 """
 
-# Reads the lease of KEYS[1] into the Lua locals ``current`` (its value or false) and ``mine``
-# (this token's "<token>|" prefix).
+
+_TAKE_FENCE = _take_fence()
+
+# ``server_millis()``: the server time in milliseconds.
+_SERVER_MILLIS = """
+local function server_millis()
+  local now = redis.call('TIME')
+  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+end
+"""
+
+# Reads the lease of KEYS[1] into the Lua locals ``current`` (its value, false when the key is
+# free, or GET's error when the name holds no string: a counting key's places, or data of
+# another type) and ``mine`` (this token's "<token>|" prefix).
 _READ_LEASE = """
-local current = redis.call('GET', KEYS[1])
+local current = redis.pcall('GET', KEYS[1])
 local mine = ARGV[1]
 """
 
-# An attempt that answers a wake (ARGV[6] "1") ends it: the last KEYS entry is the key's waiting
-# marker, whose field ``o`` says until when a wake is outstanding (see _ANNOUNCE). A loss (the
-# key held by another token) ends it too unless ARGV[7] (milliseconds, "0" for none) keeps the
-# waiter's turn: the wake then stays outstanding that long, while the loser tries again on its
-# own (see TURN_RETRY_MS in _watch). Needs the locals of _READ_LEASE.
-_ANSWER_WAKE = """
--- Only a hash is a marker: a lease written under its name through the bare backend API is
--- left alone.
-if ARGV[6] == '1' and redis.call('TYPE', KEYS[#KEYS]).ok == 'hash' then
-  local kept = tonumber(ARGV[7] or '0')
-  if kept > 0 and current and string.sub(current, 1, #mine) ~= mine then
-    local now = redis.call('TIME')
-    local millis = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-    redis.call('HSET', KEYS[#KEYS], 'o', string.format('%.0f', millis + kept))
-  else
-    redis.call('HDEL', KEYS[#KEYS], 'o')
+# An exclusive grant finds a key whose name holds a counting key's places (a hash) held; a
+# name holding anything else but a string answers GET's error, as it always did. Needs the
+# locals of _READ_LEASE.
+_PLACES_HOLD = """
+if type(current) == 'table' then
+  if redis.call('TYPE', KEYS[1]).ok == 'hash' then
+    return false
+  end
+  return current
+end
+"""
+
+# The places of a counting key KEYS[1] (a hash: "#limit" -> its limit, each holder's token ->
+# "<lease end, server ms>|<fence>|<owner>"), which lives exactly as long as its last place.
+_PLACES = """
+-- Reads the places (``all``, the hash's HGETALL) at server time ``millis`` and drops those
+-- whose lease ended. Returns the key's limit (text; nil when the name holds no counting key),
+-- how many live places other than ``token``'s it has, the latest lease end among those (0
+-- when none), and ``token``'s own live place (its value) or nil.
+local function read_places(all, millis, token)
+  local limit, others, last, own, ended = nil, 0, 0, nil, {}
+  for i = 1, #all, 2 do
+    local field, value = all[i], all[i + 1]
+    if field == '#limit' then
+      limit = value
+    else
+      local ends = tonumber(string.match(value, '^(%d+)|') or '')
+      if not ends or ends <= millis then
+        ended[#ended + 1] = field
+      elseif field == token then
+        own = value
+      else
+        others = others + 1
+        last = math.max(last, ends)
+      end
+    end
+  end
+  -- Only a counting key is pruned: a hash written under a lock key's name through the bare
+  -- backend API is left alone.
+  if limit then
+    for _, field in ipairs(ended) do
+      redis.call('HDEL', KEYS[1], field)
+    end
+  end
+  return limit, others, last, own
+end
+
+-- Whether ``all`` (a hash's HGETALL of two fields) is a counting key's limit and ``token``'s
+-- place alone: that place is then live, since the key lives exactly as long as its last place.
+local function sole_place(all, token)
+  return (all[1] == '#limit' and all[3] == token) or (all[1] == token and all[3] == '#limit')
+end
+
+-- The key ends with its last place: its expiry moves to ``last`` (server ms), or the key goes
+-- when no place is left (``last`` is 0). Returns true when it went.
+local function settle_places(last)
+  if last == 0 then
+    redis.call('DEL', KEYS[1])
+    return true
+  end
+  redis.call('PEXPIREAT', KEYS[1], string.format('%.0f', last))
+  return false
+end
+"""
+
+# ``answer_wake(lost)``: an attempt that answers a wake (ARGV[6] "1") ends it: the last KEYS
+# entry is the key's waiting marker, whose field ``o`` says until when a wake is outstanding
+# (see _ANNOUNCE). A loss (``lost``: the key held by another token) ends it too unless ARGV[7]
+# (milliseconds, "0" for none) keeps the waiter's turn: the wake then stays outstanding that
+# long, while the loser tries again on its own (see TURN_RETRY_MS in _watch). Needs
+# _SERVER_MILLIS.
+_ANSWER_WAKE_FN = """
+local function answer_wake(lost)
+  -- Only a hash is a marker: a lease written under its name through the bare backend API is
+  -- left alone.
+  if ARGV[6] == '1' and redis.call('TYPE', KEYS[#KEYS]).ok == 'hash' then
+    local kept = tonumber(ARGV[7] or '0')
+    if kept > 0 and lost then
+      redis.call('HSET', KEYS[#KEYS], 'o', string.format('%.0f', server_millis() + kept))
+    else
+      redis.call('HDEL', KEYS[#KEYS], 'o')
+    end
   end
 end
 """
+
+# The exclusive attempt's answer to a wake. Needs the locals of _READ_LEASE (a string or false).
+_ANSWER_WAKE = (
+    _SERVER_MILLIS
+    + _ANSWER_WAKE_FN
+    + """
+if ARGV[6] == '1' then
+  answer_wake(current and string.sub(current, 1, #mine) ~= mine)
+end
+"""
+)
 
 # Grants KEYS[1] to the token (ARGV[1] "<token>|") when it is free or the token's own, keeping
 # the fence of a lease the token holds; returns false when another token holds it. Needs the
@@ -156,7 +259,88 @@ return fence
 #: ARGV[7] with it: how many ms the waiter's turn is kept if it loses ("0": none).
 #: Returns nil when another token holds the key, else the fence as text ("" when unfenced).
 #: A repeated acquire by the holding token keeps its fence and sets a new lease.
-ACQUIRE = Script(_EFFECTS + _NEXT_FENCE + _READ_LEASE + _ANSWER_WAKE + _GRANT)
+ACQUIRE = Script(_EFFECTS + _NEXT_FENCE + _READ_LEASE + _PLACES_HOLD + _ANSWER_WAKE + _GRANT)
+
+# ``state(listing)``: what INSPECT answers for KEYS[1]: {its lease (or nil), PTTL in ms, server
+# seconds, server microseconds}; for a counting key its places (HGETALL) stand for the lease.
+# A name holding another type answers GET's error, or nil when ``listing``.
+_STATE = """
+local function state(listing)
+  local now = redis.call('TIME')
+  local kind = redis.call('TYPE', KEYS[1]).ok
+  local value = false
+  if kind == 'hash' then
+    value = redis.call('HGETALL', KEYS[1])
+  elseif kind == 'string' or not listing then
+    value = redis.call('GET', KEYS[1])
+  end
+  return {value, redis.call('PTTL', KEYS[1]), now[1], now[2]}
+end
+"""
+
+#: The error a counting grant answers when the live holders have another limit: this, a space
+#: and their limit (1 for an exclusive holder).
+LIMIT_HELD = "LIMIT"
+
+#: KEYS[1] the counting key, KEYS[2] its fence counter (same hash slot), and last the key's
+#: waiting marker when ARGV[6] is "1".
+#: ARGV[1] "<token>|", ARGV[2] lease in ms, ARGV[3] owner, ARGV[4] the limit, ARGV[5] counter
+#: lifetime in ms, ARGV[6] "1" when this attempt answers a wake, ARGV[7] with it: how many ms
+#: the waiter's turn is kept if it loses ("0": none).
+#: Drops the places whose lease ended, then renews the token's own place (its fence kept) or
+#: grants a new place with a fence from the key's counter while fewer than the limit are live.
+#: Returns the fence as text; nil when every place is taken; the error LIMIT_HELD when the live
+#: holders have another limit (nothing written).
+ACQUIRE_COUNTED = Script(
+    _EFFECTS
+    + _NEXT_FENCE
+    + _SERVER_MILLIS
+    + _ANSWER_WAKE_FN
+    + _PLACES
+    + """
+local all = redis.pcall('HGETALL', KEYS[1])
+if all.err then
+  -- No hash: an exclusive holder's lease (a string), else data of another type.
+  if redis.call('TYPE', KEYS[1]).ok ~= 'string' then
+    return all
+  end
+  answer_wake(false)
+  return redis.error_reply('"""
+    + LIMIT_HELD
+    + """ 1')
+end
+local now = redis.call('TIME')
+local millis = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local token = string.sub(ARGV[1], 1, -2)
+local limit, others, last, own = read_places(all, millis, token)
+if not limit and #all > 0 then
+  return redis.error_reply('lease_lock: ' .. KEYS[1] .. ' holds a hash that is no counting key')
+end
+local live = others + (own and 1 or 0)
+if live > 0 and limit ~= ARGV[4] then
+  answer_wake(false)
+  return redis.error_reply('"""
+    + LIMIT_HELD
+    + """ ' .. limit)
+end
+local fence
+if own then
+  fence = string.match(own, '^%d+|(%d*)|')
+elseif live < tonumber(ARGV[4]) then
+"""
+    + _take_fence("now")
+    + """
+else
+  answer_wake(true)
+  return false
+end
+local ends = millis + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], token, string.format('%.0f', ends) .. '|' .. fence .. '|' .. ARGV[3], '#limit', ARGV[4])
+settle_places(math.max(last, ends))
+answer_wake(false)
+return fence
+"""
+)
 
 #: The same keys and ARGV as ACQUIRE (ARGV[4] is ignored: always fenced; the lock service's
 #: waiting requests keep no turn, so ARGV[7] is "0").
@@ -165,12 +349,17 @@ ACQUIRE = Script(_EFFECTS + _NEXT_FENCE + _READ_LEASE + _ANSWER_WAKE + _GRANT)
 GRANT_IF_FREE = Script(
     _EFFECTS
     + _NEXT_FENCE
+    + _STATE
     + _READ_LEASE
+    + """
+if type(current) == 'table' then
+  return state(false)
+end
+"""
     + _ANSWER_WAKE
     + """
 if current then
-  local now = redis.call('TIME')
-  return {current, redis.call('PTTL', KEYS[1]), now[1], now[2]}
+  return state(false)
 end
 local fence = ''
 """
@@ -182,10 +371,29 @@ return fence
 )
 
 #: KEYS[1] lease key. ARGV[1] "<token>|", ARGV[2] lease in ms.
-#: Returns 1 when the token held the key and its lease was replaced, else 0.
+#: Returns 1 when the token held the key (or a place of the counting key) and its lease was
+#: replaced, else 0.
 EXTEND = Script(
-    """
-local current = redis.call('GET', KEYS[1])
+    _SERVER_MILLIS
+    + _PLACES
+    + """
+local current = redis.pcall('GET', KEYS[1])
+if type(current) == 'table' then
+  -- A counting key's places (another type fails in HGETALL, as in GET): the token's own
+  -- place gets the new lease. Effects replication comes before the first write after TIME.
+  if redis.replicate_commands then redis.replicate_commands() end
+  local millis = server_millis()
+  local token = string.sub(ARGV[1], 1, -2)
+  local all = redis.call('HGETALL', KEYS[1])
+  local limit, others, last, own = read_places(all, millis, token)
+  if not (limit and own) then
+    return 0
+  end
+  local ends = millis + tonumber(ARGV[2])
+  redis.call('HSET', KEYS[1], token, string.format('%.0f', ends) .. string.match(own, '^%d+(|.*)$'))
+  settle_places(math.max(last, ends))
+  return 1
+end
 if current and string.sub(current, 1, #ARGV[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
@@ -252,12 +460,8 @@ GRANTED_PREFIX = "lease_lock:granted:"
 # take the key back leaves it idle for the rest of its burst only.
 _HAND_ON = (
     _NEXT_FENCE
+    + _SERVER_MILLIS
     + """
-local function server_millis()
-  local now = redis.call('TIME')
-  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-end
-
 -- The first waiter in line whose entry is fresh, then its claim ms, '1' when fenced, burst ms
 -- and owner; nil when there is none. Stale entries met on the way are dropped.
 local function next_waiter(millis)
@@ -333,8 +537,30 @@ end
 
 # Deletes KEYS[1] when the token (ARGV[1] "<token>|") holds it, then hands it over or announces
 # the release (see _HAND_ON and _ANNOUNCE, with the keys and ARGV of RELEASE); returns 1, else 0.
+# For a counting key, the token's own place goes instead: its release is announced as a key's
+# is, and the release of the last place hands the key on as well. Needs _PLACES.
 _RELEASE_IF_HELD = """
-local current = redis.call('GET', KEYS[1])
+local current = redis.pcall('GET', KEYS[1])
+if type(current) == 'table' then
+  -- A counting key's places (another type fails in HGETALL, as in GET).
+  local token = string.sub(ARGV[1], 1, -2)
+  local all = redis.call('HGETALL', KEYS[1])
+  local last = 0
+  if not (#all == 4 and sole_place(all, token)) then
+    local limit, others, own
+    limit, others, last, own = read_places(all, server_millis(), token)
+    if not (limit and own) then
+      return 0
+    end
+    if others > 0 then
+      redis.call('HDEL', KEYS[1], token)
+    end
+  end
+  if not settle_places(last) or not hand_on(ARGV[6]) then
+    announce(ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+  end
+  return 1
+end
 if current and string.sub(current, 1, #ARGV[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   if not hand_on(ARGV[6]) then
@@ -352,12 +578,13 @@ return 0
 #: lifetime in ms.
 #: Returns 1 when the token held the key and it was deleted (and handed over to the first live
 #: waiter in line, or else announced), else 0.
-RELEASE = Script(_ANNOUNCE + _HAND_ON + _RELEASE_IF_HELD)
+RELEASE = Script(_ANNOUNCE + _HAND_ON + _PLACES + _RELEASE_IF_HELD)
 
 #: KEYS as for RELEASE. ARGV[1] channel, ARGV[2] message (the key), ARGV[3] wake lifetime in
 #: ms, ARGV[4] how long a pushed wake stays outstanding at most, in ms, ARGV[5] fence counter
 #: lifetime in ms.
-#: Returns 1 when a live lease was deleted (and handed over or announced), else 0.
+#: Returns 1 when a live lease (or every place of a counting key) was deleted (and handed over
+#: or announced), else 0.
 FORCE_RELEASE = Script(
     _ANNOUNCE
     + _HAND_ON
@@ -385,6 +612,7 @@ JOIN_LINE = Script(
     _EFFECTS
     + _NEXT_FENCE
     + _READ_LEASE
+    + _PLACES_HOLD
     + """
 local line_ok = redis.call('TYPE', KEYS[3]).ok
 local entries_ok = redis.call('TYPE', KEYS[4]).ok
@@ -434,14 +662,16 @@ redis.call('DEL', KEYS[5])
 LEAVE_LINE = Script(
     _ANNOUNCE
     + _HAND_ON
+    + _PLACES
     + """
 if redis.call('TYPE', KEYS[5]).ok == 'list' and redis.call('TYPE', KEYS[6]).ok == 'hash' then
   redis.call('HDEL', KEYS[6], ARGV[7])
   redis.call('LREM', KEYS[5], 0, ARGV[7])
   -- A key handed to this waiter goes on at once: the burst it came with (see _HAND_ON) is for
   -- a holder that takes the key back, and this one leaves without using it.
-  local held = redis.call('GET', KEYS[1])
-  if held and string.sub(held, 1, #ARGV[1]) == ARGV[1] then
+  -- (A counting key's places, read as an error here, hold the key for other tokens.)
+  local held = redis.pcall('GET', KEYS[1])
+  if type(held) == 'string' and string.sub(held, 1, #ARGV[1]) == ARGV[1] then
     redis.call('HDEL', KEYS[6], '!')
   elseif not held then
     local millis = server_millis()
@@ -456,12 +686,24 @@ redis.call('DEL', KEYS[7])
     + _RELEASE_IF_HELD
 )
 
-#: KEYS[1] lease key. No ARGV.
-#: Returns {value or nil, PTTL in ms, server seconds, server microseconds}, read atomically.
-INSPECT = Script(
-    """
-local now = redis.call('TIME')
-return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), now[1], now[2]}
+#: KEYS[1] lease key. ARGV[1] "1" when listing (a name holding neither a lease nor places then
+#: reads as free), else "0".
+#: Returns {value or nil, PTTL in ms, server seconds, server microseconds}, read atomically;
+#: for a counting key, its hash's fields and values (flat) stand for the value.
+INSPECT = Script(_STATE + "return state(ARGV[1] == '1')\n")
+
+#: KEYS[1] a key whose name holds no string (is_held's GET was refused). ARGV[1] the token.
+#: Returns 1 when the token holds a live place of the counting key, else 0 (GET's error for a
+#: name holding neither a string nor a hash).
+IS_HELD_PLACE = Script(
+    _SERVER_MILLIS
+    + """
+local place = redis.call('HGET', KEYS[1], ARGV[1])
+local ends = place and tonumber(string.match(place, '^(%d+)|') or '')
+if ends and ends > server_millis() and redis.call('HEXISTS', KEYS[1], '#limit') == 1 then
+  return 1
+end
+return 0
 """
 )
 
@@ -499,6 +741,7 @@ ADOPT = Script(
     _EFFECTS
     + _NEXT_FENCE
     + _READ_LEASE
+    + _PLACES_HOLD
     + """
 local fence = ''
 if current and string.sub(current, 1, #mine) == mine then
