@@ -535,8 +535,9 @@ class AnnouncedLine(WaitingLine):
                 state = self._backend.inspect(self._key)
                 # A counting key frees a place when its first lease ends.
                 ends = [holder.expires_in for holder in state.holders if holder.expires_in is not None]
-                if not state.held:
-                    left = _LEAST_LEASE_WAIT  # released before the watcher heard: ask (almost) at once
+                if len(state.holders) < state.limit:
+                    # Released (or a place of it freed) before the watcher heard: ask (almost) at once.
+                    left = _LEAST_LEASE_WAIT
                 else:
                     left = _UNTOLD_LEASE if not ends else max(min(ends), _LEAST_LEASE_WAIT)
             end = self._holder_end = now + left
