@@ -389,6 +389,7 @@ class PostgresBackend(ServiceStore):
                 problems = _table_problems(
                     cursor, self.names.table, ("key",), _LOCK_COLUMNS, ("SELECT",)
                 )
+                places = self._places_usable(cursor, ("SELECT",))
             if problems == [f"table {self.names.table} does not exist"]:
                 raise ValidationError(
                     f"PostgreSQL lock table {self.names.label!r}: table {self.names.table} does "
@@ -396,7 +397,7 @@ class PostgresBackend(ServiceStore):
                     "options, or take a lock first, which creates it with create_table=true"
                 )
             _raise_problems(self.names, problems)
-            self._place_problems = self._places_usable(cursor)
+            self._place_problems = places
             self._table_seen = True
             return
         with self._source.ready_lock, conn.cursor(cursor_factory=_PLAIN_CURSOR) as cursor:
@@ -411,7 +412,7 @@ class PostgresBackend(ServiceStore):
                 ) + _sequence_problems(cursor, self.names)
                 _raise_problems(self.names, problems)
                 self._lines_ok = self._line_usable(cursor)
-                self._place_problems = self._places_usable(cursor)
+                self._place_problems = self._places_usable(cursor, _LOCK_PRIVILEGES)
                 self._tables_ready = True
             if counters and not self._counters_ready:
                 problems = _table_problems(
@@ -437,11 +438,12 @@ class PostgresBackend(ServiceStore):
             )
         return not problems
 
-    def _places_usable(self, cursor: Any) -> list[str]:
-        """What keeps the places of counting keys from being used (nothing when they can be):
-        a lock table made by an older release's DDL, without ``<table>_place``, keeps serving
-        exclusive keys, and only a counting grant says what it lacks."""
-        return _table_problems(cursor, self.names.places, ("key", "token"), _LOCK_COLUMNS, _LOCK_PRIVILEGES)
+    def _places_usable(self, cursor: Any, privileges: Sequence[str]) -> list[str]:
+        """What keeps the places of counting keys from being used with ``privileges`` (nothing
+        when they can be): a lock table made by an older release's DDL, without
+        ``<table>_place``, keeps serving exclusive keys, and only a counting grant says what it
+        lacks."""
+        return _table_problems(cursor, self.names.places, ("key", "token"), _LOCK_COLUMNS, privileges)
 
     def _check_ready(self) -> None:
         """Run the first-write checks (and creation) now, so that the statement chosen next
