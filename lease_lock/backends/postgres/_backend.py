@@ -124,12 +124,14 @@ class PostgresBackend(ServiceStore):
 
     The table (default ``lease_lock``; ``schema.table`` or ``schema=`` to qualify it) holds one
     row per key: ``key`` (stored as given, prefix included), ``token``, ``expires_at``,
-    ``fence`` and ``owner``. A fence is the largest of the server clock in microseconds, the
-    next value of the sequence ``<table>_fence`` and the key's previous fence plus one, taken
-    in the grant's own statement, so fences keep rising when the sequence is restarted or
-    dropped (a dropped one is recreated by the next grant). A role with UPDATE on the sequence
-    also moves it up to each clock-based fence, so fences keep rising even if the server
-    clock is later stepped back. Counters live in
+    ``fence`` and ``owner``; a counting key (``limit`` > 1) has its row there too, with the
+    token ``#<limit>``, and one row per holder in ``<table>_place`` (see the docs). A fence is
+    the largest of the server clock in microseconds, the next value of the sequence
+    ``<table>_fence`` and the key's previous fence plus one, taken in the grant's own
+    statement, so fences keep rising when the sequence is restarted or dropped (a dropped one
+    is recreated by the next grant). A role with UPDATE on the sequence also moves it up to
+    each clock-based fence, so fences keep rising even if the server clock is later stepped
+    back. Counters live in
     ``<table>_count``; releases are announced on the NOTIFY channel ``<table>_freed`` with the
     key as payload. With ``create_table=True`` the first write creates what is missing; with
     ``False`` it only checks, and a failed check is repeated on the next call. Reads
@@ -747,8 +749,9 @@ class PostgresBackend(ServiceStore):
         connection of its own. At most :data:`~lease_lock.backends.line.LINE_WAITERS` threads
         of one backend wait this way at once, and none before the first write checked the
         tables, when the line's table cannot be used (see :meth:`_line_usable`), or once the
-        backend is closed. Other waiters are woken by the backend's shared wake-one watcher
-        (see :class:`~lease_lock.backends.line.AnnouncedLine`).
+        backend is closed. Other waiters, and every waiter for a place of a counting key
+        (``limit`` > 1), are woken by the backend's shared wake-one watcher (see
+        :class:`~lease_lock.backends.line.AnnouncedLine`).
         """
         if limit > 1 or not self._lines_ok or self._listening.closed or not self._line_slots.take():
             return AnnouncedLine(self._announcements, self, key, token, ttl, owner, fenced, clock, limit)
@@ -911,7 +914,7 @@ class _Statement(NamedTuple):
 _PREPARED = frozenset(
     {
         "acquire", "acquire_fenced", "release", "extend", "is_held", "inspect", "join", "join_fenced",
-        "release_handing", "release_unqueued",
+        "release_handing", "release_unqueued", "acquire_counted", "release_place",
     }
 )
 
@@ -919,7 +922,7 @@ _PREPARED = frozenset(
 _PARAMETER_TYPES = {
     "key": "text", "token": "text", "ttl": "float8", "owner": "text", "channel": "text",
     "gate": "int4", "slot": "int4", "claim_window": "float8", "fenced": "bool", "listen": "text", "ticket": "text",
-    "fresh_for": "float8", "burst": "float8",
+    "fresh_for": "float8", "burst": "float8", "limit": "int4", "marker": "text",
 }
 
 _PARAMETER = re.compile(r"%\((\w+)\)s")
