@@ -535,9 +535,8 @@ class AnnouncedLine(WaitingLine):
                 state = self._backend.inspect(self._key)
                 # A counting key frees a place when its first lease ends.
                 ends = [holder.expires_in for holder in state.holders if holder.expires_in is not None]
-                if len(state.holders) < self._limit:
-                    # Released (or a place of a counting key freed) before the watcher heard:
-                    # ask (almost) at once.
+                if len(state.holders) < state.limit:
+                    # Released (or a place of it freed) before the watcher heard: ask (almost) at once.
                     left = _LEAST_LEASE_WAIT
                 else:
                     left = _UNTOLD_LEASE if not ends else max(min(ends), _LEAST_LEASE_WAIT)

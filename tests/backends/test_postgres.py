@@ -46,7 +46,7 @@ def table(admin: Any) -> Iterator[str]:
     """A table name of this test's own; every object derived from it is dropped afterwards."""
     name = _table()
     yield name
-    _sql(admin, f'DROP TABLE IF EXISTS "{name}", "{name}_count"')
+    _sql(admin, f'DROP TABLE IF EXISTS "{name}", "{name}_count", "{name}_place"')
     _sql(admin, f'DROP SEQUENCE IF EXISTS "{name}_fence"')
 
 

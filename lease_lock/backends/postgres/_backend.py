@@ -23,9 +23,11 @@ from ..base import (
     CallBudget,
     Capabilities,
     ExtendRequest,
+    Holder,
     LockState,
     ReleaseWatcher,
     WaitingLine,
+    limit_mismatch,
     parse_bool,
     parse_url_options,
 )
@@ -122,12 +124,14 @@ class PostgresBackend(ServiceStore):
 
     The table (default ``lease_lock``; ``schema.table`` or ``schema=`` to qualify it) holds one
     row per key: ``key`` (stored as given, prefix included), ``token``, ``expires_at``,
-    ``fence`` and ``owner``. A fence is the largest of the server clock in microseconds, the
-    next value of the sequence ``<table>_fence`` and the key's previous fence plus one, taken
-    in the grant's own statement, so fences keep rising when the sequence is restarted or
-    dropped (a dropped one is recreated by the next grant). A role with UPDATE on the sequence
-    also moves it up to each clock-based fence, so fences keep rising even if the server
-    clock is later stepped back. Counters live in
+    ``fence`` and ``owner``; a counting key (``limit`` > 1) has its row there too, with the
+    token ``#<limit>``, and one row per holder in ``<table>_place`` (see the docs). A fence is
+    the largest of the server clock in microseconds, the next value of the sequence
+    ``<table>_fence`` and the key's previous fence plus one, taken in the grant's own
+    statement, so fences keep rising when the sequence is restarted or dropped (a dropped one
+    is recreated by the next grant). A role with UPDATE on the sequence also moves it up to
+    each clock-based fence, so fences keep rising even if the server clock is later stepped
+    back. Counters live in
     ``<table>_count``; releases are announced on the NOTIFY channel ``<table>_freed`` with the
     key as payload. With ``create_table=True`` the first write creates what is missing; with
     ``False`` it only checks, and a failed check is repeated on the next call. Reads
@@ -147,7 +151,7 @@ class PostgresBackend(ServiceStore):
         release_notify=True,
         scan=True,
         batch_extend=True,
-        counting=False,
+        counting=True,
         replica_wait=False,
         min_ttl=0.0,
         clock="the PostgreSQL server's clock_timestamp()",
@@ -186,6 +190,9 @@ class PostgresBackend(ServiceStore):
         self._tables_ready = False
         self._table_seen = False
         self._counters_ready = False
+        #: What keeps ``<table>_place`` from being used (``None``: not checked yet; empty: it
+        #: can be): counting keys need it, and a table made by an older release's DDL lacks it.
+        self._place_problems: Optional[list[str]] = None
         self._watchers: list[PostgresReleaseWatcher] = []
         #: Whether the line of waiters can be used (``None``: not checked yet; see
         #: _line_usable), the threads waiting in it and their listening connections.
@@ -384,6 +391,7 @@ class PostgresBackend(ServiceStore):
                 problems = _table_problems(
                     cursor, self.names.table, ("key",), _LOCK_COLUMNS, ("SELECT",)
                 )
+                places = self._places_usable(cursor, ("SELECT",))
             if problems == [f"table {self.names.table} does not exist"]:
                 raise ValidationError(
                     f"PostgreSQL lock table {self.names.label!r}: table {self.names.table} does "
@@ -391,6 +399,7 @@ class PostgresBackend(ServiceStore):
                     "options, or take a lock first, which creates it with create_table=true"
                 )
             _raise_problems(self.names, problems)
+            self._place_problems = places
             self._table_seen = True
             return
         with self._source.ready_lock, conn.cursor(cursor_factory=_PLAIN_CURSOR) as cursor:
@@ -405,6 +414,7 @@ class PostgresBackend(ServiceStore):
                 ) + _sequence_problems(cursor, self.names)
                 _raise_problems(self.names, problems)
                 self._lines_ok = self._line_usable(cursor)
+                self._place_problems = self._places_usable(cursor, _LOCK_PRIVILEGES)
                 self._tables_ready = True
             if counters and not self._counters_ready:
                 problems = _table_problems(
@@ -429,6 +439,13 @@ class PostgresBackend(ServiceStore):
                 self.names.label, "; ".join(problems), self.names.queue,
             )
         return not problems
+
+    def _places_usable(self, cursor: Any, privileges: Sequence[str]) -> list[str]:
+        """What keeps the places of counting keys from being used with ``privileges`` (nothing
+        when they can be): a lock table made by an older release's DDL, without
+        ``<table>_place``, keeps serving exclusive keys, and only a counting grant says what it
+        lacks."""
+        return _table_problems(cursor, self.names.places, ("key", "token"), _LOCK_COLUMNS, privileges)
 
     def _check_ready(self) -> None:
         """Run the first-write checks (and creation) now, so that the statement chosen next
@@ -465,6 +482,28 @@ class PostgresBackend(ServiceStore):
         _, rows, _ = self._run(self._sql["adopt"], parameters)
         return int(rows[0][0]) if rows else None
 
+    def acquire_counted(self, key: str, token: str, ttl: float, owner: str, limit: int) -> Optional[int]:
+        """Grant or renew one of the ``limit`` places of ``key`` for ``token`` and return its
+        fence (``None`` when every place is taken), in one transaction under the key's
+        advisory lock (see :meth:`Backend.acquire_counted` and the docs' layout of counting
+        keys)."""
+        if self._place_problems != []:
+            # Not checked yet, or found unusable: look (again, creating what is missing with
+            # create_table), so that a table upgraded since is used.
+            self._tables_ready = self._table_seen = False
+            self._check_ready()
+            if self._place_problems:
+                _raise_problems(self.names, self._place_problems)
+        parameters = {
+            "key": key, "token": token, "ttl": float(ttl), "owner": owner, "limit": limit,
+            "marker": _marker(limit), "gate": self.names.gate, "slot": _key_slot(key),
+        }
+        _, rows, _ = self._run(self._sql["acquire_counted"], parameters)
+        fence, held = rows[0]
+        if held is not None:
+            raise limit_mismatch(key, limit, int(held))
+        return None if fence is None else int(fence)
+
     def release(self, key: str, token: str) -> bool:
         """Give ``key`` up if ``token`` holds it: hand it to the oldest fresh waiter in the key's
         line (see :meth:`join_line`), or else delete it and announce the release to listeners.
@@ -480,6 +519,14 @@ class PostgresBackend(ServiceStore):
         if self.direct_handoff and not self._tables_ready:
             self._check_ready()
         rows, retried = self._hand_on("release", {"key": key, "token": token, "channel": self.names.channel})
+        if not rows and self._place_problems == []:
+            # Not the key's holder: perhaps a holder of one of its places.
+            _, rows, again = self._run(
+                self._sql["release_place"],
+                {"key": key, "token": token, "channel": self.names.channel,
+                 "gate": self.names.gate, "slot": _key_slot(key)},
+            )
+            retried = retried or again
         if not rows:
             return retried
         return bool(rows[0][0])
@@ -487,7 +534,9 @@ class PostgresBackend(ServiceStore):
     def extend(self, key: str, token: str, ttl: float) -> bool:
         """Set ``key``'s lease to ``ttl`` seconds from now if ``token`` holds a live lease."""
         count, _, _ = self._run(self._sql["extend"], {"key": key, "token": token, "ttl": ttl})
-        return bool(count)
+        if count or self._place_problems != []:
+            return bool(count)
+        return self._extend_places([ExtendRequest(key, token, ttl)]) == {(key, token)}
 
     def extend_many(self, requests: Sequence[ExtendRequest]) -> list[bool]:
         """Extend every request's lease in one statement; one answer per request, in order."""
@@ -502,23 +551,43 @@ class PostgresBackend(ServiceStore):
             },
         )
         extended = {(key, token) for key, token in rows}
+        if len(extended) < len(requests) and self._place_problems == []:
+            extended |= self._extend_places([item for item in requests if (item.key, item.token) not in extended])
         return [(item.key, item.token) in extended for item in requests]
+
+    def _extend_places(self, requests: Sequence[ExtendRequest]) -> set[tuple[str, str]]:
+        """Extend the places the requests name, in one transaction under the advisory locks of
+        their keys (taken in one order, so two batches never wait for each other); the
+        ``(key, token)`` of each place extended."""
+        _, rows, _ = self._run(
+            self._sql["extend_places"],
+            {
+                "gate": self.names.gate,
+                "slots": sorted({_key_slot(item.key) for item in requests}),
+                "keys": [item.key for item in requests],
+                "tokens": [item.token for item in requests],
+                "ttls": [float(item.ttl) for item in requests],
+            },
+        )
+        return {(key, token) for key, token in rows}
 
     def is_held(self, key: str, token: str) -> bool:
         """``True`` if ``token`` holds a live lease on ``key``."""
         _, rows, _ = self._run(self._sql["is_held"], {"key": key, "token": token}, write=False)
+        if not rows and self._place_problems == []:
+            _, rows, _ = self._run(self._sql["is_held_place"], {"key": key, "token": token}, write=False)
         return bool(rows)
 
     def inspect(self, key: str) -> LockState:
         """The state of ``key``; ``expires_in`` is measured on the server."""
         _, rows, _ = self._run(self._sql["inspect"], {"key": key}, write=False)
-        return _state(rows[0]) if rows else LockState.free(key)
+        return self._states(rows, write=False)[0] if rows else LockState.free(key)
 
     def grant_if_free(self, key: str, token: str, ttl: float, owner: str) -> Union[int, LockState]:
         """Read, then grant a free key: two statements, the read creating the table as a grant
         would (with ``create_table``), so a fresh database serves its first acquisition."""
         _, rows, _ = self._run(self._sql["inspect"], {"key": key}, write=True)
-        state = _state(rows[0]) if rows else LockState.free(key)
+        state = self._states(rows, write=True)[0] if rows else LockState.free(key)
         if state.held:
             return state
         fence = self.acquire_fenced(key, token, ttl, owner)
@@ -575,7 +644,32 @@ class PostgresBackend(ServiceStore):
     def scan(self, prefix: str) -> Iterator[LockState]:
         """Live leases whose key starts with ``prefix``, in key order."""
         _, rows, _ = self._run(self._sql["scan"], {"prefix": prefix}, write=False)
-        return iter([_state(row) for row in rows])
+        return iter([state for state in self._states(rows, write=False) if state.held])
+
+    def _states(self, rows: Sequence[Sequence[Any]], *, write: bool) -> list[LockState]:
+        """The states of the rows ``inspect`` or ``scan`` read, in their order: a counting key's
+        row (its last column true) becomes the state of its live places, read by one more
+        statement for all of them (a key whose places are gone by then is free)."""
+        counted = [row[0] for row in rows if row[5]]
+        if not counted:
+            return [_state(row) for row in rows]
+        _, read, _ = self._run(self._sql["holders"], {"keys": counted}, write=write)
+        limits: dict[str, int] = {}
+        holders: dict[str, list[Holder]] = {key: [] for key in counted}
+        exclusive: dict[str, LockState] = {}
+        for key, limit, expires_at, fence, owner, expires_in in read:
+            if limit == 1:  # no longer a counting key: held by an exclusive grant since
+                exclusive[key] = _state((key, expires_at, fence, owner, expires_in))
+                continue
+            limits[key] = limit
+            holders[key].append(
+                Holder(owner, int(fence), expires_at.astimezone(timezone.utc), float(expires_in))
+            )
+        return [
+            _state(row) if not row[5] else exclusive.get(row[0])
+            or LockState.counting(row[0], limits.get(row[0], 1), holders[row[0]])
+            for row in rows
+        ]
 
     def sweep_expired(self) -> int:
         """Delete the rows of leases that ran out and return how many there were.
@@ -585,6 +679,8 @@ class PostgresBackend(ServiceStore):
         counted.
         """
         count, _, _ = self._run(self._sql["sweep_line" if self._lines_ok else "sweep"], {})
+        if self._place_problems == []:
+            self._run(self._sql["sweep_places"], {})
         return int(count)
 
     def count_in_window(self, name: str, window: float, amount: int = 1) -> tuple[int, float]:
@@ -628,10 +724,19 @@ class PostgresBackend(ServiceStore):
         parameters = self._listen_parameters()
         watcher = PostgresHandoffWatcher(
             parameters, self.names.channel, callback, self.names.label,
-            lambda key: self.inspect(key).expires_in, self.names.turns_channel, self.names.woken_channel,
+            self._lease_left, self.names.turns_channel, self.names.woken_channel,
         )
         self._watchers.append(watcher)
         return watcher
+
+    def _lease_left(self, key: str) -> float:
+        """Seconds until ``key`` may be had, ``0.0`` when it is free or a counting key with a
+        place free: a process that starts listening for the key reads it, so that a release
+        it could not hear yet (a place's included) is not missed."""
+        state = self.inspect(key)
+        if len(state.holders) < state.limit:
+            return 0.0
+        return min(holder.expires_in or 0.0 for holder in state.holders)
 
     def join_line(
         self, key: str, token: str, ttl: float, owner: str, fenced: bool, clock: Callable[[], float],
@@ -644,11 +749,12 @@ class PostgresBackend(ServiceStore):
         connection of its own. At most :data:`~lease_lock.backends.line.LINE_WAITERS` threads
         of one backend wait this way at once, and none before the first write checked the
         tables, when the line's table cannot be used (see :meth:`_line_usable`), or once the
-        backend is closed. Other waiters are woken by the backend's shared wake-one watcher
-        (see :class:`~lease_lock.backends.line.AnnouncedLine`).
+        backend is closed. Other waiters, and every waiter for a place of a counting key
+        (``limit`` > 1), are woken by the backend's shared wake-one watcher (see
+        :class:`~lease_lock.backends.line.AnnouncedLine`).
         """
-        if not self._lines_ok or self._listening.closed or not self._line_slots.take():
-            return AnnouncedLine(self._announcements, self, key, token, ttl, owner, fenced, clock)
+        if limit > 1 or not self._lines_ok or self._listening.closed or not self._line_slots.take():
+            return AnnouncedLine(self._announcements, self, key, token, ttl, owner, fenced, clock, limit)
         claim = claim_for(ttl)
         gate, slot = self.names.gate, _key_slot(key)
         joining = {
@@ -722,8 +828,14 @@ def _key_slot(key: str) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
+def _marker(limit: int) -> str:
+    """The token of a counting key's own row: ``#`` and the key's limit. No caller's token
+    starts with ``#``, so every exclusive grant finds such a row held."""
+    return f"#{limit}"
+
+
 def _state(row: Sequence[Any]) -> LockState:
-    key, expires_at, fence, owner, expires_in = row
+    key, expires_at, fence, owner, expires_in = row[:5]
     return LockState(
         key=key,
         held=True,
@@ -802,7 +914,7 @@ class _Statement(NamedTuple):
 _PREPARED = frozenset(
     {
         "acquire", "acquire_fenced", "release", "extend", "is_held", "inspect", "join", "join_fenced",
-        "release_handing", "release_unqueued",
+        "release_handing", "release_unqueued", "acquire_counted", "release_place",
     }
 )
 
@@ -810,7 +922,7 @@ _PREPARED = frozenset(
 _PARAMETER_TYPES = {
     "key": "text", "token": "text", "ttl": "float8", "owner": "text", "channel": "text",
     "gate": "int4", "slot": "int4", "claim_window": "float8", "fenced": "bool", "listen": "text", "ticket": "text",
-    "fresh_for": "float8", "burst": "float8",
+    "fresh_for": "float8", "burst": "float8", "limit": "int4", "marker": "text",
 }
 
 _PARAMETER = re.compile(r"%\((\w+)\)s")
@@ -1067,8 +1179,10 @@ def _statements(names: Names, write_prefix: str) -> dict[str, _Statement]:
             )
         )
 
+    # The last column says whether the row is a counting key's (see _place_statements).
     state_columns = (
-        "key, expires_at, fence, owner, extract(epoch FROM expires_at - now.at)::float8"
+        "key, expires_at, fence, owner, extract(epoch FROM expires_at - now.at)::float8,"
+        " left(token, 1) = '#'"
     )
     statements = {
         # Inputs: key, token, ttl, owner. Result: one row affected on a grant, none on
@@ -1163,10 +1277,141 @@ def _statements(names: Names, write_prefix: str) -> dict[str, _Statement]:
         ),
     }
     lines = _line_statements(names, statements["acquire"] + " RETURNING fence", statements["acquire_fenced"], draw)
+    places = _place_statements(names, draw)
+    # A place's grant and release run under the key's gate like the line's statements; the
+    # extension takes the gates of its keys itself.
+    for name in ("acquire_counted", "release_place"):
+        lines[name] = places.pop(name)
     built = {name: _statement(name, write_prefix, sql) for name, sql in statements.items()}
     # Every statement of the line runs under the key's gate, taken by a statement of its own
     # before it in the same transaction: so each one reads (in its own, later snapshot) what
     # the previous holder of the gate committed. See _line_statements.
     built.update((name, _statement(name, write_prefix, sql, gated=True)) for name, sql in lines.items())
     built.update((name, _statement(name, "", sql)) for name, sql in reads.items())
+    built["extend_places"] = _statement("extend_places", write_prefix, places.pop("extend_places"))
+    built.update((name, _statement(name, "", sql)) for name, sql in places.items())
     return built
+
+
+def _place_statements(names: Names, draw: Callable[[str, str], str]) -> dict[str, str]:
+    """The statements of counting keys; ``draw`` makes the CTE that draws a fence. Each is
+    headed by its inputs and result.
+
+    A counting key has its row in the lock table, whose token is ``#<limit>`` (see
+    :func:`_marker`), whose ``expires_at`` is the end of its last live place and whose fence
+    is the largest granted, and one row per place in ``<table>_place``. A place counts only
+    while both its own lease and its key's ``#`` row are live: a key taken by another kind of
+    grant (a force release handed on, say) leaves its places inert until the next grant of
+    the key drops them. Every statement that writes places runs under the key's gate (the
+    advisory lock of its fenced grants), taken by a statement of its own before it, so each
+    reads what the previous writer committed; an exclusive grant meets the ``#`` row as a
+    holder's and never writes a live one.
+    """
+    t, p = names.table, names.places
+    # The live places of the key, read once; none unless the key's row is a live '#' row.
+    live = (
+        "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS at),"
+        f" main AS MATERIALIZED (SELECT held.token, held.fence, held.expires_at > now.at AS live"
+        f" FROM {t} AS held, now WHERE held.key = %(key)s),"
+        " live AS MATERIALIZED (SELECT place.token, place.fence, place.expires_at"
+        f" FROM {p} AS place, now WHERE place.key = %(key)s AND place.expires_at > now.at"
+        " AND EXISTS (SELECT 1 FROM main WHERE main.live AND left(main.token, 1) = '#')),"
+    )
+    return {
+        # Inputs: key, token, ttl, owner, limit, marker (the '#' token of limit). Result: one
+        # row (the place's fence or NULL, the limit of the live holders when it differs from
+        # limit, and then nothing was written). The place is written only when the key's row
+        # was: an exclusive grant that takes an expired '#' row meanwhile (acquire takes no
+        # gate) leaves the ask refused. Places that ended (or count no longer) are dropped.
+        "acquire_counted": (
+            live
+            + " held AS MATERIALIZED (SELECT CASE WHEN left(main.token, 1) = '#'"
+            " THEN substr(main.token, 2)::int ELSE 1 END AS lim FROM main"
+            " WHERE main.live AND (left(main.token, 1) <> '#' OR EXISTS (SELECT 1 FROM live))),"
+            " refused AS MATERIALIZED (SELECT lim FROM held WHERE lim <> %(limit)s),"
+            " mine AS MATERIALIZED (SELECT fence FROM live WHERE token = %(token)s),"
+            " go AS MATERIALIZED (SELECT NOT EXISTS (SELECT 1 FROM mine) AS fresh"
+            " WHERE NOT EXISTS (SELECT 1 FROM refused)"
+            " AND (EXISTS (SELECT 1 FROM mine) OR (SELECT count(*) FROM live) < %(limit)s)),"
+            + draw("drawn", "go WHERE go.fresh")
+            + ", granted AS MATERIALIZED (SELECT COALESCE((SELECT fence FROM mine),"
+            " GREATEST((SELECT value FROM drawn), (SELECT fence + 1 FROM main))) AS fence,"
+            " now.at + %(ttl)s * interval '1 second' AS ends FROM go, now),"
+            f" head AS (INSERT INTO {t} AS held (key, token, expires_at, fence, owner)"
+            " SELECT %(key)s, %(marker)s,"
+            " GREATEST(granted.ends, (SELECT max(expires_at) FROM live WHERE token <> %(token)s)),"
+            " granted.fence, '' FROM granted"
+            " ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at,"
+            " fence = GREATEST(EXCLUDED.fence, held.fence), owner = EXCLUDED.owner"
+            " WHERE left(held.token, 1) = '#' OR held.expires_at <= clock_timestamp() RETURNING 1),"
+            f" placed AS (INSERT INTO {p} AS place (key, token, expires_at, fence, owner)"
+            " SELECT %(key)s, %(token)s, granted.ends, granted.fence, %(owner)s FROM granted"
+            " WHERE EXISTS (SELECT 1 FROM head)"
+            " ON CONFLICT (key, token) DO UPDATE SET expires_at = EXCLUDED.expires_at,"
+            " fence = EXCLUDED.fence, owner = EXCLUDED.owner),"
+            f" pruned AS (DELETE FROM {p} AS place WHERE place.key = %(key)s AND place.token <> %(token)s"
+            " AND NOT EXISTS (SELECT 1 FROM refused)"
+            " AND NOT EXISTS (SELECT 1 FROM live WHERE live.token = place.token))"
+            " SELECT (SELECT fence FROM granted WHERE EXISTS (SELECT 1 FROM head)), (SELECT lim FROM refused)"
+        ),
+        # Inputs: key, token, channel. Result: one row (was the place live?, the
+        # notification's void result) if the token had a place row; the key's row then ends
+        # with its last live place, or goes with it, and the release is announced as a key's.
+        "release_place": (
+            live
+            + f" gone AS (DELETE FROM {p} WHERE key = %(key)s AND token = %(token)s RETURNING expires_at),"
+            " rest AS MATERIALIZED (SELECT max(expires_at) AS ends FROM live WHERE token <> %(token)s),"
+            f" shrunk AS (UPDATE {t} AS held SET expires_at = rest.ends FROM rest"
+            " WHERE held.key = %(key)s AND left(held.token, 1) = '#' AND rest.ends IS NOT NULL"
+            " AND EXISTS (SELECT 1 FROM gone)),"
+            f" emptied AS (DELETE FROM {t} AS held USING rest"
+            " WHERE held.key = %(key)s AND left(held.token, 1) = '#' AND rest.ends IS NULL"
+            " AND EXISTS (SELECT 1 FROM gone))"
+            " SELECT EXISTS (SELECT 1 FROM live WHERE token = %(token)s), pg_notify(%(channel)s, %(key)s)"
+            " FROM gone"
+        ),
+        # Inputs: gate, slots (the keys' slots, sorted), parallel arrays keys, tokens, ttls.
+        # Result: (key, token) of each live place extended; each key's row then ends with its
+        # last live place.
+        "extend_places": (
+            "SELECT pg_advisory_xact_lock(%(gate)s, slot)"
+            " FROM (SELECT unnest(%(slots)s::int4[]) AS slot) AS ordered;\n"
+            "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS at),"
+            " item AS MATERIALIZED (SELECT * FROM unnest(%(keys)s::text[], %(tokens)s::text[], %(ttls)s::float8[])"
+            " AS item(key, token, ttl)),"
+            f" moved AS (UPDATE {p} AS place SET expires_at = now.at + item.ttl * interval '1 second'"
+            f" FROM item, now, {t} AS held"
+            " WHERE place.key = item.key AND place.token = item.token AND place.expires_at > now.at"
+            " AND held.key = item.key AND left(held.token, 1) = '#' AND held.expires_at > now.at"
+            " RETURNING place.key, place.token, place.expires_at),"
+            " ends AS (SELECT every.key, max(every.expires_at) AS at FROM (SELECT key, expires_at FROM moved"
+            f" UNION ALL SELECT place.key, place.expires_at FROM {p} AS place, now"
+            " WHERE place.key IN (SELECT key FROM moved) AND place.expires_at > now.at"
+            " AND NOT EXISTS (SELECT 1 FROM moved WHERE moved.key = place.key AND moved.token = place.token))"
+            " AS every GROUP BY every.key),"
+            f" shifted AS (UPDATE {t} AS held SET expires_at = ends.at FROM ends WHERE held.key = ends.key)"
+            " SELECT key, token FROM moved"
+        ),
+        # Inputs: key, token. Result: a row if the token holds a live place of the key.
+        "is_held_place": (
+            f"SELECT 1 FROM {p} AS place, {t} AS held WHERE place.key = %(key)s AND place.token = %(token)s"
+            " AND place.expires_at > clock_timestamp() AND held.key = %(key)s"
+            " AND left(held.token, 1) = '#' AND held.expires_at > clock_timestamp()"
+        ),
+        # Inputs: keys. Result: (key, limit, expires_at, fence, owner, seconds left) of each
+        # live place of those keys that are counting keys, and of the live row of each that is
+        # not (limit 1).
+        "holders": (
+            "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS at)"
+            " SELECT held.key, substr(held.token, 2)::int, place.expires_at, place.fence, place.owner,"
+            " extract(epoch FROM place.expires_at - now.at)::float8"
+            f" FROM {t} AS held JOIN {p} AS place ON place.key = held.key, now"
+            " WHERE held.key = ANY(%(keys)s::text[]) AND left(held.token, 1) = '#'"
+            " AND held.expires_at > now.at AND place.expires_at > now.at"
+            " UNION ALL SELECT key, 1, expires_at, fence, owner, extract(epoch FROM expires_at - now.at)::float8"
+            f" FROM {t}, now WHERE key = ANY(%(keys)s::text[]) AND left(token, 1) <> '#' AND expires_at > now.at"
+        ),
+        # Inputs: none. Result: the number of places deleted. Only places that ended: a place
+        # row found written meanwhile is read again, and kept.
+        "sweep_places": f"DELETE FROM {p} WHERE expires_at <= clock_timestamp()",
+    }

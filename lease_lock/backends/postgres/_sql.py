@@ -20,7 +20,7 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: PostgreSQL truncates identifiers longer than NAMEDATALEN - 1 bytes.
 _MAX_IDENTIFIER = 63
 #: Every derived object appends one of these; all are six characters long.
-_SUFFIXES = ("_fence", "_count", "_queue", "_freed", "_turns", "_woken")
+_SUFFIXES = ("_fence", "_count", "_queue", "_place", "_freed", "_turns", "_woken")
 _MAX_TABLE = _MAX_IDENTIFIER - max(len(suffix) for suffix in _SUFFIXES)
 
 
@@ -32,7 +32,8 @@ def _quote(name: str) -> str:
 class Names:
     """The validated, quoted names of one lock table and the objects derived from it.
 
-    ``table``/``sequence``/``counters``/``queue`` (the line of waiters, see ``join_line``) are
+    ``table``/``sequence``/``counters``/``queue`` (the line of waiters, see ``join_line``) and
+    ``places`` (the places of counting keys, see ``acquire_counted``) are
     ready to paste into SQL; ``label`` is the
     human-readable qualified table name; ``channel`` is the NOTIFY channel of releases (tables
     of the same name in different schemas share it, which can only cause an extra wake-up) and
@@ -48,6 +49,7 @@ class Names:
     sequence_literal: str
     counters: str
     queue: str
+    places: str
     channel: str
     turns_channel: str
     woken_channel: str
@@ -95,6 +97,7 @@ def resolve_names(table: object, schema: object = None) -> Names:
         sequence_literal=f"'{sequence}'",
         counters=f"{prefix}{_quote(table + '_count')}",
         queue=f"{prefix}{_quote(table + '_queue')}",
+        places=f"{prefix}{_quote(table + '_place')}",
         channel=f"{table}_freed",
         turns_channel=f"{table}_turns",
         woken_channel=f"{table}_woken",
@@ -103,8 +106,9 @@ def resolve_names(table: object, schema: object = None) -> Names:
 
 
 def ddl(table: str = "lease_lock", *, schema: Optional[str] = None, unlogged: bool = False) -> list[str]:
-    """The statements that create the lock table, its fence sequence, its counters table and
-    its line of waiters (``<table>_queue``, always ``UNLOGGED``: see below).
+    """The statements that create the lock table, its fence sequence, its counters table, its
+    line of waiters (``<table>_queue``, always ``UNLOGGED``: see below) and the places of its
+    counting keys (``<table>_place``).
 
     A plain list of SQL strings, each idempotent (``IF NOT EXISTS``), to run in order, for
     example from a Django migration: ``migrations.RunSQL(ddl("lease_lock"))``. The schema, if
@@ -118,8 +122,13 @@ def ddl(table: str = "lease_lock", *, schema: Optional[str] = None, unlogged: bo
     its latest refresh, when it joined and until when its place is fresh (both on the server's
     clock). A release hands the key to the oldest fresh row. The rows need no durability (a
     waiter whose row is lost takes a new place at its next refresh), so the table is
-    ``UNLOGGED``: a waiter's refresh then waits for no WAL flush. Running the list again on a
-    database made by an older release adds just this table.
+    ``UNLOGGED``: a waiter's refresh then waits for no WAL flush.
+
+    The places table holds one row per holder of a counting key (``limit`` > 1): the key, the
+    holder's token, its lease's end, its fence and owner; the key's own row in the lock table
+    marks the key as counting (see the docs). It is ``UNLOGGED`` exactly when the lock table
+    is. Running the list again on a database made by an older release adds just the tables
+    that release lacked.
     """
     names = resolve_names(table, schema)
     check_bool(unlogged, "unlogged")
@@ -152,5 +161,12 @@ def ddl(table: str = "lease_lock", *, schema: Optional[str] = None, unlogged: bo
         " ticket text NOT NULL,"
         " joined timestamptz NOT NULL,"
         " fresh_until timestamptz NOT NULL,"
+        " PRIMARY KEY (key, token))",
+        f"CREATE {kind} IF NOT EXISTS {names.places} ("
+        ' key text COLLATE "C" NOT NULL,'
+        " token text NOT NULL,"
+        " expires_at timestamptz NOT NULL,"
+        " fence bigint NOT NULL,"
+        " owner text NOT NULL DEFAULT '',"
         " PRIMARY KEY (key, token))",
     ]
