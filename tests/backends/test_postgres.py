@@ -9,6 +9,7 @@ from typing import Any, Iterator
 
 import freezegun
 import psycopg2
+import psycopg2.errors
 import psycopg2.extras
 import psycopg2.pool
 import pytest
@@ -258,6 +259,36 @@ def test_two_backends_share_one_connections_prepared_statements(
     assert second.release("k", TOKEN) is True
     assert conn.autocommit is False
     conn.close()
+
+
+def test_a_single_connections_failures_read_as_a_pools_do(
+    postgres_server: PostgresServer, admin: Any, table: str
+) -> None:
+    # A single connection's usual statement takes a path of its own (see PostgresBackend._run):
+    # what fails on it must come out as it does on any connection.
+    app_name = f"ll-{uuid.uuid4().hex[:8]}"
+    conn = psycopg2.connect(postgres_server.dsn, application_name=app_name)
+    conn.autocommit = True
+    backend = PostgresBackend(conn, table=table)
+    assert backend.acquire("k", TOKEN, 30, "o")
+    # An error of the statement itself passes through, and the connection keeps serving.
+    with pytest.raises(psycopg2.errors.DatetimeFieldOverflow):
+        backend.acquire("k", TOKEN, float("inf"), "o")
+    assert backend.release("k", TOKEN) is True
+    # A table dropped under the backend is made again by the next write.
+    _sql(admin, f'DROP TABLE "{table}"')
+    assert backend.acquire("k", TOKEN, 30, "o")
+    assert _sql(admin, f'SELECT token FROM "{table}" WHERE key = %s', "k") == [(TOKEN,)]
+    # A killed session cannot be replaced: the server is out of reach, from the driver's error.
+    _sql(admin, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s", app_name)
+    for _attempt in range(2):
+        with pytest.raises(BackendUnavailableError) as caught:
+            backend.release("k", TOKEN)
+        assert isinstance(caught.value.__cause__, (psycopg2.OperationalError, psycopg2.InterfaceError))
+    conn.close()
+    with pytest.raises(BackendUnavailableError) as caught:
+        backend.acquire("k", TOKEN, 30, "o")
+    assert isinstance(caught.value.__cause__, psycopg2.InterfaceError)
 
 
 def test_rows_are_tuples_whatever_the_connections_cursor_factory(

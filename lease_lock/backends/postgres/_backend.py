@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
 import re
 import secrets
+import threading
 import time
 import urllib.parse
 from datetime import timezone
@@ -44,6 +46,7 @@ __all__ = ["PostgresBackend"]
 
 #: The first-use checks read tuples, whatever ``cursor_factory`` the caller's connection has.
 _PLAIN_CURSOR = psycopg2.extensions.cursor
+_IDLE = psycopg2.extensions.TRANSACTION_STATUS_IDLE
 
 _LOCK_COLUMNS = ("key", "token", "expires_at", "fence", "owner")
 _LOCK_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
@@ -204,6 +207,11 @@ class PostgresBackend(ServiceStore):
         self._announcements = Announcements(self)
         #: The end of the call budget each thread is in (see call_budget).
         self._budget = CallBudget(CALL_MARGIN)
+        #: How many call_budget blocks are open, on every thread: while none is, a statement
+        #: has no budget and skips reading the thread-local deadline, a costly read between
+        #: two commits.
+        self._budgets_open = 0
+        self._budgets_lock = threading.Lock()
         self._listening = ListeningConnections(
             self._listen_parameters, lambda: self._listen_dsn, self.names.label, self._budget
         )
@@ -302,11 +310,49 @@ class PostgresBackend(ServiceStore):
         opened for it. Without either, a server that has gone silent is waited for as long as
         the connection's own settings allow.
         """
+        # The usual statement, decided inline: the caller's single connection, idle in
+        # autocommit, its tables checked and the statement prepared on its session, no bound.
+        # Between two commits every step costs several times its hot-loop price, and this path
+        # takes none of the general one's (borrowing, bounds, the first-use checks), which
+        # handles everything else, and also the tries after a failure here.
+        lone = self._source.lone
+        tries = None
+        if (
+            lone is not None
+            and within is None
+            and ((self._tables_ready and (not counters or self._counters_ready)) or (not write and self._table_seen))
+            and (not self._budgets_open or self._budget.deadline is None)
+        ):
+            lock, conn, cursor = lone
+            lock.acquire()
+            try:
+                if (
+                    not conn.closed
+                    and conn.autocommit
+                    and conn.get_transaction_status() == _IDLE
+                    and (not statement.name or statement.name in cursor.prepared)
+                ):
+                    cursor.execute(statement.sql, parameters)
+                    return cursor.rowcount, cursor.fetchall() if cursor.description is not None else [], False
+            except psycopg2.Error as exc:
+                tries = _Tries()
+                if not self._try_again(exc, conn, False, tries):
+                    raise
+            finally:
+                lock.release()
+        return self._run_tries(statement, parameters, counters, write, within, tries or _Tries())
+
+    def _run_tries(
+        self,
+        statement: _Statement,
+        parameters: dict[str, Any],
+        counters: bool,
+        write: bool,
+        within: Optional[float],
+        tries: _Tries,
+    ) -> tuple[int, list[Any], bool]:
+        """:meth:`_run` on any connection, after the ``tries`` made so far."""
         until = self._budget.deadline if within is None else self._until(within)
-        retried = False
-        rechecked = False
-        reprepared = False
-        failures = 0
         source = self._source
         while True:
             try:
@@ -335,33 +381,45 @@ class PostgresBackend(ServiceStore):
                     cut = bound is not None and end_bound(bound)
                 if cut:
                     source.discard(conn)  # answered just in time, but its socket is shut
-                return cursor.rowcount, rows, retried
-            except psycopg2.errors.InvalidSqlStatementName:
-                # The session lost what it had prepared (DISCARD ALL or DEALLOCATE by the
-                # connection's owner, or a pooler that moved the connection to another server
-                # session). Nothing ran: the next try prepares again, in the same query.
-                if reprepared:
+                return cursor.rowcount, rows, tries.retried
+            except psycopg2.Error as exc:
+                if not self._try_again(exc, conn, cut, tries):
                     raise
-                reprepared = True
-                cursor.prepared.clear()
-            except psycopg2.errors.UndefinedTable:
-                # Dropped under a running backend (the table, or only its fence sequence):
-                # forget what was checked and look again once, which recreates it for a write
-                # with create_table=True and otherwise names what is missing.
-                if rechecked:
-                    raise
-                rechecked = True
-                self._tables_ready = self._table_seen = self._counters_ready = False
-            except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
-                if not (cut or is_connection_failure(exc, conn)):
-                    raise
-                source.discard(conn)
-                failures += 1
-                if cut or failures >= source.attempts:
-                    raise unavailable(exc, self._listen_dsn, self.names.label) from exc
-                retried = True
             finally:
                 source.give_back(conn, switched)
+
+    def _try_again(self, exc: psycopg2.Error, conn: Any, cut: bool, tries: _Tries) -> bool:
+        """Whether a statement whose try on ``conn`` raised ``exc`` is to be tried again (after
+        ``tries``, which this updates); ``False``: the caller raises ``exc`` as it is. Raises
+        ``BackendUnavailableError`` from ``exc`` when the server is out of reach (see :meth:`_run`)."""
+        if isinstance(exc, psycopg2.errors.InvalidSqlStatementName):
+            # The session lost what it had prepared (DISCARD ALL or DEALLOCATE by the
+            # connection's owner, or a pooler that moved the connection to another server
+            # session). Nothing ran: the next try prepares again, in the same query.
+            if tries.reprepared:
+                return False
+            tries.reprepared = True
+            self._source.cursors[conn].prepared.clear()
+            return True
+        if isinstance(exc, psycopg2.errors.UndefinedTable):
+            # Dropped under a running backend (the table, or only its fence sequence):
+            # forget what was checked and look again once, which recreates it for a write
+            # with create_table=True and otherwise names what is missing.
+            if tries.rechecked:
+                return False
+            tries.rechecked = True
+            self._tables_ready = self._table_seen = self._counters_ready = False
+            return True
+        if not isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)):
+            return False
+        if not (cut or is_connection_failure(exc, conn)):
+            return False
+        self._source.discard(conn)
+        tries.failures += 1
+        if cut or tries.failures >= self._source.attempts:
+            raise unavailable(exc, self._listen_dsn, self.names.label) from exc
+        tries.retried = True
+        return True
 
     def _until(self, within: float) -> float:
         """When a statement given ``within`` seconds must be answered by, inside the thread's
@@ -378,7 +436,19 @@ class PostgresBackend(ServiceStore):
         connection opened for one waits for the server no longer than the budget allows
         (libpq's least ``connect_timeout``, 2 s, at the least).
         A connection of a caller's own pool is opened as that pool says."""
-        return self._budget.block(seconds)
+        return self._counted(self._budget.block(seconds))
+
+    @contextlib.contextmanager
+    def _counted(self, block: ContextManager[None]) -> Iterator[None]:
+        """``block``, counted in :attr:`_budgets_open` while it is open."""
+        with self._budgets_lock:
+            self._budgets_open += 1
+        try:
+            with block:
+                yield
+        finally:
+            with self._budgets_lock:
+                self._budgets_open -= 1
 
     def _ensure_ready(self, conn: Any, *, counters: bool, write: bool = True) -> None:
         # Called by _run only while something is left to check.
@@ -516,15 +586,19 @@ class PostgresBackend(ServiceStore):
         The answer can hide a loss only when the lease ran out or was force-released during
         that one failing call.
         """
-        if self.direct_handoff and not self._tables_ready:
-            self._check_ready()
-        rows, retried = self._hand_on("release", {"key": key, "token": token, "channel": self.names.channel})
+        parameters = {"key": key, "token": token, "channel": self.names.channel}
+        if self.direct_handoff:
+            if not self._tables_ready:
+                self._check_ready()
+            rows, retried = self._hand_on("release", parameters)
+        else:
+            # Without direct_handoff the line is never used: the plain release, one call less.
+            _, rows, retried = self._run(self._sql["release"], parameters)
         if not rows and self._place_problems == []:
             # Not the key's holder: perhaps a holder of one of its places.
             _, rows, again = self._run(
                 self._sql["release_place"],
-                {"key": key, "token": token, "channel": self.names.channel,
-                 "gate": self.names.gate, "slot": _key_slot(key)},
+                {**parameters, "gate": self.names.gate, "slot": _key_slot(key)},
             )
             retried = retried or again
         if not rows:
@@ -890,6 +964,22 @@ def _raise_problems(names: Names, problems: list[str]) -> None:
             "grant the role SELECT, INSERT, UPDATE, DELETE on the tables and USAGE on the "
             "sequence"
         )
+
+
+class _Tries:
+    """What the earlier tries of one statement met (see :meth:`PostgresBackend._run`)."""
+
+    __slots__ = ("failures", "rechecked", "reprepared", "retried")
+
+    def __init__(self) -> None:
+        #: Tries that found their connection broken.
+        self.failures = 0
+        #: Whether the tables were checked again after the server said one was missing.
+        self.rechecked = False
+        #: Whether the statement was prepared again after the session said it had lost it.
+        self.reprepared = False
+        #: Whether a try broke after the statement may have reached the server.
+        self.retried = False
 
 
 class _Statement(NamedTuple):

@@ -238,6 +238,10 @@ class ConnectionSource:
         #: Set in a forked child (see ``_after_fork``), which must not use a single connection.
         #: A flag rather than a getpid() per statement, which is a system call.
         self._inherited = False
+        #: A single connection's lock, the connection and its kept cursor, once the cursor is
+        #: made (``None`` before, with a pool and in a forked child): all that a statement on
+        #: the idle autocommit connection needs, in one read (see ``PostgresBackend._run``).
+        self.lone: Optional[tuple[Union[_Slots, threading.Lock], Any, KeptCursor]] = None
         _LIVE.add(self)
 
     @property
@@ -270,6 +274,7 @@ class ConnectionSource:
         if self.pool is None:
             self._slots = threading.Lock()
             self._inherited = True
+            self.lone = None
         else:
             self._slots = _Slots(max(1, int(self.pool.maxconn)))
         self._pool_lock = threading.Lock()
@@ -295,6 +300,8 @@ class ConnectionSource:
                 for kept in [kept for kept in cursors if kept.closed]:
                     del cursors[kept]
             cursors[conn] = cursor
+            if self.pool is None and not self._inherited:
+                self.lone = (self._slots, conn, cursor)
         return cursor
 
     def take(self, until: Optional[float] = None) -> tuple[Any, bool]:
