@@ -2,7 +2,7 @@
 
     python -m benchmarks.contended [--workers 8] [--seconds 10] [--rounds 5] [--stores redis,postgres]
         [--redis-url redis://127.0.0.1:6379/0] [--postgres-url postgresql://postgres@127.0.0.1:5432/test]
-        [--spinners 0] [--limit 1]
+        [--spinners 0] [--limit 1] [--hold 0]
 
 Each worker is its own process with its own connection and Locker (default options, the
 default retry policy with a timeout longer than the run) and loops ``locker.acquire(key)`` /
@@ -25,6 +25,11 @@ With ``--limit N`` (N > 1), each store whose backend grants counting leases adds
 ``Locker limit=N, W processes``: the same loop on one counting key of N places (``locker.lock``
 with ``limit=N``), so up to N workers hold it at once, printed against the exclusive row's
 grants per second. Hand-offs are not counted there (holders overlap by design).
+
+With ``--hold S``, every worker of every row stays S seconds inside each hold (a sleep, as work
+that waits on I/O does), the same in every row. Without it the loops hold the key for no time
+at all: every row then measures how fast the lock changes hands, which is CPU-bound on a small
+machine whatever the limit; with work inside the holds, a counting key lets N of it run at once.
 
 With ``--spinners N``, N processes spin at nice 19 for the whole run, so that no CPU is ever
 idle (see :func:`benchmarks.measure.spinning`): on a virtual machine whose idle CPUs halt, the
@@ -68,8 +73,9 @@ _READY_TIMEOUT = 60.0
 Loop = Callable[[float], list[tuple[float, float]]]
 
 
-def _timed_holds(take: Callable[[], Callable[[], None]]) -> Loop:
-    """A worker's loop: ``take()`` blocks until it holds the key and returns how to give it back.
+def _timed_holds(take: Callable[[], Callable[[], None]], hold: float) -> Loop:
+    """A worker's loop: ``take()`` blocks until it holds the key and returns how to give it back;
+    each hold lasts ``hold`` seconds (the work done under the lock, slept).
 
     Each hold is recorded as (granted, releasing) on the system-wide monotonic clock, so holds
     of different processes can be compared; the grant at or after the deadline ends the loop.
@@ -84,6 +90,8 @@ def _timed_holds(take: Callable[[], Callable[[], None]]) -> Loop:
             if granted >= deadline:
                 release()
                 return holds
+            if hold:
+                time.sleep(hold)
             releasing = now()
             release()
             holds.append((granted, releasing))
@@ -103,7 +111,7 @@ def _backend_class(store: str) -> Any:
 
 @contextmanager
 def _locker_loop(
-    store: str, url: str, key: str, seconds: float, *, direct_handoff: bool = False, limit: int = 1
+    store: str, url: str, key: str, seconds: float, hold: float, *, direct_handoff: bool = False, limit: int = 1
 ) -> Iterator[Loop]:
     from lease_lock import Locker, Retry
 
@@ -116,14 +124,14 @@ def _locker_loop(
     locker.acquire(key, limit=limit).release()  # connect and warm up before the start
 
     try:
-        yield _timed_holds(lambda: locker.acquire(key, limit=limit).release)
+        yield _timed_holds(lambda: locker.acquire(key, limit=limit).release, hold)
     finally:
         locker.close()
         backend.close()
 
 
 @contextmanager
-def _redis_lock_loop(url: str, key: str) -> Iterator[Loop]:
+def _redis_lock_loop(url: str, key: str, hold: float) -> Iterator[Loop]:
     import redis
     import redis_lock
 
@@ -138,13 +146,13 @@ def _redis_lock_loop(url: str, key: str) -> Iterator[Loop]:
         return lock.release
 
     try:
-        yield _timed_holds(take)
+        yield _timed_holds(take, hold)
     finally:
         client.close()
 
 
 @contextmanager
-def _advisory_loop(url: str, key: str) -> Iterator[Loop]:
+def _advisory_loop(url: str, key: str, hold: float) -> Iterator[Loop]:
     import psycopg2
 
     conn = psycopg2.connect(url)
@@ -160,7 +168,7 @@ def _advisory_loop(url: str, key: str) -> Iterator[Loop]:
         return release
 
     try:
-        yield _timed_holds(take)
+        yield _timed_holds(take, hold)
     finally:
         conn.close()
 
@@ -171,14 +179,15 @@ _DIRECT = "Locker direct_handoff"
 
 
 def _worker(
-    contestant: str, store: str, url: str, key: str, seconds: float, limit: int, ready: Any, go: Any, out: Any
+    contestant: str, store: str, url: str, key: str, seconds: float, limit: int, hold: float, ready: Any, go: Any,
+    out: Any,
 ) -> None:
     if contestant in ("Locker", _DIRECT):
-        loops = _locker_loop(store, url, key, seconds, direct_handoff=contestant == _DIRECT, limit=limit)
+        loops = _locker_loop(store, url, key, seconds, hold, direct_handoff=contestant == _DIRECT, limit=limit)
     elif contestant == "python-redis-lock":
-        loops = _redis_lock_loop(url, key)
+        loops = _redis_lock_loop(url, key, hold)
     else:
-        loops = _advisory_loop(url, key)
+        loops = _advisory_loop(url, key, hold)
     with loops as loop:
         ready.put(True)
         go.wait()
@@ -245,15 +254,17 @@ def _summarise(name: str, seconds: float, per_worker: list[list[tuple[float, flo
     return Run(name, len(per_worker), seconds, [len(spans) for spans in per_worker], latencies, overlaps, limit)
 
 
-def run(contestant: str, store: str, url: str, workers: int, seconds: float, limit: int = 1) -> Run:
+def run(
+    contestant: str, store: str, url: str, workers: int, seconds: float, limit: int = 1, hold: float = 0.0
+) -> Run:
     """Start ``workers`` processes on one fresh key (of ``limit`` places), let them loop for
-    ``seconds``, collect."""
+    ``seconds`` (each hold lasting ``hold`` seconds), collect."""
     context = multiprocessing.get_context("spawn")
     ready, go, out = context.Queue(), context.Event(), context.Queue()
     key = f"bench:contended:{uuid.uuid4().hex}"
     processes = [
         context.Process(
-            target=_worker, args=(contestant, store, url, key, seconds, limit, ready, go, out), daemon=True
+            target=_worker, args=(contestant, store, url, key, seconds, limit, hold, ready, go, out), daemon=True
         )
         for _ in range(workers)
     ]
@@ -315,6 +326,10 @@ def main(argv: Optional[list[str]] = None) -> None:
         help="above 1: add a row of the workers on one counting key of this many places",
     )
     parser.add_argument(
+        "--hold", type=float, default=0.0,
+        help="seconds every worker stays inside each hold (slept), the same in every row",
+    )
+    parser.add_argument(
         "--spinners", type=int, default=0,
         help="keep this many processes busy at nice 19 throughout (see benchmarks.measure.spinning)",
     )
@@ -326,6 +341,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         parser.error("--spinners must be at least 0")
     if args.limit < 1:
         parser.error("--limit must be at least 1")
+    if args.hold < 0:
+        parser.error("--hold must be at least 0")
     with spinning(args.spinners):
         _run_stores(args, argv)
 
@@ -334,6 +351,7 @@ def _run_stores(args: argparse.Namespace, argv: Optional[list[str]]) -> None:
     stores = [store.strip() for store in args.stores.split(",") if store.strip()]
     info = machine()
     busy = f"; {args.spinners} spinning at nice 19" if args.spinners else ""
+    busy += f"; each hold {args.hold * 1000:g} ms" if args.hold else ""
     print(f"{info['cpus']} CPUs, {info['system']}, Python {info['python']}; "
           f"{args.workers} workers, {args.seconds:g} s per row in {args.rounds} turns{busy}")
     output: dict[str, Any] = {}
@@ -351,7 +369,7 @@ def _run_stores(args: argparse.Namespace, argv: Optional[list[str]]) -> None:
         rows: list[Run] = []
         for round_index in range(args.rounds):
             results = [
-                run(name, store, url, workers, args.seconds / args.rounds, limit)
+                run(name, store, url, workers, args.seconds / args.rounds, limit, args.hold)
                 for name, workers, limit in contestants
             ]
             rows = results if round_index == 0 else [total + result for total, result in zip(rows, results)]

@@ -48,8 +48,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BEATS", "LEASE_MARGIN", "WAIT_SLICE", "Answer", "FirstAttempt", "GuardedBlock", "Lock", "LockHost", "LossSignal",
-    "acquire_or_raise", "close_lease", "fork_lease", "give_back", "give_up", "local_end", "lost_cause", "on_loss",
-    "refresh_together", "run_guarded", "states_of", "take_grant", "wait_for_loss",
+    "acquire_as", "acquire_or_raise", "close_lease", "fork_lease", "give_back", "give_up", "local_end", "lost_cause",
+    "on_loss", "refresh_together", "run_guarded", "states_of", "take_grant", "wait_for_loss",
 ]
 
 #: The longest real-time wait before the clock is read again (waits are sliced so that an
@@ -1117,6 +1117,13 @@ def acquire_or_raise(lock: Lock, options: LockOptions, timeout: Optional[float] 
     """Acquire ``lock`` with ``options`` (the Locker's own acquire forms pass theirs), raising
     ``LockHeldError`` on contention; ``timeout`` cuts a blocking wait to the seconds left."""
     lock._acquire(options, True, timeout)
+
+
+def acquire_as(lock: Lock, made_by: str) -> None:
+    """Acquire ``lock`` with its own options, raising ``LockHeldError`` on contention, as the
+    lock of ``Locker.<made_by>()`` (the name a warning for the lock dropped while held gives)."""
+    lock._made_by = made_by
+    lock._acquire(lock._options, True)
 
 
 def refresh_together(locks: Sequence[Lock], request_id: Optional[str] = None) -> None:

@@ -23,7 +23,7 @@ from datetime import timedelta
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVar, Union, cast
 
 from ._acquisition import Acquisition
-from ._lease import Lock, acquire_or_raise, close_lease, fork_lease, give_up, refresh_together, run_guarded
+from ._lease import Lock, acquire_as, acquire_or_raise, close_lease, fork_lease, give_up, refresh_together, run_guarded
 from .backends.base import Backend, LockState
 from .backends.service import request_id_scope
 from .clock import LeaseClock
@@ -64,40 +64,6 @@ _GIVEN = given_options(LOCK_OPTIONS)
 _GIVEN_TO_TRY = given_options(LOCK_OPTIONS - {"retry", "timeout", "blocking"})
 #: How many validated keys a Locker remembers before it starts afresh.
 _CHECKED_KEYS = 4096
-
-
-def _lock_options(
-    retry: Optional[Retry],
-    timeout: Optional[Seconds],
-    blocking: bool,
-    cancel: Optional[threading.Event],
-    auto_extend: bool,
-    max_hold: Optional[Seconds],
-    extend_interval: Optional[Seconds],
-    token: Optional[str],
-    request_id: Optional[str],
-    reentrant: Optional[bool],
-    limit: Optional[int],
-) -> LockOptions:
-    """The options of a ``lock()`` or ``acquire()`` call, passed on in this order."""
-    # Most calls give no option. Saying so with identity checks spares reading locals(): some
-    # 11,000 instructions of a 64,000-instruction cycle (benchmarks.instructions). The checks
-    # name every option: tests/unit/test_option_types.py passes each one a bad value.
-    if (
-        retry is None
-        and timeout is None
-        and blocking is True
-        and cancel is None
-        and auto_extend is True
-        and max_hold is None
-        and extend_interval is None
-        and token is None
-        and request_id is None
-        and reentrant is None
-        and limit is None
-    ):
-        return _DEFAULT_OPTIONS
-    return lock_options(_GIVEN(locals()))
 
 
 def _check_counting(backend: Backend, limit: int) -> None:
@@ -347,11 +313,11 @@ class Locker:
 
         The options (keyword only) are those of :meth:`acquire`, taken when the lock is acquired.
         """
-        # The usual call (no option, a key locked before) builds its lock here, without the
-        # three calls below: each is a few hundred instructions of a cycle (benchmarks.instructions).
-        if (
-            ttl is None
-            and retry is None
+        # Most calls give no option. Saying so with identity checks spares reading locals(): some
+        # 11,000 instructions of a cycle (benchmarks.instructions). The checks name every option:
+        # tests/unit/test_option_types.py passes each one a bad value.
+        defaults = (
+            retry is None
             and timeout is None
             and blocking is True
             and cancel is None
@@ -362,6 +328,13 @@ class Locker:
             and request_id is None
             and reentrant is None
             and limit is None
+        )
+        if not defaults:
+            return self._make_lock(key, ttl, lock_options(_GIVEN(locals())))
+        # The usual call (a key locked before, its default TTL) builds its lock here, without the
+        # checks and calls of _make_lock: each call is a few hundred instructions of a cycle.
+        if (
+            ttl is None
             and type(key) is str
             and self._token_factory is None
             and self._checked_prefix is self.key_prefix
@@ -370,11 +343,7 @@ class Locker:
             full_key = self._checked_keys.get(key)
             if full_key is not None:
                 return Lock(self._acquisition, full_key, self.ttl, _DEFAULT_OPTIONS, self._backend.new_token(), self)
-        options = _lock_options(
-            retry, timeout, blocking, cancel, auto_extend, max_hold, extend_interval, token, request_id, reentrant,
-            limit,
-        )
-        return self._make_lock(key, ttl, options)
+        return self._make_lock(key, ttl, _DEFAULT_OPTIONS)
 
     def _make_lock(self, key: str, ttl: Optional[Seconds], options: LockOptions, made_by: str = "lock") -> Lock:
         if self._acquisition.closed:
@@ -440,12 +409,12 @@ class Locker:
         answered that the key is held. A non-blocking call raises ``BackendUnavailableError``
         at once.
         """
-        options = _lock_options(
-            retry, timeout, blocking, cancel, auto_extend, max_hold, extend_interval, token, request_id, reentrant,
-            limit,
+        lock = self.lock(
+            key, ttl, retry=retry, timeout=timeout, blocking=blocking, cancel=cancel, auto_extend=auto_extend,
+            max_hold=max_hold, extend_interval=extend_interval, token=token, request_id=request_id,
+            reentrant=reentrant, limit=limit,
         )
-        lock = self._make_lock(key, ttl, options, "acquire")
-        acquire_or_raise(lock, options)
+        acquire_as(lock, "acquire")
         return lock
 
     def try_acquire(
