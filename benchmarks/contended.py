@@ -26,10 +26,10 @@ With ``--limit N`` (N > 1), each store whose backend grants counting leases adds
 with ``limit=N``), so up to N workers hold it at once, printed against the exclusive row's
 grants per second. Hand-offs are not counted there (holders overlap by design).
 
-With ``--hold S``, every worker of every row stays S seconds inside each hold (a sleep, as work
-that waits on I/O does), the same in every row. Without it the loops hold the key for no time
-at all: every row then measures how fast the lock changes hands, which is CPU-bound on a small
-machine whatever the limit; with work inside the holds, a counting key lets N of it run at once.
+With ``--hold S`` as well, the counting row and an exclusive row beside it stay S seconds inside
+each hold (a sleep, as work that waits on I/O does). The other rows hold the key for no time at
+all: they measure how fast the lock changes hands, which is CPU-bound on a small machine whatever
+the limit; with work inside the holds, a counting key lets N workers do it at once.
 
 With ``--spinners N``, N processes spin at nice 19 for the whole run, so that no CPU is ever
 idle (see :func:`benchmarks.measure.spinning`): on a virtual machine whose idle CPUs halt, the
@@ -284,7 +284,8 @@ def run(
     if failed:
         raise RuntimeError(f"{contestant} workers exited with {failed}")
     counting = f" limit={limit}" if limit > 1 else ""
-    label = f"{contestant}{counting}, {workers} process{'es' if workers > 1 else ''}"
+    held = f", hold {hold * 1000:g} ms" if hold else ""
+    label = f"{contestant}{counting}, {workers} process{'es' if workers > 1 else ''}{held}"
     return _summarise(label, seconds, per_worker, limit)
 
 
@@ -295,7 +296,7 @@ def _ms(latencies: list[float], fraction: float) -> str:
 def _print_row(run: Run, single: Run) -> None:
     handoffs = "-" if run.handoffs is None else f"{run.handoffs:,.0f}"
     print(
-        f"{run.name:<34} {run.rate:>9,.0f} {run.rate / single.rate:>8.2f}x {handoffs:>10} "
+        f"{run.name:<42} {run.rate:>9,.0f} {run.rate / single.rate:>8.2f}x {handoffs:>10} "
         f"{min(run.counts):>7,} {max(run.counts):>7,} {run.fairness:>9.2f} {_ms(run.latencies, 0.5):>8} "
         f"{_ms(run.latencies, 0.99):>8} {run.overlaps:>8}"
     )
@@ -327,7 +328,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     )
     parser.add_argument(
         "--hold", type=float, default=0.0,
-        help="seconds every worker stays inside each hold (slept), the same in every row",
+        help="with --limit: seconds the counting row and an exclusive row beside it stay in each hold (slept)",
     )
     parser.add_argument(
         "--spinners", type=int, default=0,
@@ -351,7 +352,6 @@ def _run_stores(args: argparse.Namespace, argv: Optional[list[str]]) -> None:
     stores = [store.strip() for store in args.stores.split(",") if store.strip()]
     info = machine()
     busy = f"; {args.spinners} spinning at nice 19" if args.spinners else ""
-    busy += f"; each hold {args.hold * 1000:g} ms" if args.hold else ""
     print(f"{info['cpus']} CPUs, {info['system']}, Python {info['python']}; "
           f"{args.workers} workers, {args.seconds:g} s per row in {args.rounds} turns{busy}")
     output: dict[str, Any] = {}
@@ -360,29 +360,32 @@ def _run_stores(args: argparse.Namespace, argv: Optional[list[str]]) -> None:
         peer = "python-redis-lock" if store == "redis" else "pg_advisory_lock"
         # The rows take turns, round after round, so that a change in the machine's load during
         # the run weighs on every row alike instead of on whichever ran at that moment.
-        contestants = [("Locker", 1, 1), ("Locker", args.workers, 1), (peer, args.workers, 1)]
+        contestants = [("Locker", 1, 1, 0.0), ("Locker", args.workers, 1, 0.0), (peer, args.workers, 1, 0.0)]
         if store == "postgres":
-            contestants.append((_DIRECT, args.workers, 1))
+            contestants.append((_DIRECT, args.workers, 1, 0.0))
         counting = args.limit > 1 and _backend_class(store).capabilities.counting
         if counting:
-            contestants.append(("Locker", args.workers, args.limit))
+            if args.hold:
+                contestants.append(("Locker", args.workers, 1, args.hold))
+            contestants.append(("Locker", args.workers, args.limit, args.hold))
         rows: list[Run] = []
         for round_index in range(args.rounds):
             results = [
-                run(name, store, url, workers, args.seconds / args.rounds, limit, args.hold)
-                for name, workers, limit in contestants
+                run(name, store, url, workers, args.seconds / args.rounds, limit, hold)
+                for name, workers, limit, hold in contestants
             ]
             rows = results if round_index == 0 else [total + result for total, result in zip(rows, results)]
         single = rows[0]
         print(f"\n{store}: one key, each process loops acquire/release")
-        print(f"{'contestant':<34} {'grants/s':>9} {'vs 1 proc':>9} {'handoffs/s':>10} {'min':>7} {'max':>7} "
+        print(f"{'contestant':<42} {'grants/s':>9} {'vs 1 proc':>9} {'handoffs/s':>10} {'min':>7} {'max':>7} "
               f"{'min/share':>9} {'p50 ms':>8} {'p99 ms':>8} {'overlaps':>8}")
         for row in rows:
             _print_row(row, single)
         contended, peer_run = rows[1], rows[2]
         print(f"Locker, {args.workers} processes vs {peer}: {contended.rate / peer_run.rate:.2f}x")
         if counting:
-            print(f"{rows[-1].name} vs {contended.name}: {rows[-1].rate / contended.rate:.2f}x grants/s")
+            exclusive = rows[-2] if args.hold else contended
+            print(f"{rows[-1].name} vs {exclusive.name}: {rows[-1].rate / exclusive.rate:.2f}x grants/s")
         output[store] = [_as_json(row, single) for row in rows]
     write_json(args.json, "contended", argv, output)
 
