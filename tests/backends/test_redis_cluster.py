@@ -59,8 +59,12 @@ def test_a_counting_keys_places_and_structures_share_its_slot(cluster_client: An
     # The places are a hash under the key's own name; its fence counter, waiting marker, wake
     # list and line are the exclusive key's structures: one slot, so every script runs there.
     backend = RedisBackend(cluster_client)
-    keys = [f"count-{index}:{uuid.uuid4().hex}" for index in range(12)] + [f"{{jobs}}:{uuid.uuid4().hex}"]
-    assert len({cluster_client.get_node_from_key(name).name for name in keys}) == 3
+    # Keys on every node of the cluster (random names: drawn until each node has one).
+    keys, nodes = [f"{{jobs}}:{uuid.uuid4().hex}"], set()
+    while len(nodes) < 3 and len(keys) < 200:
+        keys.append(f"count-{len(keys)}:{uuid.uuid4().hex}")
+        nodes.add(cluster_client.get_node_from_key(keys[-1]).name)
+    assert len(nodes) == 3
     for name in keys:
         slot = cluster_client.keyslot(name)
         structures = [fence_key(name), *handoff_keys(name), *line_keys(name)]
