@@ -632,15 +632,23 @@ class BackendContract:
 
     def test_counting_heartbeat_keeps_every_place(self, backend: Backend, key: str) -> None:
         self.skip_without(backend, "counting", key)
-        ttl = max(2.0, backend.capabilities.min_ttl)
-        with Locker(backend, ttl=ttl, limit=2) as locker:
-            with locker.lock(key) as first, locker.lock(key) as second:
-                # Twice the lease: each place lives on its extensions only.
-                assert not first.lost.wait(ttl * 2)
-                assert first.state == "held" and second.state == "held"
-                assert backend.is_held(key, first.token) and backend.is_held(key, second.token)
-                assert first.limit == 2 and first.fence != second.fence
-            assert not backend.inspect(key).held
+        ttl = max(3.0, backend.capabilities.min_ttl)
+        # One Locker per place, so that each place's extensions are counted apart.
+        extended = [threading.Semaphore(0), threading.Semaphore(0)]
+
+        def counter(place: int) -> Callable[[LockEvent], None]:
+            return lambda event: extended[place].release() if event.type == "extended" else None
+
+        with Locker(backend, ttl=ttl, limit=2, on_event=counter(0)) as one, Locker(
+            backend, ttl=ttl, limit=2, on_event=counter(1)
+        ) as other, one.lock(key) as first, other.lock(key) as second:
+            # Two extensions of each place: each lives past its first lease on its own extensions.
+            for place in extended:
+                assert place.acquire(timeout=ttl * 10) and place.acquire(timeout=ttl * 10)
+            assert first.state == "held" and second.state == "held"
+            assert backend.is_held(key, first.token) and backend.is_held(key, second.token)
+            assert first.limit == 2 and first.fence != second.fence
+        assert not backend.inspect(key).held
 
     # -- the waiting line (optional) -------------------------------------------------------------
 
