@@ -482,6 +482,9 @@ class AnnouncedLine(WaitingLine):
         self._wake: Optional[threading.Event] = None
         #: When (real time) the holder's lease ends as last read; ``None`` to read it again.
         self._holder_end: Optional[float] = None
+        #: Whether releases were announced when the key was last read: a release before the
+        #: watcher heard anything is nobody's wake, so the key is read again once it hears.
+        self._read_heard = False
         #: Whether a wait returned a grant its own attempt won (leaving unused gives it back).
         self._handed = False
 
@@ -529,7 +532,10 @@ class AnnouncedLine(WaitingLine):
     def _lease_end(self, now: float) -> float:
         """When (real time) to look at the key unless a release is announced first."""
         end = self._holder_end
-        if end is None:
+        heard = self._announcements.active
+        if end is None or (heard and not self._read_heard):
+            # Read after the look at the watcher: a release from then on is heard, or seen here.
+            self._read_heard = heard
             left = self._announcements.lease_left(self._key) if self._limit == 1 else None
             if left is None:
                 state = self._backend.inspect(self._key)
