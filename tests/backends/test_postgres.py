@@ -18,37 +18,14 @@ from lease_lock.backends.postgres import PostgresBackend, ddl
 from lease_lock.errors import BackendUnavailableError, ValidationError
 from lease_lock.testing import BackendContract, ServiceStoreContract, wait_until
 
-from tests.support.postgres_server import PostgresServer
+from tests.support.postgres_server import PostgresServer, sql
 
 TOKEN = "t" * 32
 OTHER = "o" * 32
 
 
-def _table() -> str:
-    return f"ll_{uuid.uuid4().hex[:12]}"
 
 
-@pytest.fixture
-def admin(postgres_server: PostgresServer) -> Iterator[Any]:
-    conn = psycopg2.connect(postgres_server.dsn)
-    conn.autocommit = True
-    yield conn
-    conn.close()
-
-
-def _sql(conn: Any, statement: str, *parameters: Any) -> list[Any]:
-    with conn.cursor() as cursor:
-        cursor.execute(statement, parameters)
-        return cursor.fetchall() if cursor.description else []
-
-
-@pytest.fixture
-def table(admin: Any) -> Iterator[str]:
-    """A table name of this test's own; every object derived from it is dropped afterwards."""
-    name = _table()
-    yield name
-    _sql(admin, f'DROP TABLE IF EXISTS "{name}", "{name}_count", "{name}_place"')
-    _sql(admin, f'DROP SEQUENCE IF EXISTS "{name}_fence"')
 
 
 @pytest.fixture
@@ -59,7 +36,7 @@ def default_table(admin: Any) -> None:
     table: on a server no test has written to yet (the first test of a worker of its own) they
     would meet no table at all."""
     for statement in ddl():
-        _sql(admin, statement)
+        sql(admin, statement)
 
 
 class TestPostgresPool(BackendContract, ServiceStoreContract):
@@ -93,7 +70,7 @@ def test_row_is_readable_by_operators(postgres_server: PostgresServer, admin: An
     backend = PostgresBackend.from_url(postgres_server.url, table=table)
     key = "app:orders/42 ünï"
     fence = backend.acquire_fenced(key, TOKEN, 60, "host:1")
-    rows = _sql(
+    rows = sql(
         admin,
         f'SELECT key, token, fence, owner, expires_at > clock_timestamp() FROM "{table}"',
     )
@@ -108,7 +85,7 @@ def test_postgres_scheme_alias_and_query_options(postgres_server: PostgresServer
     assert backend.names.label == table and backend.pool.maxconn == 2
     assert backend.acquire("k", TOKEN, 30, "o")
     conn = backend.pool.getconn()
-    assert _sql(conn, "SELECT current_setting('application_name')") == [("ll-test",)]
+    assert sql(conn, "SELECT current_setting('application_name')") == [("ll-test",)]
     backend.pool.putconn(conn)
     backend.close()
     assert backend.pool.closed
@@ -124,7 +101,7 @@ def test_caller_connection_keeps_its_autocommit_setting(
     assert backend.acquire("k", TOKEN, 30, "o")
     assert conn.autocommit is False
     # Committed by the statement itself: another session sees the lease at once.
-    assert _sql(admin, f'SELECT token FROM "{table}" WHERE key = %s', "k") == [(TOKEN,)]
+    assert sql(admin, f'SELECT token FROM "{table}" WHERE key = %s', "k") == [(TOKEN,)]
     conn.close()
 
 
@@ -171,11 +148,11 @@ def test_refuses_an_autocommit_connection_inside_an_explicit_transaction(
     conn.autocommit = True
     backend = PostgresBackend(conn, table=table)
     assert backend.acquire("k", TOKEN, 30, "o")
-    _sql(conn, "BEGIN")
+    sql(conn, "BEGIN")
     with pytest.raises(ValidationError, match="inside a transaction"):
         backend.release("k", TOKEN)
-    _sql(conn, "ROLLBACK")
-    assert _sql(admin, f'SELECT token FROM "{table}" WHERE key = %s', "k") == [(TOKEN,)]
+    sql(conn, "ROLLBACK")
+    assert sql(admin, f'SELECT token FROM "{table}" WHERE key = %s', "k") == [(TOKEN,)]
     assert backend.release("k", TOKEN) is True
     assert conn.autocommit is True
     conn.close()
@@ -195,7 +172,7 @@ def _cycle(backend: PostgresBackend, key: str) -> None:
 
 
 def _prepared(conn: Any) -> set[str]:
-    return {name for (name,) in _sql(conn, "SELECT name FROM pg_prepared_statements")}
+    return {name for (name,) in sql(conn, "SELECT name FROM pg_prepared_statements")}
 
 
 def test_statements_are_prepared_again_after_the_session_drops_them(
@@ -208,7 +185,7 @@ def test_statements_are_prepared_again_after_the_session_drops_them(
     names = _prepared(conn)
     assert len(names) == 6 and all(name.startswith("lease_lock_") for name in names)
     for reset in ("DEALLOCATE ALL", "DISCARD ALL"):
-        _sql(conn, reset)
+        sql(conn, reset)
         assert _prepared(conn) == set()
         _cycle(backend, "k")
         assert _prepared(conn) == names
@@ -228,7 +205,7 @@ def test_the_lines_statements_and_their_gate_are_prepared_and_prepared_again(
         # releases for a short burst, and a release in a burst hands nothing over.
         for reset in ("", "DEALLOCATE ALL", "DISCARD ALL"):
             if reset:
-                _sql(conn, reset)
+                sql(conn, reset)
             key = f"k{reset}"
             assert backend.acquire(key, TOKEN, 30, "o")
             line = backend.join_line(key, OTHER, 30, "w", False, time.monotonic)
@@ -276,11 +253,11 @@ def test_a_single_connections_failures_read_as_a_pools_do(
         backend.acquire("k", TOKEN, float("inf"), "o")
     assert backend.release("k", TOKEN) is True
     # A table dropped under the backend is made again by the next write.
-    _sql(admin, f'DROP TABLE "{table}"')
+    sql(admin, f'DROP TABLE "{table}"')
     assert backend.acquire("k", TOKEN, 30, "o")
-    assert _sql(admin, f'SELECT token FROM "{table}" WHERE key = %s', "k") == [(TOKEN,)]
+    assert sql(admin, f'SELECT token FROM "{table}" WHERE key = %s', "k") == [(TOKEN,)]
     # A killed session cannot be replaced: the server is out of reach, from the driver's error.
-    _sql(admin, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s", app_name)
+    sql(admin, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s", app_name)
     for _attempt in range(2):
         with pytest.raises(BackendUnavailableError) as caught:
             backend.release("k", TOKEN)
@@ -352,7 +329,7 @@ def test_sweep_expired_deletes_only_expired_rows(postgres_server: PostgresServer
     assert backend.acquire("long", TOKEN, 60, "o")
     assert wait_until(lambda: not backend.inspect("short").held, 10)
     assert backend.sweep_expired() == 1
-    assert _sql(admin, f'SELECT key FROM "{table}"') == [("long",)]
+    assert sql(admin, f'SELECT key FROM "{table}"') == [("long",)]
     assert backend.sweep_expired() == 0
     backend.close()
 
@@ -365,7 +342,7 @@ def test_ddl_is_idempotent_sql_for_migrations(admin: Any, postgres_server: Postg
     assert isinstance(statements, list) and all(isinstance(sql, str) for sql in statements)
     for _ in range(2):
         for statement in statements:
-            _sql(admin, statement)
+            sql(admin, statement)
     backend = PostgresBackend.from_url(postgres_server.url, table=table, create_table=False)
     first = backend.acquire_fenced("k", TOKEN, 30, "o")
     # The fence sequence starts at the server clock in microseconds (fences keep rising
@@ -376,23 +353,23 @@ def test_ddl_is_idempotent_sql_for_migrations(admin: Any, postgres_server: Postg
 
 def test_unlogged_ddl(admin: Any, table: str) -> None:
     for statement in ddl(table, unlogged=True):
-        _sql(admin, statement)
-    assert _sql(admin, "SELECT relpersistence FROM pg_class WHERE relname = %s", table) == [("u",)]
+        sql(admin, statement)
+    assert sql(admin, "SELECT relpersistence FROM pg_class WHERE relname = %s", table) == [("u",)]
 
 
 def test_schema_qualified_table(postgres_server: PostgresServer, admin: Any) -> None:
     schema = f"s_{uuid.uuid4().hex[:8]}"
-    _sql(admin, f'CREATE SCHEMA "{schema}"')
+    sql(admin, f'CREATE SCHEMA "{schema}"')
     try:
         backend = PostgresBackend.from_url(postgres_server.url, table=f"{schema}.locks")
         assert backend.acquire_fenced("k", TOKEN, 30, "o") is not None
-        assert _sql(admin, f'SELECT key FROM "{schema}"."locks"') == [("k",)]
+        assert sql(admin, f'SELECT key FROM "{schema}"."locks"') == [("k",)]
         backend.close()
         again = PostgresBackend.from_url(postgres_server.url, table="locks", schema=schema)
         assert again.inspect("k").held
         again.close()
     finally:
-        _sql(admin, f'DROP SCHEMA "{schema}" CASCADE')
+        sql(admin, f'DROP SCHEMA "{schema}" CASCADE')
 
 
 def _misconfigured(postgres_server: PostgresServer, table: str) -> PostgresBackend:
@@ -404,7 +381,7 @@ def test_missing_table_is_reported_then_rechecked(postgres_server: PostgresServe
     with pytest.raises(ValidationError, match=f'table "{table}" does not exist'):
         backend.acquire("k", TOKEN, 30, "o")
     for statement in ddl(table):
-        _sql(admin, statement)
+        sql(admin, statement)
     # The failed check runs again on the next call, which now succeeds.
     assert backend.acquire("k", TOKEN, 30, "o")
     backend.close()
@@ -412,52 +389,52 @@ def test_missing_table_is_reported_then_rechecked(postgres_server: PostgresServe
 
 def test_missing_unique_index(postgres_server: PostgresServer, admin: Any, table: str) -> None:
     for statement in ddl(table):
-        _sql(admin, statement.replace(' COLLATE "C" PRIMARY KEY', ""))
+        sql(admin, statement.replace(' COLLATE "C" PRIMARY KEY', ""))
     backend = _misconfigured(postgres_server, table)
     with pytest.raises(ValidationError, match="no primary key or unique index on key alone"):
         backend.inspect("k")
-    _sql(admin, f'CREATE UNIQUE INDEX ON "{table}" (key, token)')
+    sql(admin, f'CREATE UNIQUE INDEX ON "{table}" (key, token)')
     with pytest.raises(ValidationError, match="no primary key or unique index on key alone"):
         backend.inspect("k")
-    _sql(admin, f'CREATE UNIQUE INDEX ON "{table}" (key)')
+    sql(admin, f'CREATE UNIQUE INDEX ON "{table}" (key)')
     assert backend.acquire("k", TOKEN, 30, "o")
     backend.close()
 
 
 def test_missing_sequence(postgres_server: PostgresServer, admin: Any, table: str) -> None:
     for statement in ddl(table):
-        _sql(admin, statement)
-    _sql(admin, f'DROP SEQUENCE "{table}_fence"')
+        sql(admin, statement)
+    sql(admin, f'DROP SEQUENCE "{table}_fence"')
     backend = _misconfigured(postgres_server, table)
     with pytest.raises(ValidationError, match=r"fence sequence .* does not exist"):
         backend.acquire_fenced("k", TOKEN, 30, "o")
-    assert _sql(admin, f'SELECT count(*) FROM "{table}"') == [(0,)], "nothing written"
+    assert sql(admin, f'SELECT count(*) FROM "{table}"') == [(0,)], "nothing written"
     backend.close()
 
 
 def test_role_with_only_select(postgres_server: PostgresServer, admin: Any, table: str) -> None:
     for statement in ddl(table):
-        _sql(admin, statement)
+        sql(admin, statement)
     role = f"r_{uuid.uuid4().hex[:8]}"
-    _sql(admin, f"CREATE ROLE {role} LOGIN PASSWORD 'secret-pw'")
+    sql(admin, f"CREATE ROLE {role} LOGIN PASSWORD 'secret-pw'")
     try:
-        _sql(admin, f'GRANT SELECT ON "{table}" TO {role}')
+        sql(admin, f'GRANT SELECT ON "{table}" TO {role}')
         dsn = f"{postgres_server.dsn} user={role} password=secret-pw"
         conn = psycopg2.connect(dsn)
         backend = PostgresBackend(conn, table=table, create_table=False)
         with pytest.raises(ValidationError, match="lacks INSERT, UPDATE, DELETE on table") as caught:
             backend.acquire("k", TOKEN, 30, "o")
         assert "USAGE" not in str(caught.value) or "sequence" in str(caught.value)
-        _sql(admin, f'GRANT INSERT, UPDATE, DELETE ON "{table}" TO {role}')
+        sql(admin, f'GRANT INSERT, UPDATE, DELETE ON "{table}" TO {role}')
         with pytest.raises(ValidationError, match="lacks USAGE on the fence sequence"):
             backend.acquire("k", TOKEN, 30, "o")
-        _sql(admin, f'GRANT USAGE ON SEQUENCE "{table}_fence" TO {role}')
+        sql(admin, f'GRANT USAGE ON SEQUENCE "{table}_fence" TO {role}')
         assert backend.acquire_fenced("k", TOKEN, 30, "o") is not None
         with pytest.raises(ValidationError, match="lacks SELECT, INSERT, UPDATE on table"):
             backend.count_in_window("n", 60)
         conn.close()
     finally:
-        _sql(admin, f'DROP OWNED BY {role}; DROP ROLE {role}')
+        sql(admin, f'DROP OWNED BY {role}; DROP ROLE {role}')
 
 
 # -- bad input ------------------------------------------------------------------------------------
@@ -522,16 +499,16 @@ def test_refuses_what_is_not_a_connection() -> None:
 
 def test_refuses_a_connection_inside_a_transaction(postgres_server: PostgresServer, admin: Any, table: str) -> None:
     conn = psycopg2.connect(postgres_server.dsn)
-    _sql(conn, "SELECT 1")  # psycopg2 opened a transaction for this query
+    sql(conn, "SELECT 1")  # psycopg2 opened a transaction for this query
     with pytest.raises(ValidationError, match="inside a transaction"):
         PostgresBackend(conn, table=table)
     conn.rollback()
     backend = PostgresBackend(conn, table=table)
-    _sql(conn, "SELECT 1")
+    sql(conn, "SELECT 1")
     with pytest.raises(ValidationError, match="inside a transaction"):
         backend.acquire("k", TOKEN, 30, "o")
     conn.rollback()
-    assert _sql(admin, "SELECT to_regclass(%s)", table) == [(None,)], "nothing written"
+    assert sql(admin, "SELECT to_regclass(%s)", table) == [(None,)], "nothing written"
     assert backend.acquire("k", TOKEN, 30, "o")
     conn.close()
 

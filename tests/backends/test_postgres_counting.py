@@ -5,47 +5,26 @@ from __future__ import annotations
 
 import threading
 import uuid
-from typing import Any, Iterator
+from typing import Any
 
-import psycopg2
 import pytest
 from lease_lock.backends.postgres import PostgresBackend, ddl
 from lease_lock.errors import ValidationError
 from lease_lock.testing import wait_until
 
-from tests.support.postgres_server import PostgresServer
+from tests.support.postgres_server import PostgresServer, sql
 
 
 def _token() -> str:
     return uuid.uuid4().hex
 
 
-def _sql(conn: Any, statement: str, *parameters: Any) -> list[Any]:
-    with conn.cursor() as cursor:
-        cursor.execute(statement, parameters)
-        return cursor.fetchall() if cursor.description else []
 
-
-@pytest.fixture
-def admin(postgres_server: PostgresServer) -> Iterator[Any]:
-    conn = psycopg2.connect(postgres_server.dsn)
-    conn.autocommit = True
-    yield conn
-    conn.close()
-
-
-@pytest.fixture
-def table(admin: Any) -> Iterator[str]:
-    """A table name of this test's own; every object derived from it is dropped afterwards."""
-    name = f"ll_{uuid.uuid4().hex[:12]}"
-    yield name
-    _sql(admin, f'DROP TABLE IF EXISTS "{name}", "{name}_count", "{name}_queue", "{name}_place"')
-    _sql(admin, f'DROP SEQUENCE IF EXISTS "{name}_fence"')
 
 
 def _live_places(admin: Any, table: str, key: str) -> int:
     return int(
-        _sql(
+        sql(
             admin,
             f'SELECT count(*) FROM "{table}_place" AS p JOIN "{table}" AS l USING (key) WHERE p.key = %s'
             " AND l.token LIKE '#%%' AND l.expires_at > clock_timestamp() AND p.expires_at > clock_timestamp()",
@@ -82,7 +61,7 @@ def test_grants_and_releases_in_a_crowd_stay_within_the_limit(
     postgres_server: PostgresServer, admin: Any, table: str
 ) -> None:
     for statement in ddl(table):
-        _sql(admin, statement)  # before the watching thread reads it
+        sql(admin, statement)  # before the watching thread reads it
     backend = PostgresBackend.from_url(postgres_server.url, table=table, max_connections=6)
     key = "crowded"
     stop = threading.Event()
@@ -166,7 +145,7 @@ def test_a_table_from_an_earlier_release_keeps_working(
 ) -> None:
     for statement in ddl(table):
         if "_place" not in statement:
-            _sql(admin, statement)
+            sql(admin, statement)
     backend = PostgresBackend.from_url(postgres_server.url, table=table, create_table=False)
     try:
         token = _token()
@@ -180,12 +159,12 @@ def test_a_table_from_an_earlier_release_keeps_working(
         assert not backend.inspect("c").held
         # Running the DDL again adds the table, and the next counting grant uses it.
         for statement in ddl(table):
-            _sql(admin, statement)
+            sql(admin, statement)
         assert backend.acquire_counted("c", _token(), 30, "o", 2) is not None
     finally:
         backend.close()
     # A backend that may create tables adds it by itself.
-    _sql(admin, f'DROP TABLE "{table}_place"')
+    sql(admin, f'DROP TABLE "{table}_place"')
     creating = PostgresBackend.from_url(postgres_server.url, table=table)
     try:
         assert creating.acquire_counted("d", _token(), 30, "o", 2) is not None
@@ -232,6 +211,6 @@ def test_sweep_deletes_ended_places(postgres_server: PostgresServer, admin: Any,
         assert backend.acquire_counted("k", long, 60, "o", 2) is not None
         assert wait_until(lambda: len(backend.inspect("k").holders) == 1, 10)
         backend.sweep_expired()
-        assert _sql(admin, f'SELECT token FROM "{table}_place"') == [(long,)]
+        assert sql(admin, f'SELECT token FROM "{table}_place"') == [(long,)]
     finally:
         backend.close()

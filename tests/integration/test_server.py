@@ -24,33 +24,8 @@ from lease_lock.errors import BackendUnavailableError, ValidationError
 from lease_lock.server import create_app, create_key, openapi_document, revoke_key
 from lease_lock.testing import wait_until
 
+from tests.support.http_server import ServiceClient as Client
 from tests.support.http_server import ServiceInfo, ThreadedServer, make_keys
-
-
-class Client:
-    """Raw HTTP against the service, with one key."""
-
-    def __init__(self, base: str, key: Optional[str]) -> None:
-        self.base = base
-        self.session = requests.Session()
-        if key is not None:
-            self.session.headers["Authorization"] = f"Bearer {key}"
-
-    def call(self, method: str, path: str, token: Optional[str] = None, **kwargs: Any) -> requests.Response:
-        headers = kwargs.pop("headers", {})
-        if token is not None:
-            headers["X-Volcano-Lock-Token"] = token
-        return self.session.request(method, self.base + path, headers=headers, timeout=10, **kwargs)
-
-    def acquire(self, key: str, token: str, ttl: Any = 30, **kwargs: Any) -> requests.Response:
-        return self.call("POST", f"/locks/{key}/lease", token, json={"ttl_seconds": ttl}, **kwargs)
-
-
-@pytest.fixture
-def alpha(lock_service: ServiceInfo) -> Iterator[Client]:
-    client = Client(lock_service.url, lock_service.keys["alpha"])
-    yield client
-    client.session.close()
 
 
 def _key() -> str:

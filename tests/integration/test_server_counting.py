@@ -24,33 +24,21 @@ from lease_lock.server import create_app
 from lease_lock.server.service import Conflict, LockService
 from lease_lock.wire import MAX_LIFETIME
 
-from tests.support.http_server import ServiceInfo, ThreadedServer, make_keys
-
-EPOCH = 1_800_000_000.0
+from tests.support.http_server import EPOCH, ServiceClient, ServiceClock, ServiceInfo, ThreadedServer, make_keys
 
 
-class Client:
-    """Raw HTTP against the service, with one key."""
+class Client(ServiceClient):
+    """The service's client, with the body of an acquisition given whole."""
 
-    def __init__(self, base: str, key: str) -> None:
-        self.base = base
-        self.session = requests.Session()
-        self.session.headers["Authorization"] = f"Bearer {key}"
-
-    def acquire(self, key: str, token: str, body: Any, headers: Optional[dict[str, str]] = None) -> requests.Response:
-        headers = {**(headers or {}), "X-Volcano-Lock-Token": token}
-        return self.session.post(f"{self.base}/locks/{key}/lease", json=body, headers=headers, timeout=30)
+    def lease(self, key: str, token: str, body: Any, headers: Optional[dict[str, str]] = None) -> requests.Response:
+        """An acquisition of ``key`` for ``token`` with ``body`` as it is."""
+        return self.acquire(key, token, json=body, headers=headers or {})
 
     def place(
         self, key: str, token: str, limit: int, ttl: int = 30, headers: Optional[dict[str, str]] = None
     ) -> requests.Response:
-        return self.acquire(key, token, {"ttl_seconds": ttl, "limit": limit}, headers)
-
-    def call(self, method: str, path: str, token: Optional[str] = None, **kwargs: Any) -> requests.Response:
-        headers = kwargs.pop("headers", {})
-        if token is not None:
-            headers["X-Volcano-Lock-Token"] = token
-        return self.session.request(method, self.base + path, headers=headers, timeout=30, **kwargs)
+        """An acquisition of one of ``limit`` places of ``key``."""
+        return self.lease(key, token, {"ttl_seconds": ttl, "limit": limit}, headers)
 
 
 @pytest.fixture
@@ -82,13 +70,13 @@ def _error(response: requests.Response, status: int, code: str) -> str:
 @pytest.mark.parametrize("limit", [1, 0, -2, 1_000_001, "2", 2.0, 2.5, True, None, [2], {"n": 2}])
 def test_a_bad_limit_is_refused_naming_it_and_writes_nothing(alpha: Client, limit: Any) -> None:
     key = _key()
-    message = _error(alpha.acquire(key, _token(), {"ttl_seconds": 30, "limit": limit}), 400, "invalid_request")
+    message = _error(alpha.lease(key, _token(), {"ttl_seconds": 30, "limit": limit}), 400, "invalid_request")
     assert "limit" in message and "2 to 1000000" in message
     assert alpha.call("GET", f"/locks/{key}").json() == {"held": False}
 
 
 def test_the_ttl_is_checked_before_the_limit(alpha: Client) -> None:
-    _error(alpha.acquire(_key(), _token(), {"ttl_seconds": 1, "limit": 2}), 400, "invalid_ttl")
+    _error(alpha.lease(_key(), _token(), {"ttl_seconds": 1, "limit": 2}), 400, "invalid_ttl")
 
 
 def test_places_are_granted_up_to_the_limit_and_reported(alpha: Client) -> None:
@@ -144,9 +132,9 @@ def test_another_limit_is_a_conflict_naming_both_limits(alpha: Client) -> None:
     # The key as the client named it, never the store's name of it.
     assert "limit=3" in message and "limit=2" in message and repr(key) in message and "locks/" not in message
     # The official API's exclusive acquisition finds the key held, as it always has.
-    _error(alpha.acquire(key, _token(), {"ttl_seconds": 30}), 409, "lock_held")
+    _error(alpha.lease(key, _token(), {"ttl_seconds": 30}), 409, "lock_held")
     exclusive = _key()
-    assert alpha.acquire(exclusive, _token(), {"ttl_seconds": 30}).status_code == 201
+    assert alpha.lease(exclusive, _token(), {"ttl_seconds": 30}).status_code == 201
     message = _error(alpha.place(exclusive, _token(), 2), 409, "limit_mismatch")
     assert "limit=2" in message and "limit=1" in message
     state = alpha.call("GET", f"/locks/{exclusive}").json()
@@ -218,19 +206,10 @@ def test_a_waiting_acquisition_of_another_limit_is_refused_at_once(alpha: Client
     assert "Preference-Applied" not in refused.headers and time.monotonic() - started < 5
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def wall(self) -> float:
-        return EPOCH + self.now
 
 
 def test_each_place_keeps_the_service_rules() -> None:
-    clock = Clock()
+    clock = ServiceClock()
     service = LockService(MemoryBackend(clock=clock.monotonic), clock=clock.wall)
     first, second = _token(), _token()
     grant = service.acquire_counted("p", "k", first, 10, "a", 2)

@@ -13,20 +13,8 @@ from lease_lock.backends.memory import MemoryBackend
 from lease_lock.server.service import Conflict, LockService
 from lease_lock.wire import MAX_LIFETIME
 
-from tests.support.http_server import make_keys, start_serve, stop_serve
-
-EPOCH = 1_800_000_000.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def wall(self) -> float:
-        return EPOCH + self.now
+from tests.support.http_server import EPOCH, make_keys, start_serve, stop_serve
+from tests.support.http_server import ServiceClock as Clock
 
 
 @pytest.fixture

@@ -203,3 +203,56 @@ def lock_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceIn
         yield ServiceInfo(url=url, keys_file=keys_file, keys=keys, log=log)
     finally:
         stop_serve(process)
+
+
+class ServiceClient:
+    """Raw HTTP against the service, with one key (``None``: no ``Authorization``)."""
+
+    def __init__(self, base: str, key: Optional[str]) -> None:
+        import requests
+
+        self.base = base
+        self.session = requests.Session()
+        if key is not None:
+            self.session.headers["Authorization"] = f"Bearer {key}"
+
+    def call(self, method: str, path: str, token: Optional[str] = None, **kwargs: Any) -> Any:
+        """``method`` on ``path``, with the lock token header when ``token`` is given."""
+        headers = kwargs.pop("headers", {})
+        if token is not None:
+            headers["X-Volcano-Lock-Token"] = token
+        return self.session.request(method, self.base + path, headers=headers, timeout=30, **kwargs)
+
+    def acquire(self, key: str, token: str, ttl: Any = 30, **kwargs: Any) -> Any:
+        """An acquisition of ``key`` for ``token`` (``kwargs`` such as ``json`` replace the body)."""
+        kwargs.setdefault("json", {"ttl_seconds": ttl})
+        return self.call("POST", f"/locks/{key}/lease", token, **kwargs)
+
+
+@pytest.fixture
+def alpha(lock_service: ServiceInfo) -> Iterator[ServiceClient]:
+    """A client of the shared service with project ``alpha``'s key."""
+    client = ServiceClient(lock_service.url, lock_service.keys["alpha"])
+    yield client
+    client.session.close()
+
+
+#: The wall clock's reading at the fake monotonic clock's zero (:class:`ServiceClock`).
+EPOCH = 1_800_000_000.0
+
+
+class ServiceClock:
+    """Injected time for a ``LockService`` and its store: ``now`` seconds on the monotonic
+    clock, ``EPOCH + now`` on the wall clock; a test moves ``now`` itself."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        """The store's clock."""
+        return self.now
+
+    def wall(self) -> float:
+        """The service's wall clock."""
+        return EPOCH + self.now
+

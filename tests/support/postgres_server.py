@@ -30,8 +30,9 @@ import shutil
 import subprocess
 import tempfile
 import urllib.parse
+import uuid
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import pytest
 
@@ -189,3 +190,30 @@ def postgres_server() -> Iterator[PostgresServer]:
 def postgres_private_server() -> Iterator[PostgresServer]:
     """A private PostgreSQL server that tests may restart, stop or reconfigure."""
     yield from _private_or_fail()
+
+
+def sql(conn: Any, statement: str, *parameters: Any) -> list[Any]:
+    """Run ``statement`` on ``conn``; its rows (none for a statement that returns none)."""
+    with conn.cursor() as cursor:
+        cursor.execute(statement, parameters)
+        return cursor.fetchall() if cursor.description else []
+
+
+@pytest.fixture
+def admin(postgres_server: PostgresServer) -> Iterator[Any]:
+    """An autocommit connection to the shared server, for a test's own look at its tables."""
+    import psycopg2
+
+    conn = psycopg2.connect(postgres_server.dsn)
+    conn.autocommit = True
+    yield conn
+    conn.close()
+
+
+@pytest.fixture
+def table(admin: Any) -> Iterator[str]:
+    """A lock table name of this test's own; every object derived from it is dropped afterwards."""
+    name = f"ll_{uuid.uuid4().hex[:12]}"
+    yield name
+    sql(admin, f'DROP TABLE IF EXISTS "{name}", "{name}_count", "{name}_queue", "{name}_place"')
+    sql(admin, f'DROP SEQUENCE IF EXISTS "{name}_fence"')
