@@ -17,7 +17,6 @@ import textwrap
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any, Optional
 
 import psycopg2
@@ -37,7 +36,7 @@ from tests.support.handoff import (
     check_closing_the_locker_ends_a_wait_in_line,
     hand_key_round,
 )
-from tests.support.postgres_server import PostgresServer
+from tests.support.postgres_server import PostgresServer, sql
 from tests.support.processes import kill_process
 from tests.support.silent_wait import check_a_silent_line_ends_its_wait_as_an_outage
 
@@ -54,28 +53,14 @@ def key() -> str:
     return f"test:line:{uuid.uuid4().hex}"
 
 
-@pytest.fixture
-def admin(postgres_server: PostgresServer) -> Iterator[Any]:
-    conn = psycopg2.connect(postgres_server.url)
-    conn.autocommit = True
-    yield conn
-    conn.close()
-
-
-def _rows(admin: Any, statement: str, *parameters: Any) -> list[Any]:
-    with admin.cursor() as cursor:
-        cursor.execute(statement, parameters)
-        return cursor.fetchall() if cursor.description is not None else []
-
-
 def _in_line(admin: Any, table: str, key: str) -> int:
     """How many waiters have a place in ``key``'s line (the burst row has the empty token)."""
-    return int(_rows(admin, f"SELECT count(*) FROM \"{table}_queue\" WHERE key = %s AND token <> ''", key)[0][0])
+    return int(sql(admin, f"SELECT count(*) FROM \"{table}_queue\" WHERE key = %s AND token <> ''", key)[0][0])
 
 
 def _holder(admin: Any, table: str, key: str) -> tuple[str, float, Any]:
     """The token, the seconds left (server clock) and the fence of ``key``'s live lease, or ``("", 0, None)``."""
-    rows = _rows(
+    rows = sql(
         admin,
         f'SELECT token, extract(epoch FROM expires_at - clock_timestamp())::float8, fence FROM "{table}"'
         " WHERE key = %s AND expires_at > clock_timestamp()",
@@ -130,7 +115,7 @@ def test_without_direct_handoff_no_thread_waits_in_line_and_a_release_hands_noth
             assert line is not None
             assert line.ask() is None  # in line behind the holder
             assert backend.release(key, HOLDER)
-            assert _rows(admin, f'SELECT token FROM "{table}" WHERE key = %s', key) == []
+            assert sql(admin, f'SELECT token FROM "{table}" WHERE key = %s', key) == []
             line.leave(False)
         finally:
             on.close()
@@ -348,7 +333,7 @@ def test_leaving_with_a_handed_key_hands_it_to_the_next_waiter(
         assert _holder(admin, table, key)[0] == first
         # The hand-over gave the first waiter a burst; it runs another minute here, so that the
         # leave below surely comes inside it.
-        _rows(
+        sql(
             admin,
             f"UPDATE \"{table}_queue\" SET fresh_until = clock_timestamp() + interval '60 seconds'"
             " WHERE key = %s AND token = ''",
@@ -405,7 +390,7 @@ def test_stale_places_are_skipped_and_swept(postgres_server: PostgresServer, adm
         line = backend.join_line(key, "w" * 32, 30, "w", False, time.monotonic)
         assert line is not None and line.ask() is None
         # The waiter died without a word: its place goes stale.
-        _rows(admin, f'UPDATE "{table}_queue" SET fresh_until = clock_timestamp() - interval \'1 second\'')
+        sql(admin, f'UPDATE "{table}_queue" SET fresh_until = clock_timestamp() - interval \'1 second\'')
         assert backend.release(key, HOLDER)
         # Not handed to the stale place: the key is free; the sweep deletes the place.
         assert not backend.inspect(key).held
@@ -416,7 +401,7 @@ def test_stale_places_are_skipped_and_swept(postgres_server: PostgresServer, adm
         second = backend.join_line(key, "v" * 32, 30, "v", False, time.monotonic)
         assert second is not None
         assert backend.acquire(key, HOLDER, 30, "holder") and line.ask() is None and second.ask() is None
-        _rows(
+        sql(
             admin,
             f'UPDATE "{table}_queue" SET fresh_until = clock_timestamp() - interval \'1 second\' WHERE token = %s',
             "w" * 32,
@@ -443,7 +428,7 @@ def test_releases_during_a_holders_burst_leave_the_key_free_and_the_head_of_the_
         assert line is not None and line.ask() is None
         # A hand-over gave the holder a burst that runs another minute (the key's row of the
         # line with the empty token).
-        _rows(
+        sql(
             admin,
             f"INSERT INTO \"{table}_queue\" VALUES (%s, '', '', 0, false, '', '', clock_timestamp(),"
             " clock_timestamp() + interval '60 seconds')",
@@ -488,10 +473,10 @@ def test_a_release_during_a_burst_tells_the_head_of_the_line_once(
         assert backend.acquire(key, HOLDER, 600, "holder")
         line = backend.join_line(key, waiter, 600, "waiter", False, time.monotonic)
         assert line is not None and line.ask() is None
-        [(channel,)] = _rows(admin, f'SELECT channel FROM "{table}_queue" WHERE key = %s AND token = %s', key, waiter)
-        _rows(admin, f'LISTEN "{channel}"')
+        [(channel,)] = sql(admin, f'SELECT channel FROM "{table}_queue" WHERE key = %s AND token = %s', key, waiter)
+        sql(admin, f'LISTEN "{channel}"')
         # A hand-over gave the holder a burst that runs another ten minutes.
-        _rows(
+        sql(
             admin,
             f"INSERT INTO \"{table}_queue\" VALUES (%s, '', '', 0, false, '', '', clock_timestamp(),"
             " clock_timestamp() + interval '600 seconds')",
@@ -503,7 +488,7 @@ def test_a_release_during_a_burst_tells_the_head_of_the_line_once(
             # burst ends); the holder's next ones wake nobody.
             assert backend.release(key, HOLDER)
             assert backend.acquire(key, HOLDER, 600, "holder")
-        _rows(admin, "SELECT pg_notify(%s, 'end')", channel)
+        sql(admin, "SELECT pg_notify(%s, 'end')", channel)
         payloads: list[str] = []
         while "end" not in payloads:
             assert wait_until(lambda: bool(admin.poll() or admin.notifies), 30)
@@ -512,7 +497,7 @@ def test_a_release_during_a_burst_tells_the_head_of_the_line_once(
         assert len(payloads) == 2, payloads
         # Released for good inside the burst: the head of the line, told, asks at once and takes
         # the key, though its own refresh is minutes away.
-        _rows(admin, f'UNLISTEN "{channel}"')
+        sql(admin, f'UNLISTEN "{channel}"')
         assert backend.release(key, HOLDER)
         grant = line.wait(60)
         assert grant is not None and not grant.claimed
@@ -663,14 +648,14 @@ def test_a_database_made_by_an_older_release_keeps_working_without_the_line(
     # The DDL of a release without lines: everything but the queue table, and a role that may
     # use only those (create_table=False, as for a role without DDL rights).
     for statement in ddl(table)[:-1]:
-        _rows(admin, statement)
+        sql(admin, statement)
     role = f"r_{uuid.uuid4().hex[:8]}"
-    _rows(admin, f"CREATE ROLE {role} LOGIN PASSWORD 'secret-pw'")
+    sql(admin, f"CREATE ROLE {role} LOGIN PASSWORD 'secret-pw'")
     lockers: list[Locker] = []
     events = Recorder()
     try:
-        _rows(admin, f'GRANT SELECT, INSERT, UPDATE, DELETE ON "{table}", "{table}_count" TO {role}')
-        _rows(admin, f'GRANT USAGE ON SEQUENCE "{table}_fence" TO {role}')
+        sql(admin, f'GRANT SELECT, INSERT, UPDATE, DELETE ON "{table}", "{table}_count" TO {role}')
+        sql(admin, f'GRANT USAGE ON SEQUENCE "{table}_fence" TO {role}')
         dsn = f"{postgres_server.dsn} user={role} password=secret-pw"
         with caplog.at_level("INFO", logger="lease_lock"):
             lockers = [
@@ -698,7 +683,7 @@ def test_a_database_made_by_an_older_release_keeps_working_without_the_line(
         for locker in lockers:
             locker.close()
         with contextlib.suppress(psycopg2.Error):
-            _rows(admin, f"DROP OWNED BY {role}; DROP ROLE {role}")
+            sql(admin, f"DROP OWNED BY {role}; DROP ROLE {role}")
 
 
 def _direct(line: Optional[WaitingLine]) -> bool:
