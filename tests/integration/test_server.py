@@ -25,7 +25,13 @@ from lease_lock.server import create_app, create_key, openapi_document, revoke_k
 from lease_lock.testing import wait_until
 
 from tests.support.http_server import ServiceClient as Client
-from tests.support.http_server import ServiceInfo, ThreadedServer, make_keys
+from tests.support.http_server import ServiceInfo, ThreadedServer, client_of, make_keys
+
+
+@pytest.fixture
+def alpha(lock_service: ServiceInfo) -> Iterator[Client]:
+    with client_of(lock_service, "alpha", Client) as client:
+        yield client
 
 
 def _key() -> str:

@@ -24,7 +24,15 @@ from lease_lock.server import create_app
 from lease_lock.server.service import Conflict, LockService
 from lease_lock.wire import MAX_LIFETIME
 
-from tests.support.http_server import EPOCH, ServiceClient, ServiceClock, ServiceInfo, ThreadedServer, make_keys
+from tests.support.http_server import (
+    EPOCH,
+    ServiceClient,
+    ServiceClock,
+    ServiceInfo,
+    ThreadedServer,
+    client_of,
+    make_keys,
+)
 
 
 class Client(ServiceClient):
@@ -43,9 +51,8 @@ class Client(ServiceClient):
 
 @pytest.fixture
 def alpha(lock_service: ServiceInfo) -> Iterator[Client]:
-    client = Client(lock_service.url, lock_service.keys["alpha"])
-    yield client
-    client.session.close()
+    with client_of(lock_service, "alpha", Client) as client:
+        yield client
 
 
 def _key() -> str:

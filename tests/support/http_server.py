@@ -22,7 +22,7 @@ import urllib.parse
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import pytest
 from lease_lock.server import create_key
@@ -229,12 +229,17 @@ class ServiceClient:
         return self.call("POST", f"/locks/{key}/lease", token, **kwargs)
 
 
-@pytest.fixture
-def alpha(lock_service: ServiceInfo) -> Iterator[ServiceClient]:
-    """A client of the shared service with project ``alpha``'s key."""
-    client = ServiceClient(lock_service.url, lock_service.keys["alpha"])
-    yield client
-    client.session.close()
+_Client = TypeVar("_Client", bound=ServiceClient)
+
+
+@contextlib.contextmanager
+def client_of(service: ServiceInfo, name: str, kind: type[_Client]) -> Iterator[_Client]:
+    """A ``kind`` of client of ``service`` with the key of ``name``, closed afterwards."""
+    client = kind(service.url, service.keys[name])
+    try:
+        yield client
+    finally:
+        client.session.close()
 
 
 #: The wall clock's reading at the fake monotonic clock's zero (:class:`ServiceClock`).
