@@ -537,14 +537,11 @@ class Acquisition:
     def _join_line(self, lock: Lock, tries: Attempts) -> None:
         """Take the crowd's place in the store's line (``tries.line``, ``None`` on a store that
         offers none); a release the leader was woken for meanwhile is its line's to bring."""
-        if lock.limit == 1:
-            tries.line = self.backend.join_line(
-                lock.key, lock.token, tries.requested, self.owner, self.fencing, self.clock
-            )
-        else:
-            tries.line = self.backend.join_line(
-                lock.key, lock.token, tries.requested, self.owner, self.fencing, self.clock, limit=lock.limit
-            )
+        # ``limit`` only for a counting key: a backend's join_line may predate the argument.
+        counting = {"limit": lock.limit} if lock.limit > 1 else {}
+        tries.line = self.backend.join_line(
+            lock.key, lock.token, tries.requested, self.owner, self.fencing, self.clock, **counting
+        )
         if tries.line is not None and tries.place is not None:
             tries.place.line = tries.line
             tries.place.wake.clear()
