@@ -315,14 +315,25 @@ class MongoBackend(ServiceStore):
                 return None
             if granted.get("fence") is not None:
                 return int(granted["fence"])  # the holder's renewal keeps its fence
-            fence = self._next_fence(key, sent, ttl)
-            if fence is None:
-                self._leases.delete_one(live_by(key, token))
-                return None
-            # Written only while the lease still runs on the server's clock: then the counter
-            # moved before the lease ended, so before any later grant of the key.
-            recorded = self._leases.update_one(live_by(key, token), {"$set": {"fence": fence}})
-            return fence if recorded.matched_count == 1 else None
+            holding = live_by(key, token)
+            return self._numbered(
+                key, sent, ttl, lambda: self._leases.delete_one(holding),
+                lambda fence: self._leases.update_one(holding, {"$set": {"fence": fence}}),
+            )
+
+    def _numbered(
+        self, key: str, sent: float, ttl: float, give_back: Callable[[], object], record: Callable[[int], Any]
+    ) -> Optional[int]:
+        """The fence of a new grant of ``key`` (a lease, or a place) whose request left at
+        ``sent``: drawn from the key's counter, then written by ``record`` (an update that
+        matches only while the grant runs on the server's clock: then the counter moved before
+        the grant ended, so before any later grant of the key). ``None`` when the counter
+        answered too late (the grant is then given back) or the grant ended meanwhile."""
+        fence = self._next_fence(key, sent, ttl)
+        if fence is None:
+            give_back()
+            return None
+        return fence if record(fence).matched_count == 1 else None
 
     def _next_fence(self, key: str, sent: float, ttl: float) -> Optional[int]:
         """Move ``key``'s fence counter for a grant asked for at ``sent`` (monotonic) with a
@@ -379,14 +390,11 @@ class MongoBackend(ServiceStore):
                 return None
             if place.get("fence") is not None:
                 return int(place["fence"])  # the holder's renewal keeps its fence
-            fence = self._next_fence(key, sent, ttl)
-            if fence is None:
-                self._leases.update_one(place_filter(key, token), place_release_update(token))
-                return None
-            # As for an exclusive grant: written only while the place still runs, so the counter
-            # moved before the place ended, before any grant that needed its end.
-            recorded = self._leases.update_one(place_filter(key, token), place_fence_update(token, fence))
-            return fence if recorded.matched_count == 1 else None
+            holding = place_filter(key, token)
+            return self._numbered(
+                key, sent, ttl, lambda: self._leases.update_one(holding, place_release_update(token)),
+                lambda fence: self._leases.update_one(holding, place_fence_update(token, fence)),
+            )
 
     # -- the holder's operations ---------------------------------------------------------------
 
