@@ -15,6 +15,9 @@ loop and the markers cancelled out:
 - *Locker*: ``with locker.lock(key): pass`` on a default ``Locker``;
 - *core*: Locker minus bare, what the library adds around the backend's calls:
   ``((Locker(3N) - Locker(N)) - (bare(3N) - bare(N))) / 2N``;
+- *the rules alone*: ``with floor.lock(key): pass`` on the lock of ``benchmarks.floor_lock``,
+  which does only the steps no correct lock can skip, and its share beyond bare: the floor
+  under the core's count;
 - *single locks* and *acquire_many*: ten keys held one after the other with ``with
   locker.lock(key)``, and held together with ``with locker.acquire_many(keys)`` (which also
   renews the first nine leases once the tenth is granted, in one ``extend_many``).
@@ -40,6 +43,7 @@ from typing import Callable
 
 from lease_lock import Locker, MemoryBackend
 
+from .floor_lock import floor_cycle
 from .measure import add_json_argument, write_json
 from .overhead import bare, locker_with
 
@@ -50,6 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ROWS: dict[str, Callable[[], Callable[[], None]]] = {
     "bare": lambda: bare(MemoryBackend()),
     "locker": lambda: locker_with(Locker(MemoryBackend())),
+    "floor": lambda: floor_cycle(MemoryBackend()),
     "single": lambda: single_locks(Locker(MemoryBackend())),
     "many": lambda: many_at_once(Locker(MemoryBackend())),
 }
@@ -91,9 +96,9 @@ class Counts(dict[str, dict[int, int]]):
         """A row's instructions per cycle between ``cycles`` and ``3 * cycles`` cycles."""
         return (self[row][3 * cycles] - self[row][cycles]) / (2 * cycles)
 
-    def core(self, cycles: int) -> float:
-        """The Locker's instructions per cycle beyond the bare backend calls."""
-        return self.per_cycle("locker", cycles) - self.per_cycle("bare", cycles)
+    def core(self, cycles: int, row: str = "locker") -> float:
+        """A row's instructions per cycle beyond the bare backend calls (the Locker's: the core)."""
+        return self.per_cycle(row, cycles) - self.per_cycle("bare", cycles)
 
 
 def run_cycles(row: str, cycles: int) -> None:
@@ -180,21 +185,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     header = f"{'cycle':<44} {'instructions':>12}"
     print(header)
     print("-" * len(header))
-    print(f"{'bare backend acquire + release':<44} {counts.per_cycle('bare', n):>12,.0f}")
-    print(f"{'with locker.lock(key): pass':<44} {counts.per_cycle('locker', n):>12,.0f}")
-    print(f"{'core (Locker minus bare)':<44} {counts.core(n):>12,.0f}")
     single, many = counts.per_cycle("single", n), counts.per_cycle("many", n)
-    print(f"{f'{SET_SIZE} single locks, one after the other':<44} {single:>12,.0f}")
-    print(f"{f'acquire_many of {SET_SIZE} keys':<44} {many:>12,.0f}")
-    print(f"{'acquire_many / single locks':<44} {many / single:>12.2f}")
     rows = [
-        {"name": "bare backend acquire + release", "instructions": counts.per_cycle("bare", n)},
-        {"name": "with locker.lock(key): pass", "instructions": counts.per_cycle("locker", n)},
-        {"name": "core (Locker minus bare)", "instructions": counts.core(n)},
-        {"name": f"{SET_SIZE} single locks, one after the other", "instructions": single},
-        {"name": f"acquire_many of {SET_SIZE} keys", "instructions": many},
+        ("bare backend acquire + release", counts.per_cycle("bare", n)),
+        ("with locker.lock(key): pass", counts.per_cycle("locker", n)),
+        ("core (Locker minus bare)", counts.core(n)),
+        ("the lease rules alone (floor lock)", counts.per_cycle("floor", n)),
+        ("their share (floor lock minus bare)", counts.core(n, "floor")),
+        (f"{SET_SIZE} single locks, one after the other", single),
+        (f"acquire_many of {SET_SIZE} keys", many),
     ]
-    write_json(args.json, "instructions", argv, {"cycles": n, "rows": rows})
+    for name, instructions in rows:
+        print(f"{name:<44} {instructions:>12,.0f}")
+    print(f"{'acquire_many / single locks':<44} {many / single:>12.2f}")
+    rows_json = [{"name": name, "instructions": instructions} for name, instructions in rows]
+    write_json(args.json, "instructions", argv, {"cycles": n, "rows": rows_json})
 
 
 if __name__ == "__main__":

@@ -281,12 +281,20 @@ def test_instruction_count_in_miniature() -> None:
     _require_valgrind()
     output = run_benchmark("instructions", "--cycles", "5")
     rows = table_rows(
-        output, "bare backend acquire + release", "with locker.lock(key): pass", "core (Locker minus bare)"
+        output,
+        "bare backend acquire + release",
+        "with locker.lock(key): pass",
+        "core (Locker minus bare)",
+        "the lease rules alone (floor lock)",
+        "their share (floor lock minus bare)",
     )
-    bare, locker, core = (float(rows[name][0].replace(",", "")) for name in rows)
-    # The core's share is what the Locker adds to the same backend calls.
+    bare, locker, core, floor, floor_share = (float(rows[name][0].replace(",", "")) for name in rows)
+    # The core's share is what the Locker adds to the same backend calls; the floor lock's, what
+    # the lease rules alone add to them.
     assert 0 < bare < locker
+    assert 0 < bare < floor
     assert core == pytest.approx(locker - bare, abs=1)
+    assert floor_share == pytest.approx(floor - bare, abs=1)
 
 
 @pytest.mark.timeout(VALGRIND_TIMEOUT)
