@@ -1,7 +1,8 @@
-"""The floor of the core's instruction count: a lock that does only what every cycle must.
+"""The floor under the core's cost: a lock that does only what every cycle must.
 
-``benchmarks.instructions`` counts it beside the real ``Locker`` to show how much of the core's
-cost the lease rules themselves take, written as plainly as Python allows. It is a lower bound,
+``benchmarks.instructions`` counts its instructions beside the real ``Locker``, and the Redis
+and PostgreSQL cycle benchmarks run it against the backend's own calls, to show how much of the
+core's cost the lease rules themselves take, written as plainly as Python allows. It is a lower bound,
 not a lock to use: it keeps one default TTL, no options, no re-entrancy, no waiting, no events
 and no extension, and its pause check is the single-threaded one. What it does on every cycle
 is what no correct lock can skip:
@@ -26,7 +27,7 @@ import weakref
 from collections import deque
 from typing import Callable
 
-from lease_lock import MemoryBackend
+from lease_lock.backends.base import Backend
 
 __all__ = ["FloorLocker", "floor_cycle"]
 
@@ -41,7 +42,7 @@ _logger = logging.getLogger("lease_lock")
 class FloorLocker:
     """The held set, the clock's state and the heartbeat's arrivals of :class:`_FloorLock`."""
 
-    def __init__(self, backend: MemoryBackend, ttl: float = 30.0) -> None:
+    def __init__(self, backend: Backend, ttl: float = 30.0) -> None:
         self.backend = backend
         self.ttl = ttl
         self.held: set[weakref.ref[_FloorLock]] = set()
@@ -119,12 +120,12 @@ class _FloorLock:
         locker.held.discard(self._reference)
 
 
-def floor_cycle(backend: MemoryBackend) -> Callable[[], None]:
+def floor_cycle(backend: Backend, key: str = "bench", ttl: float = 30.0) -> Callable[[], None]:
     """``with floor.lock(key): pass`` on a :class:`FloorLocker` of ``backend``."""
-    floor = FloorLocker(backend)
+    floor = FloorLocker(backend, ttl)
 
     def cycle() -> None:
-        with floor.lock("bench"):
+        with floor.lock(key):
             pass
 
     return cycle

@@ -22,6 +22,8 @@ cycle at a time and is judged on the median cycle time (see ``measure.py``):
 - ``backend acquire/release`` and ``backend fenced``: ``PostgresBackend`` primitives (the
   release also sends the NOTIFY that wakes waiters; the fenced grant takes the per-key
   advisory lock and draws from the sequence).
+- ``floor lock``: ``with`` the lock of ``benchmarks.floor_lock``, which does only the steps no
+  correct lock can skip (the lease rules alone), on the backend's primitives.
 - ``Locker`` and ``Locker fenced``: ``locker.acquire(key).release()``, the whole public path.
 - ``pg_try_advisory_lock``: a session advisory lock and its unlock; no lease, no WAL, gone
   with the session, shown for scale only.
@@ -64,6 +66,7 @@ from lease_lock.lock import Lock
 from lease_lock.locker import Locker
 from lease_lock.retry import Retry
 
+from benchmarks.floor_lock import floor_cycle
 from benchmarks.measure import add_json_argument, grant_cycle, in_turns, locker_cycle, paired, percentile, write_json
 
 __all__ = ["main"]
@@ -339,6 +342,7 @@ def main(argv: Optional[list[str]] = None) -> None:
 
     add("backend acquire/release", logged, lambda b: _backend_cycle(b, fenced=False))
     add("backend fenced", logged, lambda b: _backend_cycle(b, fenced=True), fenced=True)
+    add("floor lock (lease rules alone)", logged, lambda b: floor_cycle(b, f"bench:floor:{uuid.uuid4().hex[:8]}", TTL))
     add("Locker", logged, lambda b: locker_cycle(Locker(b, ttl=TTL)))
     add("Locker fenced", logged, lambda b: locker_cycle(Locker(b, ttl=TTL, fencing=True)), fenced=True)
     add("backend, synchronous_commit=False", logged, lambda b: _backend_cycle(b, fenced=False),

@@ -49,6 +49,7 @@ import redis
 from lease_lock.backends.redis import RedisBackend
 from lease_lock.locker import Locker
 
+from benchmarks.floor_lock import floor_cycle
 from benchmarks.measure import add_json_argument, paired, percentile, write_json
 
 __all__ = ["UNLOCK", "main"]
@@ -220,7 +221,8 @@ def _tooz_coordinator(client: Any) -> Any:
 
 def versus_backend(client: Any) -> list[tuple[str, Callable[[], None], Callable[[], None]]]:
     """``(name, backend alone, Locker)``: one cycle each of the Locker with default options and
-    of the bare backend calls it makes, plain and fenced, each on its own backend and key."""
+    of the bare backend calls it makes, plain and fenced, each on its own backend and key; first
+    the floor lock (:mod:`benchmarks.floor_lock`), the lease rules alone, in the Locker's place."""
 
     def backend_alone(fencing: bool) -> Callable[[], None]:
         backend = RedisBackend(client)
@@ -251,6 +253,8 @@ def versus_backend(client: Any) -> list[tuple[str, Callable[[], None], Callable[
         fenced.acquire(fenced_key).release()
 
     return [
+        ("floor lock vs backend (rules alone)", backend_alone(False),
+         floor_cycle(RedisBackend(client), _key("vs-floor"), TTL)),
         ("Locker vs backend: with lock()", backend_alone(False), with_cycle),
         ("Locker vs backend: acquire().release()", backend_alone(False), plain_cycle),
         ("Locker vs backend: fenced", backend_alone(True), fenced_cycle),
