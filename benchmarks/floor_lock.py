@@ -2,10 +2,10 @@
 
 ``benchmarks.instructions`` counts its instructions beside the real ``Locker``, and the Redis
 and PostgreSQL cycle benchmarks run it against the backend's own calls, to show how much of the
-core's cost the lease rules themselves take, written as plainly as Python allows. It is a lower bound,
-not a lock to use: it keeps one default TTL, no options, no re-entrancy, no waiting, no events
-and no extension, and its pause check is the single-threaded one. What it does on every cycle
-is what no correct lock can skip:
+core's cost the lease rules themselves take, written as plainly as Python allows. It is a lower
+bound, not a lock to use: it keeps one default TTL, no options, no re-entrancy, no waiting, no
+events and no extension, and its pause check is the single-threaded one. What it does on every
+cycle is what no correct lock can skip:
 
 - a fresh random token from the backend;
 - the suspend-aware monotonic clock (``CLOCK_BOOTTIME``) read as the request leaves, and read
@@ -32,7 +32,8 @@ from lease_lock.backends.base import Backend
 __all__ = ["FloorLocker", "floor_cycle"]
 
 _read_boottime = time.clock_gettime
-_BOOTTIME = time.CLOCK_BOOTTIME
+# CLOCK_BOOTTIME where the OS has it (Linux), as the real lease clock.
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
 _read_wall = time.time
 #: A forward wall-clock jump beyond the monotonic advance counted as a pause (seconds).
 _PAUSE_THRESHOLD = 0.05
