@@ -428,6 +428,21 @@ def handoff_contestants(url: str) -> dict[str, tuple[Callable[[], Release], Call
     return out
 
 
+def _paired_table(
+    title: str, base: str, rows: list[tuple[str, Callable[[], None], Callable[[], None]]], seconds: float
+) -> list[dict[str, Any]]:
+    """Run each ``(name, base cycle, contestant)`` alternately for ``seconds``, print the table
+    under ``title`` (``base`` names the base cycle's column) and return its rows for the JSON."""
+    print(title)
+    print(f"{'contestant':<40} {'cycles/s':>10} {base + '/s':>11} {'vs ' + base:>12}")
+    table = []
+    for name, base_cycle, contestant in rows:
+        pairing = paired(base_cycle, contestant, seconds)
+        print(f"{name:<40} {pairing.rate:>10,.0f} {pairing.floor_rate:>11,.0f} {pairing.ratio:>11.2f}x")
+        table.append({"name": name, "rate": pairing.rate, f"{base}_rate": pairing.floor_rate, "ratio": pairing.ratio})
+    return table
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run both measurements and print the tables."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
@@ -447,37 +462,28 @@ def main(argv: list[str] | None = None) -> None:
         print(f"peers not installed (pip install -e '.[bench]'): {', '.join(missing)}")
 
     contestants = cycle_contestants(client)
-    floor_name, floor_cycle = next(iter(contestants.items()))
+    floor_name, raw_floor = next(iter(contestants.items()))
     print("\nUncontended acquire+release cycles: each contestant alternates with the floor one")
     print(f"cycle at a time for {args.seconds:g} s; rates are at the median cycle time of each side")
     print(f"{'contestant':<40} {'cycles/s':>10} {'floor/s':>10} {'vs floor':>9}")
     for name, cycle in contestants.items():
         if name == floor_name:
             continue
-        pairing = paired(floor_cycle, cycle, args.seconds)
+        pairing = paired(raw_floor, cycle, args.seconds)
         print(f"{name:<40} {pairing.rate:>10,.0f} {pairing.floor_rate:>10,.0f} {pairing.ratio:>8.2f}x")
         results["cycles"].append({"name": name, "rate": pairing.rate, "floor": floor_name,
                                   "floor_rate": pairing.floor_rate, "ratio": pairing.ratio})
 
-    print("\nThe Locker against the backend alone (each alternating with the backend's own calls,")
-    print(f"fresh token per cycle, for {args.seconds:g} s; >= 0.95x means within 5% of the backend)")
-    print(f"{'contestant':<40} {'cycles/s':>10} {'backend/s':>10} {'vs backend':>10}")
-    results["versus_backend"] = []
-    for name, backend_cycle, locker_cycle in versus_backend(client):
-        pairing = paired(backend_cycle, locker_cycle, args.seconds)
-        print(f"{name:<40} {pairing.rate:>10,.0f} {pairing.floor_rate:>10,.0f} {pairing.ratio:>9.2f}x")
-        results["versus_backend"].append({"name": name, "rate": pairing.rate, "backend_rate": pairing.floor_rate,
-                                          "ratio": pairing.ratio})
-
-    print("\nA counting key against an exclusive one (each alternating with the exclusive cycle,")
-    print(f"for {args.seconds:g} s; the ratio is the counting key's cycles per exclusive cycle)")
-    print(f"{'contestant':<40} {'cycles/s':>10} {'exclusive/s':>11} {'vs exclusive':>12}")
-    results["counting"] = []
-    for name, exclusive_cycle, counting_cycle in counting_versus_exclusive(client):
-        pairing = paired(exclusive_cycle, counting_cycle, args.seconds)
-        print(f"{name:<40} {pairing.rate:>10,.0f} {pairing.floor_rate:>11,.0f} {pairing.ratio:>11.2f}x")
-        results["counting"].append({"name": name, "rate": pairing.rate, "exclusive_rate": pairing.floor_rate,
-                                    "ratio": pairing.ratio})
+    results["versus_backend"] = _paired_table(
+        "\nThe Locker against the backend alone (each alternating with the backend's own calls,\n"
+        f"fresh token per cycle, for {args.seconds:g} s; >= 0.95x means within 5% of the backend)",
+        "backend", versus_backend(client), args.seconds,
+    )
+    results["counting"] = _paired_table(
+        "\nA counting key against an exclusive one (each alternating with the exclusive cycle,\n"
+        f"for {args.seconds:g} s; the ratio is the counting key's cycles per exclusive cycle)",
+        "exclusive", counting_versus_exclusive(client), args.seconds,
+    )
 
     print(f"\nHand-off latency, release -> waiter holds ({args.handoffs} samples)")
     print(f"{'contestant':<40} {'p50 ms':>9} {'p99 ms':>9}")

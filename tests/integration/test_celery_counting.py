@@ -18,12 +18,10 @@ from celery.contrib.testing.worker import start_worker
 from lease_lock import Locker, MemoryBackend, ValidationError
 from lease_lock.contrib.celery import SingletonTask
 
-from tests.support.polling import wait_until
+from tests.support.counted_runs import RUN_WAIT, count_this_run, counts_seen, let_runs_end, two_started_two_skipped
 
 # Celery's Redis result backend calls redis-py's deprecated setex(); that is Celery's to fix.
 pytestmark = pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning")
-
-WAIT = 30.0
 
 app = Celery("lease_lock_celery_counting_tests")
 app.conf.update(
@@ -36,15 +34,8 @@ app.conf.update(
 
 @app.task(base=SingletonTask, lock_key="batch:{0}", lock_limit=2)
 def batch(flags: str, redis_url: str) -> str:
-    """Counts the runs of its key under way, and notes the count it started at; then runs until
-    the test lets it finish."""
-    client = redis.Redis.from_url(redis_url)
-    client.rpush(f"{flags}:seen", client.incr(f"{flags}:running"))
-    try:
-        wait_until(lambda: client.lpop(f"{flags}:go") is not None, "the test to let the run finish", WAIT)
-    finally:
-        client.decr(f"{flags}:running")
-    return "ran"
+    """A counted run (see tests.support.counted_runs)."""
+    return count_this_run(flags, redis_url)
 
 
 @pytest.fixture
@@ -65,19 +56,12 @@ def test_at_most_two_runs_per_key_at_once_and_two_do_run_together(redis_server: 
     client = redis.Redis.from_url(redis_server.url)
     results = [batch.delay(flags, redis_server.url) for _ in range(4)]
     try:
-        # Two runs started and the other two were skipped, or (a broken limit) a third run
-        # started: either ends the wait, only the first passes the asserts.
-        wait_until(
-            lambda: client.llen(f"{flags}:seen") > 2
-            or (client.llen(f"{flags}:seen") == 2 and sum(result.ready() for result in results) == 2),
-            "two runs to start and two to be skipped",
-        )
+        two_started_two_skipped(client, flags, lambda: sum(result.ready() for result in results))
         state = worker.get(f"batch:{flags}")
     finally:
-        client.rpush(f"{flags}:go", *["1"] * 4)
-    outcomes = [result.get(timeout=WAIT) for result in results]
-    seen = sorted(int(count) for count in client.lrange(f"{flags}:seen", 0, -1))
-    client.delete(f"{flags}:seen", f"{flags}:running", f"{flags}:go")
+        let_runs_end(client, flags, 4)
+    outcomes = [result.get(timeout=RUN_WAIT) for result in results]
+    seen = counts_seen(client, flags)
     # The second run started while the first ran: two at once, never three.
     assert seen == [1, 2]
     assert sorted(outcomes, key=lambda outcome: outcome is None) == ["ran", "ran", None, None]

@@ -14,25 +14,17 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-import redis
 from lease_lock import Locker, MemoryBackend, ValidationError
 from lease_lock.contrib.rq import enqueue_once, singleton, was_skipped
 
 from tests.integration.test_rq import WAIT, _fresh_queue, finished, start_workers
-from tests.support.polling import wait_until
+from tests.support.counted_runs import count_this_run, counts_seen, let_runs_end, two_started_two_skipped
 
 
 @singleton(lambda flags, redis_url: f"rq-limit:{flags}", limit=2)
 def limited_job(flags: str, redis_url: str) -> str:
-    """Counts the runs of its key under way and notes the count it started at; then runs until
-    the test lets it finish."""
-    client = redis.Redis.from_url(redis_url)
-    client.rpush(f"{flags}:seen", client.incr(f"{flags}:running"))
-    try:
-        wait_until(lambda: client.lpop(f"{flags}:go") is not None, "the test to let the job finish", WAIT)
-    finally:
-        client.decr(f"{flags}:running")
-    return "ran"
+    """A counted run (see tests.support.counted_runs)."""
+    return count_this_run(flags, redis_url)
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -51,18 +43,11 @@ def test_at_most_two_jobs_of_a_key_run_at_once_on_real_workers(redis_server: Any
     workers = start_workers(url, flags, 4, {**os.environ, "LEASE_LOCK_URL": counting_store})
     logs: list[Optional[str]] = []
     try:
-        # Two jobs started and two finished without running, or (a broken limit) a third
-        # started: either ends the wait, only the first passes the asserts.
-        wait_until(
-            lambda: client.llen(f"{flags}:seen") > 2
-            or (client.llen(f"{flags}:seen") == 2 and sum(finished(job) for job in jobs) == 2),
-            "two jobs to run and two to be skipped",
-        )
+        two_started_two_skipped(client, flags, lambda: sum(finished(job) for job in jobs))
     finally:
-        client.rpush(f"{flags}:go", *["1"] * 4)
+        let_runs_end(client, flags, 4)
         logs = [worker.communicate(timeout=WAIT)[0] for worker in workers]
-    seen = sorted(int(count) for count in client.lrange(f"{flags}:seen", 0, -1))
-    client.delete(f"{flags}:seen", f"{flags}:running", f"{flags}:go")
+    seen = counts_seen(client, flags)
     # The second job started while the first ran: two at once, never three.
     assert seen == [1, 2], logs
     assert all(finished(job) for job in jobs), logs
